@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# criuz set-up: system packages, a working CRIU (>= 4.0), and a release build of criuz.
+#
+# Idempotent: a CRIU built earlier is reused from the cache (~/.cache/criuz, or
+# $CRIUZ_CACHE). The machine's apt sources are never changed: the trixie source
+# package is fetched with a private apt configuration under the cache.
+set -euo pipefail
+
+CRIU_VERSION=4.1.1
+CACHE=${CRIUZ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/criuz}
+CRIU_BIN="$CACHE/criu-$CRIU_VERSION/criu"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_packages=(
+  build-essential pkg-config xz-utils ca-certificates
+  libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
+  libnl-3-dev libnet1-dev libcap-dev libbsd-dev python3-protobuf
+  iproute2 iptables lz4 zstd redis-server
+)
+
+install_packages() {
+  local missing=()
+  for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # The redis-server package starts a system service; the bench starts its own.
+  if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
+}
+
+criu_ok() { # $1 = criu binary; true when it is >= 4.0 and `criu check` passes
+  local v
+  v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9]*\)\..*/\1/p')
+  [ -n "$v" ] && [ "$v" -ge 4 ] && "$1" check >/dev/null 2>&1
+}
+
+build_criu() {
+  local work="$CACHE/build" apt_dir="$CACHE/apt"
+  mkdir -p "$work" "$apt_dir/lists/partial" "$apt_dir/archives/partial"
+  echo "deb-src http://deb.debian.org/debian trixie main" >"$apt_dir/sources.list"
+  local apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache::Archives=$apt_dir/archives" -o "APT::Sandbox::User=root")
+  local tarball="$work/criu_${CRIU_VERSION}.orig.tar.xz"
+  if [ ! -s "$tarball" ]; then
+    say "fetching CRIU $CRIU_VERSION source (Debian trixie source package)"
+    apt-get "${apt_opts[@]}" update -qq
+    # The .dsc may fail to download; the orig tarball is all we need.
+    (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "criu=${CRIU_VERSION}-1" || true)
+    [ -s "$tarball" ] || { say "could not fetch criu_${CRIU_VERSION}.orig.tar.xz"; exit 1; }
+  fi
+  local src="$work/criu-$CRIU_VERSION"
+  rm -rf "$src" && tar -C "$work" -xf "$tarball"
+  mkdir -p "$src/images/google/protobuf"
+  [ -e "$src/images/google/protobuf/descriptor.proto" ] ||
+    cp /usr/include/google/protobuf/descriptor.proto "$src/images/google/protobuf/descriptor.proto"
+  say "building CRIU $CRIU_VERSION (a few minutes)"
+  make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; exit 1; }
+  mkdir -p "$(dirname "$CRIU_BIN")"
+  install -m 0755 "$src/criu/criu" "$CRIU_BIN.tmp" && mv "$CRIU_BIN.tmp" "$CRIU_BIN"
+  rm -rf "$src"
+}
+
+ensure_criu() {
+  if command -v criu >/dev/null 2>&1 && criu_ok "$(command -v criu)"; then
+    say "using system CRIU: $(command -v criu)"
+  elif [ -x "$CRIU_BIN" ] && criu_ok "$CRIU_BIN"; then
+    say "using cached CRIU: $CRIU_BIN"
+  else
+    build_criu
+    criu_ok "$CRIU_BIN" || { say "built CRIU fails 'criu check': $CRIU_BIN"; "$CRIU_BIN" check >&2 || true; exit 1; }
+    say "CRIU ready: $CRIU_BIN"
+  fi
+}
+
+ensure_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  command -v cargo >/dev/null 2>&1 || { say "cargo not found: install Rust (https://rustup.rs)"; exit 1; }
+}
+
+install_packages
+ensure_criu
+ensure_rust
+say "building criuz"
+cargo build --release --locked --manifest-path "$ROOT/Cargo.toml" -q
+say "done: $ROOT/target/release/criuz"

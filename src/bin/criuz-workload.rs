@@ -1,0 +1,380 @@
+//! Test and benchmark workload: a process (or tree, or thread group) that fills
+//! memory with a chosen pattern and, on SIGUSR1, writes a checksum it computes
+//! over its own memory. After a restore the same signal proves the restored
+//! process sees exactly the bytes it had.
+//!
+//! Patterns: zero, mixed (50% zero / 25% text / 25% random pages), random,
+//! text, elf (pages of the machine's own binaries).
+//! Modes: single; tree (children share the parent's pages copy-on-write, and
+//! each rewrites or zeroes some of them); threads (several threads write the
+//! memory and stay alive).
+//!
+//! Writes DIR/ready (root pid) once set up; on SIGUSR1 every process writes
+//! DIR/sum-<role> ("root", "child1", ...); SIGTERM ends the tree.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+const PAGE: usize = 4096;
+
+struct Args {
+    mib: usize,
+    pattern: String,
+    mode: String,
+    children: usize,
+    threads: usize,
+    dir: PathBuf,
+    open_file: Option<PathBuf>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf] \
+         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        mib: 64,
+        pattern: "mixed".into(),
+        mode: "single".into(),
+        children: 2,
+        threads: 4,
+        dir: PathBuf::new(),
+        open_file: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_else(|| usage());
+        match k.as_str() {
+            "--mib" => a.mib = v.parse().unwrap_or_else(|_| usage()),
+            "--pattern" => a.pattern = v,
+            "--mode" => a.mode = v,
+            "--children" => a.children = v.parse().unwrap_or_else(|_| usage()),
+            "--threads" => a.threads = v.parse().unwrap_or_else(|_| usage()),
+            "--dir" => a.dir = v.into(),
+            "--open-file" => a.open_file = Some(v.into()),
+            _ => usage(),
+        }
+    }
+    if a.dir.as_os_str().is_empty() {
+        usage()
+    }
+    a
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the", "of", "and", "checkpoint", "restore", "process", "memory", "page", "kernel", "image", "socket",
+    "container", "thread", "signal", "buffer", "server", "request", "latency", "snapshot", "migration", "to",
+    "in", "is", "that", "for", "with", "on", "as", "by", "at", "from", "inference", "model", "weights", "cache",
+    "value", "key", "error", "state", "file", "log", "user", "time", "data", "stream", "compress", "zero",
+];
+
+fn fill_text(page: &mut [u8], rng: &mut Rng) {
+    let mut i = 0;
+    while i < page.len() {
+        let w = WORDS[(rng.next() % WORDS.len() as u64) as usize].as_bytes();
+        let sep: &[u8] = if rng.next() % 12 == 0 { b".\n" } else { b" " };
+        for &b in w.iter().chain(sep) {
+            if i < page.len() {
+                page[i] = b;
+                i += 1;
+            }
+        }
+    }
+}
+
+fn fill_random(page: &mut [u8], rng: &mut Rng) {
+    for c in page.chunks_mut(8) {
+        let v = rng.next().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+}
+
+fn elf_corpus(limit: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for dir in ["/usr/bin", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "/usr/sbin"] {
+        let Ok(rd) = std::fs::read_dir(dir) else { continue };
+        let mut paths: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths {
+            if out.len() >= limit {
+                return out;
+            }
+            let Ok(meta) = std::fs::metadata(&p) else { continue };
+            if !meta.is_file() || meta.len() < 4096 {
+                continue;
+            }
+            if let Ok(bytes) = std::fs::read(&p) {
+                if bytes.starts_with(b"\x7fELF") {
+                    out.extend_from_slice(&bytes[..bytes.len().min(limit - out.len())]);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
+    let elf = if pattern == "elf" { elf_corpus(buf.len()) } else { Vec::new() };
+    for (i, page) in buf.chunks_mut(PAGE).enumerate() {
+        let n = first_page + i;
+        let mut rng = Rng(xxh3_64(&(n as u64).to_le_bytes()) | 1);
+        match pattern {
+            "zero" => page.fill(0),
+            "random" => fill_random(page, &mut rng),
+            "text" => fill_text(page, &mut rng),
+            "elf" if !elf.is_empty() => {
+                let off = (i * PAGE) % (elf.len() - elf.len() % PAGE).max(PAGE);
+                let src = &elf[off.min(elf.len())..];
+                let m = page.len().min(src.len());
+                page[..m].copy_from_slice(&src[..m]);
+                page[m..].fill(0);
+            }
+            "elf" => fill_random(page, &mut rng),
+            "mixed" => match rng.next() % 4 {
+                0 | 1 => page.fill(0),
+                2 => fill_text(page, &mut rng),
+                _ => fill_random(page, &mut rng),
+            },
+            _ => {
+                eprintln!("criuz-workload: unknown pattern {pattern}");
+                std::process::exit(2)
+            }
+        }
+    }
+}
+
+fn alloc(bytes: usize) -> &'static mut [u8] {
+    // SAFETY: a fresh private anonymous mapping, owned for the process lifetime.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes.max(PAGE),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            eprintln!("criuz-workload: mmap of {bytes} bytes failed");
+            std::process::exit(1)
+        }
+        std::slice::from_raw_parts_mut(p as *mut u8, bytes)
+    }
+}
+
+fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    let ok = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes())).is_ok();
+    if ok {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Threads:").and_then(|v| v.trim().parse().ok())))
+        .unwrap_or(0)
+}
+
+/// What this process reports: a checksum over its memory and open file.
+fn report(buf: &[u8], file_fd: Option<i32>) -> String {
+    let mut h = Xxh3::new();
+    h.update(buf);
+    let mut file = "-".to_string();
+    if let Some(fd) = file_fd {
+        // SAFETY: fd is our own open descriptor; reads go into a local buffer.
+        unsafe {
+            let pos = libc::lseek(fd, 0, libc::SEEK_CUR);
+            let mut content = vec![0u8; 1 << 16];
+            let n = libc::pread(fd, content.as_mut_ptr() as *mut _, content.len(), 0);
+            file = format!("{:016x}@{pos}", xxh3_64(&content[..n.max(0) as usize]));
+        }
+    }
+    format!(
+        "sum={:016x} bytes={} pid={} threads={} file={file}\n",
+        h.digest(),
+        buf.len(),
+        std::process::id(),
+        thread_count()
+    )
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Serves SIGUSR1 (report) until SIGTERM.
+fn serve_signals(set: &libc::sigset_t, dir: &Path, role: &str, buf: &[u8], file_fd: Option<i32>, children: &[i32]) -> ! {
+    loop {
+        // SAFETY: waits on the blocked set; the info struct is ours.
+        let sig = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::sigwaitinfo(set, &mut info)
+        };
+        if sig == libc::SIGUSR1 {
+            write_atomic(&dir.join(format!("sum-{role}")), &report(buf, file_fd));
+            for &c in children {
+                // SAFETY: signalling our own children.
+                unsafe { libc::kill(c, libc::SIGUSR1) };
+            }
+        } else if sig == libc::SIGTERM {
+            for &c in children {
+                // SAFETY: as above.
+                unsafe { libc::kill(c, libc::SIGTERM) };
+            }
+            std::process::exit(0);
+        }
+    }
+}
+
+fn main() {
+    let a = parse_args();
+    // SAFETY: setsid has no memory effects; failing (already a leader) is fine.
+    unsafe { libc::setsid() };
+    let set = block_signals();
+    let bytes = a.mib << 20;
+    let buf = alloc(bytes);
+
+    let file_fd = a.open_file.as_ref().map(|p| {
+        let c = CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: opening and writing a file we name; the buffer is local.
+        unsafe {
+            let fd = libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600);
+            if fd < 0 {
+                eprintln!("criuz-workload: cannot open {}", p.display());
+                std::process::exit(1)
+            }
+            let mut content = vec![0u8; 1 << 16];
+            fill_text(&mut content, &mut Rng(7));
+            libc::write(fd, content.as_ptr() as *const _, content.len());
+            libc::lseek(fd, 12345, libc::SEEK_SET);
+            fd
+        }
+    });
+
+    match a.mode.as_str() {
+        "threads" => {
+            let n = a.threads.max(1);
+            let chunk = (bytes / PAGE).div_ceil(n) * PAGE;
+            let parts: Vec<(usize, &'static mut [u8])> = {
+                let mut v = Vec::new();
+                let mut rest: &'static mut [u8] = buf;
+                let mut start = 0;
+                while !rest.is_empty() {
+                    let (a1, b1) = rest.split_at_mut(chunk.min(rest.len()));
+                    v.push((start, a1));
+                    start += chunk;
+                    rest = b1;
+                }
+                v
+            };
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut ptrs = Vec::new();
+            for (start, part) in parts {
+                ptrs.push((part.as_ptr() as usize, part.len()));
+                let tx = tx.clone();
+                let pattern = a.pattern.clone();
+                std::thread::spawn(move || {
+                    fill(part, &pattern, start / PAGE);
+                    tx.send(()).unwrap();
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                });
+            }
+            for _ in 0..n {
+                rx.recv().unwrap();
+            }
+            // SAFETY: the parts were written once before the threads signalled;
+            // the threads never touch them again, so this read-only view is sound.
+            let whole = unsafe { std::slice::from_raw_parts(ptrs[0].0 as *const u8, bytes) };
+            write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
+            serve_signals(&set, &a.dir, "root", whole, file_fd, &[]);
+        }
+        "tree" => {
+            fill(buf, &a.pattern, 0);
+            let pages = bytes / PAGE;
+            let mut children = Vec::new();
+            let mut ready = [0i32; 2];
+            // SAFETY: a pipe for readiness; fds are closed after use.
+            unsafe { libc::pipe(ready.as_mut_ptr()) };
+            for k in 1..=a.children {
+                // SAFETY: fork in a single-threaded process.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    // Child k rewrites every (children+1)-th page at offset k: half
+                    // with its own bytes, half with zeros (a copy-on-write page that
+                    // must restore as zero, not as the parent's bytes).
+                    let stride = a.children + 1;
+                    let mut rng = Rng(0x9e37_79b9 * k as u64 + 1);
+                    let mut p = k;
+                    let mut zero = true;
+                    while p < pages {
+                        let page = &mut buf[p * PAGE..(p + 1) * PAGE];
+                        if zero {
+                            page.fill(0);
+                        } else {
+                            fill_random(page, &mut rng);
+                        }
+                        zero = !zero;
+                        p += stride * 2;
+                    }
+                    // SAFETY: signal readiness through the inherited pipe.
+                    unsafe {
+                        libc::close(ready[0]);
+                        libc::write(ready[1], b"r".as_ptr() as *const _, 1);
+                        libc::close(ready[1]);
+                    }
+                    serve_signals(&set, &a.dir, &format!("child{k}"), buf, file_fd, &[]);
+                }
+                children.push(pid);
+            }
+            // SAFETY: read one byte per child, then close the pipe.
+            unsafe {
+                libc::close(ready[1]);
+                let mut b = [0u8; 1];
+                for _ in 0..a.children {
+                    libc::read(ready[0], b.as_mut_ptr() as *mut _, 1);
+                }
+                libc::close(ready[0]);
+            }
+            write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
+            serve_signals(&set, &a.dir, "root", buf, file_fd, &children);
+        }
+        "single" => {
+            fill(buf, &a.pattern, 0);
+            write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
+            serve_signals(&set, &a.dir, "root", buf, file_fd, &[]);
+        }
+        m => {
+            eprintln!("criuz-workload: unknown mode {m}");
+            std::process::exit(2)
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Parallel, ordered, memory-bounded job engine.
+//!
+//! Producers (any number of threads) submit jobs through a cloneable
+//! [`Submitter`]; a pool of worker threads transforms them; one [`Collector`]
+//! hands results back in submission order. At most `window` jobs are in flight
+//! between submit and collect, which bounds memory whatever the input size:
+//! with 256 KiB blocks and the default 64 MiB budget that is 128 blocks.
+//! Submitting blocks while the window is full, so a slow consumer paces the
+//! producers (and, through them, CRIU) instead of growing queues.
+
+use crate::error::{Error, Result};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Default bytes of block data allowed in flight.
+pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
+
+/// Number of worker threads to use when the user did not say: all cores.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Jobs in flight for a memory budget, counting input and output of each block.
+pub fn window_for(budget: usize, block_size: usize, threads: usize) -> usize {
+    (budget / (2 * block_size.max(1))).max(2 * threads).max(2)
+}
+
+struct SubmitState<J> {
+    next_seq: u64,
+    jobs: Sender<(u64, J)>,
+}
+
+pub struct Submitter<J> {
+    state: Arc<Mutex<SubmitState<J>>>,
+    tokens: Sender<()>,
+}
+
+impl<J> Clone for Submitter<J> {
+    fn clone(&self) -> Self {
+        Submitter {
+            state: self.state.clone(),
+            tokens: self.tokens.clone(),
+        }
+    }
+}
+
+impl<J: Send> Submitter<J> {
+    /// Queues a job behind every job submitted before it. Blocks while the
+    /// window is full; fails with `Cancelled` once the collector is gone.
+    pub fn submit(&self, job: J) -> Result<()> {
+        let mut st = self.state.lock().map_err(|_| Error::Cancelled)?;
+        self.tokens.send(()).map_err(|_| Error::Cancelled)?;
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.jobs.send((seq, job)).map_err(|_| Error::Cancelled)
+    }
+}
+
+pub struct Collector<R> {
+    results: Receiver<(u64, R)>,
+    tokens: Receiver<()>,
+    pending: BTreeMap<u64, R>,
+    next: u64,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<R> Iterator for Collector<R> {
+    type Item = R;
+
+    /// The next result in submission order; `None` once every submitter is
+    /// dropped and every job is collected.
+    fn next(&mut self) -> Option<R> {
+        loop {
+            if let Some(r) = self.pending.remove(&self.next) {
+                self.next += 1;
+                let _ = self.tokens.recv();
+                return Some(r);
+            }
+            match self.results.recv() {
+                Ok((seq, r)) => {
+                    self.pending.insert(seq, r);
+                }
+                Err(_) => {
+                    for w in self.workers.drain(..) {
+                        let _ = w.join();
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Starts `threads` workers. Each builds its state with `init` and runs `work`
+/// on the jobs it takes.
+pub fn start<J, R, S, I, W>(
+    threads: usize,
+    window: usize,
+    init: I,
+    work: W,
+) -> (Submitter<J>, Collector<R>)
+where
+    J: Send + 'static,
+    R: Send + 'static,
+    I: Fn() -> S + Send + Sync + 'static,
+    W: Fn(&mut S, J) -> R + Send + Sync + 'static,
+{
+    let window = window.max(1);
+    let (job_tx, job_rx) = bounded::<(u64, J)>(window);
+    let (res_tx, res_rx) = unbounded::<(u64, R)>();
+    let (tok_tx, tok_rx) = bounded::<()>(window);
+    let init = Arc::new(init);
+    let work = Arc::new(work);
+    let workers = (0..threads.max(1))
+        .map(|i| {
+            let (job_rx, res_tx, init, work) =
+                (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
+            std::thread::Builder::new()
+                .name(format!("criuz-worker-{i}"))
+                .spawn(move || {
+                    let mut state = init();
+                    for (seq, job) in job_rx {
+                        if res_tx.send((seq, work(&mut state, job))).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .expect("spawn worker thread")
+        })
+        .collect();
+    let submitter = Submitter {
+        state: Arc::new(Mutex::new(SubmitState {
+            next_seq: 0,
+            jobs: job_tx,
+        })),
+        tokens: tok_tx,
+    };
+    let collector = Collector {
+        results: res_rx,
+        tokens: tok_rx,
+        pending: BTreeMap::new(),
+        next: 0,
+        workers,
+    };
+    (submitter, collector)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_back_in_order_from_many_producers() {
+        let (sub, col) = start(
+            4,
+            8,
+            || (),
+            |_, x: (u32, u32)| {
+                if x.1 % 7 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                x
+            },
+        );
+        let producers: Vec<_> = (0..3)
+            .map(|p| {
+                let sub = sub.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        sub.submit((p, i)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        drop(sub);
+        let collected = std::thread::spawn(move || col.collect::<Vec<_>>());
+        for p in producers {
+            p.join().unwrap();
+        }
+        let out = collected.join().unwrap();
+        assert_eq!(out.len(), 600);
+        for p in 0..3 {
+            let mine: Vec<u32> = out.iter().filter(|x| x.0 == p).map(|x| x.1).collect();
+            assert_eq!(mine, (0..200).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn submit_fails_after_collector_is_dropped() {
+        let (sub, col) = start(1, 2, || (), |_, x: u32| x);
+        drop(col);
+        let mut failed = false;
+        for i in 0..10 {
+            if sub.submit(i).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed);
+    }
+}

@@ -1,0 +1,909 @@
+//! The criuz archive format, version 1 (byte-level spec: `docs/FORMAT.md`).
+//!
+//! An archive is a header, a stream of records (file begin, block, file end)
+//! and an index followed by a fixed-size trailer. It is written append-only in
+//! one pass, so it can go to a pipe; it reads sequentially from a pipe; and a
+//! seekable archive gives random access through the index that the trailer
+//! points at. Blocks of different files may interleave (CRIU streams several
+//! image files at once), so every block names its file.
+//!
+//! Integrity: the header, every record header, the index and the trailer carry
+//! their own xxh3 check, and every block carries the xxh3 of its uncompressed
+//! bytes, so any single corrupted byte is detected. Room is reserved for what
+//! comes next (block references for dedup, encryption, shards, a parent
+//! archive); a v1 reader refuses archives that use it rather than misread them.
+
+use crate::error::{Error, Result};
+use std::io::{self, Read, Write};
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const MAGIC: [u8; 8] = *b"\x89CRIUZ\r\n";
+pub const TRAILER_MAGIC: [u8; 8] = *b"CRIUZEND";
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 64;
+pub const TRAILER_LEN: usize = 32;
+pub const PAGE_SIZE: usize = 4096;
+pub const MIN_BLOCK: usize = 4 << 10;
+pub const MAX_BLOCK: usize = 4 << 20;
+
+const REC_FILE: u8 = b'F';
+const REC_BLOCK: u8 = b'B';
+const REC_END: u8 = b'E';
+const REC_INDEX: u8 = b'I';
+
+/// Block flag: a zero-page bitmap follows the fixed block header.
+pub const BLOCK_HAS_BITMAP: u16 = 1;
+const KNOWN_BLOCK_FLAGS: u16 = BLOCK_HAS_BITMAP;
+
+/// How a block's payload is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockCodec {
+    Raw = 0,
+    Lz4 = 1,
+    Zstd = 2,
+    // 3 is reserved for a reference to a block stored elsewhere (dedup).
+}
+
+impl BlockCodec {
+    fn from_u8(v: u8, offset: u64) -> Result<Self> {
+        match v {
+            0 => Ok(BlockCodec::Raw),
+            1 => Ok(BlockCodec::Lz4),
+            2 => Ok(BlockCodec::Zstd),
+            3 => Err(Error::Unsupported {
+                offset,
+                what: "block reference (dedup) codec".into(),
+            }),
+            _ => Err(Error::corrupt(offset, format!("unknown block codec {v}"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockCodec::Raw => "raw",
+            BlockCodec::Lz4 => "lz4",
+            BlockCodec::Zstd => "zstd",
+        }
+    }
+}
+
+/// What a file holds; page images get page-aware blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    Plain = 0,
+    Pages = 1,
+}
+
+impl FileKind {
+    /// CRIU names page images `pages-<id>.img`; everything else is metadata.
+    pub fn for_name(name: &str) -> Self {
+        if name.starts_with("pages-") && name.ends_with(".img") {
+            FileKind::Pages
+        } else {
+            FileKind::Plain
+        }
+    }
+
+    fn from_u8(v: u8, offset: u64) -> Result<Self> {
+        match v {
+            0 => Ok(FileKind::Plain),
+            1 => Ok(FileKind::Pages),
+            _ => Err(Error::corrupt(offset, format!("unknown file kind {v}"))),
+        }
+    }
+}
+
+/// Fixed archive header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub block_size: u32,
+    pub archive_id: [u8; 16],
+    pub parent_id: [u8; 16],
+    pub shard_index: u16,
+    pub shard_count: u16,
+}
+
+impl Header {
+    pub fn new(block_size: usize) -> Self {
+        Header {
+            block_size: block_size as u32,
+            archive_id: random_id(),
+            parent_id: [0; 16],
+            shard_index: 0,
+            shard_count: 1,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        // 10..12: flags, all reserved in v1 (encryption, parent).
+        b[12..16].copy_from_slice(&self.block_size.to_le_bytes());
+        b[16..32].copy_from_slice(&self.archive_id);
+        b[32..48].copy_from_slice(&self.parent_id);
+        b[48..50].copy_from_slice(&self.shard_index.to_le_bytes());
+        b[50..52].copy_from_slice(&self.shard_count.to_le_bytes());
+        let check = xxh3_64(&b[..56]);
+        b[56..64].copy_from_slice(&check.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self> {
+        if b[0..8] != MAGIC {
+            if b[1..6] == MAGIC[1..6] {
+                return Err(Error::corrupt(0, "damaged archive magic"));
+            }
+            return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
+        }
+        let version = u16le(&b[8..]);
+        if version != VERSION {
+            return Err(Error::Unsupported {
+                offset: 8,
+                what: format!(
+                    "archive format version {version} (this criuz reads version {VERSION})"
+                ),
+            });
+        }
+        if xxh3_64(&b[..56]) != u64le(&b[56..]) {
+            return Err(Error::corrupt(56, "header checksum mismatch"));
+        }
+        let flags = u16le(&b[10..]);
+        if flags != 0 {
+            return Err(Error::Unsupported {
+                offset: 10,
+                what: format!("header flags {flags:#06x}"),
+            });
+        }
+        let h = Header {
+            block_size: u32le(&b[12..]),
+            archive_id: b[16..32].try_into().unwrap(),
+            parent_id: b[32..48].try_into().unwrap(),
+            shard_index: u16le(&b[48..]),
+            shard_count: u16le(&b[50..]),
+        };
+        if h.parent_id != [0; 16] {
+            return Err(Error::Unsupported {
+                offset: 32,
+                what: "parent archive (incremental)".into(),
+            });
+        }
+        if h.shard_count != 1 || h.shard_index != 0 {
+            return Err(Error::Unsupported {
+                offset: 48,
+                what: "sharded archive".into(),
+            });
+        }
+        if u32le(&b[52..]) != 0 {
+            return Err(Error::corrupt(52, "reserved header bytes are not zero"));
+        }
+        Ok(h)
+    }
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut id))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        id[..8].copy_from_slice(&xxh3_64(&t.as_nanos().to_le_bytes()).to_le_bytes());
+        id[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    }
+    id
+}
+
+/// The header of one block record, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub codec: BlockCodec,
+    pub file_id: u32,
+    pub raw_len: u32,
+    pub stored_len: u32,
+    /// xxh3-64 of the block's uncompressed bytes.
+    pub data_check: u64,
+    /// One bit per 4 KiB page (LSB first): set = all-zero page, not stored.
+    /// Empty for blocks of plain files.
+    pub zero_bitmap: Vec<u8>,
+}
+
+impl BlockHeader {
+    pub fn pages(&self) -> usize {
+        (self.raw_len as usize).div_ceil(PAGE_SIZE)
+    }
+
+    pub fn is_zero_page(&self, page: usize) -> bool {
+        !self.zero_bitmap.is_empty() && self.zero_bitmap[page / 8] & (1 << (page % 8)) != 0
+    }
+
+    pub fn zero_pages(&self) -> usize {
+        self.zero_bitmap
+            .iter()
+            .map(|b| b.count_ones() as usize)
+            .sum()
+    }
+
+    /// Length of the bytes the payload decompresses to (zero pages left out).
+    pub fn stored_raw_len(&self) -> usize {
+        let mut len = self.raw_len as usize;
+        for p in 0..self.pages() {
+            if self.is_zero_page(p) {
+                len -= PAGE_SIZE.min(self.raw_len as usize - p * PAGE_SIZE);
+            }
+        }
+        len
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.push(REC_BLOCK);
+        out.push(self.codec as u8);
+        let flags = if self.zero_bitmap.is_empty() {
+            0
+        } else {
+            BLOCK_HAS_BITMAP
+        };
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&self.file_id.to_le_bytes());
+        out.extend_from_slice(&self.raw_len.to_le_bytes());
+        out.extend_from_slice(&self.stored_len.to_le_bytes());
+        out.extend_from_slice(&self.data_check.to_le_bytes());
+        out.extend_from_slice(&self.zero_bitmap);
+        seal(out, start);
+    }
+}
+
+/// Append the 32-bit record check over `out[start..]`.
+fn seal(out: &mut Vec<u8>, start: usize) {
+    let check = xxh3_64(&out[start..]) as u32;
+    out.extend_from_slice(&check.to_le_bytes());
+}
+
+/// Where one block of a file lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRef {
+    /// Offset of the block record in the archive.
+    pub offset: u64,
+    pub raw_len: u32,
+    /// Total bytes of the record: header, bitmap, check and payload.
+    pub record_len: u32,
+}
+
+/// Index entry of one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEntry {
+    pub file_id: u32,
+    pub name: String,
+    pub kind: FileKind,
+    pub raw_size: u64,
+    /// xxh3-64 over the little-endian data checks of the file's blocks, in order.
+    pub file_check: u64,
+    pub record_offset: u64,
+    pub blocks: Vec<BlockRef>,
+}
+
+impl FileEntry {
+    /// The block holding byte `pos` of the file, and that block's first byte.
+    pub fn block_at(&self, pos: u64) -> Option<(usize, u64)> {
+        let mut start = 0u64;
+        for (i, b) in self.blocks.iter().enumerate() {
+            if pos < start + u64::from(b.raw_len) {
+                return Some((i, start));
+            }
+            start += u64::from(b.raw_len);
+        }
+        None
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Index {
+    pub files: Vec<FileEntry>,
+}
+
+impl Index {
+    pub fn find(&self, name: &str) -> Option<&FileEntry> {
+        self.files.iter().find(|f| f.name == name)
+    }
+
+    fn encode_body(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        for f in &self.files {
+            b.extend_from_slice(&f.file_id.to_le_bytes());
+            b.push(f.kind as u8);
+            b.push(0);
+            b.extend_from_slice(&(f.name.len() as u16).to_le_bytes());
+            b.extend_from_slice(f.name.as_bytes());
+            b.extend_from_slice(&f.raw_size.to_le_bytes());
+            b.extend_from_slice(&f.file_check.to_le_bytes());
+            b.extend_from_slice(&f.record_offset.to_le_bytes());
+            b.extend_from_slice(&(f.blocks.len() as u32).to_le_bytes());
+            for blk in &f.blocks {
+                b.extend_from_slice(&blk.offset.to_le_bytes());
+                b.extend_from_slice(&blk.raw_len.to_le_bytes());
+                b.extend_from_slice(&blk.record_len.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    fn decode_body(body: &[u8], count: u32, base: u64) -> Result<Self> {
+        let mut c = Cursor {
+            buf: body,
+            pos: 0,
+            base,
+        };
+        let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
+        for _ in 0..count {
+            let file_id = c.u32()?;
+            let kind = FileKind::from_u8(c.u8()?, c.offset() - 1)?;
+            c.u8()?;
+            let name_len = c.u16()? as usize;
+            let name_off = c.offset();
+            let name = String::from_utf8(c.take(name_len)?.to_vec())
+                .map_err(|_| Error::corrupt(name_off, "file name is not UTF-8"))?;
+            let raw_size = c.u64()?;
+            let file_check = c.u64()?;
+            let record_offset = c.u64()?;
+            let nblocks = c.u32()? as usize;
+            if nblocks > c.remaining() / 16 {
+                return Err(Error::corrupt(
+                    c.offset() - 4,
+                    "index block count exceeds index size",
+                ));
+            }
+            let mut blocks = Vec::with_capacity(nblocks);
+            for _ in 0..nblocks {
+                blocks.push(BlockRef {
+                    offset: c.u64()?,
+                    raw_len: c.u32()?,
+                    record_len: c.u32()?,
+                });
+            }
+            files.push(FileEntry {
+                file_id,
+                name,
+                kind,
+                raw_size,
+                file_check,
+                record_offset,
+                blocks,
+            });
+        }
+        if c.remaining() != 0 {
+            return Err(Error::corrupt(c.offset(), "trailing bytes in index"));
+        }
+        Ok(Index { files })
+    }
+}
+
+/// A bounds-checked little-endian reader over an in-memory record.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    base: u64,
+}
+
+impl<'a> Cursor<'a> {
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.remaining() < n {
+            return Err(Error::corrupt(
+                self.offset(),
+                "index entry runs past the end of the index",
+            ));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16le(self.take(2)?))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32le(self.take(4)?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64le(self.take(8)?))
+    }
+}
+
+pub(crate) fn u16le(b: &[u8]) -> u16 {
+    u16::from_le_bytes(b[..2].try_into().unwrap())
+}
+pub(crate) fn u32le(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().unwrap())
+}
+pub(crate) fn u64le(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap())
+}
+
+/// Checks a file name taken from an archive before it is used as a path.
+pub fn check_entry_name(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name == "." || name == ".." {
+        Err("empty or dot name")
+    } else if name.contains('/') || name.contains('\0') {
+        Err("name contains '/' or NUL")
+    } else if name.len() > u16::MAX as usize {
+        Err("name too long")
+    } else {
+        Ok(())
+    }
+}
+
+struct OpenFile {
+    entry: FileEntry,
+    check: xxhash_rust::xxh3::Xxh3,
+    ended: bool,
+}
+
+/// Append-only archive writer. Tracks every record's offset so it can write
+/// the index at the end; never seeks.
+pub struct ArchiveWriter<W: Write> {
+    out: W,
+    offset: u64,
+    files: Vec<OpenFile>,
+    scratch: Vec<u8>,
+}
+
+impl<W: Write> ArchiveWriter<W> {
+    pub fn new(mut out: W, header: &Header) -> Result<Self> {
+        out.write_all(&header.encode())?;
+        Ok(ArchiveWriter {
+            out,
+            offset: HEADER_LEN as u64,
+            files: Vec::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Starts a file; returns its id for the blocks that follow.
+    pub fn begin_file(&mut self, name: &str, kind: FileKind) -> Result<u32> {
+        check_entry_name(name)
+            .map_err(|why| Error::Invalid(format!("bad image file name {name:?}: {why}")))?;
+        let file_id = self.files.len() as u32;
+        let b = &mut self.scratch;
+        b.clear();
+        b.push(REC_FILE);
+        b.push(kind as u8);
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(&file_id.to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+        seal(b, 0);
+        let entry = FileEntry {
+            file_id,
+            name: name.to_string(),
+            kind,
+            raw_size: 0,
+            file_check: 0,
+            record_offset: self.offset,
+            blocks: Vec::new(),
+        };
+        self.files.push(OpenFile {
+            entry,
+            check: xxhash_rust::xxh3::Xxh3::new(),
+            ended: false,
+        });
+        self.flush_scratch()?;
+        Ok(file_id)
+    }
+
+    pub fn write_block(&mut self, header: &BlockHeader, payload: &[u8]) -> Result<()> {
+        debug_assert_eq!(header.stored_len as usize, payload.len());
+        let file = self
+            .files
+            .get_mut(header.file_id as usize)
+            .filter(|f| !f.ended)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "block for unknown or ended file {}",
+                    header.file_id
+                ))
+            })?;
+        self.scratch.clear();
+        header.encode(&mut self.scratch);
+        let record_len = (self.scratch.len() + payload.len()) as u32;
+        file.entry.blocks.push(BlockRef {
+            offset: self.offset,
+            raw_len: header.raw_len,
+            record_len,
+        });
+        file.entry.raw_size += u64::from(header.raw_len);
+        file.check.update(&header.data_check.to_le_bytes());
+        self.flush_scratch()?;
+        self.out.write_all(payload)?;
+        self.offset += payload.len() as u64;
+        Ok(())
+    }
+
+    pub fn end_file(&mut self, file_id: u32) -> Result<()> {
+        let file = self
+            .files
+            .get_mut(file_id as usize)
+            .filter(|f| !f.ended)
+            .ok_or_else(|| Error::Invalid(format!("end of unknown or ended file {file_id}")))?;
+        file.ended = true;
+        file.entry.file_check = file.check.digest();
+        let b = &mut self.scratch;
+        b.clear();
+        b.push(REC_END);
+        b.extend_from_slice(&[0, 0, 0]);
+        b.extend_from_slice(&file_id.to_le_bytes());
+        b.extend_from_slice(&file.entry.raw_size.to_le_bytes());
+        b.extend_from_slice(&file.entry.file_check.to_le_bytes());
+        seal(b, 0);
+        self.flush_scratch()
+    }
+
+    /// Writes the index and trailer; every file must have ended.
+    pub fn finish(mut self) -> Result<(W, Index)> {
+        if let Some(f) = self.files.iter().find(|f| !f.ended) {
+            return Err(Error::Invalid(format!(
+                "image file {} was never completed",
+                f.entry.name
+            )));
+        }
+        let index = Index {
+            files: self.files.drain(..).map(|f| f.entry).collect(),
+        };
+        let body = index.encode_body();
+        let index_offset = self.offset;
+        let mut rec = Vec::with_capacity(body.len() + 32);
+        rec.push(REC_INDEX);
+        rec.extend_from_slice(&[0, 0, 0]);
+        rec.extend_from_slice(&(index.files.len() as u32).to_le_bytes());
+        rec.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        seal(&mut rec, 0);
+        rec.extend_from_slice(&body);
+        rec.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+        let mut t = [0u8; TRAILER_LEN];
+        t[0..8].copy_from_slice(&TRAILER_MAGIC);
+        t[8..16].copy_from_slice(&index_offset.to_le_bytes());
+        t[16..24].copy_from_slice(&(rec.len() as u64).to_le_bytes());
+        let check = xxh3_64(&t[..24]);
+        t[24..32].copy_from_slice(&check.to_le_bytes());
+        rec.extend_from_slice(&t);
+        self.out.write_all(&rec)?;
+        self.offset += rec.len() as u64;
+        self.out.flush()?;
+        Ok((self.out, index))
+    }
+
+    fn flush_scratch(&mut self) -> Result<()> {
+        self.out.write_all(&self.scratch)?;
+        self.offset += self.scratch.len() as u64;
+        Ok(())
+    }
+}
+
+/// One record read sequentially.
+#[derive(Debug)]
+pub enum Record {
+    FileBegin {
+        file_id: u32,
+        name: String,
+        kind: FileKind,
+        offset: u64,
+    },
+    Block {
+        header: BlockHeader,
+        payload: Vec<u8>,
+        offset: u64,
+    },
+    FileEnd {
+        file_id: u32,
+        raw_size: u64,
+        file_check: u64,
+        offset: u64,
+    },
+    /// The index, after the trailer was read and checked; the archive ends here.
+    Index { index: Index, offset: u64 },
+}
+
+/// Reads an archive front to back (works on pipes). Checks record structure
+/// and header checks; block payloads are checked by the decoder.
+pub struct SeqReader<R: Read> {
+    inp: R,
+    offset: u64,
+    pub header: Header,
+    done: bool,
+}
+
+impl<R: Read> SeqReader<R> {
+    pub fn new(mut inp: R) -> Result<Self> {
+        let mut b = [0u8; HEADER_LEN];
+        let got = read_full(&mut inp, &mut b)?;
+        if got < HEADER_LEN {
+            if got >= 8 && b[0..8] != MAGIC || got < 8 && b[..got] != MAGIC[..got] {
+                return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
+            }
+            return Err(Error::corrupt(
+                got as u64,
+                "truncated: archive ends inside the header",
+            ));
+        }
+        let header = Header::decode(&b)?;
+        Ok(SeqReader {
+            inp,
+            offset: HEADER_LEN as u64,
+            header,
+            done: false,
+        })
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
+        let got = read_full(&mut self.inp, buf)?;
+        self.offset += got as u64;
+        if got < buf.len() {
+            return Err(Error::corrupt(
+                self.offset,
+                format!("truncated: archive ends inside {what}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_seal(&mut self, rec: &[u8], start: u64, what: &str) -> Result<()> {
+        let mut c = [0u8; 4];
+        self.exact(&mut c, what)?;
+        if xxh3_64(rec) as u32 != u32::from_le_bytes(c) {
+            return Err(Error::corrupt(start, format!("{what} checksum mismatch")));
+        }
+        Ok(())
+    }
+
+    /// The next record; `None` after the index (end of archive).
+    pub fn next_record(&mut self) -> Result<Option<Record>> {
+        if self.done {
+            return Ok(None);
+        }
+        let start = self.offset;
+        let mut t = [0u8; 1];
+        let got = read_full(&mut self.inp, &mut t)?;
+        if got == 0 {
+            return Err(Error::corrupt(
+                start,
+                "truncated: archive ends before its index",
+            ));
+        }
+        self.offset += 1;
+        match t[0] {
+            REC_FILE => {
+                let mut h = [0u8; 8];
+                h[0] = REC_FILE;
+                self.exact(&mut h[1..], "a file record")?;
+                let name_len = u16le(&h[2..]) as usize;
+                let mut rec = h.to_vec();
+                rec.resize(8 + name_len, 0);
+                self.exact(&mut rec[8..], "a file record")?;
+                self.check_seal(&rec, start, "file record")?;
+                let kind = FileKind::from_u8(h[1], start + 1)?;
+                let name = String::from_utf8(rec[8..].to_vec())
+                    .map_err(|_| Error::corrupt(start + 8, "file name is not UTF-8"))?;
+                Ok(Some(Record::FileBegin {
+                    file_id: u32le(&h[4..]),
+                    name,
+                    kind,
+                    offset: start,
+                }))
+            }
+            REC_BLOCK => {
+                let mut h = [0u8; 24];
+                h[0] = REC_BLOCK;
+                self.exact(&mut h[1..], "a block header")?;
+                let flags = u16le(&h[2..]);
+                let raw_len = u32le(&h[8..]);
+                let stored_len = u32le(&h[12..]);
+                let bitmap_len = if flags & BLOCK_HAS_BITMAP != 0 {
+                    (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8)
+                } else {
+                    0
+                };
+                // Lengths are checked against the format's limits before anything is
+                // allocated, so a damaged length cannot make us allocate gigabytes.
+                if raw_len as usize > MAX_BLOCK || stored_len > raw_len {
+                    return Err(Error::corrupt(start, "block header has impossible lengths"));
+                }
+                let mut rec = h.to_vec();
+                rec.resize(24 + bitmap_len, 0);
+                self.exact(&mut rec[24..], "a block header")?;
+                self.check_seal(&rec, start, "block header")?;
+                if flags & !KNOWN_BLOCK_FLAGS != 0 {
+                    return Err(Error::Unsupported {
+                        offset: start + 2,
+                        what: format!("block flags {flags:#06x}"),
+                    });
+                }
+                let codec = BlockCodec::from_u8(h[1], start + 1)?;
+                let header = BlockHeader {
+                    codec,
+                    file_id: u32le(&h[4..]),
+                    raw_len,
+                    stored_len,
+                    data_check: u64le(&h[16..]),
+                    zero_bitmap: rec[24..].to_vec(),
+                };
+                let mut payload = vec![0u8; stored_len as usize];
+                self.exact(&mut payload, "a block payload")?;
+                Ok(Some(Record::Block {
+                    header,
+                    payload,
+                    offset: start,
+                }))
+            }
+            REC_END => {
+                let mut rec = [0u8; 24];
+                rec[0] = REC_END;
+                self.exact(&mut rec[1..], "a file end record")?;
+                self.check_seal(&rec, start, "file end record")?;
+                Ok(Some(Record::FileEnd {
+                    file_id: u32le(&rec[4..]),
+                    raw_size: u64le(&rec[8..]),
+                    file_check: u64le(&rec[16..]),
+                    offset: start,
+                }))
+            }
+            REC_INDEX => {
+                let mut rec = [0u8; 16];
+                rec[0] = REC_INDEX;
+                self.exact(&mut rec[1..], "the index header")?;
+                self.check_seal(&rec, start, "index header")?;
+                let count = u32le(&rec[4..]);
+                let body_len = u64le(&rec[8..]);
+                if body_len > 1 << 32 {
+                    return Err(Error::corrupt(start + 8, "index length is impossible"));
+                }
+                let body_off = self.offset;
+                let mut body = vec![0u8; body_len as usize];
+                self.exact(&mut body, "the index")?;
+                let mut c = [0u8; 8];
+                self.exact(&mut c, "the index")?;
+                if xxh3_64(&body) != u64::from_le_bytes(c) {
+                    return Err(Error::corrupt(body_off, "index checksum mismatch"));
+                }
+                let index = Index::decode_body(&body, count, body_off)?;
+                let index_len = self.offset - start;
+                let mut t = [0u8; TRAILER_LEN];
+                self.exact(&mut t, "the trailer")?;
+                let (toff, tlen) = decode_trailer(&t, self.offset - TRAILER_LEN as u64)?;
+                if toff != start || tlen != index_len {
+                    return Err(Error::corrupt(
+                        self.offset - TRAILER_LEN as u64,
+                        "trailer does not point at the index",
+                    ));
+                }
+                let mut extra = [0u8; 1];
+                if read_full(&mut self.inp, &mut extra)? != 0 {
+                    return Err(Error::corrupt(
+                        self.offset,
+                        "data after the end of the archive",
+                    ));
+                }
+                self.done = true;
+                Ok(Some(Record::Index {
+                    index,
+                    offset: start,
+                }))
+            }
+            other => Err(Error::corrupt(
+                start,
+                format!("unknown record type {other:#04x}"),
+            )),
+        }
+    }
+}
+
+/// Checks the trailer and returns (index offset, index record length).
+pub fn decode_trailer(t: &[u8; TRAILER_LEN], at: u64) -> Result<(u64, u64)> {
+    if t[0..8] != TRAILER_MAGIC {
+        return Err(Error::corrupt(
+            at,
+            "bad trailer magic (archive incomplete or damaged)",
+        ));
+    }
+    if xxh3_64(&t[..24]) != u64le(&t[24..]) {
+        return Err(Error::corrupt(at + 24, "trailer checksum mismatch"));
+    }
+    Ok((u64le(&t[8..]), u64le(&t[16..])))
+}
+
+/// Parses an index record held in memory (read by offset from a seekable archive).
+pub fn decode_index_record(rec: &[u8], offset: u64) -> Result<Index> {
+    if rec.len() < 24 || rec[0] != REC_INDEX {
+        return Err(Error::corrupt(offset, "trailer does not point at an index"));
+    }
+    if xxh3_64(&rec[..12]) as u32 != u32le(&rec[12..]) {
+        return Err(Error::corrupt(offset, "index header checksum mismatch"));
+    }
+    let count = u32le(&rec[4..]);
+    let body_len = u64le(&rec[8..]) as usize;
+    if rec.len() != 16 + body_len + 8 {
+        return Err(Error::corrupt(
+            offset,
+            "index length does not match the trailer",
+        ));
+    }
+    let body = &rec[16..16 + body_len];
+    if xxh3_64(body) != u64le(&rec[16 + body_len..]) {
+        return Err(Error::corrupt(offset + 16, "index checksum mismatch"));
+    }
+    Index::decode_body(body, count, offset + 16)
+}
+
+/// Parses one block record held in memory (header, bitmap, check, payload).
+pub fn decode_block_record(rec: &[u8], offset: u64) -> Result<(BlockHeader, &[u8])> {
+    if rec.len() < 28 || rec[0] != REC_BLOCK {
+        return Err(Error::corrupt(
+            offset,
+            "index points at something that is not a block",
+        ));
+    }
+    let flags = u16le(&rec[2..]);
+    let raw_len = u32le(&rec[8..]);
+    let stored_len = u32le(&rec[12..]) as usize;
+    let bitmap_len = if flags & BLOCK_HAS_BITMAP != 0 {
+        (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8)
+    } else {
+        0
+    };
+    let hdr_len = 24 + bitmap_len;
+    if rec.len() != hdr_len + 4 + stored_len {
+        return Err(Error::corrupt(
+            offset,
+            "block record length does not match the index",
+        ));
+    }
+    if xxh3_64(&rec[..hdr_len]) as u32 != u32le(&rec[hdr_len..]) {
+        return Err(Error::corrupt(offset, "block header checksum mismatch"));
+    }
+    if flags & !KNOWN_BLOCK_FLAGS != 0 {
+        return Err(Error::Unsupported {
+            offset: offset + 2,
+            what: format!("block flags {flags:#06x}"),
+        });
+    }
+    let header = BlockHeader {
+        codec: BlockCodec::from_u8(rec[1], offset + 1)?,
+        file_id: u32le(&rec[4..]),
+        raw_len,
+        stored_len: stored_len as u32,
+        data_check: u64le(&rec[16..]),
+        zero_bitmap: rec[24..hdr_len].to_vec(),
+    };
+    Ok((header, &rec[hdr_len + 4..]))
+}
+
+/// read() until the buffer is full or EOF; returns bytes read.
+pub fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}

@@ -1,0 +1,128 @@
+//! Outputs that never leave a partial file under the final name: data goes to
+//! a temporary name beside the target (mode 0600, since archives and images
+//! hold process memory), is fsynced, then renamed into place.
+
+use crate::error::{Error, IoContext, Result};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+pub struct AtomicFile {
+    file: Option<File>,
+    tmp: PathBuf,
+    target: PathBuf,
+    force: bool,
+}
+
+impl AtomicFile {
+    /// Refuses an existing target unless `force`.
+    pub fn create(target: &Path, force: bool) -> Result<Self> {
+        if !force && target.symlink_metadata().is_ok() {
+            return Err(Error::Invalid(format!(
+                "{}: already exists (use --force to replace it)",
+                target.display()
+            )));
+        }
+        let name = target
+            .file_name()
+            .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
+        let dir = target
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(
+            ".{}.criuz-tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .at(&tmp)?;
+        Ok(AtomicFile {
+            file: Some(file),
+            tmp,
+            target: target.to_path_buf(),
+            force,
+        })
+    }
+
+    pub fn file(&self) -> &File {
+        self.file.as_ref().expect("open until commit")
+    }
+
+    /// A second handle for a writer that must own its output.
+    pub fn writer(&self) -> Result<File> {
+        self.file().try_clone().at(&self.tmp)
+    }
+
+    pub fn commit(mut self) -> Result<()> {
+        let file = self.file.take().expect("open until commit");
+        file.sync_all().at(&self.tmp)?;
+        drop(file);
+        if !self.force && self.target.symlink_metadata().is_ok() {
+            return Err(Error::Invalid(format!(
+                "{}: appeared while writing; not replaced",
+                self.target.display()
+            )));
+        }
+        std::fs::rename(&self.tmp, &self.target).at(&self.target)?;
+        sync_parent(&self.target);
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Makes a rename durable; best effort (some filesystems refuse to fsync dirs).
+pub fn sync_parent(path: &Path) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// An archive destination: a file (atomic) or standard output.
+pub enum Output {
+    File(AtomicFile),
+    Stdout,
+}
+
+impl Output {
+    pub fn open(spec: &Path, force: bool) -> Result<Self> {
+        if spec == Path::new("-") {
+            Ok(Output::Stdout)
+        } else {
+            Ok(Output::File(AtomicFile::create(spec, force)?))
+        }
+    }
+
+    pub fn writer(&self) -> Result<Box<dyn Write + Send>> {
+        Ok(match self {
+            Output::File(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, f.writer()?)),
+            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(
+                1 << 20,
+                std::io::stdout(),
+            )),
+        })
+    }
+
+    pub fn commit(self) -> Result<()> {
+        match self {
+            Output::File(f) => f.commit(),
+            Output::Stdout => Ok(std::io::stdout().flush()?),
+        }
+    }
+}
