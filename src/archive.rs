@@ -11,9 +11,8 @@ use crate::codec::{CodecConfig, Decoder, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_block_record, decode_index_record, decode_trailer, ArchiveWriter, BlockCodec,
-    BlockHeader, FileEntry, FileKind, Header, Index, Record, SeqReader, HEADER_LEN, MAX_BLOCK,
-    MIN_BLOCK, PAGE_SIZE, TRAILER_LEN,
+    decode_block_record, decode_index_record, decode_trailer, ArchiveWriter, BlockCodec, BlockHeader, FileEntry,
+    FileKind, Header, Index, Record, SeqReader, HEADER_LEN, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE, TRAILER_LEN,
 };
 use std::collections::HashMap;
 use std::fs::File;
@@ -100,34 +99,15 @@ impl PackStats {
 }
 
 enum PackJob {
-    Begin {
-        key: u64,
-        name: String,
-        kind: FileKind,
-    },
-    Block {
-        key: u64,
-        data: Vec<u8>,
-        page_aware: bool,
-    },
-    End {
-        key: u64,
-    },
+    Begin { key: u64, name: String, kind: FileKind },
+    Block { key: u64, data: Vec<u8>, page_aware: bool },
+    End { key: u64 },
 }
 
 enum PackResult {
-    Begin {
-        key: u64,
-        name: String,
-        kind: FileKind,
-    },
-    Block {
-        key: u64,
-        block: EncodedBlock,
-    },
-    End {
-        key: u64,
-    },
+    Begin { key: u64, name: String, kind: FileKind },
+    Block { key: u64, block: EncodedBlock },
+    End { key: u64 },
 }
 
 /// Builds an archive from files written concurrently.
@@ -149,14 +129,9 @@ impl Packer {
             move || Encoder::new(codec),
             |enc: &mut Encoder, job: PackJob| match job {
                 PackJob::Begin { key, name, kind } => PackResult::Begin { key, name, kind },
-                PackJob::Block {
-                    key,
-                    data,
-                    page_aware,
-                } => PackResult::Block {
-                    key,
-                    block: enc.encode(0, &data, page_aware),
-                },
+                PackJob::Block { key, data, page_aware } => {
+                    PackResult::Block { key, block: enc.encode(0, &data, page_aware) }
+                }
                 PackJob::End { key } => PackResult::End { key },
             },
         );
@@ -179,13 +154,10 @@ impl Packer {
                             block.header.file_id = ids[&key];
                             w.write_block(&block.header, &block.payload)?;
                             stats.add_block(&block.header);
-                            c.raw_bytes
-                                .fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
+                            c.raw_bytes.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
                             c.stored_bytes.store(w.offset(), Ordering::Relaxed);
                         }
-                        PackResult::End { key } => {
-                            w.end_file(ids.remove(&key).expect("file begun"))?
-                        }
+                        PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
                     }
                 }
                 let (mut out, index) = w.finish()?;
@@ -211,30 +183,15 @@ impl Packer {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let kind = FileKind::for_name(name);
         let sub = self.submitter.as_ref().expect("packer running").clone();
-        sub.submit(PackJob::Begin {
-            key,
-            name: name.to_string(),
-            kind,
-        })?;
-        Ok(FileSink {
-            sub,
-            key,
-            page_aware: kind == FileKind::Pages,
-            block_size: self.block_size,
-            buf: Vec::new(),
-        })
+        sub.submit(PackJob::Begin { key, name: name.to_string(), kind })?;
+        Ok(FileSink { sub, key, page_aware: kind == FileKind::Pages, block_size: self.block_size, buf: Vec::new() })
     }
 
     /// Waits for every file to be written; returns the stats and index. Fails
     /// if the writer failed (its error, not a generic one).
     pub fn finish(mut self) -> Result<(PackStats, Index)> {
         drop(self.submitter.take());
-        let (mut stats, index) = self
-            .writer
-            .take()
-            .expect("writer")
-            .join()
-            .map_err(|_| Error::Cancelled)??;
+        let (mut stats, index) = self.writer.take().expect("writer").join().map_err(|_| Error::Cancelled)??;
         stats.archive_bytes = self.counters.stored_bytes.load(Ordering::Relaxed);
         Ok((stats, index))
     }
@@ -300,11 +257,7 @@ impl FileSink {
 
     fn flush_block(&mut self) -> Result<()> {
         let data = std::mem::take(&mut self.buf);
-        self.sub.submit(PackJob::Block {
-            key: self.key,
-            data,
-            page_aware: self.page_aware,
-        })
+        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware })
     }
 
     pub fn finish(mut self) -> Result<()> {
@@ -324,68 +277,35 @@ pub trait SeqSink {
 
 enum ReadJob {
     Other(Record),
-    Block {
-        header: BlockHeader,
-        payload: Vec<u8>,
-        offset: u64,
-    },
+    Block { header: BlockHeader, payload: Vec<u8>, offset: u64, record_len: u64 },
 }
 
 enum ReadResult {
     Other(Record),
-    Block {
-        file_id: u32,
-        offset: u64,
-        data: std::result::Result<Vec<u8>, Error>,
-    },
+    Block { file_id: u32, offset: u64, record_len: u64, data: std::result::Result<Vec<u8>, Error> },
 }
 
 /// Decodes a whole archive front to back on the worker pool, checking every
 /// block, file and the index against what was read. Returns the index.
-pub fn read_sequential<R: Read + Send + 'static>(
-    inp: R,
-    opts: &Options,
-    sink: &mut dyn SeqSink,
-) -> Result<Index> {
+pub fn read_sequential<R: Read + Send + 'static>(inp: R, opts: &Options, sink: &mut dyn SeqSink) -> Result<Index> {
     let mut reader = SeqReader::new(inp)?;
     let block_size = (reader.header.block_size as usize).clamp(MIN_BLOCK, MAX_BLOCK);
     let window = engine::window_for(opts.memory_budget, block_size, opts.threads);
-    let (sub, collector) = engine::start(
-        opts.threads,
-        window,
-        Decoder::new,
-        |dec: &mut Decoder, job: ReadJob| match job {
+    let (sub, collector) =
+        engine::start(opts.threads, window, Decoder::new, |dec: &mut Decoder, job: ReadJob| match job {
             ReadJob::Other(r) => ReadResult::Other(r),
-            ReadJob::Block {
-                header,
-                payload,
-                offset,
-            } => {
+            ReadJob::Block { header, payload, offset, record_len } => {
                 let mut out = Vec::new();
-                let data = dec
-                    .decode(&header, &payload, &mut out)
-                    .map(|_| out)
-                    .map_err(|e| Error::corrupt(offset, e));
-                ReadResult::Block {
-                    file_id: header.file_id,
-                    offset,
-                    data,
-                }
+                let data = dec.decode(&header, &payload, &mut out).map(|_| out).map_err(|e| Error::corrupt(offset, e));
+                ReadResult::Block { file_id: header.file_id, offset, record_len, data }
             }
-        },
-    );
+        });
     let producer = std::thread::spawn(move || -> Result<()> {
         while let Some(rec) = reader.next_record()? {
             let job = match rec {
-                Record::Block {
-                    header,
-                    payload,
-                    offset,
-                } => ReadJob::Block {
-                    header,
-                    payload,
-                    offset,
-                },
+                Record::Block { header, payload, offset, record_len } => {
+                    ReadJob::Block { header, payload, offset, record_len }
+                }
                 other => ReadJob::Other(other),
             };
             sub.submit(job)?;
@@ -407,30 +327,19 @@ struct SeenFile {
     kind: FileKind,
     raw_size: u64,
     check: xxhash_rust::xxh3::Xxh3,
-    /// (record offset, raw length) of each block, to compare with the index.
-    blocks: Vec<(u64, u32)>,
+    /// (record offset, raw length, record length) of each block, to compare with the index.
+    blocks: Vec<(u64, u32, u64)>,
     record_offset: u64,
     ended: bool,
 }
 
-fn consume_sequential(
-    collector: engine::Collector<ReadResult>,
-    sink: &mut dyn SeqSink,
-) -> Result<Option<Index>> {
+fn consume_sequential(collector: engine::Collector<ReadResult>, sink: &mut dyn SeqSink) -> Result<Option<Index>> {
     let mut files: Vec<SeenFile> = Vec::new();
     for r in collector {
         match r {
-            ReadResult::Other(Record::FileBegin {
-                file_id,
-                name,
-                kind,
-                offset,
-            }) => {
+            ReadResult::Other(Record::FileBegin { file_id, name, kind, offset }) => {
                 if file_id as usize != files.len() {
-                    return Err(Error::corrupt(
-                        offset,
-                        format!("file id {file_id} out of sequence"),
-                    ));
+                    return Err(Error::corrupt(offset, format!("file id {file_id} out of sequence")));
                 }
                 sink.begin(file_id, &name, kind)?;
                 files.push(SeenFile {
@@ -443,31 +352,18 @@ fn consume_sequential(
                     ended: false,
                 });
             }
-            ReadResult::Block {
-                file_id,
-                offset,
-                data,
-            } => {
+            ReadResult::Block { file_id, offset, record_len, data } => {
                 let data = data?;
                 let f = open_file(&mut files, file_id, offset)?;
                 f.raw_size += data.len() as u64;
-                f.check
-                    .update(&xxhash_rust::xxh3::xxh3_64(&data).to_le_bytes());
-                f.blocks.push((offset, data.len() as u32));
+                f.check.update(&xxhash_rust::xxh3::xxh3_64(&data).to_le_bytes());
+                f.blocks.push((offset, data.len() as u32, record_len));
                 sink.data(file_id, &data)?;
             }
-            ReadResult::Other(Record::FileEnd {
-                file_id,
-                raw_size,
-                file_check,
-                offset,
-            }) => {
+            ReadResult::Other(Record::FileEnd { file_id, raw_size, file_check, offset }) => {
                 let f = open_file(&mut files, file_id, offset)?;
                 if f.raw_size != raw_size || f.check.digest() != file_check {
-                    return Err(Error::corrupt(
-                        offset,
-                        format!("file {} does not match its end record", f.name),
-                    ));
+                    return Err(Error::corrupt(offset, format!("file {} does not match its end record", f.name)));
                 }
                 f.ended = true;
                 sink.end(file_id, raw_size)?;
@@ -485,19 +381,13 @@ fn consume_sequential(
 fn open_file(files: &mut [SeenFile], file_id: u32, offset: u64) -> Result<&mut SeenFile> {
     match files.get_mut(file_id as usize) {
         Some(f) if !f.ended => Ok(f),
-        _ => Err(Error::corrupt(
-            offset,
-            format!("record for unknown or ended file {file_id}"),
-        )),
+        _ => Err(Error::corrupt(offset, format!("record for unknown or ended file {file_id}"))),
     }
 }
 
 fn check_index(index: &Index, files: &[SeenFile], offset: u64) -> Result<()> {
     if index.files.len() != files.len() {
-        return Err(Error::corrupt(
-            offset,
-            "index lists a different number of files than the archive holds",
-        ));
+        return Err(Error::corrupt(offset, "index lists a different number of files than the archive holds"));
     }
     for (i, (e, f)) in index.files.iter().zip(files).enumerate() {
         let same = e.file_id as usize == i
@@ -508,15 +398,9 @@ fn check_index(index: &Index, files: &[SeenFile], offset: u64) -> Result<()> {
             && e.record_offset == f.record_offset
             && f.ended
             && e.blocks.len() == f.blocks.len()
-            && e.blocks
-                .iter()
-                .zip(&f.blocks)
-                .all(|(b, s)| (b.offset, b.raw_len) == *s);
+            && e.blocks.iter().zip(&f.blocks).all(|(b, s)| (b.offset, b.raw_len, u64::from(b.record_len)) == *s);
         if !same {
-            return Err(Error::corrupt(
-                offset,
-                format!("index entry for {} does not match the archive", e.name),
-            ));
+            return Err(Error::corrupt(offset, format!("index entry for {} does not match the archive", e.name)));
         }
     }
     Ok(())
@@ -545,10 +429,7 @@ impl IndexedArchive {
             if n >= 8 && hb[..8] != crate::format::MAGIC {
                 return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
             }
-            return Err(Error::corrupt(
-                len,
-                "truncated: archive is shorter than header and trailer",
-            ));
+            return Err(Error::corrupt(len, "truncated: archive is shorter than header and trailer"));
         }
         file.read_exact_at(&mut hb, 0)?;
         let header = Header::decode(&hb)?;
@@ -564,24 +445,12 @@ impl IndexedArchive {
         let index = decode_index_record(&rec, ioff)?;
         for f in &index.files {
             for b in &f.blocks {
-                if b.offset
-                    .checked_add(u64::from(b.record_len))
-                    .is_none_or(|end| end > ioff)
-                {
-                    return Err(Error::corrupt(
-                        ioff,
-                        format!("index entry for {} points outside the archive", f.name),
-                    ));
+                if b.offset.checked_add(u64::from(b.record_len)).is_none_or(|end| end > ioff) {
+                    return Err(Error::corrupt(ioff, format!("index entry for {} points outside the archive", f.name)));
                 }
             }
         }
-        Ok(IndexedArchive {
-            file: Arc::new(file),
-            path: path.to_path_buf(),
-            header,
-            index,
-            len,
-        })
+        Ok(IndexedArchive { file: Arc::new(file), path: path.to_path_buf(), header, index, len })
     }
 
     pub fn path(&self) -> &Path {
@@ -589,25 +458,15 @@ impl IndexedArchive {
     }
 
     /// Reads and decodes one block into `out`.
-    pub fn read_block(
-        &self,
-        entry: &FileEntry,
-        i: usize,
-        dec: &mut Decoder,
-        out: &mut Vec<u8>,
-    ) -> Result<()> {
+    pub fn read_block(&self, entry: &FileEntry, i: usize, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
         let b = entry.blocks[i];
         let mut rec = vec![0u8; b.record_len as usize];
         self.file.read_exact_at(&mut rec, b.offset)?;
         let (header, payload) = decode_block_record(&rec, b.offset)?;
-        if header.file_id != entry.file_id || header.raw_len != b.raw_len {
-            return Err(Error::corrupt(
-                b.offset,
-                format!("block does not belong to {} as the index says", entry.name),
-            ));
+        if header.file_id != entry.file_id || header.raw_len != b.raw_len || header.raw_len > self.header.block_size {
+            return Err(Error::corrupt(b.offset, format!("block does not belong to {} as the index says", entry.name)));
         }
-        dec.decode(&header, payload, out)
-            .map_err(|e| Error::corrupt(b.offset, e))
+        dec.decode(&header, payload, out).map_err(|e| Error::corrupt(b.offset, e))
     }
 
     /// Streams one file's decoded blocks, in order, decoding ahead on
@@ -622,15 +481,11 @@ impl IndexedArchive {
         let entry = Arc::new(entry.clone());
         let n = entry.blocks.len();
         let e2 = entry.clone();
-        let (sub, collector) = engine::start(
-            threads.min(n.max(1)),
-            window,
-            Decoder::new,
-            move |dec: &mut Decoder, i: usize| {
+        let (sub, collector) =
+            engine::start(threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
                 let mut out = Vec::new();
                 me.read_block(&e2, i, dec, &mut out).map(|_| out)
-            },
-        );
+            });
         std::thread::spawn(move || {
             for i in 0..n {
                 if sub.submit(i).is_err() {

@@ -61,10 +61,7 @@ impl CodecConfig {
                 return Err(format!("LZ4 acceleration must be 1..=65537, got {l}"))
             }
             (Codec::Zstd, Some(l)) if !(zstd::compression_level_range().contains(&l)) || l == 0 => {
-                return Err(format!(
-                    "zstd level must be in {:?} and not 0, got {l}",
-                    zstd::compression_level_range()
-                ))
+                return Err(format!("zstd level must be in {:?} and not 0, got {l}", zstd::compression_level_range()))
             }
             (_, Some(l)) => l,
             (Codec::Lz4, None) => 1,
@@ -77,10 +74,7 @@ impl CodecConfig {
 
 impl Default for CodecConfig {
     fn default() -> Self {
-        CodecConfig {
-            codec: Codec::Lz4,
-            level: 1,
-        }
+        CodecConfig { codec: Codec::Lz4, level: 1 }
     }
 }
 
@@ -99,16 +93,10 @@ pub struct Encoder {
 impl Encoder {
     pub fn new(config: CodecConfig) -> Self {
         let zstd = match config.codec {
-            Codec::Zstd => {
-                Some(zstd::bulk::Compressor::new(config.level).expect("zstd level was validated"))
-            }
+            Codec::Zstd => Some(zstd::bulk::Compressor::new(config.level).expect("zstd level was validated")),
             _ => None,
         };
-        Encoder {
-            config,
-            zstd,
-            gathered: Vec::new(),
-        }
+        Encoder { config, zstd, gathered: Vec::new() }
     }
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
@@ -149,6 +137,7 @@ impl Encoder {
                 raw_len: data.len() as u32,
                 stored_len: payload.len() as u32,
                 data_check,
+                payload_check: xxh3_64(&payload) as u32,
                 zero_bitmap,
             },
             payload,
@@ -172,23 +161,19 @@ fn compress(
             let bound = lz4::block::compress_bound(src.len()).unwrap_or(src.len() * 2);
             let mut out = vec![0u8; bound];
             let mode = lz4::block::CompressionMode::FAST(config.level);
-            lz4::block::compress_to_buffer(src, Some(mode), false, &mut out)
-                .ok()
-                .map(|n| {
-                    out.truncate(n);
-                    (BlockCodec::Lz4, out)
-                })
+            lz4::block::compress_to_buffer(src, Some(mode), false, &mut out).ok().map(|n| {
+                out.truncate(n);
+                (BlockCodec::Lz4, out)
+            })
         }
         Codec::Zstd => {
             let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(src.len()));
             let z = zstd.expect("zstd encoder");
-            z.compress_to_buffer(src, &mut out)
-                .ok()
-                .map(|_| (BlockCodec::Zstd, out))
+            z.compress_to_buffer(src, &mut out).ok().map(|_| (BlockCodec::Zstd, out))
         }
     };
     match compressed {
-        Some((codec, out)) if out.len() < limit => (codec, out),
+        Some((codec, out)) if out.len() <= limit => (codec, out),
         _ => (BlockCodec::Raw, src.to_vec()),
     }
 }
@@ -206,20 +191,12 @@ impl Default for Decoder {
 
 impl Decoder {
     pub fn new() -> Self {
-        Decoder {
-            zstd: zstd::bulk::Decompressor::new().expect("zstd context"),
-            scratch: Vec::new(),
-        }
+        Decoder { zstd: zstd::bulk::Decompressor::new().expect("zstd context"), scratch: Vec::new() }
     }
 
     /// Decodes a block into `out` (replacing its contents) and checks its data
     /// checksum. The error says what is wrong; the caller adds where.
-    pub fn decode(
-        &mut self,
-        header: &BlockHeader,
-        payload: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+    pub fn decode(&mut self, header: &BlockHeader, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         let raw_len = header.raw_len as usize;
         let stored_raw = header.stored_raw_len();
         let plain = header.zero_bitmap.is_empty() || header.zero_pages() == 0;
@@ -262,10 +239,7 @@ impl Decoder {
         match header.codec {
             BlockCodec::Raw => {
                 if payload.len() != expect {
-                    return Err(format!(
-                        "raw block holds {} bytes, expected {expect}",
-                        payload.len()
-                    ));
+                    return Err(format!("raw block holds {} bytes, expected {expect}", payload.len()));
                 }
                 out.extend_from_slice(payload);
             }
@@ -274,9 +248,7 @@ impl Decoder {
                 let n = lz4::block::decompress_to_buffer(payload, Some(expect as i32), out)
                     .map_err(|_| "LZ4 block does not decompress".to_string())?;
                 if n != expect {
-                    return Err(format!(
-                        "LZ4 block decompresses to {n} bytes, expected {expect}"
-                    ));
+                    return Err(format!("LZ4 block decompresses to {n} bytes, expected {expect}"));
                 }
             }
             BlockCodec::Zstd => {
@@ -286,9 +258,7 @@ impl Decoder {
                     .decompress_to_buffer(payload, out)
                     .map_err(|e| format!("zstd block does not decompress: {e}"))?;
                 if n != expect {
-                    return Err(format!(
-                        "zstd block decompresses to {n} bytes, expected {expect}"
-                    ));
+                    return Err(format!("zstd block decompresses to {n} bytes, expected {expect}"));
                 }
             }
         }

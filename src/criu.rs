@@ -35,86 +35,49 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("criuz");
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root"));
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("criuz")
 }
 
 /// `Version: 4.1.1` -> (4, "4.1.1")
 fn probe_version(path: &Path) -> std::result::Result<(u32, String), String> {
-    let out = Command::new(path)
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("cannot run: {e}"))?;
+    let out = Command::new(path).arg("--version").output().map_err(|e| format!("cannot run: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let version = text
         .lines()
         .find_map(|l| l.strip_prefix("Version:"))
         .map(|v| v.trim().to_string())
         .ok_or_else(|| "no version in `criu --version` output".to_string())?;
-    let major = version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .ok_or(format!("odd version {version}"))?;
+    let major = version.split('.').next().and_then(|m| m.parse().ok()).ok_or(format!("odd version {version}"))?;
     Ok((major, version))
 }
 
 fn judge(path: &Path, source: &'static str) -> std::result::Result<Criu, Rejected> {
-    let reject = |why: String| Rejected {
-        path: path.to_path_buf(),
-        source,
-        why,
-    };
+    let reject = |why: String| Rejected { path: path.to_path_buf(), source, why };
     match probe_version(path) {
-        Ok((major, version)) if major >= MIN_MAJOR => Ok(Criu {
-            path: path.to_path_buf(),
-            version,
-            source,
-        }),
-        Ok((_, version)) => Err(reject(format!(
-            "version {version} is older than {MIN_MAJOR}.0"
-        ))),
+        Ok((major, version)) if major >= MIN_MAJOR => Ok(Criu { path: path.to_path_buf(), version, source }),
+        Ok((_, version)) => Err(reject(format!("version {version} is older than {MIN_MAJOR}.0"))),
         Err(why) => Err(reject(why)),
     }
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// Finds CRIU; returns it with the candidates skipped on the way.
 pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
-    let explicit_err = |r: Rejected| {
-        Error::Criu(format!(
-            "CRIU from {} ({}): {}",
-            r.source,
-            r.path.display(),
-            r.why
-        ))
-    };
+    let explicit_err = |r: Rejected| Error::Criu(format!("CRIU from {} ({}): {}", r.source, r.path.display(), r.why));
     if let Some(p) = explicit {
-        return judge(p, "--criu")
-            .map(|c| (c, vec![]))
-            .map_err(explicit_err);
+        return judge(p, "--criu").map(|c| (c, vec![])).map_err(explicit_err);
     }
     if let Some(p) = std::env::var_os("CRIUZ_CRIU") {
-        return judge(Path::new(&p), "CRIUZ_CRIU")
-            .map(|c| (c, vec![]))
-            .map_err(explicit_err);
+        return judge(Path::new(&p), "CRIUZ_CRIU").map(|c| (c, vec![])).map_err(explicit_err);
     }
     let mut rejected = Vec::new();
     let mut candidates: Vec<(PathBuf, &'static str)> = Vec::new();
-    candidates.push((
-        cache_dir()
-            .join(format!("criu-{CACHED_VERSION}"))
-            .join("criu"),
-        "cache",
-    ));
+    candidates.push((cache_dir().join(format!("criu-{CACHED_VERSION}")).join("criu"), "cache"));
     if let Some(p) = on_path("criu") {
         candidates.push((p, "PATH"));
     }
@@ -127,15 +90,9 @@ pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
             Err(r) => rejected.push(r),
         }
     }
-    let mut msg =
-        String::from("no usable CRIU >= 4.0 found (run scripts/setup.sh, or pass --criu PATH)");
+    let mut msg = String::from("no usable CRIU >= 4.0 found (run scripts/setup.sh, or pass --criu PATH)");
     for r in &rejected {
-        msg.push_str(&format!(
-            "; skipped {} from {}: {}",
-            r.path.display(),
-            r.source,
-            r.why
-        ));
+        msg.push_str(&format!("; skipped {} from {}: {}", r.path.display(), r.source, r.why));
     }
     Err(Error::Criu(msg))
 }
@@ -143,15 +100,8 @@ pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
 /// The last lines of a CRIU log that say what went wrong.
 pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let errs: Vec<String> = text
-        .lines()
-        .filter(|l| l.contains("Error") || l.contains("rror ("))
-        .map(String::from)
-        .collect();
-    let lines: Vec<String> = if errs.is_empty() {
-        text.lines().map(String::from).collect()
-    } else {
-        errs
-    };
+    let errs: Vec<String> =
+        text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).map(String::from).collect();
+    let lines: Vec<String> = if errs.is_empty() { text.lines().map(String::from).collect() } else { errs };
     lines[lines.len().saturating_sub(max)..].to_vec()
 }

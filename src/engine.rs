@@ -19,9 +19,7 @@ pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
 
 /// Number of worker threads to use when the user did not say: all cores.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 /// Jobs in flight for a memory budget, counting input and output of each block.
@@ -41,10 +39,7 @@ pub struct Submitter<J> {
 
 impl<J> Clone for Submitter<J> {
     fn clone(&self) -> Self {
-        Submitter {
-            state: self.state.clone(),
-            tokens: self.tokens.clone(),
-        }
+        Submitter { state: self.state.clone(), tokens: self.tokens.clone() }
     }
 }
 
@@ -97,12 +92,7 @@ impl<R> Iterator for Collector<R> {
 
 /// Starts `threads` workers. Each builds its state with `init` and runs `work`
 /// on the jobs it takes.
-pub fn start<J, R, S, I, W>(
-    threads: usize,
-    window: usize,
-    init: I,
-    work: W,
-) -> (Submitter<J>, Collector<R>)
+pub fn start<J, R, S, I, W>(threads: usize, window: usize, init: I, work: W) -> (Submitter<J>, Collector<R>)
 where
     J: Send + 'static,
     R: Send + 'static,
@@ -117,8 +107,7 @@ where
     let work = Arc::new(work);
     let workers = (0..threads.max(1))
         .map(|i| {
-            let (job_rx, res_tx, init, work) =
-                (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
+            let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
             std::thread::Builder::new()
                 .name(format!("criuz-worker-{i}"))
                 .spawn(move || {
@@ -132,20 +121,9 @@ where
                 .expect("spawn worker thread")
         })
         .collect();
-    let submitter = Submitter {
-        state: Arc::new(Mutex::new(SubmitState {
-            next_seq: 0,
-            jobs: job_tx,
-        })),
-        tokens: tok_tx,
-    };
-    let collector = Collector {
-        results: res_rx,
-        tokens: tok_rx,
-        pending: BTreeMap::new(),
-        next: 0,
-        workers,
-    };
+    let submitter =
+        Submitter { state: Arc::new(Mutex::new(SubmitState { next_seq: 0, jobs: job_tx })), tokens: tok_tx };
+    let collector = Collector { results: res_rx, tokens: tok_rx, pending: BTreeMap::new(), next: 0, workers };
     (submitter, collector)
 }
 

@@ -32,17 +32,11 @@ pub enum Error {
 
 impl Error {
     pub fn corrupt(offset: u64, what: impl Into<String>) -> Self {
-        Error::Corrupt {
-            offset,
-            what: what.into(),
-        }
+        Error::Corrupt { offset, what: what.into() }
     }
 
     pub fn file(path: impl Into<PathBuf>, source: io::Error) -> Self {
-        Error::File {
-            path: path.into(),
-            source,
-        }
+        Error::File { path: path.into(), source }
     }
 }
 

@@ -51,10 +51,7 @@ impl BlockCodec {
             0 => Ok(BlockCodec::Raw),
             1 => Ok(BlockCodec::Lz4),
             2 => Ok(BlockCodec::Zstd),
-            3 => Err(Error::Unsupported {
-                offset,
-                what: "block reference (dedup) codec".into(),
-            }),
+            3 => Err(Error::Unsupported { offset, what: "block reference (dedup) codec".into() }),
             _ => Err(Error::corrupt(offset, format!("unknown block codec {v}"))),
         }
     }
@@ -142,9 +139,7 @@ impl Header {
         if version != VERSION {
             return Err(Error::Unsupported {
                 offset: 8,
-                what: format!(
-                    "archive format version {version} (this criuz reads version {VERSION})"
-                ),
+                what: format!("archive format version {version} (this criuz reads version {VERSION})"),
             });
         }
         if xxh3_64(&b[..56]) != u64le(&b[56..]) {
@@ -152,10 +147,7 @@ impl Header {
         }
         let flags = u16le(&b[10..]);
         if flags != 0 {
-            return Err(Error::Unsupported {
-                offset: 10,
-                what: format!("header flags {flags:#06x}"),
-            });
+            return Err(Error::Unsupported { offset: 10, what: format!("header flags {flags:#06x}") });
         }
         let h = Header {
             block_size: u32le(&b[12..]),
@@ -165,19 +157,17 @@ impl Header {
             shard_count: u16le(&b[50..]),
         };
         if h.parent_id != [0; 16] {
-            return Err(Error::Unsupported {
-                offset: 32,
-                what: "parent archive (incremental)".into(),
-            });
+            return Err(Error::Unsupported { offset: 32, what: "parent archive (incremental)".into() });
         }
         if h.shard_count != 1 || h.shard_index != 0 {
-            return Err(Error::Unsupported {
-                offset: 48,
-                what: "sharded archive".into(),
-            });
+            return Err(Error::Unsupported { offset: 48, what: "sharded archive".into() });
         }
         if u32le(&b[52..]) != 0 {
             return Err(Error::corrupt(52, "reserved header bytes are not zero"));
+        }
+        let bs = h.block_size as usize;
+        if !(MIN_BLOCK..=MAX_BLOCK).contains(&bs) || bs % PAGE_SIZE != 0 {
+            return Err(Error::corrupt(12, format!("impossible block size {bs}")));
         }
         Ok(h)
     }
@@ -185,13 +175,8 @@ impl Header {
 
 fn random_id() -> [u8; 16] {
     let mut id = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut id))
-        .is_err()
-    {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id)).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         id[..8].copy_from_slice(&xxh3_64(&t.as_nanos().to_le_bytes()).to_le_bytes());
         id[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
     }
@@ -207,6 +192,9 @@ pub struct BlockHeader {
     pub stored_len: u32,
     /// xxh3-64 of the block's uncompressed bytes.
     pub data_check: u64,
+    /// Low 32 bits of xxh3-64 of the stored payload: a payload can be damaged
+    /// in ways that still decode to the same bytes, and those must be caught too.
+    pub payload_check: u32,
     /// One bit per 4 KiB page (LSB first): set = all-zero page, not stored.
     /// Empty for blocks of plain files.
     pub zero_bitmap: Vec<u8>,
@@ -222,10 +210,7 @@ impl BlockHeader {
     }
 
     pub fn zero_pages(&self) -> usize {
-        self.zero_bitmap
-            .iter()
-            .map(|b| b.count_ones() as usize)
-            .sum()
+        self.zero_bitmap.iter().map(|b| b.count_ones() as usize).sum()
     }
 
     /// Length of the bytes the payload decompresses to (zero pages left out).
@@ -239,20 +224,24 @@ impl BlockHeader {
         len
     }
 
+    pub fn check_payload(&self, payload: &[u8], offset: u64) -> Result<()> {
+        if xxh3_64(payload) as u32 != self.payload_check {
+            return Err(Error::corrupt(offset, "block payload checksum mismatch"));
+        }
+        Ok(())
+    }
+
     fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.push(REC_BLOCK);
         out.push(self.codec as u8);
-        let flags = if self.zero_bitmap.is_empty() {
-            0
-        } else {
-            BLOCK_HAS_BITMAP
-        };
+        let flags = if self.zero_bitmap.is_empty() { 0 } else { BLOCK_HAS_BITMAP };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.file_id.to_le_bytes());
         out.extend_from_slice(&self.raw_len.to_le_bytes());
         out.extend_from_slice(&self.stored_len.to_le_bytes());
         out.extend_from_slice(&self.data_check.to_le_bytes());
+        out.extend_from_slice(&self.payload_check.to_le_bytes());
         out.extend_from_slice(&self.zero_bitmap);
         seal(out, start);
     }
@@ -333,16 +322,14 @@ impl Index {
     }
 
     fn decode_body(body: &[u8], count: u32, base: u64) -> Result<Self> {
-        let mut c = Cursor {
-            buf: body,
-            pos: 0,
-            base,
-        };
+        let mut c = Cursor { buf: body, pos: 0, base };
         let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
         for _ in 0..count {
             let file_id = c.u32()?;
             let kind = FileKind::from_u8(c.u8()?, c.offset() - 1)?;
-            c.u8()?;
+            if c.u8()? != 0 {
+                return Err(Error::corrupt(c.offset() - 1, "reserved index byte is not zero"));
+            }
             let name_len = c.u16()? as usize;
             let name_off = c.offset();
             let name = String::from_utf8(c.take(name_len)?.to_vec())
@@ -352,28 +339,13 @@ impl Index {
             let record_offset = c.u64()?;
             let nblocks = c.u32()? as usize;
             if nblocks > c.remaining() / 16 {
-                return Err(Error::corrupt(
-                    c.offset() - 4,
-                    "index block count exceeds index size",
-                ));
+                return Err(Error::corrupt(c.offset() - 4, "index block count exceeds index size"));
             }
             let mut blocks = Vec::with_capacity(nblocks);
             for _ in 0..nblocks {
-                blocks.push(BlockRef {
-                    offset: c.u64()?,
-                    raw_len: c.u32()?,
-                    record_len: c.u32()?,
-                });
+                blocks.push(BlockRef { offset: c.u64()?, raw_len: c.u32()?, record_len: c.u32()? });
             }
-            files.push(FileEntry {
-                file_id,
-                name,
-                kind,
-                raw_size,
-                file_check,
-                record_offset,
-                blocks,
-            });
+            files.push(FileEntry { file_id, name, kind, raw_size, file_check, record_offset, blocks });
         }
         if c.remaining() != 0 {
             return Err(Error::corrupt(c.offset(), "trailing bytes in index"));
@@ -398,10 +370,7 @@ impl<'a> Cursor<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.remaining() < n {
-            return Err(Error::corrupt(
-                self.offset(),
-                "index entry runs past the end of the index",
-            ));
+            return Err(Error::corrupt(self.offset(), "index entry runs past the end of the index"));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -462,12 +431,7 @@ pub struct ArchiveWriter<W: Write> {
 impl<W: Write> ArchiveWriter<W> {
     pub fn new(mut out: W, header: &Header) -> Result<Self> {
         out.write_all(&header.encode())?;
-        Ok(ArchiveWriter {
-            out,
-            offset: HEADER_LEN as u64,
-            files: Vec::new(),
-            scratch: Vec::new(),
-        })
+        Ok(ArchiveWriter { out, offset: HEADER_LEN as u64, files: Vec::new(), scratch: Vec::new() })
     }
 
     pub fn offset(&self) -> u64 {
@@ -476,8 +440,7 @@ impl<W: Write> ArchiveWriter<W> {
 
     /// Starts a file; returns its id for the blocks that follow.
     pub fn begin_file(&mut self, name: &str, kind: FileKind) -> Result<u32> {
-        check_entry_name(name)
-            .map_err(|why| Error::Invalid(format!("bad image file name {name:?}: {why}")))?;
+        check_entry_name(name).map_err(|why| Error::Invalid(format!("bad image file name {name:?}: {why}")))?;
         let file_id = self.files.len() as u32;
         let b = &mut self.scratch;
         b.clear();
@@ -496,11 +459,7 @@ impl<W: Write> ArchiveWriter<W> {
             record_offset: self.offset,
             blocks: Vec::new(),
         };
-        self.files.push(OpenFile {
-            entry,
-            check: xxhash_rust::xxh3::Xxh3::new(),
-            ended: false,
-        });
+        self.files.push(OpenFile { entry, check: xxhash_rust::xxh3::Xxh3::new(), ended: false });
         self.flush_scratch()?;
         Ok(file_id)
     }
@@ -511,20 +470,11 @@ impl<W: Write> ArchiveWriter<W> {
             .files
             .get_mut(header.file_id as usize)
             .filter(|f| !f.ended)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "block for unknown or ended file {}",
-                    header.file_id
-                ))
-            })?;
+            .ok_or_else(|| Error::Invalid(format!("block for unknown or ended file {}", header.file_id)))?;
         self.scratch.clear();
         header.encode(&mut self.scratch);
         let record_len = (self.scratch.len() + payload.len()) as u32;
-        file.entry.blocks.push(BlockRef {
-            offset: self.offset,
-            raw_len: header.raw_len,
-            record_len,
-        });
+        file.entry.blocks.push(BlockRef { offset: self.offset, raw_len: header.raw_len, record_len });
         file.entry.raw_size += u64::from(header.raw_len);
         file.check.update(&header.data_check.to_le_bytes());
         self.flush_scratch()?;
@@ -555,14 +505,9 @@ impl<W: Write> ArchiveWriter<W> {
     /// Writes the index and trailer; every file must have ended.
     pub fn finish(mut self) -> Result<(W, Index)> {
         if let Some(f) = self.files.iter().find(|f| !f.ended) {
-            return Err(Error::Invalid(format!(
-                "image file {} was never completed",
-                f.entry.name
-            )));
+            return Err(Error::Invalid(format!("image file {} was never completed", f.entry.name)));
         }
-        let index = Index {
-            files: self.files.drain(..).map(|f| f.entry).collect(),
-        };
+        let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
         let body = index.encode_body();
         let index_offset = self.offset;
         let mut rec = Vec::with_capacity(body.len() + 32);
@@ -606,6 +551,7 @@ pub enum Record {
         header: BlockHeader,
         payload: Vec<u8>,
         offset: u64,
+        record_len: u64,
     },
     FileEnd {
         file_id: u32,
@@ -614,7 +560,10 @@ pub enum Record {
         offset: u64,
     },
     /// The index, after the trailer was read and checked; the archive ends here.
-    Index { index: Index, offset: u64 },
+    Index {
+        index: Index,
+        offset: u64,
+    },
 }
 
 /// Reads an archive front to back (works on pipes). Checks record structure
@@ -634,18 +583,10 @@ impl<R: Read> SeqReader<R> {
             if got >= 8 && b[0..8] != MAGIC || got < 8 && b[..got] != MAGIC[..got] {
                 return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
             }
-            return Err(Error::corrupt(
-                got as u64,
-                "truncated: archive ends inside the header",
-            ));
+            return Err(Error::corrupt(got as u64, "truncated: archive ends inside the header"));
         }
         let header = Header::decode(&b)?;
-        Ok(SeqReader {
-            inp,
-            offset: HEADER_LEN as u64,
-            header,
-            done: false,
-        })
+        Ok(SeqReader { inp, offset: HEADER_LEN as u64, header, done: false })
     }
 
     pub fn offset(&self) -> u64 {
@@ -656,10 +597,7 @@ impl<R: Read> SeqReader<R> {
         let got = read_full(&mut self.inp, buf)?;
         self.offset += got as u64;
         if got < buf.len() {
-            return Err(Error::corrupt(
-                self.offset,
-                format!("truncated: archive ends inside {what}"),
-            ));
+            return Err(Error::corrupt(self.offset, format!("truncated: archive ends inside {what}")));
         }
         Ok(())
     }
@@ -682,10 +620,7 @@ impl<R: Read> SeqReader<R> {
         let mut t = [0u8; 1];
         let got = read_full(&mut self.inp, &mut t)?;
         if got == 0 {
-            return Err(Error::corrupt(
-                start,
-                "truncated: archive ends before its index",
-            ));
+            return Err(Error::corrupt(start, "truncated: archive ends before its index"));
         }
         self.offset += 1;
         match t[0] {
@@ -701,62 +636,35 @@ impl<R: Read> SeqReader<R> {
                 let kind = FileKind::from_u8(h[1], start + 1)?;
                 let name = String::from_utf8(rec[8..].to_vec())
                     .map_err(|_| Error::corrupt(start + 8, "file name is not UTF-8"))?;
-                Ok(Some(Record::FileBegin {
-                    file_id: u32le(&h[4..]),
-                    name,
-                    kind,
-                    offset: start,
-                }))
+                Ok(Some(Record::FileBegin { file_id: u32le(&h[4..]), name, kind, offset: start }))
             }
             REC_BLOCK => {
-                let mut h = [0u8; 24];
-                h[0] = REC_BLOCK;
-                self.exact(&mut h[1..], "a block header")?;
-                let flags = u16le(&h[2..]);
-                let raw_len = u32le(&h[8..]);
-                let stored_len = u32le(&h[12..]);
-                let bitmap_len = if flags & BLOCK_HAS_BITMAP != 0 {
-                    (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8)
-                } else {
-                    0
-                };
-                // Lengths are checked against the format's limits before anything is
-                // allocated, so a damaged length cannot make us allocate gigabytes.
-                if raw_len as usize > MAX_BLOCK || stored_len > raw_len {
-                    return Err(Error::corrupt(start, "block header has impossible lengths"));
-                }
-                let mut rec = h.to_vec();
-                rec.resize(24 + bitmap_len, 0);
-                self.exact(&mut rec[24..], "a block header")?;
+                let mut rec = vec![0u8; BLOCK_FIXED];
+                rec[0] = REC_BLOCK;
+                self.exact(&mut rec[1..], "a block header")?;
+                // Lengths are checked before anything is allocated, so a damaged
+                // length cannot make us allocate gigabytes.
+                let bitmap_len = block_bitmap_len(&rec, start)?;
+                rec.resize(BLOCK_FIXED + bitmap_len, 0);
+                self.exact(&mut rec[BLOCK_FIXED..], "a block header")?;
                 self.check_seal(&rec, start, "block header")?;
-                if flags & !KNOWN_BLOCK_FLAGS != 0 {
-                    return Err(Error::Unsupported {
-                        offset: start + 2,
-                        what: format!("block flags {flags:#06x}"),
-                    });
+                let header = parse_block_header(&rec, start)?;
+                if header.raw_len > self.header.block_size {
+                    return Err(Error::corrupt(start, "block is larger than the archive's block size"));
                 }
-                let codec = BlockCodec::from_u8(h[1], start + 1)?;
-                let header = BlockHeader {
-                    codec,
-                    file_id: u32le(&h[4..]),
-                    raw_len,
-                    stored_len,
-                    data_check: u64le(&h[16..]),
-                    zero_bitmap: rec[24..].to_vec(),
-                };
-                let mut payload = vec![0u8; stored_len as usize];
+                let mut payload = vec![0u8; header.stored_len as usize];
                 self.exact(&mut payload, "a block payload")?;
-                Ok(Some(Record::Block {
-                    header,
-                    payload,
-                    offset: start,
-                }))
+                header.check_payload(&payload, start)?;
+                Ok(Some(Record::Block { header, payload, offset: start, record_len: self.offset - start }))
             }
             REC_END => {
                 let mut rec = [0u8; 24];
                 rec[0] = REC_END;
                 self.exact(&mut rec[1..], "a file end record")?;
                 self.check_seal(&rec, start, "file end record")?;
+                if rec[1..4] != [0, 0, 0] {
+                    return Err(Error::corrupt(start + 1, "reserved file end bytes are not zero"));
+                }
                 Ok(Some(Record::FileEnd {
                     file_id: u32le(&rec[4..]),
                     raw_size: u64le(&rec[8..]),
@@ -769,9 +677,12 @@ impl<R: Read> SeqReader<R> {
                 rec[0] = REC_INDEX;
                 self.exact(&mut rec[1..], "the index header")?;
                 self.check_seal(&rec, start, "index header")?;
+                if rec[1..4] != [0, 0, 0] {
+                    return Err(Error::corrupt(start + 1, "reserved index header bytes are not zero"));
+                }
                 let count = u32le(&rec[4..]);
                 let body_len = u64le(&rec[8..]);
-                if body_len > 1 << 32 {
+                if body_len >= 1 << 32 {
                     return Err(Error::corrupt(start + 8, "index length is impossible"));
                 }
                 let body_off = self.offset;
@@ -795,21 +706,12 @@ impl<R: Read> SeqReader<R> {
                 }
                 let mut extra = [0u8; 1];
                 if read_full(&mut self.inp, &mut extra)? != 0 {
-                    return Err(Error::corrupt(
-                        self.offset,
-                        "data after the end of the archive",
-                    ));
+                    return Err(Error::corrupt(self.offset, "data after the end of the archive"));
                 }
                 self.done = true;
-                Ok(Some(Record::Index {
-                    index,
-                    offset: start,
-                }))
+                Ok(Some(Record::Index { index, offset: start }))
             }
-            other => Err(Error::corrupt(
-                start,
-                format!("unknown record type {other:#04x}"),
-            )),
+            other => Err(Error::corrupt(start, format!("unknown record type {other:#04x}"))),
         }
     }
 }
@@ -817,10 +719,7 @@ impl<R: Read> SeqReader<R> {
 /// Checks the trailer and returns (index offset, index record length).
 pub fn decode_trailer(t: &[u8; TRAILER_LEN], at: u64) -> Result<(u64, u64)> {
     if t[0..8] != TRAILER_MAGIC {
-        return Err(Error::corrupt(
-            at,
-            "bad trailer magic (archive incomplete or damaged)",
-        ));
+        return Err(Error::corrupt(at, "bad trailer magic (archive incomplete or damaged)"));
     }
     if xxh3_64(&t[..24]) != u64le(&t[24..]) {
         return Err(Error::corrupt(at + 24, "trailer checksum mismatch"));
@@ -830,68 +729,84 @@ pub fn decode_trailer(t: &[u8; TRAILER_LEN], at: u64) -> Result<(u64, u64)> {
 
 /// Parses an index record held in memory (read by offset from a seekable archive).
 pub fn decode_index_record(rec: &[u8], offset: u64) -> Result<Index> {
-    if rec.len() < 24 || rec[0] != REC_INDEX {
+    if rec.len() < 28 || rec[0] != REC_INDEX {
         return Err(Error::corrupt(offset, "trailer does not point at an index"));
     }
-    if xxh3_64(&rec[..12]) as u32 != u32le(&rec[12..]) {
+    if xxh3_64(&rec[..16]) as u32 != u32le(&rec[16..]) {
         return Err(Error::corrupt(offset, "index header checksum mismatch"));
     }
+    if rec[1..4] != [0, 0, 0] {
+        return Err(Error::corrupt(offset + 1, "reserved index header bytes are not zero"));
+    }
     let count = u32le(&rec[4..]);
-    let body_len = u64le(&rec[8..]) as usize;
-    if rec.len() != 16 + body_len + 8 {
-        return Err(Error::corrupt(
-            offset,
-            "index length does not match the trailer",
-        ));
+    let body_len = u64le(&rec[8..]);
+    if Some(rec.len() as u64) != body_len.checked_add(28) {
+        return Err(Error::corrupt(offset + 8, "index length does not match the trailer"));
     }
-    let body = &rec[16..16 + body_len];
-    if xxh3_64(body) != u64le(&rec[16 + body_len..]) {
-        return Err(Error::corrupt(offset + 16, "index checksum mismatch"));
+    let body = &rec[20..20 + body_len as usize];
+    if xxh3_64(body) != u64le(&rec[20 + body_len as usize..]) {
+        return Err(Error::corrupt(offset + 20, "index checksum mismatch"));
     }
-    Index::decode_body(body, count, offset + 16)
+    Index::decode_body(body, count, offset + 20)
 }
 
-/// Parses one block record held in memory (header, bitmap, check, payload).
+/// Parses one block record held in memory (header, bitmap, seal, payload).
 pub fn decode_block_record(rec: &[u8], offset: u64) -> Result<(BlockHeader, &[u8])> {
-    if rec.len() < 28 || rec[0] != REC_BLOCK {
-        return Err(Error::corrupt(
-            offset,
-            "index points at something that is not a block",
-        ));
+    if rec.len() < BLOCK_FIXED + 4 || rec[0] != REC_BLOCK {
+        return Err(Error::corrupt(offset, "index points at something that is not a block"));
     }
-    let flags = u16le(&rec[2..]);
-    let raw_len = u32le(&rec[8..]);
-    let stored_len = u32le(&rec[12..]) as usize;
-    let bitmap_len = if flags & BLOCK_HAS_BITMAP != 0 {
-        (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8)
-    } else {
-        0
-    };
-    let hdr_len = 24 + bitmap_len;
-    if rec.len() != hdr_len + 4 + stored_len {
-        return Err(Error::corrupt(
-            offset,
-            "block record length does not match the index",
-        ));
+    let hdr_len = BLOCK_FIXED + block_bitmap_len(rec, offset)?;
+    if rec.len() != hdr_len + 4 + u32le(&rec[12..]) as usize {
+        return Err(Error::corrupt(offset, "block record length does not match the index"));
     }
     if xxh3_64(&rec[..hdr_len]) as u32 != u32le(&rec[hdr_len..]) {
         return Err(Error::corrupt(offset, "block header checksum mismatch"));
     }
+    let header = parse_block_header(&rec[..hdr_len], offset)?;
+    let payload = &rec[hdr_len + 4..];
+    header.check_payload(payload, offset)?;
+    Ok((header, payload))
+}
+
+/// Fixed part of a block header, before the bitmap.
+const BLOCK_FIXED: usize = 28;
+
+/// Checks a block header's lengths and returns the length of its bitmap.
+fn block_bitmap_len(fixed: &[u8], offset: u64) -> Result<usize> {
+    let flags = u16le(&fixed[2..]);
+    let raw_len = u32le(&fixed[8..]);
+    let stored_len = u32le(&fixed[12..]);
+    if raw_len as usize > MAX_BLOCK || stored_len > raw_len {
+        return Err(Error::corrupt(offset, "block header has impossible lengths"));
+    }
+    Ok(if flags & BLOCK_HAS_BITMAP != 0 { (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8) } else { 0 })
+}
+
+/// Decodes a block header whose seal has been checked.
+fn parse_block_header(rec: &[u8], offset: u64) -> Result<BlockHeader> {
+    let flags = u16le(&rec[2..]);
     if flags & !KNOWN_BLOCK_FLAGS != 0 {
-        return Err(Error::Unsupported {
-            offset: offset + 2,
-            what: format!("block flags {flags:#06x}"),
-        });
+        return Err(Error::Unsupported { offset: offset + 2, what: format!("block flags {flags:#06x}") });
     }
     let header = BlockHeader {
         codec: BlockCodec::from_u8(rec[1], offset + 1)?,
         file_id: u32le(&rec[4..]),
-        raw_len,
-        stored_len: stored_len as u32,
+        raw_len: u32le(&rec[8..]),
+        stored_len: u32le(&rec[12..]),
         data_check: u64le(&rec[16..]),
-        zero_bitmap: rec[24..hdr_len].to_vec(),
+        payload_check: u32le(&rec[24..]),
+        zero_bitmap: rec[BLOCK_FIXED..].to_vec(),
     };
-    Ok((header, &rec[hdr_len + 4..]))
+    // Only whole pages can be zero pages; every other bit must be clear.
+    let whole_pages = header.raw_len as usize / PAGE_SIZE;
+    for (i, byte) in header.zero_bitmap.iter().enumerate() {
+        let valid =
+            if whole_pages >= (i + 1) * 8 { 0xff } else { (1u16 << whole_pages.saturating_sub(i * 8)) as u8 - 1 };
+        if byte & !valid != 0 {
+            return Err(Error::corrupt(offset + (BLOCK_FIXED + i) as u64, "zero bitmap marks pages the block lacks"));
+        }
+    }
+    Ok(header)
 }
 
 /// read() until the buffer is full or EOF; returns bytes read.

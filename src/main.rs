@@ -14,11 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(
-    name = "criuz",
-    version,
-    about = "Small, fast, safe CRIU checkpoints with stock CRIU"
-)]
+#[command(name = "criuz", version, about = "Small, fast, safe CRIU checkpoints with stock CRIU")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -48,21 +44,14 @@ struct ThreadArgs {
 
 impl ThreadArgs {
     fn options(&self) -> Options {
-        Options {
-            threads: self.jobs.unwrap_or_else(engine::default_threads),
-            ..Options::default()
-        }
+        Options { threads: self.jobs.unwrap_or_else(engine::default_threads), ..Options::default() }
     }
 }
 
 impl CodecArgs {
     fn options(&self) -> Result<Options> {
         let codec = CodecConfig::new(self.codec, self.level).map_err(anyhow::Error::msg)?;
-        let opts = Options {
-            codec,
-            block_size: self.block_size,
-            ..self.threads.options()
-        };
+        let opts = Options { codec, block_size: self.block_size, ..self.threads.options() };
         opts.validate()?;
         Ok(opts)
     }
@@ -117,19 +106,13 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let n: usize = num
-        .parse()
-        .map_err(|_| format!("not a size: {s:?} (use e.g. 256K or 1M)"))?;
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("size too large: {s}"))
+    let n: usize = num.parse().map_err(|_| format!("not a size: {s:?} (use e.g. 256K or 1M)"))?;
+    n.checked_mul(mul).ok_or_else(|| format!("size too large: {s}"))
 }
 
 fn open_input(path: &Path) -> Result<(Box<dyn Read + Send>, Option<u64>)> {
     if path == Path::new("-") {
-        return Ok((
-            Box::new(BufReader::with_capacity(1 << 20, std::io::stdin())),
-            None,
-        ));
+        return Ok((Box::new(BufReader::with_capacity(1 << 20, std::io::stdin())), None));
     }
     let f = File::open(path).with_context(|| path.display().to_string())?;
     let len = f.metadata().ok().map(|m| m.len());
@@ -155,20 +138,11 @@ fn rate(bytes: u64, secs: f64) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Pack {
-            dir,
-            output,
-            force,
-            codec,
-        } => {
+        Cmd::Pack { dir, output, force, codec } => {
             let opts = codec.options()?;
-            let (files, skipped) =
-                ops::image_files(&dir).with_context(|| dir.display().to_string())?;
+            let (files, skipped) = ops::image_files(&dir).with_context(|| dir.display().to_string())?;
             for s in &skipped {
-                eprintln!(
-                    "criuz: skipping {} (not a regular file)",
-                    dir.join(s).display()
-                );
+                eprintln!("criuz: skipping {} (not a regular file)", dir.join(s).display());
             }
             let total: u64 = files.iter().map(|f| f.1).sum();
             let out = Output::open(&output, force)?;
@@ -190,16 +164,11 @@ fn run(cli: Cli) -> Result<()> {
                 rate(stats.raw_bytes, secs)
             );
         }
-        Cmd::Unpack {
-            archive,
-            dir,
-            force,
-            threads,
-        } => {
+        Cmd::Unpack { archive, dir, force, threads } => {
             let (inp, _) = open_input(&archive)?;
             let t = Instant::now();
-            let st = ops::unpack(inp, &dir, force, &threads.options())
-                .with_context(|| archive.display().to_string())?;
+            let st =
+                ops::unpack(inp, &dir, force, &threads.options()).with_context(|| archive.display().to_string())?;
             let secs = t.elapsed().as_secs_f64();
             eprintln!(
                 "unpacked {} files, {} into {}, {:.2}s, {}",
@@ -223,26 +192,16 @@ fn run(cli: Cli) -> Result<()> {
             let (inp, len) = open_input(&archive)?;
             let _ = len;
             let progress = Progress::new("verify", None);
-            let (files, bytes) = ops::verify(inp, &threads.options(), progress)
-                .with_context(|| archive.display().to_string())?;
-            println!(
-                "{}: OK, {} files, {} checked",
-                archive.display(),
-                files,
-                human(bytes)
-            );
+            let (files, bytes) =
+                ops::verify(inp, &threads.options(), progress).with_context(|| archive.display().to_string())?;
+            println!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
         }
     }
     Ok(())
 }
 
 fn print_inspect(rep: &ops::InspectReport) {
-    println!(
-        "criuz archive v{}, block size {}, id {}",
-        rep.version,
-        human(u64::from(rep.block_size)),
-        rep.archive_id
-    );
+    println!("criuz archive v{}, block size {}, id {}", rep.version, human(u64::from(rep.block_size)), rep.archive_id);
     println!(
         "{:<28} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10}  blocks raw/lz4/zstd",
         "file", "kind", "raw", "stored", "ratio", "pages", "zero"

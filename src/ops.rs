@@ -97,8 +97,7 @@ impl DirSink {
 
 impl SeqSink for DirSink {
     fn begin(&mut self, file_id: u32, name: &str, _kind: FileKind) -> Result<()> {
-        check_entry_name(name)
-            .map_err(|why| Error::Invalid(format!("refusing archive entry {name:?}: {why}")))?;
+        check_entry_name(name).map_err(|why| Error::Invalid(format!("refusing archive entry {name:?}: {why}")))?;
         if !self.names.insert(name.to_string()) {
             return Err(Error::Invalid(format!("archive holds {name} twice")));
         }
@@ -109,12 +108,7 @@ impl SeqSink for DirSink {
             )));
         }
         let path = self.staging.join(name);
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .at(&path)?;
+        let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).at(&path)?;
         let idx = file_id as usize;
         if self.open.len() <= idx {
             self.open.resize_with(idx + 1, || None);
@@ -133,9 +127,7 @@ impl SeqSink for DirSink {
     fn end(&mut self, file_id: u32, _raw_size: u64) -> Result<()> {
         let (name, w) = self.open[file_id as usize].take().expect("file begun");
         let path = self.staging.join(&name);
-        let f = w
-            .into_inner()
-            .map_err(|e| Error::file(&path, e.into_error()))?;
+        let f = w.into_inner().map_err(|e| Error::file(&path, e.into_error()))?;
         f.sync_all().at(&path)?;
         self.done.push(name);
         Ok(())
@@ -149,18 +141,10 @@ pub struct UnpackStats {
 
 /// Unpacks an archive into `dir` (created if missing). Nothing appears in
 /// `dir` unless the whole archive checks out.
-pub fn unpack<R: Read + Send + 'static>(
-    inp: R,
-    dir: &Path,
-    force: bool,
-    opts: &Options,
-) -> Result<UnpackStats> {
+pub fn unpack<R: Read + Send + 'static>(inp: R, dir: &Path, force: bool, opts: &Options) -> Result<UnpackStats> {
     std::fs::create_dir_all(dir).at(dir)?;
     let staging = dir.join(format!(".criuz-unpack-{}", std::process::id()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&staging)
-        .at(&staging)?;
+    std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
     let mut sink = DirSink {
         target: dir.to_path_buf(),
         staging: staging.clone(),
@@ -181,10 +165,7 @@ pub fn unpack<R: Read + Send + 'static>(
             std::fs::rename(staging.join(name), dir.join(name)).at(dir.join(name))?;
         }
         sync_parent(&dir.join("x"));
-        Ok(UnpackStats {
-            files: sink.done.len(),
-            bytes: sink.bytes,
-        })
+        Ok(UnpackStats { files: sink.done.len(), bytes: sink.bytes })
     });
     drop(sink.open);
     let _ = std::fs::remove_dir_all(&staging);
@@ -213,16 +194,8 @@ impl SeqSink for CountSink {
 }
 
 /// Decodes everything and checks every checksum; returns (files, raw bytes).
-pub fn verify<R: Read + Send + 'static>(
-    inp: R,
-    opts: &Options,
-    progress: Progress,
-) -> Result<(usize, u64)> {
-    let mut sink = CountSink {
-        files: 0,
-        bytes: 0,
-        progress,
-    };
+pub fn verify<R: Read + Send + 'static>(inp: R, opts: &Options, progress: Progress) -> Result<(usize, u64)> {
+    let mut sink = CountSink { files: 0, bytes: 0, progress };
     read_sequential(inp, opts, &mut sink)?;
     sink.progress.finish();
     Ok((sink.files, sink.bytes))
@@ -267,12 +240,7 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
     let mut rep = InspectReport {
         version: crate::format::VERSION,
         block_size: r.header.block_size,
-        archive_id: r
-            .header
-            .archive_id
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
+        archive_id: r.header.archive_id.iter().map(|b| format!("{b:02x}")).collect(),
         ..Default::default()
     };
     let mut start = r.offset();
@@ -284,17 +252,13 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
                     FileKind::Pages => "pages",
                     FileKind::Plain => "plain",
                 };
-                rep.files.push(FileReport {
-                    name,
-                    kind: kind.into(),
-                    stored_bytes: len,
-                    ..Default::default()
-                });
+                rep.files.push(FileReport { name, kind: kind.into(), stored_bytes: len, ..Default::default() });
             }
             Record::Block { header, .. } => {
-                let f = rep.files.get_mut(header.file_id as usize).ok_or_else(|| {
-                    Error::corrupt(start, format!("block for unknown file {}", header.file_id))
-                })?;
+                let f = rep
+                    .files
+                    .get_mut(header.file_id as usize)
+                    .ok_or_else(|| Error::corrupt(start, format!("block for unknown file {}", header.file_id)))?;
                 f.raw_bytes += u64::from(header.raw_len);
                 f.stored_bytes += len;
                 if !header.zero_bitmap.is_empty() {
@@ -317,11 +281,7 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
         start = r.offset();
     }
     rep.archive_bytes = r.offset();
-    let mut t = FileReport {
-        name: "total".into(),
-        kind: String::new(),
-        ..Default::default()
-    };
+    let mut t = FileReport { name: "total".into(), kind: String::new(), ..Default::default() };
     for f in &mut rep.files {
         f.ratio = ratio(f.stored_bytes, f.raw_bytes);
         t.raw_bytes += f.raw_bytes;
@@ -340,8 +300,5 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
 
 /// Keeps the packer's running totals visible to callers that poll.
 pub fn pack_progress(packer: &Packer) -> (u64, u64) {
-    (
-        packer.counters.raw_bytes.load(Ordering::Relaxed),
-        packer.counters.stored_bytes.load(Ordering::Relaxed),
-    )
+    (packer.counters.raw_bytes.load(Ordering::Relaxed), packer.counters.stored_bytes.load(Ordering::Relaxed))
 }

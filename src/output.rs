@@ -19,35 +19,14 @@ impl AtomicFile {
     /// Refuses an existing target unless `force`.
     pub fn create(target: &Path, force: bool) -> Result<Self> {
         if !force && target.symlink_metadata().is_ok() {
-            return Err(Error::Invalid(format!(
-                "{}: already exists (use --force to replace it)",
-                target.display()
-            )));
+            return Err(Error::Invalid(format!("{}: already exists (use --force to replace it)", target.display())));
         }
-        let name = target
-            .file_name()
-            .ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
-        let dir = target
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(
-            ".{}.criuz-tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .at(&tmp)?;
-        Ok(AtomicFile {
-            file: Some(file),
-            tmp,
-            target: target.to_path_buf(),
-            force,
-        })
+        let name =
+            target.file_name().ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
+        let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".{}.criuz-tmp-{}", name.to_string_lossy(), std::process::id()));
+        let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).at(&tmp)?;
+        Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force })
     }
 
     pub fn file(&self) -> &File {
@@ -64,10 +43,7 @@ impl AtomicFile {
         file.sync_all().at(&self.tmp)?;
         drop(file);
         if !self.force && self.target.symlink_metadata().is_ok() {
-            return Err(Error::Invalid(format!(
-                "{}: appeared while writing; not replaced",
-                self.target.display()
-            )));
+            return Err(Error::Invalid(format!("{}: appeared while writing; not replaced", self.target.display())));
         }
         std::fs::rename(&self.tmp, &self.target).at(&self.target)?;
         sync_parent(&self.target);
@@ -85,10 +61,7 @@ impl Drop for AtomicFile {
 
 /// Makes a rename durable; best effort (some filesystems refuse to fsync dirs).
 pub fn sync_parent(path: &Path) {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
@@ -112,10 +85,7 @@ impl Output {
     pub fn writer(&self) -> Result<Box<dyn Write + Send>> {
         Ok(match self {
             Output::File(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, f.writer()?)),
-            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::io::stdout(),
-            )),
+            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
         })
     }
 

@@ -27,12 +27,7 @@ impl Progress {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(label.to_string());
-        Progress {
-            bar,
-            started: Instant::now(),
-            enabled: std::io::stderr().is_terminal(),
-            shown: false,
-        }
+        Progress { bar, started: Instant::now(), enabled: std::io::stderr().is_terminal(), shown: false }
     }
 
     /// A bar that never draws (library callers, tests).

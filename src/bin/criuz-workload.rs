@@ -79,10 +79,53 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "the", "of", "and", "checkpoint", "restore", "process", "memory", "page", "kernel", "image", "socket",
-    "container", "thread", "signal", "buffer", "server", "request", "latency", "snapshot", "migration", "to",
-    "in", "is", "that", "for", "with", "on", "as", "by", "at", "from", "inference", "model", "weights", "cache",
-    "value", "key", "error", "state", "file", "log", "user", "time", "data", "stream", "compress", "zero",
+    "the",
+    "of",
+    "and",
+    "checkpoint",
+    "restore",
+    "process",
+    "memory",
+    "page",
+    "kernel",
+    "image",
+    "socket",
+    "container",
+    "thread",
+    "signal",
+    "buffer",
+    "server",
+    "request",
+    "latency",
+    "snapshot",
+    "migration",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "with",
+    "on",
+    "as",
+    "by",
+    "at",
+    "from",
+    "inference",
+    "model",
+    "weights",
+    "cache",
+    "value",
+    "key",
+    "error",
+    "state",
+    "file",
+    "log",
+    "user",
+    "time",
+    "data",
+    "stream",
+    "compress",
+    "zero",
 ];
 
 fn fill_text(page: &mut [u8], rng: &mut Rng) {
@@ -230,7 +273,14 @@ fn block_signals() -> libc::sigset_t {
 }
 
 /// Serves SIGUSR1 (report) until SIGTERM.
-fn serve_signals(set: &libc::sigset_t, dir: &Path, role: &str, buf: &[u8], file_fd: Option<i32>, children: &[i32]) -> ! {
+fn serve_signals(
+    set: &libc::sigset_t,
+    dir: &Path,
+    role: &str,
+    buf: &[u8],
+    file_fd: Option<i32>,
+    children: &[i32],
+) -> ! {
     loop {
         // SAFETY: waits on the blocked set; the info struct is ours.
         let sig = unsafe {

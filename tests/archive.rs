@@ -1,0 +1,447 @@
+//! Format, codec and offline-command tests that need no CRIU: round trips
+//! over memory patterns and block sizes, property tests, every single-byte
+//! corruption and every truncation of a small archive, and bad input.
+
+mod common;
+use common::{criuz, CRIUZ};
+use criuz::archive::{read_sequential, IndexedArchive, Options, Packer, SeqSink};
+use criuz::codec::{Codec, CodecConfig, Decoder, Encoder};
+use criuz::format::{FileKind, PAGE_SIZE};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn text_page(rng: &mut Rng) -> Vec<u8> {
+    let words = ["page ", "memory ", "restore ", "the ", "checkpoint\n", "kernel "];
+    let mut v = Vec::with_capacity(PAGE_SIZE);
+    while v.len() < PAGE_SIZE {
+        v.extend_from_slice(words[(rng.next() % 6) as usize].as_bytes());
+    }
+    v.truncate(PAGE_SIZE);
+    v
+}
+
+fn random_page(rng: &mut Rng) -> Vec<u8> {
+    (0..PAGE_SIZE / 8).flat_map(|_| rng.next().to_le_bytes()).collect()
+}
+
+/// Memory patterns of `pages` pages (plus an optional short tail).
+fn pattern(name: &str, pages: usize, tail: usize) -> Vec<u8> {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let elf = std::fs::read("/proc/self/exe").unwrap();
+    let mut out = Vec::new();
+    for p in 0..pages {
+        let page = match name {
+            "zero" => vec![0u8; PAGE_SIZE],
+            "random" => random_page(&mut rng),
+            "text" => text_page(&mut rng),
+            "elf" => {
+                let off = (p * PAGE_SIZE) % (elf.len() - PAGE_SIZE);
+                elf[off..off + PAGE_SIZE].to_vec()
+            }
+            "mixed" => match rng.next() % 4 {
+                0 | 1 => vec![0u8; PAGE_SIZE],
+                2 => text_page(&mut rng),
+                _ => random_page(&mut rng),
+            },
+            _ => unreachable!(),
+        };
+        out.extend_from_slice(&page);
+    }
+    out.extend((0..tail).map(|i| (i % 251) as u8));
+    out
+}
+
+fn configs() -> Vec<CodecConfig> {
+    vec![
+        CodecConfig::new(Codec::Lz4, None).unwrap(),
+        CodecConfig::new(Codec::Lz4, Some(50)).unwrap(),
+        CodecConfig::new(Codec::Zstd, None).unwrap(),
+        CodecConfig::new(Codec::Zstd, Some(-5)).unwrap(),
+        CodecConfig::new(Codec::Zstd, Some(9)).unwrap(),
+        CodecConfig::new(Codec::None, None).unwrap(),
+    ]
+}
+
+fn block_roundtrip(cfg: CodecConfig, data: &[u8], page_aware: bool) {
+    let mut enc = Encoder::new(cfg);
+    let mut dec = Decoder::new();
+    let b = enc.encode(7, data, page_aware);
+    assert_eq!(b.header.raw_len as usize, data.len());
+    assert!(b.payload.len() <= data.len());
+    let mut out = Vec::new();
+    dec.decode(&b.header, &b.payload, &mut out).unwrap();
+    assert!(out == data, "block round trip differs ({cfg:?}, {} bytes)", data.len());
+}
+
+#[test]
+fn codec_round_trips_every_pattern_codec_and_block_edge() {
+    for name in ["zero", "mixed", "random", "text", "elf"] {
+        for (pages, tail) in [(0, 1), (1, 0), (1, 1), (2, 4095), (64, 0), (1024, 0), (1024, 17)] {
+            let data = pattern(name, pages, tail);
+            for cfg in configs() {
+                block_roundtrip(cfg, &data, true);
+                block_roundtrip(cfg, &data, false);
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_pages_are_elided_and_incompressible_blocks_stored_raw() {
+    let mut enc = Encoder::new(CodecConfig::default());
+    let zero = enc.encode(0, &pattern("zero", 64, 0), true);
+    assert_eq!(zero.header.stored_len, 0);
+    assert_eq!(zero.header.zero_pages(), 64);
+    let random = enc.encode(0, &pattern("random", 64, 0), true);
+    assert_eq!(random.header.codec, criuz::format::BlockCodec::Raw);
+    assert_eq!(random.payload.len(), 64 * PAGE_SIZE);
+    let text = enc.encode(0, &pattern("text", 64, 0), true);
+    assert_eq!(text.header.codec, criuz::format::BlockCodec::Lz4);
+    assert!(text.payload.len() < 64 * PAGE_SIZE / 2);
+    let mixed = enc.encode(0, &pattern("mixed", 64, 0), true);
+    assert!(mixed.header.zero_pages() > 16 && mixed.header.zero_pages() < 48);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn prop_block_round_trip(kinds in prop::collection::vec(0u8..4, 0..40), tail in 0usize..5000, seed in any::<u64>(),
+                             codec in 0usize..6, page_aware in any::<bool>()) {
+        let mut rng = Rng(seed | 1);
+        let mut data = Vec::new();
+        for k in &kinds {
+            match k {
+                0 => data.extend_from_slice(&[0u8; PAGE_SIZE]),
+                1 => data.extend(text_page(&mut rng)),
+                2 => data.extend(random_page(&mut rng)),
+                _ => { let mut p = vec![0u8; PAGE_SIZE]; p[(rng.next() % 4096) as usize] = 1; data.extend(p) }
+            }
+        }
+        data.extend((0..tail).map(|_| rng.next() as u8 & 3));
+        if data.len() <= criuz::format::MAX_BLOCK {
+            block_roundtrip(configs()[codec], &data, page_aware);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Collect(BTreeMap<u32, (String, Vec<u8>)>);
+impl SeqSink for Collect {
+    fn begin(&mut self, id: u32, name: &str, _: FileKind) -> criuz::Result<()> {
+        self.0.insert(id, (name.to_string(), Vec::new()));
+        Ok(())
+    }
+    fn data(&mut self, id: u32, data: &[u8]) -> criuz::Result<()> {
+        self.0.get_mut(&id).unwrap().1.extend_from_slice(data);
+        Ok(())
+    }
+    fn end(&mut self, _: u32, _: u64) -> criuz::Result<()> {
+        Ok(())
+    }
+}
+
+/// Several files written concurrently, in small pieces, interleave in the
+/// archive and still read back exactly, sequentially and by index.
+#[test]
+fn interleaved_files_read_back_sequentially_and_by_index() {
+    let files: Vec<(String, Vec<u8>)> = vec![
+        ("pages-1.img".into(), pattern("mixed", 300, 0)),
+        ("pagemap-1.img".into(), pattern("text", 3, 100)),
+        ("pages-2.img".into(), pattern("elf", 200, 0)),
+        ("empty.img".into(), Vec::new()),
+    ];
+    for cfg in configs() {
+        let opts = Options { codec: cfg, block_size: 64 << 10, threads: 3, memory_budget: 1 << 20 };
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts).unwrap());
+        let writers: Vec<_> = files
+            .iter()
+            .cloned()
+            .map(|(name, data)| {
+                let packer = packer.clone();
+                std::thread::spawn(move || {
+                    let mut sink = packer.begin_file(&name).unwrap();
+                    for chunk in data.chunks(7777) {
+                        sink.write(chunk).unwrap();
+                    }
+                    sink.finish().unwrap();
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let packer = Arc::try_unwrap(packer).ok().unwrap();
+        let (stats, _) = packer.finish().unwrap();
+        assert_eq!(stats.raw_bytes, files.iter().map(|f| f.1.len() as u64).sum::<u64>());
+
+        let mut got = Collect::default();
+        read_sequential(tmp.reopen().unwrap(), &opts, &mut got).unwrap();
+        let got: BTreeMap<String, Vec<u8>> = got.0.into_values().collect();
+        let want: BTreeMap<String, Vec<u8>> = files.iter().cloned().collect();
+        assert!(got == want, "sequential read differs for {cfg:?}");
+
+        let arc = Arc::new(IndexedArchive::open(tmp.path()).unwrap());
+        for (name, data) in &files {
+            let e = arc.index.find(name).unwrap().clone();
+            let mut back = Vec::new();
+            for b in arc.stream_file(&e, 2, 4) {
+                back.extend_from_slice(&b.unwrap());
+            }
+            assert!(&back == data, "indexed read of {name} differs");
+        }
+    }
+}
+
+/// A small CRIU-like images directory.
+fn images_dir(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("pages-1.img"), pattern("mixed", 12, 0)).unwrap();
+    std::fs::write(dir.join("pagemap-1.img"), pattern("text", 0, 300)).unwrap();
+    std::fs::write(dir.join("core-1.img"), b"core").unwrap();
+}
+
+fn small_archive(dir: &Path) -> Vec<u8> {
+    images_dir(&dir.join("img"));
+    let arc = dir.join("small.czr");
+    let out = criuz(&["pack", dir.join("img").to_str().unwrap(), "-o", arc.to_str().unwrap(), "--block-size", "8K"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read(arc).unwrap()
+}
+
+fn one_line_error(out: &std::process::Output, file: &Path) -> String {
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim_end().lines().count(), 1, "error is not one line: {err}");
+    assert!(err.contains(file.to_str().unwrap()), "error does not name the file: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn verify_catches_every_single_byte_corruption() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = small_archive(tmp.path());
+    let path = tmp.path().join("bad.czr");
+    std::fs::write(&path, &good).unwrap();
+    assert!(criuz(&["verify", path.to_str().unwrap()]).status.success());
+    // Library-level verify for speed; a sample through the CLI below.
+    let opts = Options { threads: 1, ..Options::default() };
+    for i in 0..good.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut bad = good.clone();
+            bad[i] ^= flip;
+            let r = criuz::ops::verify(std::io::Cursor::new(bad.clone()), &opts, criuz::progress::Progress::hidden());
+            assert!(r.is_err(), "flipping byte {i} with {flip:#x} went unnoticed");
+        }
+    }
+    for i in (0..good.len()).step_by(97) {
+        let mut bad = good.clone();
+        bad[i] ^= 0x10;
+        std::fs::write(&path, &bad).unwrap();
+        let out = criuz(&["verify", path.to_str().unwrap()]);
+        let err = one_line_error(&out, &path);
+        assert!(err.contains("offset"), "error does not give the offset: {err}");
+    }
+}
+
+#[test]
+fn unpack_rejects_every_truncation_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = small_archive(tmp.path());
+    for len in 0..good.len() {
+        let dest = tmp.path().join("out");
+        let r = criuz::ops::unpack(
+            std::io::Cursor::new(good[..len].to_vec()),
+            &dest,
+            false,
+            &Options { threads: 1, ..Options::default() },
+        );
+        assert!(r.is_err(), "truncation to {len} bytes went unnoticed");
+        assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0, "truncated unpack left files behind");
+    }
+    let path = tmp.path().join("cut.czr");
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let out = criuz(&["unpack", path.to_str().unwrap(), "-d", tmp.path().join("cut").to_str().unwrap()]);
+    let err = one_line_error(&out, &path);
+    assert!(err.contains("truncated"), "{err}");
+}
+
+#[test]
+fn foreign_files_and_unknown_versions_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = small_archive(tmp.path());
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "garbage",
+            b"hello, this is not an archive at all, not even close....................".to_vec(),
+            "not a criuz archive",
+        ),
+        ("empty", Vec::new(), "truncated"),
+        (
+            "tar",
+            {
+                let mut v = vec![0u8; 600];
+                v[257..262].copy_from_slice(b"ustar");
+                v
+            },
+            "not a criuz archive",
+        ),
+        (
+            "future",
+            {
+                let mut v = good.clone();
+                v[8] = 2;
+                v
+            },
+            "version 2",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        for cmd in ["verify", "inspect"] {
+            let out = criuz(&[cmd, p.to_str().unwrap()]);
+            let err = one_line_error(&out, &p);
+            assert!(err.contains(want), "{cmd} {name}: {err}");
+        }
+    }
+    let out = criuz(&["verify", tmp.path().join("missing.czr").to_str().unwrap()]);
+    one_line_error(&out, &tmp.path().join("missing.czr"));
+}
+
+#[test]
+fn archives_are_private_and_outputs_never_clobbered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = small_archive(tmp.path());
+    let arc = tmp.path().join("small.czr");
+    assert_eq!(std::fs::metadata(&arc).unwrap().permissions().mode() & 0o777, 0o600);
+    // pack refuses to replace an archive unless --force
+    let img = tmp.path().join("img");
+    let out = criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]);
+    one_line_error(&out, &arc);
+    assert_eq!(std::fs::read(&arc).unwrap(), good);
+    assert!(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--force"]).status.success());
+    // unpack refuses to overwrite unless --force; a refused unpack leaves the file alone
+    let dest = tmp.path().join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    std::fs::write(dest.join("core-1.img"), b"mine").unwrap();
+    let out = criuz(&["unpack", arc.to_str().unwrap(), "-d", dest.to_str().unwrap()]);
+    one_line_error(&out, &dest.join("core-1.img"));
+    assert_eq!(std::fs::read(dest.join("core-1.img")).unwrap(), b"mine");
+    assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 1);
+    let out = criuz(&["unpack", arc.to_str().unwrap(), "-d", dest.to_str().unwrap(), "--force"]);
+    assert!(out.status.success());
+    for f in ["pages-1.img", "pagemap-1.img", "core-1.img"] {
+        assert_eq!(std::fs::read(dest.join(f)).unwrap(), std::fs::read(img.join(f)).unwrap());
+    }
+    // no temporary files left around
+    let stray: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("tmp"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
+/// Rewrites the name of the archive's only file in place (same length) and
+/// re-seals every check, so the archive is valid apart from the name.
+fn rename_entry(archive: &mut [u8], from: &str, to: &str) {
+    use xxhash_rust::xxh3::xxh3_64;
+    assert_eq!(from.len(), to.len());
+    // File record at 64: type, kind, u16 len, u32 id, name, u32 seal.
+    let name_at = 64 + 8;
+    assert_eq!(&archive[name_at..name_at + from.len()], from.as_bytes());
+    archive[name_at..name_at + to.len()].copy_from_slice(to.as_bytes());
+    let seal = xxh3_64(&archive[64..name_at + to.len()]) as u32;
+    archive[name_at + to.len()..name_at + to.len() + 4].copy_from_slice(&seal.to_le_bytes());
+    // Index: offset from the trailer; body after a 16-byte header and its seal; check after body.
+    let n = archive.len();
+    let ioff = u64::from_le_bytes(archive[n - 24..n - 16].try_into().unwrap()) as usize;
+    let body_len = u64::from_le_bytes(archive[ioff + 8..ioff + 16].try_into().unwrap()) as usize;
+    let body = ioff + 20;
+    let pos = archive[body..body + body_len].windows(from.len()).position(|w| w == from.as_bytes()).unwrap();
+    archive[body + pos..body + pos + to.len()].copy_from_slice(to.as_bytes());
+    let check = xxh3_64(&archive[body..body + body_len]);
+    archive[body + body_len..body + body_len + 8].copy_from_slice(&check.to_le_bytes());
+}
+
+#[test]
+fn unpack_refuses_dangerous_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    std::fs::create_dir(&img).unwrap();
+    std::fs::write(img.join("abcdef"), b"payload").unwrap();
+    let arc = tmp.path().join("one.czr");
+    assert!(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]).status.success());
+    let good = std::fs::read(&arc).unwrap();
+    for evil in ["../x/y", "/etc/p", "a/../b", "..\0\0\0\0"] {
+        let evil = &evil[..6.min(evil.len())];
+        let evil = format!("{evil:\0<6}");
+        let mut bad = good.clone();
+        rename_entry(&mut bad, "abcdef", &evil);
+        let p = tmp.path().join("evil.czr");
+        std::fs::write(&p, &bad).unwrap();
+        let dest = tmp.path().join("dest");
+        let out = criuz(&["unpack", p.to_str().unwrap(), "-d", dest.to_str().unwrap()]);
+        let err = one_line_error(&out, &p);
+        assert!(err.contains("refusing") || err.contains("name"), "{err}");
+        assert!(!tmp.path().join("x").exists() && !Path::new("/etc/p").exists());
+    }
+    // control: a harmless rename unpacks
+    let mut ok = good.clone();
+    rename_entry(&mut ok, "abcdef", "fedcba");
+    let p = tmp.path().join("ok.czr");
+    std::fs::write(&p, &ok).unwrap();
+    let dest = tmp.path().join("dest-ok");
+    assert!(criuz(&["unpack", p.to_str().unwrap(), "-d", dest.to_str().unwrap()]).status.success());
+    assert_eq!(std::fs::read(dest.join("fedcba")).unwrap(), b"payload");
+}
+
+#[test]
+fn pipes_both_ways_and_inspect_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    images_dir(&tmp.path().join("img"));
+    let packed = Command::new(CRIUZ)
+        .args(["pack", tmp.path().join("img").to_str().unwrap(), "-o", "-", "--codec", "zstd"])
+        .output()
+        .unwrap();
+    assert!(packed.status.success());
+    let mut child = Command::new(CRIUZ)
+        .args(["unpack", "-", "-d", tmp.path().join("out").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&packed.stdout).unwrap();
+    assert!(child.wait().unwrap().success());
+    for f in ["pages-1.img", "pagemap-1.img", "core-1.img"] {
+        assert_eq!(
+            std::fs::read(tmp.path().join("out").join(f)).unwrap(),
+            std::fs::read(tmp.path().join("img").join(f)).unwrap()
+        );
+    }
+    let arc = tmp.path().join("a.czr");
+    std::fs::write(&arc, &packed.stdout).unwrap();
+    let out = criuz(&["inspect", "--json", arc.to_str().unwrap()]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = v["files"].as_array().unwrap().iter().find(|f| f["name"] == "pages-1.img").unwrap();
+    assert_eq!(pages["raw_bytes"], 12 * 4096);
+    assert!(pages["zero_pages"].as_u64().unwrap() > 0);
+    assert_eq!(v["total"]["stored_bytes"], packed.stdout.len() as u64);
+}

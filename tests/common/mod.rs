@@ -1,0 +1,204 @@
+//! Shared harness for tests that checkpoint and restore real processes.
+//!
+//! Real-CRIU tests need root and CRIU >= 4. As root (and always under CI) a
+//! missing CRIU fails the test; a developer's non-root run skips and says so.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub const CRIUZ: &str = env!("CARGO_BIN_EXE_criuz");
+pub const WORKLOAD: &str = env!("CARGO_BIN_EXE_criuz-workload");
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One real-CRIU test at a time: they are heavy and share the pid space.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The CRIU to test with, or None when this run may skip (non-root, not CI).
+pub fn criu() -> Option<PathBuf> {
+    let in_ci = std::env::var_os("CI").is_some();
+    if !is_root() && !in_ci {
+        eprintln!("SKIP: real-CRIU test needs root (CI runs it as root)");
+        return None;
+    }
+    match criuz::criu::locate(None) {
+        Ok((c, _)) => Some(c.path),
+        Err(e) => panic!("real-CRIU tests must run here (root/CI) but CRIU is unusable: {e}"),
+    }
+}
+
+/// Restored trees are re-parented to us rather than to an init that may not reap.
+pub fn become_subreaper() {
+    // SAFETY: prctl with constant arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+pub struct Workload {
+    pub dir: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub pid: i32,
+    pub roles: Vec<String>,
+    /// Pids of the tree, as last reported.
+    pub pids: Vec<i32>,
+}
+
+pub struct Spec<'a> {
+    pub mib: usize,
+    pub pattern: &'a str,
+    pub mode: &'a str,
+    pub children: usize,
+    pub open_file: bool,
+}
+
+impl Default for Spec<'_> {
+    fn default() -> Self {
+        Spec { mib: 32, pattern: "mixed", mode: "single", children: 2, open_file: false }
+    }
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Workload {
+    pub fn start(spec: Spec) -> Workload {
+        become_subreaper();
+        let dir = tempfile::Builder::new().prefix("criuz-wl-").tempdir().unwrap();
+        let mut cmd = Command::new(WORKLOAD);
+        cmd.args(["--dir", dir.path().to_str().unwrap()])
+            .args(["--mib", &spec.mib.to_string(), "--pattern", spec.pattern, "--mode", spec.mode])
+            .args(["--children", &spec.children.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if spec.open_file {
+            cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
+        }
+        let child = cmd.spawn().expect("start workload");
+        let ready = dir.path().join("ready");
+        wait_for("workload ready", Duration::from_secs(60), || ready.exists());
+        let pid: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+        let mut roles = vec!["root".to_string()];
+        if spec.mode == "tree" {
+            roles.extend((1..=spec.children).map(|k| format!("child{k}")));
+        }
+        Workload { dir, child: Some(child), pid, roles, pids: vec![pid] }
+    }
+
+    /// Asks every process for the checksum of its own memory.
+    pub fn sums(&mut self) -> BTreeMap<String, String> {
+        for r in &self.roles {
+            let _ = std::fs::remove_file(self.dir.path().join(format!("sum-{r}")));
+        }
+        // SAFETY: signalling our own workload.
+        assert_eq!(unsafe { libc::kill(self.pid, libc::SIGUSR1) }, 0, "workload {} is not running", self.pid);
+        let mut out = BTreeMap::new();
+        for r in &self.roles {
+            let p = self.dir.path().join(format!("sum-{r}"));
+            wait_for(&format!("checksum from {r}"), Duration::from_secs(60), || p.exists());
+            out.insert(r.clone(), std::fs::read_to_string(&p).unwrap());
+        }
+        self.pids = out
+            .values()
+            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("pid=")).and_then(|p| p.parse().ok()))
+            .collect();
+        out
+    }
+
+    /// After `criu dump` killed the original: reap the whole tree so its pids
+    /// are free for the restore.
+    pub fn reap_original(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+        let pids = self.pids.clone();
+        wait_for("the checkpointed tree to be gone", Duration::from_secs(20), || {
+            // SAFETY: non-blocking reap of zombies re-parented to us.
+            while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+            pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists())
+        });
+    }
+
+    pub fn alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).map(|s| !s.contains(") Z ")).unwrap_or(false)
+    }
+
+    pub fn stop(&mut self) {
+        // SAFETY: our own workload (original or restored).
+        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        } else {
+            let mut st = 0;
+            // SAFETY: reaping a child we were made subreaper of; ECHILD is fine.
+            unsafe { libc::waitpid(self.pid, &mut st, 0) };
+        }
+        // Reap any children re-parented to us.
+        // SAFETY: non-blocking reap of any zombie children.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if self.alive() {
+            self.stop();
+        }
+    }
+}
+
+pub fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("run command");
+    out
+}
+
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}\n{}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+pub fn criu_dump(criu: &Path, pid: i32, dir: &Path, extra: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = run(Command::new(criu)
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(dir)
+        .args(["-o", "dump.log"])
+        .args(extra));
+    assert!(out.status.success(), "criu dump failed:\n{}", log_tail(&dir.join("dump.log")));
+}
+
+pub fn criu_restore(criu: &Path, dir: &Path) {
+    let out = run(Command::new(criu).args(["restore", "-d", "-D"]).arg(dir).args(["-o", "restore.log"]));
+    assert!(out.status.success(), "criu restore failed:\n{}", log_tail(&dir.join("restore.log")));
+}
+
+pub fn log_tail(p: &Path) -> String {
+    let s = std::fs::read_to_string(p).unwrap_or_default();
+    s.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+pub fn criuz(args: &[&str]) -> std::process::Output {
+    run(Command::new(CRIUZ).args(args))
+}
