@@ -11,8 +11,8 @@ use crate::codec::{CodecConfig, Decoder, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_block_record, decode_index_record, decode_trailer, ArchiveWriter, BlockCodec, BlockHeader, FileEntry,
-    FileKind, Header, Index, Record, SeqReader, HEADER_LEN, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE, TRAILER_LEN,
+    decode_block_record, decode_index_record, decode_trailer, ArchiveWriter, BlockCodec, BlockHeader, BlockRef,
+    FileEntry, FileKind, Header, Index, Record, SeqReader, HEADER_LEN, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE, TRAILER_LEN,
 };
 use std::collections::HashMap;
 use std::fs::File;
@@ -457,11 +457,17 @@ impl IndexedArchive {
         &self.path
     }
 
+    /// The stored bytes of one block record.
+    pub fn read_record(&self, b: &BlockRef) -> Result<Vec<u8>> {
+        let mut rec = vec![0u8; b.record_len as usize];
+        self.file.read_exact_at(&mut rec, b.offset).map_err(|e| Error::file(&self.path, e))?;
+        Ok(rec)
+    }
+
     /// Reads and decodes one block into `out`.
     pub fn read_block(&self, entry: &FileEntry, i: usize, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
         let b = entry.blocks[i];
-        let mut rec = vec![0u8; b.record_len as usize];
-        self.file.read_exact_at(&mut rec, b.offset)?;
+        let rec = self.read_record(&b)?;
         let (header, payload) = decode_block_record(&rec, b.offset)?;
         if header.file_id != entry.file_id || header.raw_len != b.raw_len || header.raw_len > self.header.block_size {
             return Err(Error::corrupt(b.offset, format!("block does not belong to {} as the index says", entry.name)));

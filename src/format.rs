@@ -247,6 +247,14 @@ impl BlockHeader {
     }
 }
 
+/// A whole block record (header, seal, payload) as it is stored.
+pub fn encode_block_record(header: &BlockHeader, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + payload.len());
+    header.encode(&mut out);
+    out.extend_from_slice(payload);
+    out
+}
+
 /// Append the 32-bit record check over `out[start..]`.
 fn seal(out: &mut Vec<u8>, start: usize) {
     let check = xxh3_64(&out[start..]) as u32;

@@ -6,6 +6,7 @@
 //! image-streaming protocol) <- the CLI.
 
 pub mod archive;
+pub mod checkpoint;
 pub mod codec;
 pub mod criu;
 pub mod engine;
@@ -14,5 +15,6 @@ pub mod format;
 pub mod ops;
 pub mod output;
 pub mod progress;
+pub mod stream;
 
 pub use error::{Error, Result};

@@ -96,6 +96,104 @@ enum Cmd {
         #[command(flatten)]
         threads: ThreadArgs,
     },
+    /// Checkpoint a process tree into an archive (runs criu dump --stream)
+    Dump {
+        /// Root of the process tree
+        #[arg(short = 't', long = "tree")]
+        pid: i32,
+        /// Archive to write
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        /// Replace an existing archive
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        criu: CriuArgs,
+        /// Keep the process running after the checkpoint
+        #[arg(long)]
+        leave_running: bool,
+        /// Allow a process attached to a terminal
+        #[arg(long)]
+        shell_job: bool,
+        /// Print the summary as JSON on stdout
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        codec: CodecArgs,
+        /// Extra arguments for criu dump (after --)
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// Restore a process tree from an archive (runs criu restore --stream)
+    Restore {
+        /// Archive to read ("-" for stdin)
+        #[arg(short = 'i', long)]
+        input: PathBuf,
+        /// Detach from the restored tree once it runs (criu --restore-detached)
+        #[arg(short = 'd', long)]
+        detach: bool,
+        #[command(flatten)]
+        criu: CriuArgs,
+        /// Allow a process attached to a terminal
+        #[arg(long)]
+        shell_job: bool,
+        /// Cap on compressed bytes held when the archive comes from a pipe
+        #[arg(long, default_value = "2G", value_parser = parse_size)]
+        pipe_buffer: usize,
+        /// Print the summary as JSON on stdout
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        threads: ThreadArgs,
+        /// Extra arguments for criu restore (after --)
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// Serve CRIU's dump stream (criu dump --stream -D DIR) into an archive
+    Capture {
+        /// Images directory CRIU is given with -D
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Archive to write ("-" for stdout)
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        codec: CodecArgs,
+    },
+    /// Serve an archive to CRIU's restore stream (criu restore --stream -D DIR)
+    Serve {
+        /// Images directory CRIU is given with -D
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Archive to read ("-" for stdin)
+        #[arg(short = 'i', long)]
+        input: PathBuf,
+        /// Cap on compressed bytes held when the archive comes from a pipe
+        #[arg(long, default_value = "2G", value_parser = parse_size)]
+        pipe_buffer: usize,
+        #[command(flatten)]
+        threads: ThreadArgs,
+    },
+}
+
+#[derive(Args, Clone)]
+struct CriuArgs {
+    /// CRIU binary (default: $CRIUZ_CRIU, the setup cache, then PATH)
+    #[arg(long = "criu")]
+    criu: Option<PathBuf>,
+}
+
+impl CriuArgs {
+    fn locate(&self) -> Result<criuz::criu::Criu> {
+        let (c, rejected) = criuz::checkpoint::locate_criu(self.criu.as_deref())?;
+        for r in rejected {
+            eprintln!("criuz: skipped CRIU {} (from {}): {}", r.path.display(), r.source, r.why);
+        }
+        eprintln!("criuz: using CRIU {} at {} (from {})", c.version, c.path.display(), c.source);
+        Ok(c)
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -188,9 +286,125 @@ fn run(cli: Cli) -> Result<()> {
                 print_inspect(&rep);
             }
         }
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, codec, extra } => {
+            let opts = codec.options()?;
+            let c = criu.locate()?;
+            let o = criuz::checkpoint::DumpOptions {
+                pid,
+                output,
+                force,
+                criu: criu.criu.clone(),
+                leave_running,
+                shell_job,
+                extra,
+            };
+            let r = criuz::checkpoint::dump(&o, &opts, &c)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                eprintln!(
+                    "checkpointed {pid} into {}: {} -> {} ({:.3} of raw), {} zero pages elided, {:.2}s, {}",
+                    r.output.display(),
+                    human(r.raw_bytes),
+                    human(r.archive_bytes),
+                    r.ratio,
+                    r.zero_pages,
+                    r.seconds,
+                    rate(r.raw_bytes, r.seconds)
+                );
+                if let Some(s) = &r.criu_stats {
+                    eprintln!(
+                        "CRIU: frozen {:.3}s, freezing {:.3}s, memory dump {:.3}s, memory write {:.3}s, pages scanned {}, written {}",
+                        s.frozen_time_us as f64 / 1e6,
+                        s.freezing_time_us as f64 / 1e6,
+                        s.memdump_time_us as f64 / 1e6,
+                        s.memwrite_time_us as f64 / 1e6,
+                        s.pages_scanned,
+                        s.pages_written
+                    );
+                }
+            }
+        }
+        Cmd::Restore { input, detach, criu, shell_job, pipe_buffer, json, threads, extra } => {
+            let c = criu.locate()?;
+            let o = criuz::checkpoint::RestoreOptions {
+                input,
+                detach,
+                criu: criu.criu.clone(),
+                shell_job,
+                extra,
+                pipe_buffer: pipe_buffer as u64,
+            };
+            let r = criuz::checkpoint::restore(&o, &threads.options(), &c)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else if let Some(pid) = r.pid {
+                eprintln!(
+                    "restored {pid} from {}: {} served in {:.2}s",
+                    o.input.display(),
+                    human(r.served_bytes),
+                    r.seconds
+                );
+            }
+            if !detach && r.criu_exit != 0 {
+                std::process::exit(r.criu_exit.clamp(1, 255));
+            }
+        }
+        Cmd::Capture { dir, output, force, codec } => {
+            let opts = codec.options()?;
+            let out = Output::open(&output, force)?;
+            let listener = criuz::stream::Listener::bind(&dir, criuz::stream::CAPTURE_SOCKET)?;
+            eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
+            let packer = criuz::archive::Packer::start(out.writer()?, &opts)?;
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let report = match criuz::stream::capture(&listener, &packer, &never) {
+                Ok(r) => r.expect("capture waits for CRIU"),
+                Err(e) => return Err(packer.abort().unwrap_or(e).into()),
+            };
+            if !report.files.iter().any(|f| f == "inventory.img") {
+                packer.abort();
+                anyhow::bail!(
+                    "the dump stream has no inventory.img: CRIU did not finish; {} not written",
+                    output.display()
+                );
+            }
+            let (stats, _) = packer.finish()?;
+            out.commit()?;
+            eprintln!(
+                "captured {} files: {} -> {} ({:.3} of raw)",
+                stats.files,
+                human(stats.raw_bytes),
+                human(stats.archive_bytes),
+                stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64
+            );
+        }
+        Cmd::Serve { dir, input, pipe_buffer, threads } => {
+            let opts = threads.options();
+            let (source, block_size): (std::sync::Arc<dyn criuz::stream::ArchiveSource>, usize) = if input
+                == Path::new("-")
+            {
+                let src = criuz::stream::PipeSource::start(
+                    BufReader::with_capacity(1 << 20, std::io::stdin()),
+                    pipe_buffer as u64,
+                    "stdin".into(),
+                )?;
+                (std::sync::Arc::new(src), opts.block_size)
+            } else {
+                let arc = criuz::archive::IndexedArchive::open(&input).with_context(|| input.display().to_string())?;
+                let bs = arc.header.block_size as usize;
+                (std::sync::Arc::new(std::sync::Arc::new(arc)), bs)
+            };
+            let listener = criuz::stream::Listener::bind(&dir, criuz::stream::SERVE_SOCKET)?;
+            eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let sopts = criuz::stream::ServeOptions { threads: opts.threads, prefetch_bytes: 16 << 20, block_size };
+            let r = criuz::stream::serve(&listener, source, sopts, &never)
+                .with_context(|| input.display().to_string())?
+                .expect("serve waits for CRIU");
+            eprintln!("served {} files ({}), {} not in the archive", r.served.len(), human(r.bytes), r.missing.len());
+        }
         Cmd::Verify { archive, threads } => {
-            let (inp, len) = open_input(&archive)?;
-            let _ = len;
+            let (inp, _) = open_input(&archive)?;
             let progress = Progress::new("verify", None);
             let (files, bytes) =
                 ops::verify(inp, &threads.options(), progress).with_context(|| archive.display().to_string())?;

@@ -127,19 +127,44 @@ const WORDS: &[&str] = &[
     "compress",
     "zero",
 ];
+const LEVELS: &[&str] = &["INFO", "INFO", "INFO", "DEBUG", "WARN", "ERROR"];
+const PATHS: &[&str] = &["/v1/models/llama/infer", "/v1/health", "/api/items", "/api/users/search", "/metrics"];
 
+/// Text as a server holds it: access-log lines and JSON records, with
+/// timestamps that move forward, a small population of users and paths, and
+/// mostly-successful statuses, as real service logs and caches have. (Real
+/// logs compress 4-10x; uniformly random fields would be far less typical.)
 fn fill_text(page: &mut [u8], rng: &mut Rng) {
-    let mut i = 0;
-    while i < page.len() {
-        let w = WORDS[(rng.next() % WORDS.len() as u64) as usize].as_bytes();
-        let sep: &[u8] = if rng.next() % 12 == 0 { b".\n" } else { b" " };
-        for &b in w.iter().chain(sep) {
-            if i < page.len() {
-                page[i] = b;
-                i += 1;
-            }
+    let mut s = String::with_capacity(page.len() + 256);
+    let mut ms = rng.next() % 86_400_000;
+    while s.len() < page.len() {
+        let r = rng.next();
+        ms += r % 40;
+        let user = (r >> 8) % 64;
+        let word = WORDS[((r >> 16) % 12) as usize];
+        if r % 4 == 0 {
+            s.push_str(&format!(
+                "{{\"id\":{},\"user\":\"user{user}\",\"model\":\"llama-8b\",\"tokens\":{},\"cache\":\"{word}\",\"ok\":true}}\n",
+                100_000 + (r >> 24) % 1000,
+                (r >> 34) % 512
+            ));
+        } else {
+            s.push_str(&format!(
+                "2026-11-21T{:02}:{:02}:{:02}.{:03}Z {} [worker-{}] {} {} user=user{user} status={} latency_ms={}\n",
+                ms / 3_600_000 % 24,
+                ms / 60_000 % 60,
+                ms / 1000 % 60,
+                ms % 1000,
+                LEVELS[((r >> 35) % LEVELS.len() as u64) as usize],
+                (r >> 38) % 4,
+                if r & 8 == 0 { "GET" } else { "POST" },
+                PATHS[((r >> 42) % PATHS.len() as u64) as usize],
+                if (r >> 45) % 20 == 0 { 503 } else { 200 },
+                (r >> 48) % 50
+            ));
         }
     }
+    page.copy_from_slice(&s.as_bytes()[..page.len()]);
 }
 
 fn fill_random(page: &mut [u8], rng: &mut Rng) {

@@ -1,0 +1,539 @@
+//! CRIU's image-streaming protocol (`criu dump --stream` / `criu restore
+//! --stream`, CRIU >= 3.15; see criu/img-streamer.c).
+//!
+//! CRIU connects to `streamer-capture.sock` (dump) or `streamer-serve.sock`
+//! (restore) in the images directory and, for every image file it opens, sends
+//! a length-prefixed `img_streamer_request_entry` (u32 native-endian length,
+//! then the protobuf). On restore we answer with `img_streamer_reply_entry`
+//! (does the file exist?). Then CRIU passes one end of a fresh pipe with
+//! SCM_RIGHTS (plus one dummy byte) and reads or writes the file through it.
+//! CRIU may hold several files open at once, so every file gets its own
+//! thread; the socket closing means no more files will be opened.
+//!
+//! Capture feeds each pipe into the [`Packer`]. Serve answers from an
+//! [`ArchiveSource`]: a seekable archive through its index (any file, any
+//! order, any number of times, bounded memory) or an archive read from a pipe,
+//! whose compressed records are buffered up to a cap.
+
+use crate::archive::{IndexedArchive, Packer};
+use crate::codec::Decoder;
+use crate::engine;
+use crate::error::{Error, Result};
+use crate::format::{decode_block_record, FileEntry, FileKind, Record, SeqReader, PAGE_SIZE};
+use prost::Message;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub const CAPTURE_SOCKET: &str = "streamer-capture.sock";
+pub const SERVE_SOCKET: &str = "streamer-serve.sock";
+
+/// Pipe buffer we ask for: fewer wake-ups than the default 64 KiB. 1 MiB is
+/// the unprivileged maximum by default (/proc/sys/fs/pipe-max-size).
+const PIPE_SIZE: i32 = 1 << 20;
+
+/// Our own minimal copies of CRIU's images/img-streamer.proto messages.
+#[derive(Clone, PartialEq, Message)]
+struct ImgStreamerRequestEntry {
+    #[prost(string, required, tag = "1")]
+    filename: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ImgStreamerReplyEntry {
+    #[prost(bool, required, tag = "1")]
+    exists: bool,
+}
+
+/// A listening streamer socket, created 0600 and removed on drop.
+pub struct Listener {
+    sock: UnixListener,
+    path: PathBuf,
+}
+
+impl Listener {
+    pub fn bind(dir: &Path, name: &str) -> Result<Self> {
+        let path = dir.join(name);
+        // The umask makes the socket private from the moment it exists.
+        // SAFETY: umask only swaps the process file-mode mask.
+        let old = unsafe { libc::umask(0o177) };
+        let sock = UnixListener::bind(&path);
+        // SAFETY: restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let sock = sock.map_err(|e| Error::file(&path, e))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::file(&path, e))?;
+        sock.set_nonblocking(true)?;
+        Ok(Listener { sock, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for CRIU to connect; `None` if `stop` is set first.
+    pub fn accept(&self, stop: &AtomicBool) -> Result<Option<UnixStream>> {
+        loop {
+            match self.sock.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false)?;
+                    return Ok(Some(s));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(Error::file(&self.path, e)),
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Reads one request; `None` when CRIU has closed the connection.
+fn read_request(sock: &mut UnixStream) -> Result<Option<String>> {
+    let mut len = [0u8; 4];
+    let got = crate::format::read_full(sock, &mut len)?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < 4 {
+        return Err(Error::Protocol("connection closed inside a request".into()));
+    }
+    let len = u32::from_ne_bytes(len) as usize;
+    if len > 64 << 10 {
+        return Err(Error::Protocol(format!("request of {len} bytes is not a file request")));
+    }
+    let mut buf = vec![0u8; len];
+    if crate::format::read_full(sock, &mut buf)? < len {
+        return Err(Error::Protocol("connection closed inside a request".into()));
+    }
+    let req = ImgStreamerRequestEntry::decode(&buf[..]).map_err(|e| Error::Protocol(format!("bad request: {e}")))?;
+    Ok(Some(req.filename))
+}
+
+fn send_reply(sock: &mut UnixStream, exists: bool) -> Result<()> {
+    let body = ImgStreamerReplyEntry { exists }.encode_to_vec();
+    let mut msg = (body.len() as u32).to_ne_bytes().to_vec();
+    msg.extend_from_slice(&body);
+    sock.write_all(&msg)?;
+    Ok(())
+}
+
+/// Receives the pipe end CRIU passes (one dummy byte carries it).
+fn recv_fd(sock: &UnixStream) -> Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!(RawFd);
+    let msg = nix::sys::socket::recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| Error::Protocol(format!("receiving the pipe from CRIU: {e}")))?;
+    if msg.bytes == 0 {
+        return Err(Error::Protocol("connection closed before CRIU passed the pipe".into()));
+    }
+    for c in msg.cmsgs().map_err(|e| Error::Protocol(format!("bad control message: {e}")))? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(fds) = c {
+            if let Some(&fd) = fds.first() {
+                // SAFETY: the kernel just installed this descriptor for us.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                for &extra in &fds[1..] {
+                    // SAFETY: likewise; we did not ask for them.
+                    drop(unsafe { OwnedFd::from_raw_fd(extra) });
+                }
+                return Ok(owned);
+            }
+        }
+    }
+    Err(Error::Protocol("CRIU sent no pipe with its request".into()))
+}
+
+fn grow_pipe(fd: &OwnedFd) {
+    // SAFETY: fcntl on a descriptor we own; failure just keeps the default size.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+}
+
+/// What a capture received.
+#[derive(Debug, Default, Clone)]
+pub struct CaptureReport {
+    pub files: Vec<String>,
+}
+
+/// Receives CRIU's images on `listener` and writes them into `packer` until
+/// CRIU closes the connection. Returns `None` if `stop` was set before CRIU
+/// connected.
+pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Result<Option<CaptureReport>> {
+    let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
+    let mut report = CaptureReport::default();
+    let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
+    let mut readers = Vec::new();
+    let result = (|| -> Result<()> {
+        while let Some(name) = read_request(&mut sock)? {
+            let fd = recv_fd(&sock)?;
+            grow_pipe(&fd);
+            let mut sink = packer.begin_file(&name)?;
+            report.files.push(name.clone());
+            let failed = failed.clone();
+            readers.push(std::thread::spawn(move || {
+                let mut pipe = std::fs::File::from(fd);
+                let r = (|| -> Result<()> {
+                    loop {
+                        let filled = sink.pending_len();
+                        let n = match pipe.read(sink.spare()) {
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                            Err(e) => return Err(Error::Protocol(format!("reading {name} from CRIU: {e}"))),
+                        };
+                        sink.commit(filled, n)?;
+                        if n == 0 {
+                            // Interrupted reads loop again; EOF ends the file.
+                            if sink.pending_len() == filled {
+                                break;
+                            }
+                        }
+                    }
+                    sink.finish()
+                })();
+                if let Err(e) = r {
+                    failed.lock().unwrap().get_or_insert(e);
+                }
+            }));
+        }
+        Ok(())
+    })();
+    for r in readers {
+        let _ = r.join();
+    }
+    result?;
+    if let Some(e) = failed.lock().unwrap().take() {
+        return Err(e);
+    }
+    Ok(Some(report))
+}
+
+/// Where served files come from.
+pub trait ArchiveSource: Send + Sync {
+    /// The file's blocks, or `None` if the archive has no such file. May wait
+    /// for a streamed archive to reach the file.
+    fn open(&self, name: &str) -> Result<Option<Arc<dyn FileBlocks>>>;
+}
+
+/// The blocks of one file, fetched by position (possibly waiting for them).
+pub trait FileBlocks: Send + Sync {
+    fn kind(&self) -> FileKind;
+    /// Compressed record of block `i` and its archive offset, or `None` past the end.
+    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>>;
+}
+
+impl ArchiveSource for Arc<IndexedArchive> {
+    fn open(&self, name: &str) -> Result<Option<Arc<dyn FileBlocks>>> {
+        Ok(self.index.find(name).cloned().map(|entry| Arc::new(IndexedFile { arc: self.clone(), entry }) as _))
+    }
+}
+
+struct IndexedFile {
+    arc: Arc<IndexedArchive>,
+    entry: FileEntry,
+}
+
+impl FileBlocks for IndexedFile {
+    fn kind(&self) -> FileKind {
+        self.entry.kind
+    }
+    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>> {
+        let Some(b) = self.entry.blocks.get(i) else { return Ok(None) };
+        Ok(Some((self.arc.read_record(b)?, b.offset)))
+    }
+}
+
+/// An archive arriving through a pipe: records are kept (compressed) as they
+/// arrive, up to `cap` bytes, so files can be served in any order.
+pub struct PipeSource {
+    state: Arc<(Mutex<PipeState>, Condvar)>,
+}
+
+#[derive(Default)]
+struct PipeState {
+    files: HashMap<String, Arc<PipeFile>>,
+    by_id: Vec<Arc<PipeFile>>,
+    done: bool,
+    error: Option<String>,
+    buffered: u64,
+}
+
+struct PipeFile {
+    kind: FileKind,
+    blocks: Mutex<(Vec<(Vec<u8>, u64)>, bool)>,
+    state: std::sync::Weak<(Mutex<PipeState>, Condvar)>,
+}
+
+impl PipeSource {
+    pub fn start<R: Read + Send + 'static>(inp: R, cap: u64, label: String) -> Result<Self> {
+        let mut reader = SeqReader::new(inp)?;
+        let state: Arc<(Mutex<PipeState>, Condvar)> = Arc::default();
+        let st = state.clone();
+        std::thread::spawn(move || {
+            let r = (|| -> Result<()> {
+                while let Some(rec) = reader.next_record()? {
+                    let (lock, cv) = &*st;
+                    let mut s = lock.lock().unwrap();
+                    match rec {
+                        Record::FileBegin { name, kind, .. } => {
+                            let f = Arc::new(PipeFile {
+                                kind,
+                                blocks: Mutex::new((Vec::new(), false)),
+                                state: Arc::downgrade(&st),
+                            });
+                            s.files.insert(name, f.clone());
+                            s.by_id.push(f);
+                        }
+                        Record::Block { header, payload, offset, .. } => {
+                            s.buffered += payload.len() as u64;
+                            if s.buffered > cap {
+                                return Err(Error::Invalid(format!(
+                                    "{label}: more than {cap} bytes of the archive arrived before CRIU asked for them \
+                                     (raise --pipe-buffer, or serve from a file)"
+                                )));
+                            }
+                            let f = s.by_id.get(header.file_id as usize).ok_or_else(|| {
+                                Error::corrupt(offset, format!("block for unknown file {}", header.file_id))
+                            })?;
+                            let rec = crate::format::encode_block_record(&header, &payload);
+                            f.blocks.lock().unwrap().0.push((rec, offset));
+                        }
+                        Record::FileEnd { file_id, offset, .. } => {
+                            let f = s
+                                .by_id
+                                .get(file_id as usize)
+                                .ok_or_else(|| Error::corrupt(offset, format!("end of unknown file {file_id}")))?;
+                            f.blocks.lock().unwrap().1 = true;
+                        }
+                        Record::Index { .. } => {}
+                    }
+                    cv.notify_all();
+                }
+                Ok(())
+            })();
+            let (lock, cv) = &*st;
+            let mut s = lock.lock().unwrap();
+            s.done = true;
+            if let Err(e) = r {
+                s.error = Some(format!("{label}: {e}"));
+            }
+            cv.notify_all();
+        });
+        Ok(PipeSource { state })
+    }
+}
+
+impl ArchiveSource for PipeSource {
+    fn open(&self, name: &str) -> Result<Option<Arc<dyn FileBlocks>>> {
+        let (lock, cv) = &*self.state;
+        let mut s = lock.lock().unwrap();
+        loop {
+            if let Some(f) = s.files.get(name) {
+                return Ok(Some(f.clone() as Arc<dyn FileBlocks>));
+            }
+            if let Some(e) = &s.error {
+                return Err(Error::Invalid(e.clone()));
+            }
+            if s.done {
+                return Ok(None);
+            }
+            s = cv.wait(s).unwrap();
+        }
+    }
+}
+
+impl FileBlocks for PipeFile {
+    fn kind(&self) -> FileKind {
+        self.kind
+    }
+    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>> {
+        let Some(state) = self.state.upgrade() else { return Ok(None) };
+        let (lock, cv) = &*state;
+        let mut s = lock.lock().unwrap();
+        loop {
+            {
+                let b = self.blocks.lock().unwrap();
+                if let Some(r) = b.0.get(i) {
+                    return Ok(Some(r.clone()));
+                }
+                if b.1 {
+                    return Ok(None);
+                }
+            }
+            if let Some(e) = &s.error {
+                return Err(Error::Invalid(e.clone()));
+            }
+            if s.done {
+                return Err(Error::Invalid("archive ended inside a file".into()));
+            }
+            s = cv.wait(s).unwrap();
+        }
+    }
+}
+
+/// Settings for serving.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    pub threads: usize,
+    /// Decoded bytes each file may prefetch ahead of CRIU.
+    pub prefetch_bytes: usize,
+    pub block_size: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct ServeReport {
+    pub served: Vec<String>,
+    pub missing: Vec<String>,
+    pub bytes: u64,
+}
+
+/// Answers CRIU's requests from `source` until CRIU closes the connection.
+/// Returns `None` if `stop` was set before CRIU connected. A damaged block
+/// fails the whole serve: the connection is shut so CRIU aborts the restore.
+pub fn serve(
+    listener: &Listener,
+    source: Arc<dyn ArchiveSource>,
+    opts: ServeOptions,
+    stop: &AtomicBool,
+) -> Result<Option<ServeReport>> {
+    let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
+    let mut report = ServeReport::default();
+    let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    let result = (|| -> Result<()> {
+        while let Some(name) = read_request(&mut sock)? {
+            if let Some(e) = failed.lock().unwrap().take() {
+                return Err(e);
+            }
+            let Some(file) = source.open(&name)? else {
+                send_reply(&mut sock, false)?;
+                report.missing.push(name);
+                continue;
+            };
+            // Metadata is decoded and checked whole before CRIU sees a byte: a
+            // protobuf image cut short could otherwise parse as a shorter, valid
+            // one. Page images stream; CRIU reads them by exact length, so a
+            // pipe closed early on a bad block makes it fail.
+            let whole = match file.kind() {
+                FileKind::Plain => Some(decode_whole(&*file)?),
+                FileKind::Pages => None,
+            };
+            send_reply(&mut sock, true)?;
+            let fd = recv_fd(&sock)?;
+            grow_pipe(&fd);
+            report.served.push(name.clone());
+            let (failed, bytes) = (failed.clone(), bytes.clone());
+            let shutdown = sock.try_clone()?;
+            writers.push(std::thread::spawn(move || {
+                let mut pipe = std::fs::File::from(fd);
+                let r = match whole {
+                    Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
+                    None => stream_pages(file, &mut pipe, opts),
+                };
+                match r {
+                    Ok(n) => {
+                        bytes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        let _ = shutdown.shutdown(std::net::Shutdown::Both);
+                        failed.lock().unwrap().get_or_insert(Error::Invalid(format!("serving {name}: {e}")));
+                    }
+                }
+            }));
+        }
+        Ok(())
+    })();
+    for w in writers {
+        let _ = w.join();
+    }
+    if let Some(e) = failed.lock().unwrap().take() {
+        return Err(e);
+    }
+    result?;
+    report.bytes = bytes.load(Ordering::Relaxed);
+    Ok(Some(report))
+}
+
+fn decode_whole(file: &dyn FileBlocks) -> Result<Vec<u8>> {
+    let mut dec = Decoder::new();
+    let mut out = Vec::new();
+    let mut block = Vec::new();
+    let mut i = 0;
+    while let Some((rec, offset)) = file.block(i)? {
+        let (header, payload) = decode_block_record(&rec, offset)?;
+        dec.decode(&header, payload, &mut block).map_err(|e| Error::corrupt(offset, e))?;
+        out.extend_from_slice(&block);
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// Writes to CRIU's pipe. CRIU closing its end early is its own business.
+fn write_pipe(pipe: &mut std::fs::File, data: &[u8]) -> Result<bool> {
+    match pipe.write_all(data) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Streams a page image, decoding ahead of CRIU on the worker pool.
+fn stream_pages(file: Arc<dyn FileBlocks>, pipe: &mut std::fs::File, opts: ServeOptions) -> Result<u64> {
+    let window = (opts.prefetch_bytes / opts.block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
+    let f2 = file.clone();
+    let (sub, results) = engine::start(opts.threads, window, Decoder::new, move |dec: &mut Decoder, i: usize| {
+        let Some((rec, offset)) = f2.block(i)? else { return Ok(None) };
+        let (header, payload) = decode_block_record(&rec, offset)?;
+        let mut out = Vec::new();
+        dec.decode(&header, payload, &mut out).map_err(|e| Error::corrupt(offset, e))?;
+        Ok(Some(out))
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    std::thread::spawn(move || {
+        let mut i = 0;
+        while !stop2.load(Ordering::Relaxed) && sub.submit(i).is_ok() {
+            i += 1;
+        }
+    });
+    let mut written = 0u64;
+    let mut result = Ok(());
+    for r in results {
+        match r {
+            Ok(Some(data)) => match write_pipe(pipe, &data) {
+                Ok(true) => written += data.len() as u64,
+                Ok(false) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            },
+            Ok(None) => break,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    result.map(|_| written)
+}
