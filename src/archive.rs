@@ -282,7 +282,7 @@ enum ReadJob {
 
 enum ReadResult {
     Other(Record),
-    Block { file_id: u32, offset: u64, record_len: u64, data: std::result::Result<Vec<u8>, Error> },
+    Block { file_id: u32, offset: u64, record_len: u64, data_check: u64, data: std::result::Result<Vec<u8>, Error> },
 }
 
 /// Decodes a whole archive front to back on the worker pool, checking every
@@ -297,7 +297,7 @@ pub fn read_sequential<R: Read + Send + 'static>(inp: R, opts: &Options, sink: &
             ReadJob::Block { header, payload, offset, record_len } => {
                 let mut out = Vec::new();
                 let data = dec.decode(&header, &payload, &mut out).map(|_| out).map_err(|e| Error::corrupt(offset, e));
-                ReadResult::Block { file_id: header.file_id, offset, record_len, data }
+                ReadResult::Block { file_id: header.file_id, offset, record_len, data_check: header.data_check, data }
             }
         });
     let producer = std::thread::spawn(move || -> Result<()> {
@@ -352,11 +352,11 @@ fn consume_sequential(collector: engine::Collector<ReadResult>, sink: &mut dyn S
                     ended: false,
                 });
             }
-            ReadResult::Block { file_id, offset, record_len, data } => {
+            ReadResult::Block { file_id, offset, record_len, data_check, data } => {
                 let data = data?;
                 let f = open_file(&mut files, file_id, offset)?;
                 f.raw_size += data.len() as u64;
-                f.check.update(&xxhash_rust::xxh3::xxh3_64(&data).to_le_bytes());
+                f.check.update(&data_check.to_le_bytes());
                 f.blocks.push((offset, data.len() as u32, record_len));
                 sink.data(file_id, &data)?;
             }
@@ -459,9 +459,13 @@ impl IndexedArchive {
 
     /// The stored bytes of one block record.
     pub fn read_record(&self, b: &BlockRef) -> Result<Vec<u8>> {
-        let mut rec = vec![0u8; b.record_len as usize];
-        self.file.read_exact_at(&mut rec, b.offset).map_err(|e| Error::file(&self.path, e))?;
-        Ok(rec)
+        self.read_at(b.offset, b.record_len as usize)
+    }
+
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.file.read_exact_at(&mut buf, offset).map_err(|e| Error::file(&self.path, e))?;
+        Ok(buf)
     }
 
     /// Reads and decodes one block into `out`.

@@ -218,6 +218,8 @@ pub struct RestoreOptions {
     pub extra: Vec<String>,
     /// Cap on compressed bytes buffered when reading the archive from a pipe.
     pub pipe_buffer: u64,
+    /// Send CRIU every zero page instead of leaving them out where that is safe.
+    pub keep_zero_pages: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -225,6 +227,7 @@ pub struct RestoreReport {
     pub pid: Option<i32>,
     pub seconds: f64,
     pub served_bytes: u64,
+    pub zero_pages_skipped: u64,
     pub files: usize,
     pub criu_exit: i32,
 }
@@ -249,7 +252,12 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let listener = Listener::bind(work.path(), stream::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
     let stop = AtomicBool::new(false);
-    let opts = ServeOptions { threads: archive.threads, prefetch_bytes: 16 << 20, block_size };
+    let opts = ServeOptions {
+        threads: archive.threads,
+        prefetch_bytes: 16 << 20,
+        block_size,
+        skip_zero_pages: !o.keep_zero_pages,
+    };
 
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", "--stream", "-v4", "-o", "restore.log", "--pidfile"]).arg(&pidfile).arg("-D").arg(work.path());
@@ -292,6 +300,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
                 pid,
                 seconds: started.elapsed().as_secs_f64(),
                 served_bytes: report.bytes,
+                zero_pages_skipped: report.zero_pages_skipped,
                 files: report.served.len(),
                 criu_exit: status.code().unwrap_or(-1),
             })

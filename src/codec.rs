@@ -101,7 +101,6 @@ impl Encoder {
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
     pub fn encode(&mut self, file_id: u32, data: &[u8], page_aware: bool) -> EncodedBlock {
-        let data_check = xxh3_64(data);
         let mut zero_bitmap = Vec::new();
         let mut nonzero: &[u8] = data;
         if page_aware {
@@ -129,6 +128,9 @@ impl Encoder {
                 nonzero = &self.gathered;
             }
         }
+        // The check covers the stored pages only: zero pages are rebuilt from
+        // the bitmap, which the record's seal already covers.
+        let data_check = xxh3_64(nonzero);
         let (codec, payload) = compress(self.config, self.zstd.as_mut(), nonzero);
         EncodedBlock {
             header: BlockHeader {
@@ -197,32 +199,24 @@ impl Decoder {
     /// Decodes a block into `out` (replacing its contents) and checks its data
     /// checksum. The error says what is wrong; the caller adds where.
     pub fn decode(&mut self, header: &BlockHeader, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-        let raw_len = header.raw_len as usize;
-        let stored_raw = header.stored_raw_len();
-        let plain = header.zero_bitmap.is_empty() || header.zero_pages() == 0;
-        out.clear();
-        if plain {
-            self.decompress_into(header, payload, stored_raw, out)?;
-        } else {
-            let mut scratch = std::mem::take(&mut self.scratch);
-            let r = self.decompress_into(header, payload, stored_raw, &mut scratch);
-            if r.is_ok() {
-                out.reserve(raw_len);
-                let mut src = 0;
-                for p in 0..header.pages() {
-                    let len = PAGE_SIZE.min(raw_len - p * PAGE_SIZE);
-                    if header.is_zero_page(p) {
-                        out.resize(out.len() + len, 0);
-                    } else {
-                        out.extend_from_slice(&scratch[src..src + len]);
-                        src += len;
-                    }
-                }
-            }
-            self.scratch = scratch;
-            r?;
+        if header.zero_pages() == 0 {
+            return self.decode_stored(header, payload, out);
         }
-        if xxh3_64(out) != header.data_check {
+        let mut stored = std::mem::take(&mut self.scratch);
+        let r = self.decode_stored(header, payload, &mut stored);
+        if r.is_ok() {
+            scatter(header, &stored, &|_| false, out);
+        }
+        self.scratch = stored;
+        r
+    }
+
+    /// Decodes only the stored pages of a block (zero pages left out) into
+    /// `stored` and checks them against the block's data check.
+    pub fn decode_stored(&mut self, header: &BlockHeader, payload: &[u8], stored: &mut Vec<u8>) -> Result<(), String> {
+        self.decompress_into(header, payload, header.stored_raw_len(), stored)?;
+        let check = xxh3_64(stored);
+        if check != header.data_check {
             return Err("block data checksum mismatch".into());
         }
         Ok(())
@@ -263,5 +257,25 @@ impl Decoder {
             }
         }
         Ok(())
+    }
+}
+
+/// Rebuilds block bytes from its stored pages, leaving out the zero pages for
+/// which `omit(page)` is true (they are then not part of `out` at all).
+pub fn scatter(header: &BlockHeader, stored: &[u8], omit: &dyn Fn(usize) -> bool, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(header.raw_len as usize);
+    let raw_len = header.raw_len as usize;
+    let mut src = 0;
+    for p in 0..header.pages() {
+        let len = PAGE_SIZE.min(raw_len - p * PAGE_SIZE);
+        if header.is_zero_page(p) {
+            if !omit(p) {
+                out.extend_from_slice(&ZERO_PAGE[..len]);
+            }
+        } else {
+            out.extend_from_slice(&stored[src..src + len]);
+            src += len;
+        }
     }
 }

@@ -190,7 +190,8 @@ pub struct BlockHeader {
     pub file_id: u32,
     pub raw_len: u32,
     pub stored_len: u32,
-    /// xxh3-64 of the block's uncompressed bytes.
+    /// xxh3-64 of the block's stored pages, uncompressed: the whole block
+    /// without its zero pages (which the bitmap, under the seal, rebuilds).
     pub data_check: u64,
     /// Low 32 bits of xxh3-64 of the stored payload: a payload can be damaged
     /// in ways that still decode to the same bytes, and those must be caught too.
@@ -758,20 +759,35 @@ pub fn decode_index_record(rec: &[u8], offset: u64) -> Result<Index> {
     Index::decode_body(body, count, offset + 20)
 }
 
-/// Parses one block record held in memory (header, bitmap, seal, payload).
-pub fn decode_block_record(rec: &[u8], offset: u64) -> Result<(BlockHeader, &[u8])> {
+/// Parses the header of a block record from its first bytes (at least the
+/// header and seal; the payload may follow). Returns the header and the
+/// length of header plus seal.
+pub fn decode_block_header(rec: &[u8], offset: u64) -> Result<(BlockHeader, usize)> {
     if rec.len() < BLOCK_FIXED + 4 || rec[0] != REC_BLOCK {
         return Err(Error::corrupt(offset, "index points at something that is not a block"));
     }
     let hdr_len = BLOCK_FIXED + block_bitmap_len(rec, offset)?;
-    if rec.len() != hdr_len + 4 + u32le(&rec[12..]) as usize {
-        return Err(Error::corrupt(offset, "block record length does not match the index"));
+    if rec.len() < hdr_len + 4 {
+        return Err(Error::corrupt(offset, "block record is shorter than its header"));
     }
     if xxh3_64(&rec[..hdr_len]) as u32 != u32le(&rec[hdr_len..]) {
         return Err(Error::corrupt(offset, "block header checksum mismatch"));
     }
-    let header = parse_block_header(&rec[..hdr_len], offset)?;
-    let payload = &rec[hdr_len + 4..];
+    Ok((parse_block_header(&rec[..hdr_len], offset)?, hdr_len + 4))
+}
+
+/// Longest header-plus-seal a block of `raw_len` bytes can have.
+pub fn max_block_header_len(raw_len: u32) -> usize {
+    BLOCK_FIXED + (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8) + 4
+}
+
+/// Parses one block record held in memory (header, bitmap, seal, payload).
+pub fn decode_block_record(rec: &[u8], offset: u64) -> Result<(BlockHeader, &[u8])> {
+    let (header, hdr_len) = decode_block_header(rec, offset)?;
+    if rec.len() != hdr_len + header.stored_len as usize {
+        return Err(Error::corrupt(offset, "block record length does not match the index"));
+    }
+    let payload = &rec[hdr_len..];
     header.check_payload(payload, offset)?;
     Ok((header, payload))
 }

@@ -6,12 +6,14 @@
 //! image-streaming protocol) <- the CLI.
 
 pub mod archive;
+pub mod bench;
 pub mod checkpoint;
 pub mod codec;
 pub mod criu;
 pub mod engine;
 pub mod error;
 pub mod format;
+pub mod images;
 pub mod ops;
 pub mod output;
 pub mod progress;

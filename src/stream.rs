@@ -19,7 +19,11 @@ use crate::archive::{IndexedArchive, Packer};
 use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
-use crate::format::{decode_block_record, FileEntry, FileKind, Record, SeqReader, PAGE_SIZE};
+use crate::format::{
+    decode_block_header, decode_block_record, max_block_header_len, BlockHeader, FileEntry, FileKind, Record, SeqReader,
+    PAGE_SIZE,
+};
+use crate::images::{self, ZeroPlan};
 use prost::Message;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -233,31 +237,64 @@ pub trait ArchiveSource: Send + Sync {
     fn open(&self, name: &str) -> Result<Option<Arc<dyn FileBlocks>>>;
 }
 
+/// One stored block: its record bytes, where it is in the archive, and the
+/// position of its first byte in the file.
+#[derive(Clone)]
+pub struct StoredBlock {
+    pub record: Vec<u8>,
+    pub offset: u64,
+    pub raw_pos: u64,
+}
+
 /// The blocks of one file, fetched by position (possibly waiting for them).
 pub trait FileBlocks: Send + Sync {
     fn kind(&self) -> FileKind;
-    /// Compressed record of block `i` and its archive offset, or `None` past the end.
-    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>>;
+    /// Block `i`, or `None` past the end.
+    fn block(&self, i: usize) -> Result<Option<StoredBlock>>;
+    /// Only the header of block `i` and its first byte's position (cheap).
+    fn header(&self, i: usize) -> Result<Option<(BlockHeader, u64)>> {
+        let Some(b) = self.block(i)? else { return Ok(None) };
+        Ok(Some((decode_block_header(&b.record, b.offset)?.0, b.raw_pos)))
+    }
 }
 
 impl ArchiveSource for Arc<IndexedArchive> {
     fn open(&self, name: &str) -> Result<Option<Arc<dyn FileBlocks>>> {
-        Ok(self.index.find(name).cloned().map(|entry| Arc::new(IndexedFile { arc: self.clone(), entry }) as _))
+        Ok(self.index.find(name).cloned().map(|entry| {
+            let mut pos = 0;
+            let raw_pos = entry
+                .blocks
+                .iter()
+                .map(|b| {
+                    let p = pos;
+                    pos += u64::from(b.raw_len);
+                    p
+                })
+                .collect();
+            Arc::new(IndexedFile { arc: self.clone(), entry, raw_pos }) as _
+        }))
     }
 }
 
 struct IndexedFile {
     arc: Arc<IndexedArchive>,
     entry: FileEntry,
+    raw_pos: Vec<u64>,
 }
 
 impl FileBlocks for IndexedFile {
     fn kind(&self) -> FileKind {
         self.entry.kind
     }
-    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>> {
+    fn block(&self, i: usize) -> Result<Option<StoredBlock>> {
         let Some(b) = self.entry.blocks.get(i) else { return Ok(None) };
-        Ok(Some((self.arc.read_record(b)?, b.offset)))
+        Ok(Some(StoredBlock { record: self.arc.read_record(b)?, offset: b.offset, raw_pos: self.raw_pos[i] }))
+    }
+    fn header(&self, i: usize) -> Result<Option<(BlockHeader, u64)>> {
+        let Some(b) = self.entry.blocks.get(i) else { return Ok(None) };
+        let len = max_block_header_len(b.raw_len).min(b.record_len as usize);
+        let prefix = self.arc.read_at(b.offset, len)?;
+        Ok(Some((decode_block_header(&prefix, b.offset)?.0, self.raw_pos[i])))
     }
 }
 
@@ -278,7 +315,8 @@ struct PipeState {
 
 struct PipeFile {
     kind: FileKind,
-    blocks: Mutex<(Vec<(Vec<u8>, u64)>, bool)>,
+    /// Blocks so far, whether the file has ended, and its size so far.
+    blocks: Mutex<(Vec<StoredBlock>, bool, u64)>,
     state: std::sync::Weak<(Mutex<PipeState>, Condvar)>,
 }
 
@@ -296,7 +334,7 @@ impl PipeSource {
                         Record::FileBegin { name, kind, .. } => {
                             let f = Arc::new(PipeFile {
                                 kind,
-                                blocks: Mutex::new((Vec::new(), false)),
+                                blocks: Mutex::new((Vec::new(), false, 0)),
                                 state: Arc::downgrade(&st),
                             });
                             s.files.insert(name, f.clone());
@@ -313,8 +351,11 @@ impl PipeSource {
                             let f = s.by_id.get(header.file_id as usize).ok_or_else(|| {
                                 Error::corrupt(offset, format!("block for unknown file {}", header.file_id))
                             })?;
-                            let rec = crate::format::encode_block_record(&header, &payload);
-                            f.blocks.lock().unwrap().0.push((rec, offset));
+                            let record = crate::format::encode_block_record(&header, &payload);
+                            let mut b = f.blocks.lock().unwrap();
+                            let raw_pos = b.2;
+                            b.2 += u64::from(header.raw_len);
+                            b.0.push(StoredBlock { record, offset, raw_pos });
                         }
                         Record::FileEnd { file_id, offset, .. } => {
                             let f = s
@@ -364,7 +405,7 @@ impl FileBlocks for PipeFile {
     fn kind(&self) -> FileKind {
         self.kind
     }
-    fn block(&self, i: usize) -> Result<Option<(Vec<u8>, u64)>> {
+    fn block(&self, i: usize) -> Result<Option<StoredBlock>> {
         let Some(state) = self.state.upgrade() else { return Ok(None) };
         let (lock, cv) = &*state;
         let mut s = lock.lock().unwrap();
@@ -396,6 +437,9 @@ pub struct ServeOptions {
     /// Decoded bytes each file may prefetch ahead of CRIU.
     pub prefetch_bytes: usize,
     pub block_size: usize,
+    /// Leave zero pages of private anonymous memory out of what CRIU reads
+    /// (see [`crate::images`]).
+    pub skip_zero_pages: bool,
 }
 
 #[derive(Debug, Default)]
@@ -403,6 +447,7 @@ pub struct ServeReport {
     pub served: Vec<String>,
     pub missing: Vec<String>,
     pub bytes: u64,
+    pub zero_pages_skipped: u64,
 }
 
 /// Answers CRIU's requests from `source` until CRIU closes the connection.
@@ -416,6 +461,7 @@ pub fn serve(
 ) -> Result<Option<ServeReport>> {
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
     let mut report = ServeReport::default();
+    let mut plans: HashMap<u32, Arc<ZeroPlan>> = HashMap::new();
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let bytes = Arc::new(AtomicU64::new(0));
     let mut writers = Vec::new();
@@ -433,10 +479,25 @@ pub fn serve(
             // protobuf image cut short could otherwise parse as a shorter, valid
             // one. Page images stream; CRIU reads them by exact length, so a
             // pipe closed early on a bad block makes it fail.
-            let whole = match file.kind() {
+            let mut whole = match file.kind() {
                 FileKind::Plain => Some(decode_whole(&*file)?),
                 FileKind::Pages => None,
             };
+            let mut plan = None;
+            if opts.skip_zero_pages {
+                if let (Some(pid), Some(pagemap)) = (images::process_pagemap_pid(&name), whole.as_ref()) {
+                    if let Some(p) = zero_plan(&*source, pid, pagemap)? {
+                        whole = Some(p.pagemap.clone());
+                        plans.insert(p.pages_id, Arc::new(p));
+                    }
+                }
+                if let Some(id) = images::pages_image_id(&name) {
+                    plan = plans.get(&id).cloned();
+                    if let Some(p) = &plan {
+                        report.zero_pages_skipped += p.skipped_pages;
+                    }
+                }
+            }
             send_reply(&mut sock, true)?;
             let fd = recv_fd(&sock)?;
             grow_pipe(&fd);
@@ -447,7 +508,7 @@ pub fn serve(
                 let mut pipe = std::fs::File::from(fd);
                 let r = match whole {
                     Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
-                    None => stream_pages(file, &mut pipe, opts),
+                    None => stream_pages(file, &mut pipe, opts, plan),
                 };
                 match r {
                     Ok(n) => {
@@ -478,9 +539,9 @@ fn decode_whole(file: &dyn FileBlocks) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut block = Vec::new();
     let mut i = 0;
-    while let Some((rec, offset)) = file.block(i)? {
-        let (header, payload) = decode_block_record(&rec, offset)?;
-        dec.decode(&header, payload, &mut block).map_err(|e| Error::corrupt(offset, e))?;
+    while let Some(b) = file.block(i)? {
+        let (header, payload) = decode_block_record(&b.record, b.offset)?;
+        dec.decode(&header, payload, &mut block).map_err(|e| Error::corrupt(b.offset, e))?;
         out.extend_from_slice(&block);
         i += 1;
     }
@@ -496,15 +557,67 @@ fn write_pipe(pipe: &mut std::fs::File, data: &[u8]) -> Result<bool> {
     }
 }
 
-/// Streams a page image, decoding ahead of CRIU on the worker pool.
-fn stream_pages(file: Arc<dyn FileBlocks>, pipe: &mut std::fs::File, opts: ServeOptions) -> Result<u64> {
+/// Plans the zero-page rewrite for process `pid`: needs its mm image and the
+/// block headers of the pages image its pagemap names.
+fn zero_plan(source: &dyn ArchiveSource, pid: &str, pagemap: &[u8]) -> Result<Option<ZeroPlan>> {
+    let Some(pages_id) = images::pagemap_pages_id(pagemap) else { return Ok(None) };
+    let (Some(mm), Some(pages)) = (source.open(&format!("mm-{pid}.img"))?, source.open(&format!("pages-{pages_id}.img"))?)
+    else {
+        return Ok(None);
+    };
+    if pages.kind() != FileKind::Pages {
+        return Ok(None);
+    }
+    let mm = decode_whole(&*mm)?;
+    let mut zero: Vec<u64> = Vec::new();
+    let mut i = 0;
+    while let Some((h, raw_pos)) = pages.header(i)? {
+        if raw_pos % PAGE_SIZE as u64 != 0 {
+            return Ok(None);
+        }
+        let first = raw_pos / PAGE_SIZE as u64;
+        for p in 0..h.pages() {
+            if h.is_zero_page(p) {
+                let page = first + p as u64;
+                let w = (page / 64) as usize;
+                if zero.len() <= w {
+                    zero.resize(w + 1, 0);
+                }
+                zero[w] |= 1 << (page % 64);
+            }
+        }
+        i += 1;
+    }
+    let is_zero = |p: u64| zero.get((p / 64) as usize).is_some_and(|w| w & (1 << (p % 64)) != 0);
+    Ok(images::plan(&mm, pagemap, &is_zero))
+}
+
+/// Streams a page image, decoding ahead of CRIU on the worker pool. With a
+/// plan, the zero pages it skips are left out.
+fn stream_pages(
+    file: Arc<dyn FileBlocks>,
+    pipe: &mut std::fs::File,
+    opts: ServeOptions,
+    plan: Option<Arc<ZeroPlan>>,
+) -> Result<u64> {
     let window = (opts.prefetch_bytes / opts.block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
     let f2 = file.clone();
     let (sub, results) = engine::start(opts.threads, window, Decoder::new, move |dec: &mut Decoder, i: usize| {
-        let Some((rec, offset)) = f2.block(i)? else { return Ok(None) };
-        let (header, payload) = decode_block_record(&rec, offset)?;
+        let Some(b) = f2.block(i)? else { return Ok(None) };
+        let (header, payload) = decode_block_record(&b.record, b.offset)?;
+        let mut stored = Vec::new();
+        dec.decode_stored(&header, payload, &mut stored).map_err(|e| Error::corrupt(b.offset, e))?;
+        let zeros = header.zero_pages();
+        if zeros == 0 {
+            return Ok(Some(stored));
+        }
+        let first = b.raw_pos / PAGE_SIZE as u64;
+        let omit = |p: usize| plan.as_ref().is_some_and(|pl| pl.is_skipped(first + p as u64));
+        if (0..header.pages()).filter(|&p| header.is_zero_page(p) && omit(p)).count() == zeros {
+            return Ok(Some(stored));
+        }
         let mut out = Vec::new();
-        dec.decode(&header, payload, &mut out).map_err(|e| Error::corrupt(offset, e))?;
+        crate::codec::scatter(&header, &stored, &omit, &mut out);
         Ok(Some(out))
     });
     let stop = Arc::new(AtomicBool::new(false));

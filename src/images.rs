@@ -1,0 +1,281 @@
+//! Just enough of CRIU's image files to restore without sending zero pages.
+//!
+//! CRIU restores a private anonymous mapping as fresh (zero) memory and then
+//! reads every page its pagemap lists. A page that is all zero need not be
+//! listed at all: left out, it stays zero. That holds in a process tree too:
+//! for a copy-on-write mapping inherited from a parent, CRIU drops
+//! (MADV_DONTNEED) every page the child's pagemap does not list, so a child's
+//! zeroed page cannot come back as the parent's bytes (criu/mem.c,
+//! restore_priv_vma_content). It does not hold for private file mappings (a
+//! missing page shows the file) nor for shared memory (its own pagemaps), so
+//! only zero pages inside private anonymous VMAs (from mm-<pid>.img) are left
+//! out. The plan rewrites pagemap-<pid>.img accordingly and tells the page
+//! server which pages of pages-<id>.img to skip.
+//!
+//! Anything unexpected (magics, fields, flags) means no plan: the images are
+//! served untouched, which is always correct.
+
+use prost::Message;
+
+const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+const PAGEMAP_MAGIC: u32 = 0x5608_4025;
+const MM_MAGIC: u32 = 0x5749_2820;
+
+const PE_PARENT: u32 = 1 << 0;
+const PE_LAZY: u32 = 1 << 1;
+const PE_PRESENT: u32 = 1 << 2;
+
+const VMA_AREA_REGULAR: u32 = 1 << 0;
+const VMA_ANON_PRIVATE: u32 = 1 << 9;
+/// Any of these makes a VMA more than plain private anonymous memory.
+const VMA_SPECIAL: u32 = (1 << 2) // vsyscall
+    | (1 << 3) // vdso
+    | (1 << 6) // file private
+    | (1 << 7) // file shared
+    | (1 << 8) // anon shared
+    | (1 << 10) // SysV IPC
+    | (1 << 11) // socket
+    | (1 << 12) // vvar
+    | (1 << 13) // AIO ring
+    | (1 << 14) // memfd
+    | (1 << 15) // shadow stack
+    | (1 << 16) // guard
+    | (1 << 17) // uprobes
+    | (1 << 27) // plugin
+    | (1 << 31); // unsupported
+
+#[derive(Clone, PartialEq, Message)]
+struct PagemapHead {
+    #[prost(uint32, required, tag = "1")]
+    pages_id: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct PagemapEntry {
+    #[prost(uint64, required, tag = "1")]
+    vaddr: u64,
+    #[prost(uint32, required, tag = "2")]
+    nr_pages: u32,
+    #[prost(bool, optional, tag = "3")]
+    in_parent: Option<bool>,
+    #[prost(uint32, optional, tag = "4")]
+    flags: Option<u32>,
+    /// Newer CRIU: 64-bit page count (field 2 then holds a compat copy).
+    #[prost(uint64, optional, tag = "5")]
+    nr_pages64: Option<u64>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct VmaEntry {
+    #[prost(uint64, required, tag = "1")]
+    start: u64,
+    #[prost(uint64, required, tag = "2")]
+    end: u64,
+    #[prost(uint32, required, tag = "6")]
+    flags: u32,
+    #[prost(uint32, required, tag = "7")]
+    status: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct MmEntry {
+    #[prost(message, repeated, tag = "14")]
+    vmas: Vec<VmaEntry>,
+}
+
+/// Splits an image into its protobuf objects after checking its magics.
+fn objects(img: &[u8], magic: u32) -> Option<Vec<&[u8]>> {
+    if img.len() < 8 || u32::from_ne_bytes(img[0..4].try_into().ok()?) != IMG_COMMON_MAGIC {
+        return None;
+    }
+    if u32::from_ne_bytes(img[4..8].try_into().ok()?) != magic {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut pos = 8;
+    while pos < img.len() {
+        let len = u32::from_ne_bytes(img.get(pos..pos + 4)?.try_into().ok()?) as usize;
+        out.push(img.get(pos + 4..pos + 4 + len)?);
+        pos += 4 + len;
+    }
+    Some(out)
+}
+
+/// The pages image a pagemap refers to.
+pub fn pagemap_pages_id(pagemap: &[u8]) -> Option<u32> {
+    let objs = objects(pagemap, PAGEMAP_MAGIC)?;
+    PagemapHead::decode(*objs.first()?).ok().map(|h| h.pages_id)
+}
+
+/// `pagemap-<pid>.img` -> pid (process pagemaps only, not shmem ones).
+pub fn process_pagemap_pid(name: &str) -> Option<&str> {
+    let pid = name.strip_prefix("pagemap-")?.strip_suffix(".img")?;
+    (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(pid)
+}
+
+/// `pages-<id>.img` -> id.
+pub fn pages_image_id(name: &str) -> Option<u32> {
+    name.strip_prefix("pages-")?.strip_suffix(".img")?.parse().ok()
+}
+
+/// Which pages of one pages image CRIU will not be sent.
+#[derive(Clone, Debug)]
+pub struct ZeroPlan {
+    pub pages_id: u32,
+    /// The rewritten pagemap image.
+    pub pagemap: Vec<u8>,
+    /// One bit per page of the pages image: set = left out.
+    skipped: Vec<u64>,
+    pub skipped_pages: u64,
+}
+
+impl ZeroPlan {
+    pub fn is_skipped(&self, page: u64) -> bool {
+        self.skipped.get((page / 64) as usize).is_some_and(|w| w & (1 << (page % 64)) != 0)
+    }
+}
+
+/// Plans the rewrite; `is_zero(p)` says whether page `p` of the pages image
+/// is all zero. `None` when anything is not as expected.
+pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<ZeroPlan> {
+    let mm_objs = objects(mm, MM_MAGIC)?;
+    let mm = MmEntry::decode(*mm_objs.first()?).ok()?;
+    let anon: Vec<(u64, u64)> = mm
+        .vmas
+        .iter()
+        .filter(|v| {
+            v.status & VMA_AREA_REGULAR != 0
+                && v.status & VMA_ANON_PRIVATE != 0
+                && v.status & VMA_SPECIAL == 0
+                && v.flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
+                    == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
+                && v.flags & libc::MAP_SHARED as u32 == 0
+        })
+        .map(|v| (v.start, v.end))
+        .collect();
+    let mut anon = anon;
+    anon.sort_unstable();
+    let in_anon = |addr: u64| {
+        let i = anon.partition_point(|&(s, _)| s <= addr);
+        i > 0 && addr < anon[i - 1].1
+    };
+
+    let objs = objects(pagemap, PAGEMAP_MAGIC)?;
+    let head = PagemapHead::decode(*objs.first()?).ok()?;
+    let mut out = pagemap[..8].to_vec();
+    push_object(&mut out, &head.encode_to_vec());
+    let mut skipped: Vec<u64> = Vec::new();
+    let mut skipped_pages = 0u64;
+    let mut page = 0u64; // next page of the pages image
+    for obj in &objs[1..] {
+        let e = PagemapEntry::decode(*obj).ok()?;
+        let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
+        let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { PE_PARENT } else { PE_PRESENT });
+        if flags & !(PE_PRESENT | PE_LAZY | PE_PARENT) != 0 {
+            return None;
+        }
+        // CRIU marks anonymous pages PE_LAZY as well as PE_PRESENT; only a
+        // lazy-pages restore acts on it, and a page left out is zero there too.
+        if flags & PE_PARENT != 0 || flags & PE_PRESENT == 0 {
+            if flags & PE_PRESENT != 0 {
+                page += nr;
+            }
+            push_object(&mut out, obj);
+            continue;
+        }
+        // Split the entry into runs of kept pages.
+        let mut run: Option<(u64, u64)> = None;
+        for i in 0..nr {
+            let vaddr = e.vaddr.checked_add(i.checked_mul(4096)?)?;
+            let skip = is_zero(page) && in_anon(vaddr);
+            if skip {
+                let w = (page / 64) as usize;
+                if skipped.len() <= w {
+                    skipped.resize(w + 1, 0);
+                }
+                skipped[w] |= 1 << (page % 64);
+                skipped_pages += 1;
+                if let Some((start, n)) = run.take() {
+                    push_entry(&mut out, &e, start, n);
+                }
+            } else {
+                run = match run {
+                    Some((start, n)) => Some((start, n + 1)),
+                    None => Some((vaddr, 1)),
+                };
+            }
+            page += 1;
+        }
+        if let Some((start, n)) = run {
+            push_entry(&mut out, &e, start, n);
+        }
+    }
+    Some(ZeroPlan { pages_id: head.pages_id, pagemap: out, skipped, skipped_pages })
+}
+
+fn push_object(out: &mut Vec<u8>, obj: &[u8]) {
+    out.extend_from_slice(&(obj.len() as u32).to_ne_bytes());
+    out.extend_from_slice(obj);
+}
+
+fn push_entry(out: &mut Vec<u8>, like: &PagemapEntry, vaddr: u64, nr: u64) {
+    let e = PagemapEntry {
+        vaddr,
+        nr_pages: nr.min(u64::from(u32::MAX)) as u32,
+        in_parent: like.in_parent.map(|_| false),
+        flags: like.flags,
+        nr_pages64: like.nr_pages64.map(|_| nr),
+    };
+    push_object(out, &e.encode_to_vec());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
+        let mut v = IMG_COMMON_MAGIC.to_ne_bytes().to_vec();
+        v.extend_from_slice(&magic.to_ne_bytes());
+        for o in objs {
+            push_object(&mut v, o);
+        }
+        v
+    }
+
+    fn vma(start: u64, end: u64, flags: i32, status: u32) -> VmaEntry {
+        VmaEntry { start, end, flags: flags as u32, status }
+    }
+
+    #[test]
+    fn zero_pages_of_private_anonymous_memory_are_left_out() {
+        let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as i32;
+        let mm = MmEntry {
+            vmas: vec![
+                vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
+                vma(0x20000, 0x24000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6)),
+            ],
+        };
+        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+        let entry = |vaddr, nr| {
+            PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
+                .encode_to_vec()
+        };
+        let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 7 }.encode_to_vec(), entry(0x10000, 4), entry(0x20000, 4)]);
+        // pages 0..8: anon 0 1 2 3, file 4 5 6 7; zero: 1, 2, 5
+        let zero = |p: u64| [1, 2, 5].contains(&p);
+        let plan = plan(&mm, &pm, &zero).unwrap();
+        assert_eq!(plan.pages_id, 7);
+        assert_eq!(plan.skipped_pages, 2);
+        assert!(plan.is_skipped(1) && plan.is_skipped(2));
+        assert!(!plan.is_skipped(5), "a zero page of a private file mapping must be kept");
+        let objs = objects(&plan.pagemap, PAGEMAP_MAGIC).unwrap();
+        let entries: Vec<(u64, u32)> =
+            objs[1..].iter().map(|o| PagemapEntry::decode(*o).unwrap()).map(|e| (e.vaddr, e.nr_pages)).collect();
+        assert_eq!(entries, vec![(0x10000, 1), (0x13000, 1), (0x20000, 4)]);
+    }
+
+    #[test]
+    fn unexpected_images_get_no_plan() {
+        assert!(plan(b"garbage", b"garbage", &|_| true).is_none());
+    }
+}
