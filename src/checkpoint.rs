@@ -276,34 +276,28 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
         stop.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let log = work.path().join("restore.log");
     let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
-    match served {
+    let report = match served {
         Err(e) => {
             let log = work.keep("restore.log");
             return Err(Error::Criu(format!("restore aborted: {e}; CRIU log: {}", log.display())));
         }
         Ok(None) if !status.success() => return Err(criu_failure("criu restore", status, &work.keep("restore.log"))),
         Ok(None) => return Err(Error::Criu("CRIU never connected to the serve socket".into())),
-        Ok(Some(report)) => {
-            // Without -d, CRIU's exit status is the restored tree's; only a
-            // detached restore must exit 0.
-            if o.detach && !status.success() {
-                return Err(criu_failure("criu restore", status, &work.keep("restore.log")));
-            }
-            if !o.detach && pid.is_none() && !status.success() {
-                return Err(criu_failure("criu restore", status, &work.keep("restore.log")));
-            }
-            let _ = log;
-            Ok(RestoreReport {
-                pid,
-                seconds: started.elapsed().as_secs_f64(),
-                served_bytes: report.bytes,
-                zero_pages_skipped: report.zero_pages_skipped,
-                files: report.served.len(),
-                criu_exit: status.code().unwrap_or(-1),
-            })
-        }
+        Ok(Some(report)) => report,
+    };
+    // Without -d, CRIU's exit status is the restored tree's; a detached restore
+    // (or one that never got as far as a pid) must exit 0.
+    if !status.success() && (o.detach || pid.is_none()) {
+        return Err(criu_failure("criu restore", status, &work.keep("restore.log")));
     }
+    Ok(RestoreReport {
+        pid,
+        seconds: started.elapsed().as_secs_f64(),
+        served_bytes: report.bytes,
+        zero_pages_skipped: report.zero_pages_skipped,
+        files: report.served.len(),
+        criu_exit: status.code().unwrap_or(-1),
+    })
 }

@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn zero_pages_of_private_anonymous_memory_are_left_out() {
-        let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as i32;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         let mm = MmEntry {
             vmas: vec![
                 vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
@@ -260,7 +260,8 @@ mod tests {
             PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
                 .encode_to_vec()
         };
-        let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 7 }.encode_to_vec(), entry(0x10000, 4), entry(0x20000, 4)]);
+        let pm =
+            image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 7 }.encode_to_vec(), entry(0x10000, 4), entry(0x20000, 4)]);
         // pages 0..8: anon 0 1 2 3, file 4 5 6 7; zero: 1, 2, 5
         let zero = |p: u64| [1, 2, 5].contains(&p);
         let plan = plan(&mm, &pm, &zero).unwrap();

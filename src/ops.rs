@@ -13,9 +13,12 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+/// (name, size) of each regular file of an images directory.
+pub type ImageFiles = Vec<(String, u64)>;
+
 /// Regular files of a CRIU images directory, sorted; other entries are skipped
 /// (returned so the caller can say so).
-pub fn image_files(dir: &Path) -> Result<(Vec<(String, u64)>, Vec<String>)> {
+pub fn image_files(dir: &Path) -> Result<(ImageFiles, Vec<String>)> {
     let mut files = Vec::new();
     let mut skipped = Vec::new();
     for e in std::fs::read_dir(dir).at(dir)? {

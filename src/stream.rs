@@ -20,8 +20,8 @@ use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_block_header, decode_block_record, max_block_header_len, BlockHeader, FileEntry, FileKind, Record, SeqReader,
-    PAGE_SIZE,
+    decode_block_header, decode_block_record, max_block_header_len, BlockHeader, FileEntry, FileKind, Record,
+    SeqReader, PAGE_SIZE,
 };
 use crate::images::{self, ZeroPlan};
 use prost::Message;
@@ -561,7 +561,8 @@ fn write_pipe(pipe: &mut std::fs::File, data: &[u8]) -> Result<bool> {
 /// block headers of the pages image its pagemap names.
 fn zero_plan(source: &dyn ArchiveSource, pid: &str, pagemap: &[u8]) -> Result<Option<ZeroPlan>> {
     let Some(pages_id) = images::pagemap_pages_id(pagemap) else { return Ok(None) };
-    let (Some(mm), Some(pages)) = (source.open(&format!("mm-{pid}.img"))?, source.open(&format!("pages-{pages_id}.img"))?)
+    let (Some(mm), Some(pages)) =
+        (source.open(&format!("mm-{pid}.img"))?, source.open(&format!("pages-{pages_id}.img"))?)
     else {
         return Ok(None);
     };

@@ -27,12 +27,13 @@ struct Args {
     threads: usize,
     dir: PathBuf,
     open_file: Option<PathBuf>,
+    extra_maps: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf] \
-         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH]"
+         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1]"
     );
     std::process::exit(2)
 }
@@ -46,6 +47,7 @@ fn parse_args() -> Args {
         threads: 4,
         dir: PathBuf::new(),
         open_file: None,
+        extra_maps: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -58,6 +60,7 @@ fn parse_args() -> Args {
             "--threads" => a.threads = v.parse().unwrap_or_else(|_| usage()),
             "--dir" => a.dir = v.into(),
             "--open-file" => a.open_file = Some(v.into()),
+            "--extra-maps" => a.extra_maps = v == "1",
             _ => usage(),
         }
     }
@@ -263,9 +266,66 @@ fn thread_count() -> usize {
 }
 
 /// What this process reports: a checksum over its memory and open file.
+/// Memory beyond the main buffer that the checksum covers.
+static EXTRA: std::sync::OnceLock<Vec<(usize, usize)>> = std::sync::OnceLock::new();
+
+/// Mappings whose zero pages must survive a restore byte for byte: a private
+/// file mapping with zeroed (copy-on-write) pages, where a page left out
+/// would show the file's bytes, and shared anonymous memory with zero pages.
+fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
+    const PAGES: usize = 64;
+    let len = PAGES * PAGE;
+    let path = dir.join("mapped-file.dat");
+    let mut content = vec![0u8; len];
+    fill_text(&mut content, &mut Rng(11));
+    std::fs::write(&path, &content).expect("write mapped file");
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: fresh mappings of our own file and of anonymous shared memory;
+    // every access stays within `len` bytes of each mapping.
+    unsafe {
+        let fd = libc::open(c.as_ptr(), libc::O_RDONLY);
+        let private =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, fd, 0);
+        libc::close(fd);
+        let shared = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if private == libc::MAP_FAILED || shared == libc::MAP_FAILED {
+            eprintln!("criuz-workload: extra mappings failed");
+            std::process::exit(1)
+        }
+        let private = std::slice::from_raw_parts_mut(private as *mut u8, len);
+        let shared = std::slice::from_raw_parts_mut(shared as *mut u8, len);
+        let mut rng = Rng(13);
+        for p in 0..PAGES {
+            let page = p * PAGE..(p + 1) * PAGE;
+            match p % 4 {
+                0 | 2 => private[page.clone()].fill(0),
+                1 => fill_random(&mut private[page.clone()], &mut rng),
+                _ => {} // left as the file's bytes
+            }
+            if p % 2 == 0 {
+                shared[page].fill(0);
+            } else {
+                fill_random(&mut shared[page], &mut rng);
+            }
+        }
+        vec![(private.as_ptr() as usize, len), (shared.as_ptr() as usize, len)]
+    }
+}
+
 fn report(buf: &[u8], file_fd: Option<i32>) -> String {
     let mut h = Xxh3::new();
     h.update(buf);
+    for &(ptr, len) in EXTRA.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+        // SAFETY: the extra mappings live for the whole process.
+        h.update(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) });
+    }
     let mut file = "-".to_string();
     if let Some(fd) = file_fd {
         // SAFETY: fd is our own open descriptor; reads go into a local buffer.
@@ -335,6 +395,9 @@ fn main() {
     let set = block_signals();
     let bytes = a.mib << 20;
     let buf = alloc(bytes);
+    if a.extra_maps {
+        let _ = EXTRA.set(extra_maps(&a.dir));
+    }
 
     let file_fd = a.open_file.as_ref().map(|p| {
         let c = CString::new(p.as_os_str().as_encoded_bytes()).expect("path");

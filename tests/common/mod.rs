@@ -59,11 +59,12 @@ pub struct Spec<'a> {
     pub mode: &'a str,
     pub children: usize,
     pub open_file: bool,
+    pub extra_maps: bool,
 }
 
 impl Default for Spec<'_> {
     fn default() -> Self {
-        Spec { mib: 32, pattern: "mixed", mode: "single", children: 2, open_file: false }
+        Spec { mib: 32, pattern: "mixed", mode: "single", children: 2, open_file: false, extra_maps: false }
     }
 }
 
@@ -86,6 +87,9 @@ impl Workload {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if spec.extra_maps {
+            cmd.args(["--extra-maps", "1"]);
+        }
         if spec.open_file {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
         }
@@ -163,8 +167,7 @@ impl Drop for Workload {
 }
 
 pub fn run(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().expect("run command");
-    out
+    cmd.output().expect("run command")
 }
 
 pub fn run_ok(cmd: &mut Command) -> std::process::Output {

@@ -1,0 +1,316 @@
+//! Real CRIU, streaming path: `criuz dump` / `criuz restore`, `capture` /
+//! `serve` interop with plain CRIU, zero pages left out on restore, and fault
+//! behaviour. Every round trip checks the checksums the restored processes
+//! compute over their own memory.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn ok(out: std::process::Output, what: &str) -> std::process::Output {
+    assert!(out.status.success(), "{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn dump(w: &Workload, arc: &Path, extra: &[&str]) -> serde_json::Value {
+    let pid = w.pid.to_string();
+    let mut args = vec!["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--json"];
+    args.extend_from_slice(extra);
+    let out = ok(criuz(&args), "criuz dump");
+    serde_json::from_slice(&out.stdout).expect("dump --json")
+}
+
+fn restore(arc: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["restore", "-d", "-i", arc.to_str().unwrap(), "--json"];
+    args.extend_from_slice(extra);
+    let out = ok(criuz(&args), "criuz restore");
+    serde_json::from_slice(&out.stdout).expect("restore --json")
+}
+
+/// dump -> (original gone) -> restore -> same checksums. Returns the restore summary.
+fn roundtrip(spec: Spec, dump_args: &[&str], restore_args: &[&str]) -> serde_json::Value {
+    let Some(_criu) = criu() else { return serde_json::Value::Null };
+    let _g = serial();
+    let mut w = Workload::start(spec);
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let d = dump(&w, &arc, dump_args);
+    assert!(d["raw_bytes"].as_u64().unwrap() > 0 && d["archive_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(std::fs::metadata(&arc).unwrap().permissions().mode() & 0o777, 0o600);
+    w.reap_original();
+    assert!(!w.alive());
+    let r = restore(&arc, restore_args);
+    assert_eq!(r["pid"].as_i64(), Some(w.pid as i64));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+    r
+}
+
+#[test]
+fn every_pattern_round_trips_through_dump_and_restore() {
+    for (pattern, codec) in [("zero", "lz4"), ("mixed", "zstd"), ("random", "lz4"), ("text", "zstd"), ("elf", "lz4")] {
+        roundtrip(Spec { pattern, ..Default::default() }, &["--codec", codec], &[]);
+    }
+}
+
+#[test]
+fn zero_pages_are_left_out_and_restore_intact() {
+    let r = roundtrip(Spec { pattern: "mixed", ..Default::default() }, &[], &[]);
+    if r.is_null() {
+        return;
+    }
+    // A 32 MiB mixed workload has about 4096 zero pages; they must not be sent.
+    assert!(r["zero_pages_skipped"].as_u64().unwrap() > 3000, "{r}");
+    let r = roundtrip(Spec { pattern: "mixed", ..Default::default() }, &[], &["--keep-zero-pages"]);
+    assert_eq!(r["zero_pages_skipped"].as_u64(), Some(0));
+}
+
+#[test]
+fn process_tree_children_keep_their_zeroed_cow_pages() {
+    // Each child zeroes pages it shares copy-on-write with the parent; with
+    // zero pages left out, the restore must still give the child zeros.
+    let r = roundtrip(Spec { mode: "tree", children: 3, ..Default::default() }, &[], &[]);
+    if !r.is_null() {
+        assert!(r["zero_pages_skipped"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn private_file_and_shared_mappings_keep_every_zero_page() {
+    roundtrip(Spec { extra_maps: true, ..Default::default() }, &[], &[]);
+    roundtrip(Spec { extra_maps: true, mode: "tree", children: 2, ..Default::default() }, &["--codec", "zstd"], &[]);
+}
+
+#[test]
+fn multi_threaded_process() {
+    roundtrip(Spec { mode: "threads", ..Default::default() }, &["-j", "1"], &[]);
+}
+
+#[test]
+fn process_with_an_open_regular_file() {
+    roundtrip(Spec { open_file: true, ..Default::default() }, &["--block-size", "64K"], &[]);
+}
+
+#[test]
+fn leave_running_then_restore_after_kill() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &["--leave-running"]);
+    assert!(w.alive(), "--leave-running must keep the process");
+    assert_eq!(w.sums(), before);
+    // SAFETY: our own workload.
+    unsafe { libc::kill(w.pid, libc::SIGKILL) };
+    w.reap_original();
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
+#[test]
+fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let run_stdin = |extra: &[&str]| {
+        let mut child = Command::new(CRIUZ)
+            .args(["restore", "-d", "-i", "-"])
+            .args(extra)
+            .stdin(std::fs::File::open(&arc).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (child.wait().unwrap(), err)
+    };
+    let (st, err) = run_stdin(&["--pipe-buffer", "64K"]);
+    assert!(!st.success(), "a 64K pipe buffer cannot hold this archive");
+    assert!(err.contains("--pipe-buffer"), "{err}");
+    assert!(!w.alive(), "a failed restore must not leave the process running");
+    let (st, err) = run_stdin(&[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
+/// capture + plain `criu dump --stream`, then unpack + plain `criu restore -D`.
+#[test]
+fn capture_archive_unpacks_for_plain_criu_restore() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mode: "tree", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, arc, img) = (tmp.path().join("stream"), tmp.path().join("cap.czr"), tmp.path().join("img"));
+    std::fs::create_dir(&dir).unwrap();
+    let mut cap = Command::new(CRIUZ)
+        .args(["capture", "-D", dir.to_str().unwrap(), "-o", arc.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = dir.join("streamer-capture.sock");
+    wait_for("capture socket", Duration::from_secs(10), || sock.exists());
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600, "socket must be 0600");
+    let out = Command::new(&criu)
+        .args(["dump", "--stream", "-o", "dump.log", "-t", &w.pid.to_string(), "-D"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "criu dump --stream: {}", log_tail(&dir.join("dump.log")));
+    assert!(cap.wait().unwrap().success());
+    w.reap_original();
+    ok(criuz(&["unpack", arc.to_str().unwrap(), "-d", img.to_str().unwrap()]), "unpack");
+    criu_restore(&criu, &img);
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
+/// plain `criu dump -D`, pack, then `criuz restore`.
+#[test]
+fn packed_directory_restores_through_criuz_restore() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mode: "tree", extra_maps: true, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let (img, arc) = (tmp.path().join("img"), tmp.path().join("packed.czr"));
+    criu_dump(&criu, w.pid, &img, &[]);
+    w.reap_original();
+    ok(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--codec", "zstd"]), "pack");
+    let r = restore(&arc, &[]);
+    assert!(r["zero_pages_skipped"].as_u64().unwrap() > 0);
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
+/// The temporary archive a running `criuz dump -o arc` is writing.
+fn temp_archive(arc: &Path) -> Option<PathBuf> {
+    let dir = arc.parent().unwrap();
+    let name = arc.file_name().unwrap().to_string_lossy().to_string();
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!(".{name}.criuz-tmp-")))
+}
+
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let c = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(c.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+/// Starts `criuz dump` of a large workload and waits until data flows.
+fn dump_in_flight(w: &Workload, arc: &Path) -> std::process::Child {
+    let child = Command::new(CRIUZ)
+        .args([
+            "dump",
+            "-t",
+            &w.pid.to_string(),
+            "-o",
+            arc.to_str().unwrap(),
+            "-j",
+            "1",
+            "--codec",
+            "zstd",
+            "--level",
+            "19",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the dump to be under way", Duration::from_secs(60), || {
+        temp_archive(arc).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| m.len() > 1 << 20)
+    });
+    child
+}
+
+#[test]
+fn criu_dying_mid_dump_leaves_no_archive() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 256, pattern: "text", ..Default::default() });
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let mut child = dump_in_flight(&w, &arc);
+    let criu_pid = *children_of(child.id()).first().expect("criu is running under criuz dump");
+    // SAFETY: killing the CRIU we started through criuz.
+    unsafe { libc::kill(criu_pid, libc::SIGKILL) };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!child.wait().unwrap().success());
+    assert!(err.contains("criu dump failed") && err.contains("log:"), "{err}");
+    assert!(!arc.exists(), "no archive may appear under the final name");
+    assert!(temp_archive(&arc).is_none(), "the temporary archive must be removed");
+    w.stop();
+}
+
+#[test]
+fn criuz_killed_mid_dump_lets_criu_resume_the_process() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 256, pattern: "text", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let mut child = dump_in_flight(&w, &arc);
+    let criu_pid = *children_of(child.id()).first().expect("criu is running under criuz dump");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // CRIU (now orphaned) must fail on the broken pipe and resume the tree.
+    wait_for("CRIU to give up", Duration::from_secs(60), || {
+        // SAFETY: reaping zombies re-parented to us.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        !Path::new(&format!("/proc/{criu_pid}")).exists()
+    });
+    assert!(w.alive(), "the process must keep running after a failed dump");
+    assert_eq!(w.sums(), before, "the resumed process must be unchanged");
+    assert!(!arc.exists());
+    w.stop();
+}
+
+#[test]
+fn corrupt_block_aborts_restore_before_the_process_runs() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "text", ..Default::default() });
+    w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    // Damage one byte in the payload of a block in the middle of the pages image.
+    let a = criuz::archive::IndexedArchive::open(&arc).unwrap();
+    let pages = a.index.files.iter().find(|f| f.name.starts_with("pages-")).unwrap();
+    let b = pages.blocks[pages.blocks.len() / 2];
+    let mut bytes = std::fs::read(&arc).unwrap();
+    let at = (b.offset + u64::from(b.record_len) - 100) as usize;
+    bytes[at] ^= 0x40;
+    std::fs::write(&arc, &bytes).unwrap();
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    assert!(!out.status.success(), "restore from a damaged archive must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("checksum") && err.contains("offset"), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!w.alive(), "the process must not run after an aborted restore");
+    let out = criuz(&["verify", arc.to_str().unwrap()]);
+    assert!(!out.status.success());
+}
