@@ -137,7 +137,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let stop = AtomicBool::new(false);
 
     let mut cmd = Command::new(&criu.path);
-    cmd.args(["dump", "--stream", "-v4", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
+    cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
         .arg(work.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -260,7 +260,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     };
 
     let mut cmd = Command::new(&criu.path);
-    cmd.args(["restore", "--stream", "-v4", "-o", "restore.log", "--pidfile"]).arg(&pidfile).arg("-D").arg(work.path());
+    cmd.args(["restore", "--stream", "-o", "restore.log", "--pidfile"]).arg(&pidfile).arg("-D").arg(work.path());
     if o.detach {
         cmd.arg("--restore-detached");
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
