@@ -211,6 +211,17 @@ impl Decoder {
         r
     }
 
+    /// Checks a raw block's payload, which is its stored pages as they are.
+    pub fn check_raw(&self, header: &BlockHeader, payload: &[u8]) -> Result<(), String> {
+        if payload.len() != header.stored_raw_len() {
+            return Err(format!("raw block holds {} bytes, expected {}", payload.len(), header.stored_raw_len()));
+        }
+        if xxh3_64(payload) != header.data_check {
+            return Err("block data checksum mismatch".into());
+        }
+        Ok(())
+    }
+
     /// Decodes only the stored pages of a block (zero pages left out) into
     /// `stored` and checks them against the block's data check.
     pub fn decode_stored(&mut self, header: &BlockHeader, payload: &[u8], stored: &mut Vec<u8>) -> Result<(), String> {
