@@ -273,8 +273,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Unpack { archive, dir, force, threads } => {
             let (inp, _) = open_input(&archive)?;
             let t = Instant::now();
-            let st =
-                ops::unpack(inp, &dir, force, &threads.options()).with_context(|| archive.display().to_string())?;
+            let progress = Progress::new("unpack", None);
+            let st = ops::unpack(inp, &dir, force, &threads.options(), progress)
+                .with_context(|| archive.display().to_string())?;
             let secs = t.elapsed().as_secs_f64();
             eprintln!(
                 "unpacked {} files, {} into {}, {:.2}s, {}",

@@ -90,6 +90,7 @@ struct DirSink {
     names: HashSet<String>,
     done: Vec<String>,
     bytes: u64,
+    progress: Progress,
 }
 
 impl DirSink {
@@ -124,6 +125,7 @@ impl SeqSink for DirSink {
         let (name, w) = self.open[file_id as usize].as_mut().expect("file begun");
         w.write_all(data).at(self.staging.join(&*name))?;
         self.bytes += data.len() as u64;
+        self.progress.set(self.bytes);
         Ok(())
     }
 
@@ -144,7 +146,13 @@ pub struct UnpackStats {
 
 /// Unpacks an archive into `dir` (created if missing). Nothing appears in
 /// `dir` unless the whole archive checks out.
-pub fn unpack<R: Read + Send + 'static>(inp: R, dir: &Path, force: bool, opts: &Options) -> Result<UnpackStats> {
+pub fn unpack<R: Read + Send + 'static>(
+    inp: R,
+    dir: &Path,
+    force: bool,
+    opts: &Options,
+    progress: Progress,
+) -> Result<UnpackStats> {
     std::fs::create_dir_all(dir).at(dir)?;
     let staging = dir.join(format!(".criuz-unpack-{}", std::process::id()));
     std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
@@ -156,6 +164,7 @@ pub fn unpack<R: Read + Send + 'static>(inp: R, dir: &Path, force: bool, opts: &
         names: HashSet::new(),
         done: Vec::new(),
         bytes: 0,
+        progress,
     };
     let result = read_sequential(inp, opts, &mut sink).and_then(|_| {
         for name in &sink.done {
@@ -170,6 +179,7 @@ pub fn unpack<R: Read + Send + 'static>(inp: R, dir: &Path, force: bool, opts: &
         sync_parent(&dir.join("x"));
         Ok(UnpackStats { files: sink.done.len(), bytes: sink.bytes })
     });
+    sink.progress.finish();
     drop(sink.open);
     let _ = std::fs::remove_dir_all(&staging);
     result
