@@ -271,6 +271,7 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
             &dest,
             false,
             &Options { threads: 1, ..Options::default() },
+            criuz::progress::Progress::hidden(),
         );
         assert!(r.is_err(), "truncation to {len} bytes went unnoticed");
         assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0, "truncated unpack left files behind");
