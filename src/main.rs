@@ -59,43 +59,6 @@ impl CodecArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Pack a CRIU images directory into an archive
-    Pack {
-        dir: PathBuf,
-        /// Archive to write ("-" for stdout)
-        #[arg(short = 'o', long)]
-        output: PathBuf,
-        /// Replace an existing archive
-        #[arg(long)]
-        force: bool,
-        #[command(flatten)]
-        codec: CodecArgs,
-    },
-    /// Unpack an archive into a CRIU images directory (restorable with criu restore -D)
-    Unpack {
-        /// Archive to read ("-" for stdin)
-        archive: PathBuf,
-        #[arg(short = 'd', long = "dir")]
-        dir: PathBuf,
-        /// Replace existing files in the directory
-        #[arg(long)]
-        force: bool,
-        #[command(flatten)]
-        threads: ThreadArgs,
-    },
-    /// Show per-file sizes, ratios, zero pages and codecs
-    Inspect {
-        archive: PathBuf,
-        /// Print JSON
-        #[arg(long)]
-        json: bool,
-    },
-    /// Check every checksum; exit 0 only if all hold
-    Verify {
-        archive: PathBuf,
-        #[command(flatten)]
-        threads: ThreadArgs,
-    },
     /// Checkpoint a process tree into an archive (runs criu dump --stream)
     Dump {
         /// Root of the process tree
@@ -152,6 +115,43 @@ enum Cmd {
         #[arg(last = true)]
         extra: Vec<String>,
     },
+    /// Pack a CRIU images directory into an archive
+    Pack {
+        dir: PathBuf,
+        /// Archive to write ("-" for stdout)
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        /// Replace an existing archive
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        codec: CodecArgs,
+    },
+    /// Unpack an archive into a CRIU images directory (restorable with criu restore -D)
+    Unpack {
+        /// Archive to read ("-" for stdin)
+        archive: PathBuf,
+        #[arg(short = 'd', long = "dir")]
+        dir: PathBuf,
+        /// Replace existing files in the directory
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        threads: ThreadArgs,
+    },
+    /// Show per-file sizes, ratios, zero pages and codecs
+    Inspect {
+        archive: PathBuf,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every checksum; exit 0 only if all hold
+    Verify {
+        archive: PathBuf,
+        #[command(flatten)]
+        threads: ThreadArgs,
+    },
     /// Serve CRIU's dump stream (criu dump --stream -D DIR) into an archive
     Capture {
         /// Images directory CRIU is given with -D
@@ -165,8 +165,6 @@ enum Cmd {
         #[command(flatten)]
         codec: CodecArgs,
     },
-    /// Compare criuz with what users do today (criu dump to a directory, lz4/zstd, ...)
-    Bench(criuz::bench::BenchArgs),
     /// Serve an archive to CRIU's restore stream (criu restore --stream -D DIR)
     Serve {
         /// Images directory CRIU is given with -D
@@ -184,6 +182,8 @@ enum Cmd {
         #[command(flatten)]
         threads: ThreadArgs,
     },
+    /// Compare criuz with what users do today (criu dump to a directory, lz4/zstd, ...)
+    Bench(criuz::bench::BenchArgs),
 }
 
 #[derive(Args, Clone)]
