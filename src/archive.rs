@@ -232,23 +232,32 @@ impl FileSink {
         Ok(())
     }
 
-    /// Space to fill directly (saves a copy when reading from a pipe); call
-    /// [`FileSink::commit`] with the number of bytes filled.
-    pub fn spare(&mut self) -> &mut [u8] {
+    /// Reads once from `fd` straight into the current block (no copy, no
+    /// zero-filling); returns the bytes read, 0 at end of input.
+    pub fn read_from(&mut self, fd: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
         if self.buf.capacity() == 0 {
             self.buf.reserve_exact(self.block_size);
         }
         let len = self.buf.len();
-        self.buf.resize(self.block_size, 0);
-        &mut self.buf[len..]
-    }
-
-    pub fn commit(&mut self, filled_from: usize, n: usize) -> Result<()> {
-        self.buf.truncate(filled_from + n);
+        let room = self.block_size - len;
+        let n = loop {
+            // SAFETY: read(2) writes at most `room` bytes into the spare
+            // capacity after `len`, which the reserve above guarantees.
+            let n = unsafe { libc::read(fd.as_raw_fd(), self.buf.as_mut_ptr().add(len).cast(), room) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        // SAFETY: the kernel initialised `n` bytes after `len`.
+        unsafe { self.buf.set_len(len + n) };
         if self.buf.len() == self.block_size {
-            self.flush_block()?;
+            self.flush_block().map_err(|e| std::io::Error::other(e.to_string()))?;
         }
-        Ok(())
+        Ok(n)
     }
 
     pub fn pending_len(&self) -> usize {

@@ -160,11 +160,20 @@ fn compress(
     let compressed = match config.codec {
         Codec::None => None,
         Codec::Lz4 => {
-            let bound = lz4::block::compress_bound(src.len()).unwrap_or(src.len() * 2);
-            let mut out = vec![0u8; bound];
-            let mode = lz4::block::CompressionMode::FAST(config.level);
-            lz4::block::compress_to_buffer(src, Some(mode), false, &mut out).ok().map(|n| {
-                out.truncate(n);
+            use lz4::liblz4::{LZ4_compressBound, LZ4_compress_fast};
+            // Raw calls into the C library let LZ4 write straight into
+            // uninitialised capacity (the block API would zero it first).
+            // SAFETY: LZ4_compressBound is a pure size computation.
+            let bound = unsafe { LZ4_compressBound(src.len() as i32) };
+            let mut out: Vec<u8> = Vec::with_capacity(bound.max(0) as usize);
+            // SAFETY: LZ4 reads `src.len()` bytes of `src` and writes at most
+            // `bound` bytes into `out`'s capacity, returning how many (0 on failure).
+            let n = unsafe {
+                LZ4_compress_fast(src.as_ptr().cast(), out.as_mut_ptr().cast(), src.len() as i32, bound, config.level)
+            };
+            (n > 0).then(|| {
+                // SAFETY: LZ4 initialised the first `n` bytes.
+                unsafe { out.set_len(n as usize) };
                 (BlockCodec::Lz4, out)
             })
         }
@@ -249,10 +258,24 @@ impl Decoder {
                 out.extend_from_slice(payload);
             }
             BlockCodec::Lz4 => {
-                out.resize(expect, 0);
-                let n = lz4::block::decompress_to_buffer(payload, Some(expect as i32), out)
-                    .map_err(|_| "LZ4 block does not decompress".to_string())?;
-                if n != expect {
+                out.reserve(expect);
+                // SAFETY: LZ4_decompress_safe reads `payload.len()` bytes and
+                // writes at most `expect` bytes into `out`'s capacity; it
+                // returns the count written, or a negative value on bad input.
+                let n = unsafe {
+                    lz4::liblz4::LZ4_decompress_safe(
+                        payload.as_ptr().cast(),
+                        out.as_mut_ptr().cast(),
+                        payload.len() as i32,
+                        expect as i32,
+                    )
+                };
+                if n < 0 {
+                    return Err("LZ4 block does not decompress".to_string());
+                }
+                // SAFETY: LZ4 initialised the first `n` (<= expect) bytes.
+                unsafe { out.set_len(n as usize) };
+                if n as usize != expect {
                     return Err(format!("LZ4 block decompresses to {n} bytes, expected {expect}"));
                 }
             }

@@ -49,12 +49,10 @@ pub fn pack_dir<W: Write + Send + 'static>(
     let fed = (|| -> Result<()> {
         for (name, _) in &files {
             let path = dir.join(name);
-            let mut f = File::open(&path).at(&path)?;
+            let f = File::open(&path).at(&path)?;
             let mut sink = packer.begin_file(name)?;
             loop {
-                let filled = sink.pending_len();
-                let n = read_some(&mut f, sink.spare()).at(&path)?;
-                sink.commit(filled, n)?;
+                let n = sink.read_from(&f).at(&path)?;
                 if n == 0 {
                     break;
                 }
@@ -68,15 +66,6 @@ pub fn pack_dir<W: Write + Send + 'static>(
     match fed {
         Ok(()) => packer.finish().map(|(stats, _)| stats),
         Err(e) => Err(packer.abort().unwrap_or(e)),
-    }
-}
-
-fn read_some(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    loop {
-        match r.read(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
     }
 }
 

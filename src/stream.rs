@@ -20,8 +20,8 @@ use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_block_header, decode_block_record, max_block_header_len, BlockCodec, BlockHeader, FileEntry, FileKind, Record,
-    SeqReader, PAGE_SIZE,
+    decode_block_header, decode_block_record, max_block_header_len, BlockCodec, BlockHeader, FileEntry, FileKind,
+    Record, SeqReader, PAGE_SIZE,
 };
 use crate::images::{self, ZeroPlan};
 use prost::Message;
@@ -194,23 +194,10 @@ pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Resul
             report.files.push(name.clone());
             let failed = failed.clone();
             readers.push(std::thread::spawn(move || {
-                let mut pipe = std::fs::File::from(fd);
                 let r = (|| -> Result<()> {
-                    loop {
-                        let filled = sink.pending_len();
-                        let n = match pipe.read(sink.spare()) {
-                            Ok(n) => n,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
-                            Err(e) => return Err(Error::Protocol(format!("reading {name} from CRIU: {e}"))),
-                        };
-                        sink.commit(filled, n)?;
-                        if n == 0 {
-                            // Interrupted reads loop again; EOF ends the file.
-                            if sink.pending_len() == filled {
-                                break;
-                            }
-                        }
-                    }
+                    while sink.read_from(&fd).map_err(|e| Error::Protocol(format!("reading {name} from CRIU: {e}")))?
+                        > 0
+                    {}
                     sink.finish()
                 })();
                 if let Err(e) = r {
