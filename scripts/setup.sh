@@ -18,7 +18,7 @@ apt_packages=(
   build-essential pkg-config xz-utils ca-certificates
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev python3-protobuf
-  iproute2 iptables lz4 zstd redis-server
+  iproute2 iptables lz4 zstd redis-server fonts-dejavu-core
 )
 
 install_packages() {
@@ -26,6 +26,8 @@ install_packages() {
   for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
+  # The bench's JVM workload needs a JDK; keep one that is already there.
+  command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing: ${missing[*]}"
     as_root apt-get update -qq

@@ -64,7 +64,7 @@ enum Cmd {
         /// Root of the process tree
         #[arg(short = 't', long = "tree")]
         pid: i32,
-        /// Archive to write
+        /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
         output: PathBuf,
         /// Replace an existing archive
@@ -78,7 +78,7 @@ enum Cmd {
         /// Allow a process attached to a terminal
         #[arg(long)]
         shell_job: bool,
-        /// Print the summary as JSON on stdout
+        /// Print the summary as JSON on stdout (stderr when the archive goes to stdout)
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -308,7 +308,10 @@ fn run(cli: Cli) -> Result<()> {
                 extra,
             };
             let r = criuz::checkpoint::dump(&o, &opts, &c)?;
-            if json {
+            if json && o.output == Path::new("-") {
+                // The archive went to stdout.
+                eprintln!("{}", serde_json::to_string_pretty(&r)?);
+            } else if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 eprintln!(

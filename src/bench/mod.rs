@@ -1,8 +1,442 @@
-//! `criuz bench` (being written).
+//! `criuz bench`: checkpoints and restores workloads under several
+//! configurations (plain CRIU to a directory or tmpfs, CRIU then lz4/zstd,
+//! criuz pack, criuz streaming), several runs each, and reports median, min
+//! and max of each figure. Every restore is checked by asking the restored
+//! process about its own state; a restore that does not check out is a
+//! failure, never a time. See docs/BENCHMARKS.md.
+
+mod config;
+mod plot;
+mod proc;
+mod report;
+mod workload;
+
+use crate::error::{Error, Result};
+use config::{Config, Env, Place};
+use report::{Document, Machine, Pair, ResultJson, Sample, Settings};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use workload::{Running, Tools};
 
 #[derive(clap::Args, Clone, Debug)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Workloads, comma separated [default: all]: zero,mixed,random,text,elf (memory patterns),
+    /// redis,jvm,python (applications)
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub workloads: Option<Vec<String>>,
+    /// Configurations, comma separated [default: all]: criu-dir,criu-tmpfs,criu+lz4,criu+zstd,
+    /// criuz-pack,criuz-lz4,criuz-zstd
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub configs: Option<Vec<String>>,
+    /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
+    #[arg(long, value_name = "MB")]
+    pub size: Option<u64>,
+    /// Runs of each workload x configuration [default: 3, or 1 with --quick]
+    #[arg(long, value_name = "N")]
+    pub runs: Option<usize>,
+    /// Drop the page cache before each restore (sync; echo 3 > /proc/sys/vm/drop_caches)
+    #[arg(long)]
+    pub cold: bool,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw dump time, restore time and size per configuration into a PNG
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Smoke run: every workload and configuration, small sizes, one run
+    #[arg(long)]
+    pub quick: bool,
+    /// Send checkpoints through a link of this many bytes/s (K/M/G = 10^3/10^6/10^9, e.g. 125M)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub link: Option<u64>,
+    /// CRIU binary (default: $CRIUZ_CRIU, the setup cache, then PATH)
+    #[arg(long = "criu", value_name = "PATH")]
+    pub criu: Option<PathBuf>,
+    /// Where to put checkpoints and scratch files (on the disk to measure)
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
+    pub work_dir: PathBuf,
+}
 
-pub fn run(_args: &BenchArgs) -> crate::Result<()> {
-    Err(crate::Error::Invalid("bench is not built yet".into()))
+/// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
+fn parse_rate(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().trim_end_matches("/s").trim_end_matches(['B', 'b']);
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1e3),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1e6),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1e9),
+        _ => (t, 1.0),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("not a rate: {s:?} (use e.g. 125M or 1G bytes/s)"))?;
+    let r = n * mul;
+    if !(1.0..1e15).contains(&r) {
+        return Err(format!("rate out of range: {s}"));
+    }
+    Ok(r as u64)
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// What the run needs from the args, defaults applied.
+struct Plan {
+    workloads: Vec<String>,
+    configs: Vec<Config>,
+    mib: u64,
+    runs: usize,
+}
+
+impl Plan {
+    fn of(a: &BenchArgs) -> Result<Plan> {
+        let mut workloads: Vec<String> = Vec::new();
+        for w in a.workloads.clone().unwrap_or_else(|| workload::all().iter().map(|s| s.to_string()).collect()) {
+            let w = w.trim().to_string();
+            if !workload::all().contains(&w.as_str()) {
+                return Err(Error::Invalid(format!("unknown workload {w:?} (known: {})", workload::all().join(","))));
+            }
+            if !workloads.contains(&w) {
+                workloads.push(w);
+            }
+        }
+        let mut configs = Vec::new();
+        match &a.configs {
+            None => configs.extend(Config::ALL),
+            Some(list) => {
+                for c in list {
+                    let cfg = Config::parse(c.trim()).ok_or_else(|| {
+                        let known: Vec<&str> = Config::ALL.iter().map(|c| c.name()).collect();
+                        Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
+                    })?;
+                    if !configs.contains(&cfg) {
+                        configs.push(cfg);
+                    }
+                }
+            }
+        }
+        let mib = a.size.unwrap_or(if a.quick { 32 } else { 1024 });
+        let runs = a.runs.unwrap_or(if a.quick { 1 } else { 3 });
+        if mib == 0 || runs == 0 || workloads.is_empty() || configs.is_empty() {
+            return Err(Error::Invalid("nothing to run: size, runs, workloads and configs must be non-empty".into()));
+        }
+        Ok(Plan { workloads, configs, mib, runs })
+    }
+}
+
+/// Removes a directory when the run ends, however it ends.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p).map_err(|e| Error::file(p, e))
+}
+
+struct Ctx<'a> {
+    env: &'a Env,
+    tools: &'a Tools,
+    work: &'a Path,
+    tmpfs: Option<&'a Path>,
+    mib: u64,
+    cold: bool,
+}
+
+/// One checkpoint and restore of a fresh workload; Ok only if the restored
+/// process answers exactly as it did before the dump.
+fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
+    let dir = ctx.work.join(format!("run-{id}"));
+    let _dir = Scratch(dir.clone());
+    let logs = dir.join("logs");
+    mkdir(&logs)?;
+    let store = match (cfg.on_tmpfs(), ctx.tmpfs) {
+        (true, Some(t)) => t.join(format!("run-{id}")),
+        (true, None) => return Err(Error::Invalid("no tmpfs".into())),
+        (false, _) => dir.join("store"),
+    };
+    let _store = Scratch(store.clone());
+    mkdir(&store)?;
+    let place = Place { store, logs };
+
+    let mut app = Running::start(w, ctx.mib, &dir.join("app"), ctx.tools)
+        .map_err(|e| Error::Invalid(format!("starting {w}: {e}")))?;
+    let before = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} before the dump: {e}")))?;
+    let pids = proc::tree(app.pid);
+    let cpu_before: f64 = pids.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
+
+    let d = config::dump(cfg, ctx.env, &place, app.pid)?;
+
+    // CRIU ended the tree: reap it so its pids are free for the restore. Its
+    // CPU during the dump (CRIU's parasite code runs inside it) counts.
+    let mut cpu_after = 0.0;
+    let mut all_ours = true;
+    for p in &pids {
+        match proc::reap(*p, Duration::from_secs(30))? {
+            Some(u) => cpu_after += u.cpu_s,
+            None => all_ours = false,
+        }
+    }
+    let dumped_cpu = if all_ours { (cpu_after - cpu_before).max(0.0) } else { 0.0 };
+
+    if ctx.cold {
+        proc::drop_caches()?;
+    }
+    let r = config::restore(cfg, ctx.env, &place)?;
+    // CPU the restored processes spent being restored (CRIU fills their memory
+    // from inside them).
+    let restored_cpu: f64 = proc::tree(app.pid).iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
+    if !proc::alive(app.pid) {
+        return Err(Error::Invalid(format!("the restored process {} is not running", app.pid)));
+    }
+    let after = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} after the restore: {e}")))?;
+    if after != before {
+        return Err(Error::Invalid(format!("restored {w} is not intact: before {before:?}, after {after:?}")));
+    }
+    drop(app);
+    Ok(Sample {
+        run: 0,
+        dump_s: d.dump_s,
+        frozen_s: d.frozen_s,
+        restore_s: r.restore_s,
+        bytes: d.bytes,
+        raw_bytes: d.raw_bytes,
+        cpu_s: d.usage.cpu_s + dumped_cpu + r.usage.cpu_s + restored_cpu,
+        peak_rss_kib: r.usage.maxrss_kib,
+    })
+}
+
+fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
+    let to = dir.join(exe.file_name().unwrap_or_default());
+    std::fs::copy(exe, &to).map_err(|e| Error::file(exe, e))?;
+    Ok(to)
+}
+
+fn human(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let plan = Plan::of(args)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Invalid("criuz bench needs root (CRIU checkpoints and restores processes)".into()));
+    }
+    let (criu, _) = crate::criu::locate(args.criu.as_deref())?;
+    let criuz = std::env::current_exe()?;
+    let workload_bin = criuz.with_file_name("criuz-workload");
+    if args.cold {
+        proc::drop_caches()?;
+    }
+    proc::become_subreaper()?;
+    let started = Instant::now();
+
+    // Why a workload or configuration cannot run at all on this machine.
+    let mut unavailable: Vec<(String, String)> = Vec::new();
+    for c in &plan.configs {
+        for t in c.tools() {
+            if !on_path(t) {
+                unavailable.push((c.name().to_string(), format!("{t} is not installed")));
+            }
+        }
+    }
+    for w in &plan.workloads {
+        let need = match w.as_str() {
+            "redis" => Some("redis-server"),
+            "jvm" => Some("java"),
+            p if workload::PATTERNS.contains(&p) && !workload_bin.is_file() => {
+                unavailable.push((w.clone(), format!("{} not found", workload_bin.display())));
+                None
+            }
+            _ => None,
+        };
+        if let Some(t) = need.filter(|t| !on_path(t)) {
+            unavailable.push((w.clone(), format!("{t} is not installed")));
+        }
+    }
+
+    std::fs::create_dir_all(&args.work_dir).map_err(|e| Error::file(&args.work_dir, e))?;
+    let work = tempfile::Builder::new().prefix("criuz-bench-").tempdir_in(&args.work_dir)?;
+    let tmpfs = if plan.configs.iter().any(|c| c.on_tmpfs()) {
+        match proc::Tmpfs::mount(&work.path().join("tmpfs")) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                unavailable.push((Config::CriuTmpfs.name().to_string(), e.to_string()));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let tmp = work.path().join("tmp");
+    mkdir(&tmp)?;
+    // Private copies of our binaries: CRIU refuses to restore a process whose
+    // executable changed size since the dump, as a rebuild during a long run
+    // would do; and every run then measures the same criuz.
+    let bin = work.path().join("bin");
+    mkdir(&bin)?;
+    let criuz = bin.join("criuz");
+    std::fs::copy("/proc/self/exe", &criuz).map_err(|e| Error::file("/proc/self/exe", e))?;
+    let workload_bin = if workload_bin.is_file() { copy_exe(&workload_bin, &bin)? } else { workload_bin };
+    let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin)?;
+    if let Err(why) = &tools.java_classes {
+        if plan.workloads.iter().any(|w| w == "jvm") {
+            unavailable.push(("jvm".into(), why.clone()));
+        }
+    }
+    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp };
+    let ctx = Ctx {
+        env: &env,
+        tools: &tools,
+        work: work.path(),
+        tmpfs: tmpfs.as_ref().map(|t| t.path()),
+        mib: plan.mib,
+        cold: args.cold,
+    };
+
+    eprintln!(
+        "bench: {} workload(s) x {} configuration(s) x {} run(s), {} MiB, CRIU {} at {}{}{}",
+        plan.workloads.len(),
+        plan.configs.len(),
+        plan.runs,
+        plan.mib,
+        criu.version,
+        criu.path.display(),
+        if args.cold { ", cold cache" } else { "" },
+        args.link.map(|r| format!(", link {:.1} MB/s", r as f64 / 1e6)).unwrap_or_default()
+    );
+    // SAFETY: the handler only stores to an atomic.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
+
+    let mut pairs: Vec<Pair> = Vec::new();
+    for w in &plan.workloads {
+        for c in &plan.configs {
+            pairs.push(Pair { workload: w.clone(), config: c.name(), runs: 0, samples: vec![], failures: vec![] });
+        }
+    }
+    let total = pairs.len() * plan.runs;
+    let mut k = 0;
+    'all: for (wi, w) in plan.workloads.iter().enumerate() {
+        for run in 1..=plan.runs {
+            for (ci, c) in plan.configs.iter().enumerate() {
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    break 'all;
+                }
+                k += 1;
+                let pair = &mut pairs[wi * plan.configs.len() + ci];
+                pair.runs += 1;
+                let tag = format!("[{k}/{total}] {w} / {} run {run}/{}", c.name(), plan.runs);
+                if let Some((_, why)) = unavailable.iter().find(|(n, _)| n == w || n == c.name()) {
+                    eprintln!("bench: {tag}: FAILED: {why}");
+                    pair.failures.push(format!("run {run}: {why}"));
+                    continue;
+                }
+                match one_run(&ctx, w, *c, k) {
+                    Ok(mut s) => {
+                        s.run = run;
+                        eprintln!(
+                            "bench: {tag}: dump {:.2}s (frozen {}), restore {:.2}s, {} -> {}, cpu {:.2}s, intact",
+                            s.dump_s,
+                            s.frozen_s.map(|f| format!("{f:.2}s")).unwrap_or_else(|| "?".into()),
+                            s.restore_s,
+                            human(s.raw_bytes),
+                            human(s.bytes),
+                            s.cpu_s
+                        );
+                        pair.samples.push(s);
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {tag}: FAILED: {e}");
+                        pair.failures.push(format!("run {run}: {e}"));
+                    }
+                }
+                proc::reap_zombies();
+            }
+        }
+    }
+    drop(tmpfs);
+    drop(work);
+
+    let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
+    let doc = Document {
+        machine: Machine::probe(&criu.version),
+        settings: Settings {
+            size_mib: plan.mib,
+            runs: plan.runs,
+            cold: args.cold,
+            quick: args.quick,
+            link_bytes_per_s: args.link,
+            workloads: plan.workloads.clone(),
+            configs: plan.configs.iter().map(|c| c.name().to_string()).collect(),
+        },
+        results,
+    };
+    print!("{}", report::table(&doc.results));
+    eprintln!("bench: finished in {:.0}s", started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        plot::draw(path, &doc)?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err(Error::Invalid("interrupted".into()));
+    }
+    let bad = doc.results.iter().filter(|r| !r.intact).count();
+    if bad > 0 {
+        return Err(Error::Invalid(format!(
+            "{bad} of {} workload x configuration results not intact (see FAILED above)",
+            doc.results.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("125M"), Ok(125_000_000));
+        assert_eq!(parse_rate("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_rate("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_rate("200MB/s"), Ok(200_000_000));
+        assert_eq!(parse_rate("64k"), Ok(64_000));
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("0").is_err());
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(report::median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(report::median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(report::median(&[]), None);
+        let f = report::figure(&[2.0, 9.0, 1.0]).unwrap();
+        assert_eq!((f.median, f.min, f.max), (2.0, 1.0, 9.0));
+    }
+
+    #[test]
+    fn stats_dump() {
+        // service image: two magics, length, stats_entry { dump { frozen_time = 1234567 } }
+        let inner = [0x10u8, 0x87, 0xAD, 0x4B]; // field 2 varint 1234567
+        let mut entry = vec![0x0A, inner.len() as u8];
+        entry.extend_from_slice(&inner);
+        let mut img = vec![0u8; 8];
+        img.extend_from_slice(&(entry.len() as u32).to_ne_bytes());
+        img.extend_from_slice(&entry);
+        assert_eq!(config::frozen_from_stats(&img), Some(1.234567));
+        assert_eq!(config::frozen_from_stats(&img[..10]), None);
+    }
 }

@@ -1,0 +1,335 @@
+//! The configurations compared: how a checkpoint is taken, stored and brought
+//! back. Each runs the same commands a user would, and is timed from the
+//! first command until the checkpoint is complete at its destination (dump)
+//! or until CRIU reports the process restored (restore).
+
+use super::proc::{self, Dst, Src, Usage};
+use crate::criu::Criu;
+use crate::error::{Error, Result};
+use prost::Message;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// criu dump -D / criu restore -D on the local disk.
+    CriuDir,
+    /// The same on a tmpfs.
+    CriuTmpfs,
+    /// criu dump -D, then tar | lz4 -1 into one file.
+    CriuLz4,
+    /// criu dump -D, then tar | zstd -1 -T0 into one file.
+    CriuZstd,
+    /// criu dump -D, then criuz pack; criuz unpack, then criu restore -D.
+    CriuzPack,
+    /// criuz dump / criuz restore, streaming, lz4.
+    CriuzLz4,
+    /// criuz dump / criuz restore, streaming, zstd.
+    CriuzZstd,
+}
+
+impl Config {
+    pub const ALL: [Config; 7] = [
+        Config::CriuDir,
+        Config::CriuTmpfs,
+        Config::CriuLz4,
+        Config::CriuZstd,
+        Config::CriuzPack,
+        Config::CriuzLz4,
+        Config::CriuzZstd,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Config::CriuDir => "criu-dir",
+            Config::CriuTmpfs => "criu-tmpfs",
+            Config::CriuLz4 => "criu+lz4",
+            Config::CriuZstd => "criu+zstd",
+            Config::CriuzPack => "criuz-pack",
+            Config::CriuzLz4 => "criuz-lz4",
+            Config::CriuzZstd => "criuz-zstd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Config> {
+        Config::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    pub fn on_tmpfs(self) -> bool {
+        self == Config::CriuTmpfs
+    }
+
+    /// External programs besides CRIU and criuz.
+    pub fn tools(self) -> &'static [&'static str] {
+        match self {
+            Config::CriuDir | Config::CriuTmpfs => &["tar"],
+            Config::CriuLz4 => &["tar", "lz4"],
+            Config::CriuZstd => &["tar", "zstd"],
+            _ => &[],
+        }
+    }
+
+    fn checkpoint_file(self, link: bool) -> &'static str {
+        match self {
+            Config::CriuDir | Config::CriuTmpfs if link => "ckpt.tar",
+            Config::CriuDir | Config::CriuTmpfs => "img",
+            Config::CriuLz4 => "ckpt.tar.lz4",
+            Config::CriuZstd => "ckpt.tar.zst",
+            _ => "ckpt.czr",
+        }
+    }
+}
+
+/// Shared by every run.
+pub struct Env {
+    pub criu: Criu,
+    pub criuz: PathBuf,
+    /// Link rate in bytes per second, if the checkpoint goes through a link.
+    pub link: Option<u64>,
+    /// TMPDIR for criuz (its private images directories), inside the work dir.
+    pub tmp: PathBuf,
+}
+
+/// Where one run keeps its checkpoint and logs.
+pub struct Place {
+    pub store: PathBuf,
+    pub logs: PathBuf,
+}
+
+pub struct Dumped {
+    pub dump_s: f64,
+    pub frozen_s: Option<f64>,
+    pub bytes: u64,
+    pub raw_bytes: u64,
+    pub usage: Usage,
+}
+
+pub struct Restored {
+    pub restore_s: f64,
+    pub usage: Usage,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct DumpStatsEntry {
+    #[prost(uint32, optional, tag = "2")]
+    frozen_time: Option<u32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct StatsEntry {
+    #[prost(message, optional, tag = "1")]
+    dump: Option<DumpStatsEntry>,
+}
+
+/// CRIU's frozen time from a stats-dump image: two u32 magics, a u32 length,
+/// then a stats_entry whose field 1 (dump_stats_entry) has frozen_time in
+/// microseconds as field 2.
+pub fn frozen_from_stats(bytes: &[u8]) -> Option<f64> {
+    let len = u32::from_ne_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
+    let e = StatsEntry::decode(bytes.get(12..12 + len)?).ok()?;
+    Some(f64::from(e.dump?.frozen_time?) / 1e6)
+}
+
+/// CRIU writes stats-dump into its --work-dir (the run's log directory).
+fn frozen_in_dir(dir: &Path) -> Option<f64> {
+    frozen_from_stats(&std::fs::read(dir.join("stats-dump")).ok()?)
+}
+
+/// Raw bytes and frozen time recorded in a criuz archive.
+fn archive_facts(path: &Path) -> Result<(u64, Option<f64>)> {
+    let arc = crate::archive::IndexedArchive::open(path)?;
+    let raw = arc.index.files.iter().map(|f| f.raw_size).sum();
+    let frozen = arc.index.find("stats-dump").and_then(|e| {
+        let mut dec = crate::codec::Decoder::new();
+        let mut all = Vec::new();
+        let mut out = Vec::new();
+        for i in 0..e.blocks.len() {
+            arc.read_block(e, i, &mut dec, &mut out).ok()?;
+            all.extend_from_slice(&out);
+        }
+        frozen_from_stats(&all)
+    });
+    Ok((raw, frozen))
+}
+
+fn criu_cmd(env: &Env, p: &Place, args: &[&str], img: &Path, log: &str) -> Command {
+    let mut c = Command::new(&env.criu.path);
+    c.args(args).arg("-D").arg(img).arg("--work-dir").arg(&p.logs).args(["-o", log]);
+    c
+}
+
+fn criu_failed(what: &str, e: Error, log: &Path) -> Error {
+    let errs = crate::criu::log_errors(log, 4).join(" | ");
+    Error::Criu(format!("{what} failed: {e}; CRIU log: {errs}"))
+}
+
+fn criu_dump(env: &Env, p: &Place, pid: i32, img: &Path) -> Result<Usage> {
+    std::fs::create_dir_all(img).map_err(|e| Error::file(img, e))?;
+    let cmd = criu_cmd(env, p, &["dump", "-t", &pid.to_string()], img, "dump.log");
+    proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criu-dump")
+        .map(|f| f.usage)
+        .map_err(|e| criu_failed("criu dump", e, &p.logs.join("dump.log")))
+}
+
+fn criu_restore(env: &Env, p: &Place, img: &Path) -> Result<Usage> {
+    let cmd = criu_cmd(env, p, &["restore", "-d"], img, "restore.log");
+    proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criu-restore")
+        .map(|f| f.usage)
+        .map_err(|e| criu_failed("criu restore", e, &p.logs.join("restore.log")))
+}
+
+fn criuz_cmd(env: &Env, args: &[&str]) -> Command {
+    let mut c = Command::new(&env.criuz);
+    c.args(args).env("TMPDIR", &env.tmp);
+    c
+}
+
+fn tar_create(img: &Path) -> Command {
+    let mut c = Command::new("tar");
+    c.arg("-C").arg(img).args(["-cf", "-", "."]);
+    c
+}
+
+fn tar_extract(dir: &Path) -> Command {
+    let mut c = Command::new("tar");
+    c.arg("-C").arg(dir).args(["-xf", "-"]);
+    c
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+/// Checkpoints `pid` (CRIU ends it) and stores the checkpoint.
+pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
+    let img = p.store.join("img");
+    let ckpt = p.store.join(cfg.checkpoint_file(env.link.is_some()));
+    let to_dest = |path: &Path| match env.link {
+        Some(r) => Dst::Link(path.to_path_buf(), Some(r)),
+        None => Dst::File(path.to_path_buf()),
+    };
+    let criu = s(&env.criu.path).to_string();
+    let mut usage = Usage::default();
+    let t = Instant::now();
+    let (frozen_s, raw_bytes, staged) = match cfg {
+        Config::CriuzLz4 | Config::CriuzZstd => {
+            let codec = if cfg == Config::CriuzZstd { "zstd" } else { "lz4" };
+            let pid = pid.to_string();
+            if env.link.is_some() {
+                let cmd = criuz_cmd(env, &["dump", "-t", &pid, "-o", "-", "--codec", codec, "--criu", &criu]);
+                usage.add(proc::pipeline(vec![cmd], Src::Null, to_dest(&ckpt), &p.logs, "criuz-dump")?.usage);
+                let secs = t.elapsed().as_secs_f64();
+                let (raw, frozen) = archive_facts(&ckpt)?;
+                return Ok(Dumped {
+                    dump_s: secs,
+                    frozen_s: frozen,
+                    bytes: proc::file_bytes(&ckpt),
+                    raw_bytes: raw,
+                    usage,
+                });
+            }
+            let args = ["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
+            let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
+            let secs = t.elapsed().as_secs_f64();
+            usage.add(done.usage);
+            let v: serde_json::Value = serde_json::from_slice(&done.stdout)
+                .map_err(|e| Error::Invalid(format!("criuz dump --json: bad output: {e}")))?;
+            let raw = v["raw_bytes"].as_u64().unwrap_or(0);
+            let frozen = v["criu_stats"]["frozen_time_us"].as_f64().map(|us| us / 1e6);
+            return Ok(Dumped {
+                dump_s: secs,
+                frozen_s: frozen,
+                bytes: proc::file_bytes(&ckpt),
+                raw_bytes: raw,
+                usage,
+            });
+        }
+        _ => {
+            usage.add(criu_dump(env, p, pid, &img)?);
+            let frozen = frozen_in_dir(&p.logs);
+            let raw = proc::dir_bytes(&img);
+            match cfg {
+                Config::CriuDir | Config::CriuTmpfs if env.link.is_none() => (frozen, raw, false),
+                Config::CriuDir | Config::CriuTmpfs => {
+                    let f = proc::pipeline(vec![tar_create(&img)], Src::Null, to_dest(&ckpt), &p.logs, "tar")?;
+                    usage.add(f.usage);
+                    (frozen, raw, true)
+                }
+                Config::CriuLz4 | Config::CriuZstd => {
+                    let mut z = Command::new(if cfg == Config::CriuLz4 { "lz4" } else { "zstd" });
+                    if cfg == Config::CriuLz4 {
+                        z.args(["-1", "-c", "-q"]);
+                    } else {
+                        z.args(["-1", "-T0", "-c", "-q"]);
+                    }
+                    let f = proc::pipeline(vec![tar_create(&img), z], Src::Null, to_dest(&ckpt), &p.logs, "compress")?;
+                    usage.add(f.usage);
+                    (frozen, raw, true)
+                }
+                _ => {
+                    let out = if env.link.is_some() { "-" } else { s(&ckpt) };
+                    let cmd = criuz_cmd(env, &["pack", s(&img), "-o", out]);
+                    let dst = if env.link.is_some() { to_dest(&ckpt) } else { Dst::Null };
+                    usage.add(proc::pipeline(vec![cmd], Src::Null, dst, &p.logs, "criuz-pack")?.usage);
+                    (frozen, raw, true)
+                }
+            }
+        }
+    };
+    let dump_s = t.elapsed().as_secs_f64();
+    // Deleting the staged images directory is housekeeping after the
+    // checkpoint is complete: not timed.
+    if staged {
+        std::fs::remove_dir_all(&img).map_err(|e| Error::file(&img, e))?;
+    }
+    let bytes = if staged { proc::file_bytes(&ckpt) } else { raw_bytes };
+    Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage })
+}
+
+/// Restores from the checkpoint `dump` stored; returns once CRIU reports the
+/// process tree restored (it runs detached, re-parented to the bench).
+pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
+    let link = env.link.is_some();
+    let ckpt = p.store.join(cfg.checkpoint_file(link));
+    let from_dest = || match env.link {
+        Some(r) => Src::Link(ckpt.clone(), Some(r)),
+        None => Src::File(ckpt.clone()),
+    };
+    let rimg = p.store.join("restore-img");
+    let criu = s(&env.criu.path).to_string();
+    let mut usage = Usage::default();
+    let t = Instant::now();
+    let img = match cfg {
+        Config::CriuzLz4 | Config::CriuzZstd => {
+            let input = if link { "-" } else { s(&ckpt) };
+            let cmd = criuz_cmd(env, &["restore", "-d", "-i", input, "--criu", &criu]);
+            let src = if link { from_dest() } else { Src::Null };
+            usage.add(proc::pipeline(vec![cmd], src, Dst::Null, &p.logs, "criuz-restore")?.usage);
+            return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
+        }
+        Config::CriuDir | Config::CriuTmpfs if !link => ckpt.clone(),
+        Config::CriuDir | Config::CriuTmpfs => {
+            std::fs::create_dir_all(&rimg).map_err(|e| Error::file(&rimg, e))?;
+            usage.add(proc::pipeline(vec![tar_extract(&rimg)], from_dest(), Dst::Null, &p.logs, "untar")?.usage);
+            rimg
+        }
+        Config::CriuLz4 | Config::CriuZstd => {
+            std::fs::create_dir_all(&rimg).map_err(|e| Error::file(&rimg, e))?;
+            let mut z = Command::new(if cfg == Config::CriuLz4 { "lz4" } else { "zstd" });
+            z.args(["-d", "-c", "-q"]);
+            let cmds = vec![z, tar_extract(&rimg)];
+            usage.add(proc::pipeline(cmds, from_dest(), Dst::Null, &p.logs, "decompress")?.usage);
+            rimg
+        }
+        Config::CriuzPack => {
+            let input = if link { "-" } else { s(&ckpt) };
+            let cmd = criuz_cmd(env, &["unpack", input, "-d", s(&rimg)]);
+            let src = if link { from_dest() } else { Src::Null };
+            usage.add(proc::pipeline(vec![cmd], src, Dst::Null, &p.logs, "criuz-unpack")?.usage);
+            rimg
+        }
+    };
+    usage.add(criu_restore(env, p, &img)?);
+    Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage })
+}

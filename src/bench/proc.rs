@@ -1,0 +1,473 @@
+//! Processes for the bench: pipelines of commands whose CPU and peak memory
+//! come from wait4, a rate-limited relay standing in for a network link, and
+//! reaping of the checkpointed and restored trees (the bench is their child
+//! subreaper).
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// CPU and peak resident memory of the commands of one step.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub cpu_s: f64,
+    pub maxrss_kib: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, o: Usage) {
+        self.cpu_s += o.cpu_s;
+        self.maxrss_kib = self.maxrss_kib.max(o.maxrss_kib);
+    }
+
+    fn of(ru: &libc::rusage) -> Usage {
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        Usage { cpu_s: tv(ru.ru_utime) + tv(ru.ru_stime), maxrss_kib: ru.ru_maxrss.max(0) as u64 }
+    }
+}
+
+/// Makes orphaned descendants (the restored trees) our children, so we reap them.
+pub fn become_subreaper() -> Result<()> {
+    // SAFETY: prctl with constant arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(Error::Invalid(format!("cannot become child subreaper: {}", io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
+/// wait4 on one pid; None if it has not exited (with WNOHANG).
+fn wait4(pid: i32, nohang: bool) -> io::Result<Option<(i32, Usage)>> {
+    loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value to be overwritten.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        let flags = if nohang { libc::WNOHANG } else { 0 };
+        // SAFETY: status and ru are ours; pid names one process.
+        let r = unsafe { libc::wait4(pid, &mut status, flags, &mut ru) };
+        if r == pid {
+            return Ok(Some((status, Usage::of(&ru))));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn describe_status(status: i32) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status}")
+    }
+}
+
+/// Reaps every zombie child. Only call when no pipeline is running (it would
+/// take their exit status and usage).
+pub fn reap_zombies() {
+    // SAFETY: non-blocking reap of any exited child.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+pub fn exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Running (not a zombie waiting to be reaped).
+pub fn alive(pid: i32) -> bool {
+    stat_fields(pid).and_then(|f| f.first().cloned()).is_some_and(|s| s != "Z" && s != "X")
+}
+
+/// Fields of /proc/PID/stat after the command name.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// user+system CPU seconds of a live process (all its threads), from /proc.
+pub fn cpu_seconds(pid: i32) -> Option<f64> {
+    let f = stat_fields(pid)?;
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// `root` and all its descendants, root first.
+pub fn tree(root: i32) -> Vec<i32> {
+    let mut parent = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
+                if let Some(pp) = ppid(pid) {
+                    parent.push((pid, pp));
+                }
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+/// True if `pid` is a descendant of this process: the only processes the
+/// bench ever signals (a pid that died may have been reused by a stranger).
+pub fn is_ours(pid: i32) -> bool {
+    let me = std::process::id() as i32;
+    let mut p = pid;
+    for _ in 0..64 {
+        match ppid(p) {
+            Some(pp) if pp == me => return true,
+            Some(pp) if pp > 1 => p = pp,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Waits until `pid` has exited and is reaped (or gone); returns its usage
+/// when it was our child. Errors if it is still alive after `timeout`.
+pub fn reap(pid: i32, timeout: Duration) -> Result<Option<Usage>> {
+    let t = Instant::now();
+    loop {
+        match wait4(pid, true) {
+            Ok(Some((_, u))) => return Ok(Some(u)),
+            Ok(None) => {}
+            Err(_) if !exists(pid) => return Ok(None),
+            Err(_) => {}
+        }
+        if t.elapsed() > timeout {
+            return Err(Error::Invalid(format!("process {pid} is still alive after {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILLs the processes (those that are ours) and reaps them.
+pub fn kill_tree(pids: &[i32]) {
+    for &p in pids {
+        if exists(p) && is_ours(p) {
+            // SAFETY: signalling our own descendant.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+    for &p in pids {
+        let _ = reap(p, Duration::from_secs(30));
+    }
+}
+
+/// Copies `src` to `dst`, at most `rate` bytes per second when given (a token
+/// bucket with a 256 KiB burst), as a network link or object store would.
+pub fn relay(src: &mut dyn Read, dst: &mut dyn Write, rate: Option<u64>) -> io::Result<u64> {
+    const BURST: u64 = 256 << 10;
+    let mut buf = vec![0u8; 64 << 10];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(r) = rate.filter(|r| *r > 0) {
+            let due = (sent + n as u64).saturating_sub(BURST) as f64 / r as f64;
+            let now = start.elapsed().as_secs_f64();
+            if due > now {
+                std::thread::sleep(Duration::from_secs_f64(due - now));
+            }
+        }
+        dst.write_all(&buf[..n])?;
+        sent += n as u64;
+    }
+    dst.flush()?;
+    Ok(sent)
+}
+
+/// Standard input of a pipeline's first command.
+pub enum Src {
+    Null,
+    File(PathBuf),
+    /// The file, read back through the rate limit.
+    Link(PathBuf, Option<u64>),
+}
+
+/// Standard output of a pipeline's last command.
+pub enum Dst {
+    Null,
+    File(PathBuf),
+    /// Through the rate limit into the file.
+    Link(PathBuf, Option<u64>),
+    Capture,
+}
+
+pub struct Finished {
+    pub stdout: Vec<u8>,
+    pub usage: Usage,
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(lines)..].join(" | ")
+}
+
+fn label(cmd: &Command) -> String {
+    let prog = Path::new(cmd.get_program()).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let first = cmd.get_args().next().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+    if first.starts_with('-') || first.is_empty() {
+        prog
+    } else {
+        format!("{prog} {first}")
+    }
+}
+
+/// Longest a step of a checkpoint or restore may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Runs `cmds` as a shell pipeline (`a | b | c`), waits for all of them and
+/// returns their summed CPU and largest peak RSS. Each command's standard
+/// error goes to a file in `logs`; a failing command's error names it with
+/// the tail of that file.
+pub fn pipeline(cmds: Vec<Command>, src: Src, dst: Dst, logs: &Path, step: &str) -> Result<Finished> {
+    let n = cmds.len();
+    let mut pids: Vec<(i32, String, PathBuf)> = Vec::new();
+    let mut prev_out: Option<std::process::ChildStdout> = None;
+    let mut feeder: Option<(PathBuf, Option<u64>, std::process::ChildStdin)> = None;
+    let mut drain: Option<std::process::ChildStdout> = None;
+    let mut spawn_err = None;
+    for (i, mut cmd) in cmds.into_iter().enumerate() {
+        let name = label(&cmd);
+        let err_path = logs.join(format!("{step}-{i}.stderr"));
+        let stderr = match File::create(&err_path) {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::null(),
+        };
+        cmd.stderr(stderr);
+        let mut link_in = None;
+        if i == 0 {
+            match &src {
+                Src::Null => {
+                    cmd.stdin(Stdio::null());
+                }
+                Src::File(p) => match File::open(p) {
+                    Ok(f) => {
+                        cmd.stdin(Stdio::from(f));
+                    }
+                    Err(e) => {
+                        spawn_err = Some(Error::file(p, e));
+                        break;
+                    }
+                },
+                Src::Link(p, rate) => {
+                    cmd.stdin(Stdio::piped());
+                    link_in = Some((p.clone(), *rate));
+                }
+            }
+        } else if let Some(o) = prev_out.take() {
+            cmd.stdin(Stdio::from(o));
+        }
+        if i + 1 < n {
+            cmd.stdout(Stdio::piped());
+        } else {
+            match &dst {
+                Dst::Null => {
+                    cmd.stdout(Stdio::null());
+                }
+                Dst::File(p) => match File::create(p) {
+                    Ok(f) => {
+                        cmd.stdout(Stdio::from(f));
+                    }
+                    Err(e) => {
+                        spawn_err = Some(Error::file(p, e));
+                        break;
+                    }
+                },
+                Dst::Link(..) | Dst::Capture => {
+                    cmd.stdout(Stdio::piped());
+                }
+            }
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                pids.push((child.id() as i32, name, err_path));
+                if let (Some((p, r)), Some(stdin)) = (link_in, child.stdin.take()) {
+                    feeder = Some((p, r, stdin));
+                }
+                if i + 1 < n {
+                    prev_out = child.stdout.take();
+                } else {
+                    drain = child.stdout.take();
+                }
+            }
+            Err(e) => {
+                spawn_err = Some(Error::Invalid(format!("cannot run {name}: {e}")));
+                break;
+            }
+        }
+        // The Command (and with it our copies of the pipe ends) drops here,
+        // so a command that dies gives its neighbours EOF or EPIPE.
+    }
+    drop(prev_out);
+    if let Some(e) = spawn_err {
+        drop(feeder);
+        drop(drain);
+        for (pid, ..) in &pids {
+            // SAFETY: a command we just spawned.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+            let _ = wait4(*pid, false);
+        }
+        return Err(e);
+    }
+
+    let feed = feeder.map(|(path, rate, mut stdin)| {
+        std::thread::spawn(move || -> io::Result<u64> {
+            let mut f = File::open(&path)?;
+            relay(&mut f, &mut stdin, rate)
+        })
+    });
+    let link_out = match &dst {
+        Dst::Link(p, r) => Some((p.clone(), *r)),
+        _ => None,
+    };
+    let capture = matches!(dst, Dst::Capture);
+    let out = drain.map(|mut stdout| {
+        std::thread::spawn(move || -> io::Result<Vec<u8>> {
+            if let Some((path, rate)) = link_out {
+                let mut f = File::create(&path)?;
+                relay(&mut stdout, &mut f, rate)?;
+                Ok(Vec::new())
+            } else {
+                let mut v = Vec::new();
+                stdout.read_to_end(&mut v)?;
+                Ok(if capture { v } else { Vec::new() })
+            }
+        })
+    });
+
+    // A hung command (CRIU waiting on something that never comes) must not
+    // hang the whole bench.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watched: Vec<i32> = pids.iter().map(|p| p.0).collect();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(STEP_TIMEOUT) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            for p in watched {
+                if alive(p) && is_ours(p) {
+                    // SAFETY: a command of this pipeline, not yet reaped.
+                    unsafe { libc::kill(p, libc::SIGKILL) };
+                }
+            }
+            return true;
+        }
+        false
+    });
+
+    let mut usage = Usage::default();
+    let mut failures = Vec::new();
+    for (pid, name, err_path) in &pids {
+        match wait4(*pid, false) {
+            Ok(Some((status, u))) => {
+                usage.add(u);
+                if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+                    failures.push(format!("{name}: {}: {}", describe_status(status), tail(err_path, 4)));
+                }
+            }
+            Ok(None) => failures.push(format!("{name}: lost")),
+            Err(e) => failures.push(format!("{name}: wait: {e}")),
+        }
+    }
+    let _ = done.send(());
+    if watchdog.join().unwrap_or(false) {
+        failures.insert(0, format!("{step}: still running after {STEP_TIMEOUT:?}, killed"));
+    }
+    let fed = feed.map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("relay thread panicked"))));
+    let drained = out.map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("relay thread panicked"))));
+    if !failures.is_empty() {
+        return Err(Error::Invalid(failures.join("; ")));
+    }
+    if let Some(Err(e)) = fed {
+        return Err(Error::Invalid(format!("{step}: feeding input: {e}")));
+    }
+    let stdout = match drained {
+        Some(Ok(v)) => v,
+        Some(Err(e)) => return Err(Error::Invalid(format!("{step}: writing output: {e}"))),
+        None => Vec::new(),
+    };
+    Ok(Finished { stdout, usage })
+}
+
+/// Flushes dirty data and drops the page cache, so the next read comes from disk.
+pub fn drop_caches() -> Result<()> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| Error::Invalid(format!("cannot drop the page cache (/proc/sys/vm/drop_caches): {e}")))
+}
+
+/// A tmpfs mounted for the run, unmounted on drop.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(path: &Path) -> Result<Tmpfs> {
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::create_dir_all(path).map_err(|e| Error::file(path, e))?;
+        let target = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| Error::Invalid(format!("bad path {}", path.display())))?;
+        // SAFETY: all arguments are valid NUL-terminated strings.
+        let r = unsafe {
+            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, c"mode=0700".as_ptr() as *const _)
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(Error::Invalid(format!("cannot mount a tmpfs on {}: {e}", path.display())));
+        }
+        Ok(Tmpfs(path.to_path_buf()))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt;
+        if let Ok(target) = std::ffi::CString::new(self.0.as_os_str().as_bytes()) {
+            // SAFETY: a valid path string; MNT_DETACH as a fallback if busy.
+            unsafe {
+                if libc::umount2(target.as_ptr(), 0) != 0 {
+                    libc::umount2(target.as_ptr(), libc::MNT_DETACH);
+                }
+            }
+        }
+    }
+}
+
+/// Sum of the sizes of the regular files in `dir` (not recursive: CRIU's
+/// images directory is flat).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
+    rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+}
+
+pub fn file_bytes(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}

@@ -1,0 +1,311 @@
+//! The processes the bench checkpoints, and how each proves after a restore
+//! that it is intact: by asking the process itself.
+//!
+//! - Memory patterns (`criuz-workload`): SIGUSR1 makes it write a checksum of
+//!   its memory to DIR/sum-root.
+//! - redis: DBSIZE and sampled GETs over its unix socket.
+//! - jvm, python: a request file makes them walk their whole object graph and
+//!   write a checksum to an answer file.
+
+use super::proc;
+use crate::error::{Error, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PATTERNS: &[&str] = &["zero", "mixed", "random", "text", "elf"];
+pub const APPS: &[&str] = &["redis", "jvm", "python"];
+
+const JAVA_SOURCE: &str = include_str!("../../bench/BenchApp.java");
+const PYTHON_SOURCE: &str = include_str!("../../bench/bench_app.py");
+
+pub fn all() -> Vec<&'static str> {
+    PATTERNS.iter().chain(APPS).copied().collect()
+}
+
+/// What the workloads need, prepared once per bench.
+pub struct Tools {
+    pub workload_bin: PathBuf,
+    /// Compiled BenchApp classes, or why the jvm workload cannot run.
+    pub java_classes: std::result::Result<PathBuf, String>,
+    pub python_script: PathBuf,
+    pub python: PathBuf,
+}
+
+impl Tools {
+    pub fn prepare(work: &Path, workloads: &[String], workload_bin: PathBuf) -> Result<Tools> {
+        let python_script = work.join("bench_app.py");
+        std::fs::write(&python_script, PYTHON_SOURCE).map_err(|e| Error::file(&python_script, e))?;
+        let python =
+            if Path::new("/usr/bin/python3").exists() { PathBuf::from("/usr/bin/python3") } else { "python3".into() };
+        let java_classes =
+            if workloads.iter().any(|w| w == "jvm") { compile_java(work) } else { Err("not compiled".to_string()) };
+        Ok(Tools { workload_bin, java_classes, python_script, python })
+    }
+}
+
+fn compile_java(work: &Path) -> std::result::Result<PathBuf, String> {
+    let src_dir = work.join("java-src");
+    let classes = work.join("java");
+    std::fs::create_dir_all(&src_dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&classes).map_err(|e| e.to_string())?;
+    let src = src_dir.join("BenchApp.java");
+    std::fs::write(&src, JAVA_SOURCE).map_err(|e| e.to_string())?;
+    let out = Command::new("javac")
+        .arg("-d")
+        .arg(&classes)
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run javac: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("javac failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(classes)
+}
+
+/// One running workload. Dropping it kills and reaps its process tree.
+pub struct Running {
+    pub pid: i32,
+    dir: PathBuf,
+    kind: Kind,
+    nonce: u64,
+}
+
+enum Kind {
+    Pattern,
+    Redis { sock: PathBuf, keys: u64, idle_sockets: usize },
+    Answering,
+}
+
+fn wait_for(what: &str, timeout: Duration, pid: i32, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let t = Instant::now();
+    while !ready() {
+        if !proc::alive(pid) {
+            return Err(Error::Invalid(format!("{what}: process {pid} is gone")));
+        }
+        if t.elapsed() > timeout {
+            return Err(Error::Invalid(format!("timed out after {timeout:?} waiting for {what}")));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+fn log_tail(path: &Path) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(3)..].join(" | ")
+}
+
+/// Starts `cmd` in its own session, standard streams to /dev/null and a log,
+/// so CRIU can dump it without --shell-job.
+fn spawn_detached(mut cmd: Command, log: &Path) -> Result<i32> {
+    let out = std::fs::File::create(log).map_err(|e| Error::file(log, e))?;
+    let err = out.try_clone().map_err(|e| Error::file(log, e))?;
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    let child = cmd.spawn().map_err(|e| Error::Invalid(format!("cannot run {name}: {e}")))?;
+    Ok(child.id() as i32)
+}
+
+/// Redis keys for a size: a million at the default 1024 MiB.
+pub fn redis_keys(mib: u64) -> u64 {
+    (mib * 1_000_000 / 1024).max(10_000)
+}
+
+impl Running {
+    pub fn start(name: &str, mib: u64, dir: &Path, tools: &Tools) -> Result<Running> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
+        let log = dir.join("app.log");
+        let ready = dir.join("ready");
+        let mut run = Running { pid: 0, dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
+        match name {
+            p if PATTERNS.contains(&p) => {
+                let mut cmd = Command::new(&tools.workload_bin);
+                cmd.arg("--dir").arg(dir).args(["--mib", &mib.to_string(), "--pattern", p]);
+                run.pid = spawn_detached(cmd, &log)?;
+                run.kind = Kind::Pattern;
+                wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())
+                    .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
+            }
+            "redis" => {
+                let sock = dir.join("redis.sock");
+                let mut cmd = Command::new("redis-server");
+                cmd.args(["--port", "0", "--unixsocket"])
+                    .arg(&sock)
+                    .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+                    .args(["--enable-debug-command", "yes", "--dir"])
+                    .arg(dir)
+                    .arg("--logfile")
+                    .arg(&log);
+                run.pid = spawn_detached(cmd, &dir.join("stdout.log"))?;
+                wait_for("redis to listen", Duration::from_secs(60), run.pid, || sock.exists())
+                    .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
+                let idle_sockets = socket_fds(run.pid);
+                let keys = redis_keys(mib);
+                run.kind = Kind::Redis { sock: sock.clone(), keys, idle_sockets };
+                {
+                    let mut c = Redis::connect(&sock)?;
+                    c.call(&["DEBUG", "POPULATE", &keys.to_string()])?;
+                }
+                run.wait_no_clients()?;
+            }
+            "jvm" => {
+                let classes = tools.java_classes.clone().map_err(Error::Invalid)?;
+                let heap_mib = mib * 2 + 256;
+                let mut cmd = Command::new("java");
+                cmd.args(["-XX:-UsePerfData", "-XX:+DisableAttachMechanism", &format!("-Xmx{heap_mib}m"), "-cp"])
+                    .arg(&classes)
+                    .arg("BenchApp")
+                    .arg(dir)
+                    .arg(mib.to_string());
+                run.pid = spawn_detached(cmd, &log)?;
+                wait_for("the JVM to build its object graph", Duration::from_secs(900), run.pid, || ready.exists())
+                    .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
+            }
+            "python" => {
+                let mut cmd = Command::new(&tools.python);
+                cmd.arg(&tools.python_script).arg(dir).arg(mib.to_string());
+                run.pid = spawn_detached(cmd, &log)?;
+                wait_for("python to build its data", Duration::from_secs(900), run.pid, || ready.exists())
+                    .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
+            }
+            other => return Err(Error::Invalid(format!("unknown workload {other}"))),
+        }
+        Ok(run)
+    }
+
+    /// What the process says about its own state; equal before the dump and
+    /// after the restore if and only if the restore is intact.
+    pub fn fingerprint(&mut self) -> Result<String> {
+        let timeout = Duration::from_secs(300);
+        match &self.kind {
+            Kind::Pattern => {
+                let sum = self.dir.join("sum-root");
+                let _ = std::fs::remove_file(&sum);
+                // SAFETY: signalling our own workload.
+                if unsafe { libc::kill(self.pid, libc::SIGUSR1) } != 0 {
+                    return Err(Error::Invalid(format!("workload {} is not running", self.pid)));
+                }
+                wait_for("the workload's checksum", timeout, self.pid, || sum.exists())?;
+                let s = std::fs::read_to_string(&sum).map_err(|e| Error::file(&sum, e))?;
+                Ok(s.trim().to_string())
+            }
+            Kind::Redis { sock, keys, .. } => {
+                let keys = *keys;
+                let mut out;
+                {
+                    let mut c = Redis::connect(sock)?;
+                    let n = c.call(&["DBSIZE"])?;
+                    out = format!("dbsize={n}");
+                    let mut samples = vec![0, keys - 1];
+                    samples.extend((1..15u64).map(|k| k.wrapping_mul(2_654_435_761) % keys));
+                    for i in samples {
+                        let key = format!("key:{i}");
+                        let v = c.call(&["GET", &key])?;
+                        if v != format!("value:{i}") {
+                            return Err(Error::Invalid(format!("redis {key} holds {v:?}, expected \"value:{i}\"")));
+                        }
+                        out.push_str(&format!(" {key}={v}"));
+                    }
+                }
+                self.wait_no_clients()?;
+                Ok(out)
+            }
+            Kind::Answering => {
+                self.nonce += 1;
+                let nonce = self.nonce;
+                let answer = self.dir.join("answer");
+                let _ = std::fs::remove_file(&answer);
+                let tmp = self.dir.join("request.tmp");
+                std::fs::write(&tmp, format!("{nonce}\n")).map_err(|e| Error::file(&tmp, e))?;
+                std::fs::rename(&tmp, self.dir.join("request")).map_err(|e| Error::file(&tmp, e))?;
+                let prefix = format!("nonce={nonce} ");
+                let mut line = String::new();
+                wait_for("the application's answer", timeout, self.pid, || {
+                    line = std::fs::read_to_string(&answer).unwrap_or_default();
+                    line.starts_with(&prefix)
+                })?;
+                Ok(line.trim()[prefix.len()..].to_string())
+            }
+        }
+    }
+
+    /// Redis must have no client connection when CRIU dumps it (a connected
+    /// socket whose peer is outside the dump is refused).
+    fn wait_no_clients(&self) -> Result<()> {
+        if let Kind::Redis { idle_sockets, .. } = &self.kind {
+            let idle = *idle_sockets;
+            wait_for("redis to close client connections", Duration::from_secs(20), self.pid, || {
+                socket_fds(self.pid) <= idle
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.pid > 0 {
+            proc::kill_tree(&proc::tree(self.pid));
+        }
+    }
+}
+
+fn socket_fds(pid: i32) -> usize {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    rd.flatten()
+        .filter(|e| std::fs::read_link(e.path()).map(|l| l.to_string_lossy().starts_with("socket:")).unwrap_or(false))
+        .count()
+}
+
+/// A minimal RESP client: enough for DEBUG POPULATE, DBSIZE and GET.
+struct Redis(BufReader<UnixStream>);
+
+impl Redis {
+    fn connect(sock: &Path) -> Result<Redis> {
+        let s = UnixStream::connect(sock).map_err(|e| Error::file(sock, e))?;
+        s.set_read_timeout(Some(Duration::from_secs(300)))?;
+        Ok(Redis(BufReader::new(s)))
+    }
+
+    /// Sends a command; returns the reply as text (status, integer or bulk).
+    fn call(&mut self, args: &[&str]) -> Result<String> {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.0.get_mut().write_all(req.as_bytes())?;
+        let bad = |what: String| Error::Invalid(format!("redis {}: {what}", args[0]));
+        let mut line = String::new();
+        self.0.read_line(&mut line)?;
+        let line = line.trim_end();
+        let (kind, rest) = line.split_at(line.len().min(1));
+        match kind {
+            "+" | ":" => Ok(rest.to_string()),
+            "-" => Err(bad(rest.to_string())),
+            "$" => {
+                let n: i64 = rest.parse().map_err(|_| bad(format!("bad reply {line:?}")))?;
+                if n < 0 {
+                    return Ok("(nil)".into());
+                }
+                let mut buf = vec![0u8; n as usize + 2];
+                std::io::Read::read_exact(&mut self.0, &mut buf)?;
+                buf.truncate(n as usize);
+                Ok(String::from_utf8_lossy(&buf).into_owned())
+            }
+            _ => Err(bad(format!("unexpected reply {line:?}"))),
+        }
+    }
+}
