@@ -5,6 +5,7 @@
 //! process about its own state; a restore that does not check out is a
 //! failure, never a time. See docs/BENCHMARKS.md.
 
+mod codecs;
 mod config;
 mod plot;
 mod proc;
@@ -53,6 +54,10 @@ pub struct BenchArgs {
     /// CRIU binary (default: $CRIUZ_CRIU, the setup cache, then PATH)
     #[arg(long = "criu", value_name = "PATH")]
     pub criu: Option<PathBuf>,
+    /// Instead of the comparison: archive size and pack/unpack throughput per
+    /// memory pattern and codec (criu dump -D once, then criuz pack/unpack)
+    #[arg(long)]
+    pub codec_table: bool,
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
@@ -291,6 +296,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if plan.workloads.iter().any(|w| w == "jvm") {
             unavailable.push(("jvm".into(), why.clone()));
         }
+    }
+    if args.codec_table {
+        let mut rows = Vec::new();
+        for w in plan.workloads.iter().filter(|w| workload::PATTERNS.contains(&w.as_str())) {
+            eprintln!("bench: codec table: {w}, {} MiB", plan.mib);
+            rows.extend(codecs::measure(w, plan.mib, plan.runs, work.path(), &tools, &criu, &criuz)?);
+        }
+        print!("{}", codecs::table(&rows));
+        if let Some(path) = &args.json {
+            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
+                                          "runs": plan.runs, "codec_table": rows });
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+        }
+        return Ok(());
     }
     let env = Env { criu: criu.clone(), criuz, link: args.link, tmp };
     let ctx = Ctx {

@@ -1,0 +1,114 @@
+//! `criuz bench --codec-table`: for each memory pattern, one plain
+//! `criu dump -D`, then `criuz pack` with each codec and `criuz unpack` of
+//! the result: archive size against the raw image size, and pack and unpack
+//! throughput (raw image bytes per second of wall time).
+
+use super::proc;
+use super::workload::{Running, Tools};
+use crate::criu::Criu;
+use crate::error::{Error, Result};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CodecRow {
+    pub workload: String,
+    pub codec: String,
+    pub raw_bytes: u64,
+    pub archive_bytes: u64,
+    pub ratio: f64,
+    /// Median over the runs, raw image bytes per second.
+    pub pack_bytes_per_s: f64,
+    pub unpack_bytes_per_s: f64,
+}
+
+pub const CODECS: &[&str] = &["lz4", "zstd"];
+
+fn timed(cmd: &mut Command) -> Result<f64> {
+    let t = Instant::now();
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        return Err(Error::Invalid(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Rows for one pattern: dumps a fresh workload once, then packs and unpacks
+/// `runs` times per codec.
+pub fn measure(
+    pattern: &str,
+    mib: u64,
+    runs: usize,
+    work: &Path,
+    tools: &Tools,
+    criu: &Criu,
+    criuz: &Path,
+) -> Result<Vec<CodecRow>> {
+    let dir = work.join(format!("codec-{pattern}"));
+    let img = dir.join("img");
+    std::fs::create_dir_all(&img).map_err(|e| Error::file(&img, e))?;
+    let app = Running::start(pattern, mib, &dir.join("app"), tools)?;
+    let pids = proc::tree(app.pid);
+    timed(
+        Command::new(&criu.path)
+            .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
+            .arg(&img)
+            .stdout(Stdio::null()),
+    )?;
+    for p in pids {
+        proc::reap(p, Duration::from_secs(30))?;
+    }
+    drop(app);
+    let raw_bytes = proc::dir_bytes(&img);
+    let mut rows = Vec::new();
+    for codec in CODECS {
+        let arc = dir.join(format!("{codec}.czr"));
+        let (mut pack, mut unpack) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            let _ = std::fs::remove_file(&arc);
+            pack.push(timed(Command::new(criuz).arg("pack").arg(&img).arg("-o").arg(&arc).args(["--codec", codec]))?);
+            let out = dir.join("out");
+            let _ = std::fs::remove_dir_all(&out);
+            unpack.push(timed(Command::new(criuz).arg("unpack").arg(&arc).arg("-d").arg(&out))?);
+            std::fs::remove_dir_all(&out).map_err(|e| Error::file(&out, e))?;
+        }
+        let archive_bytes = proc::file_bytes(&arc);
+        rows.push(CodecRow {
+            workload: pattern.to_string(),
+            codec: codec.to_string(),
+            raw_bytes,
+            archive_bytes,
+            ratio: archive_bytes as f64 / raw_bytes.max(1) as f64,
+            pack_bytes_per_s: raw_bytes as f64 / median(pack),
+            unpack_bytes_per_s: raw_bytes as f64 / median(unpack),
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(rows)
+}
+
+pub fn table(rows: &[CodecRow]) -> String {
+    let mut s = format!(
+        "{:<8} {:<5} {:>9} {:>11} {:>7} {:>11} {:>13}\n",
+        "pattern", "codec", "raw MiB", "archive MiB", "ratio", "pack MiB/s", "unpack MiB/s"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<8} {:<5} {:>9.1} {:>11.1} {:>7.3} {:>11.0} {:>13.0}\n",
+            r.workload,
+            r.codec,
+            r.raw_bytes as f64 / (1 << 20) as f64,
+            r.archive_bytes as f64 / (1 << 20) as f64,
+            r.ratio,
+            r.pack_bytes_per_s / (1 << 20) as f64,
+            r.unpack_bytes_per_s / (1 << 20) as f64
+        ));
+    }
+    s
+}
