@@ -9,16 +9,15 @@
 //! before the process runs. On failure the temporary directory with CRIU's log
 //! is kept and its path reported.
 
-use crate::archive::{IndexedArchive, Options, PackStats, Packer};
+use crate::archive::{Options, PackStats, Packer};
 use crate::criu::{self, Criu, Rejected};
 use crate::error::{Error, Result};
 use crate::output::Output;
-use crate::stream::{self, ArchiveSource, Listener, PipeSource, ServeOptions};
+use crate::stream::{self, Listener, ServeOptions};
 use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -87,7 +86,7 @@ struct StatsEntry {
 
 /// Parses CRIU's stats-dump: two magics (service image), then a u32-length
 /// prefixed stats_entry.
-fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
+pub fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
     let len = u32::from_ne_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
     let e = StatsEntry::decode(bytes.get(12..12 + len)?).ok()?.dump?;
     Some(CriuDumpStats {
@@ -235,19 +234,7 @@ pub struct RestoreReport {
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
-    let (source, block_size): (Arc<dyn ArchiveSource>, usize) = if o.input == Path::new("-") {
-        let label = "stdin".to_string();
-        let src =
-            PipeSource::start(std::io::BufReader::with_capacity(1 << 20, std::io::stdin()), o.pipe_buffer, label)?;
-        (Arc::new(src), archive.block_size)
-    } else {
-        let arc = IndexedArchive::open(&o.input).map_err(|e| match e {
-            Error::File { .. } => e,
-            other => Error::Invalid(format!("{}: {other}", o.input.display())),
-        })?;
-        let bs = arc.header.block_size as usize;
-        (Arc::new(Arc::new(arc)), bs)
-    };
+    let (source, block_size) = stream::open_source(&o.input, o.pipe_buffer, archive.block_size)?;
     let mut work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), stream::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");

@@ -394,20 +394,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, threads } => {
             let opts = threads.options();
-            let (source, block_size): (std::sync::Arc<dyn criuz::stream::ArchiveSource>, usize) = if input
-                == Path::new("-")
-            {
-                let src = criuz::stream::PipeSource::start(
-                    BufReader::with_capacity(1 << 20, std::io::stdin()),
-                    pipe_buffer as u64,
-                    "stdin".into(),
-                )?;
-                (std::sync::Arc::new(src), opts.block_size)
-            } else {
-                let arc = criuz::archive::IndexedArchive::open(&input).with_context(|| input.display().to_string())?;
-                let bs = arc.header.block_size as usize;
-                (std::sync::Arc::new(std::sync::Arc::new(arc)), bs)
-            };
+            let (source, block_size) = criuz::stream::open_source(&input, pipe_buffer as u64, opts.block_size)?;
             let listener = criuz::stream::Listener::bind(&dir, criuz::stream::SERVE_SOCKET)?;
             eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
             let never = std::sync::atomic::AtomicBool::new(false);

@@ -417,6 +417,22 @@ impl FileBlocks for PipeFile {
     }
 }
 
+/// What to serve: a seekable archive through its index, or `-` for an
+/// archive arriving on standard input (buffered up to `pipe_cap` bytes).
+/// Returns it with the block size to plan read-ahead for.
+pub fn open_source(input: &Path, pipe_cap: u64, default_block: usize) -> Result<(Arc<dyn ArchiveSource>, usize)> {
+    if input == Path::new("-") {
+        let stdin = std::io::BufReader::with_capacity(1 << 20, std::io::stdin());
+        return Ok((Arc::new(PipeSource::start(stdin, pipe_cap, "stdin".into())?), default_block));
+    }
+    let arc = IndexedArchive::open(input).map_err(|e| match e {
+        Error::File { .. } => e,
+        other => Error::Invalid(format!("{}: {other}", input.display())),
+    })?;
+    let block_size = arc.header.block_size as usize;
+    Ok((Arc::new(Arc::new(arc)), block_size))
+}
+
 /// Settings for serving.
 #[derive(Clone, Copy, Debug)]
 pub struct ServeOptions {

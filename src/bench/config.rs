@@ -6,7 +6,6 @@
 use super::proc::{self, Dst, Src, Usage};
 use crate::criu::Criu;
 use crate::error::{Error, Result};
-use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -110,25 +109,9 @@ pub struct Restored {
     pub usage: Usage,
 }
 
-#[derive(Clone, PartialEq, Message)]
-struct DumpStatsEntry {
-    #[prost(uint32, optional, tag = "2")]
-    frozen_time: Option<u32>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct StatsEntry {
-    #[prost(message, optional, tag = "1")]
-    dump: Option<DumpStatsEntry>,
-}
-
-/// CRIU's frozen time from a stats-dump image: two u32 magics, a u32 length,
-/// then a stats_entry whose field 1 (dump_stats_entry) has frozen_time in
-/// microseconds as field 2.
+/// CRIU's frozen time, in seconds, from a stats-dump image.
 pub fn frozen_from_stats(bytes: &[u8]) -> Option<f64> {
-    let len = u32::from_ne_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
-    let e = StatsEntry::decode(bytes.get(12..12 + len)?).ok()?;
-    Some(f64::from(e.dump?.frozen_time?) / 1e6)
+    crate::checkpoint::parse_stats(bytes).map(|s| f64::from(s.frozen_time_us) / 1e6)
 }
 
 /// CRIU writes stats-dump into its --work-dir (the run's log directory).
