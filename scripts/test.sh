@@ -9,7 +9,10 @@ cd "$ROOT"
 
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -q -- -D warnings
-cargo test --release --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --release --locked 2>&1 | tee "$log"
+read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
 
 if [ "$(id -u)" -eq 0 ]; then
   out=$(mktemp -d)
@@ -18,3 +21,5 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "SKIP: criuz bench --quick needs root (CRIU); CI runs it as root"
 fi
+
+echo "tests: $passed passed, $failed failed"
