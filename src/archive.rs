@@ -65,13 +65,6 @@ impl Options {
     }
 }
 
-/// Running totals, readable while work is under way (progress bars).
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub raw_bytes: AtomicU64,
-    pub stored_bytes: AtomicU64,
-}
-
 /// What went into an archive.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct PackStats {
@@ -116,7 +109,6 @@ pub struct Packer {
     writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
     next_key: AtomicU64,
     block_size: usize,
-    pub counters: Arc<Counters>,
 }
 
 impl Packer {
@@ -135,9 +127,7 @@ impl Packer {
                 PackJob::End { key } => PackResult::End { key },
             },
         );
-        let counters = Arc::new(Counters::default());
         let header = Header::new(opts.block_size);
-        let c = counters.clone();
         let writer = std::thread::Builder::new()
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
@@ -154,14 +144,13 @@ impl Packer {
                             block.header.file_id = ids[&key];
                             w.write_block(&block.header, &block.payload)?;
                             stats.add_block(&block.header);
-                            c.raw_bytes.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
-                            c.stored_bytes.store(w.offset(), Ordering::Relaxed);
                         }
                         PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
                     }
                 }
-                let (mut out, index) = w.finish()?;
+                let (mut out, index, len) = w.finish()?;
                 out.flush()?;
+                stats.archive_bytes = len;
                 Ok((stats, index))
             })
             .expect("spawn writer thread");
@@ -170,7 +159,6 @@ impl Packer {
             writer: Some(writer),
             next_key: AtomicU64::new(0),
             block_size: opts.block_size,
-            counters,
         })
     }
 
@@ -191,9 +179,7 @@ impl Packer {
     /// if the writer failed (its error, not a generic one).
     pub fn finish(mut self) -> Result<(PackStats, Index)> {
         drop(self.submitter.take());
-        let (mut stats, index) = self.writer.take().expect("writer").join().map_err(|_| Error::Cancelled)??;
-        stats.archive_bytes = self.counters.stored_bytes.load(Ordering::Relaxed);
-        Ok((stats, index))
+        self.writer.take().expect("writer").join().map_err(|_| Error::Cancelled)?
     }
 
     /// Stops after a failure elsewhere and returns the writer's own error, if

@@ -288,20 +288,6 @@ pub struct FileEntry {
     pub blocks: Vec<BlockRef>,
 }
 
-impl FileEntry {
-    /// The block holding byte `pos` of the file, and that block's first byte.
-    pub fn block_at(&self, pos: u64) -> Option<(usize, u64)> {
-        let mut start = 0u64;
-        for (i, b) in self.blocks.iter().enumerate() {
-            if pos < start + u64::from(b.raw_len) {
-                return Some((i, start));
-            }
-            start += u64::from(b.raw_len);
-        }
-        None
-    }
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Index {
     pub files: Vec<FileEntry>,
@@ -514,8 +500,9 @@ impl<W: Write> ArchiveWriter<W> {
         self.flush_scratch()
     }
 
-    /// Writes the index and trailer; every file must have ended.
-    pub fn finish(mut self) -> Result<(W, Index)> {
+    /// Writes the index and trailer; every file must have ended. Returns the
+    /// output, the index and the archive's length.
+    pub fn finish(mut self) -> Result<(W, Index, u64)> {
         if let Some(f) = self.files.iter().find(|f| !f.ended) {
             return Err(Error::Invalid(format!("image file {} was never completed", f.entry.name)));
         }
@@ -540,7 +527,7 @@ impl<W: Write> ArchiveWriter<W> {
         self.out.write_all(&rec)?;
         self.offset += rec.len() as u64;
         self.out.flush()?;
-        Ok((self.out, index))
+        Ok((self.out, index, self.offset))
     }
 
     fn flush_scratch(&mut self) -> Result<()> {

@@ -11,7 +11,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 /// (name, size) of each regular file of an images directory.
 pub type ImageFiles = Vec<(String, u64)>;
@@ -298,9 +297,4 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
     t.ratio = ratio(t.stored_bytes, t.raw_bytes);
     rep.total = t;
     Ok(rep)
-}
-
-/// Keeps the packer's running totals visible to callers that poll.
-pub fn pack_progress(packer: &Packer) -> (u64, u64) {
-    (packer.counters.raw_bytes.load(Ordering::Relaxed), packer.counters.stored_bytes.load(Ordering::Relaxed))
 }
