@@ -446,3 +446,27 @@ fn pipes_both_ways_and_inspect_json() {
     assert!(pages["zero_pages"].as_u64().unwrap() > 0);
     assert_eq!(v["total"]["stored_bytes"], packed.stdout.len() as u64);
 }
+
+/// CRIU is chosen by --criu, then CRIUZ_CRIU; an unusable one is a clear error.
+#[test]
+fn unusable_criu_is_named_with_the_reason() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let old = tmp.path().join("criu");
+    std::fs::write(&old, "#!/bin/sh\necho 'Version: 3.17'\n").unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let arc = tmp.path().join("x.czr");
+    let out = criuz(&["dump", "-t", "1", "-o", arc.to_str().unwrap(), "--criu", old.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--criu") && err.contains("3.17") && err.contains("older than 4.0"), "{err}");
+    let out = Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", arc.to_str().unwrap()])
+        .env("CRIUZ_CRIU", tmp.path().join("missing"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("CRIUZ_CRIU") && err.contains("cannot run"), "{err}");
+    assert!(!arc.exists());
+}

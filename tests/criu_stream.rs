@@ -314,3 +314,17 @@ fn corrupt_block_aborts_restore_before_the_process_runs() {
     let out = criuz(&["verify", arc.to_str().unwrap()]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn dump_of_a_process_that_is_not_there_fails_cleanly() {
+    let Some(_criu) = criu() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("none.czr");
+    // A pid above the kernel's pid_max cannot exist.
+    let out = criuz(&["dump", "-t", "99999999", "-o", arc.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("criu dump failed") && err.contains("log:"), "{err}");
+    assert!(!arc.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
+}
