@@ -390,6 +390,10 @@ fn serve_signals(
 
 fn main() {
     let a = parse_args();
+    if let Err(e) = std::fs::create_dir_all(&a.dir) {
+        eprintln!("criuz-workload: cannot create {}: {e}", a.dir.display());
+        std::process::exit(1)
+    }
     // SAFETY: setsid has no memory effects; failing (already a leader) is fine.
     unsafe { libc::setsid() };
     let set = block_signals();
