@@ -14,8 +14,10 @@ pub enum Error {
     /// A valid archive using a feature this build does not implement.
     #[error("offset {offset}: unsupported: {what}")]
     Unsupported { offset: u64, what: String },
-    #[error("{}: {source}", path.display())]
-    File { path: PathBuf, source: io::Error },
+    /// The message already includes the cause, so it is not chained as a
+    /// `source` too (that would print it twice).
+    #[error("{}: {err}", path.display())]
+    File { path: PathBuf, err: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
     /// Bad argument or refused operation (e.g. would overwrite a file).
@@ -35,8 +37,8 @@ impl Error {
         Error::Corrupt { offset, what: what.into() }
     }
 
-    pub fn file(path: impl Into<PathBuf>, source: io::Error) -> Self {
-        Error::File { path: path.into(), source }
+    pub fn file(path: impl Into<PathBuf>, err: io::Error) -> Self {
+        Error::File { path: path.into(), err }
     }
 }
 

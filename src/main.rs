@@ -246,7 +246,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Pack { dir, output, force, codec } => {
             let opts = codec.options()?;
-            let (files, skipped) = ops::image_files(&dir).with_context(|| dir.display().to_string())?;
+            let (files, skipped) = ops::image_files(&dir)?;
             for s in &skipped {
                 eprintln!("criuz: skipping {} (not a regular file)", dir.join(s).display());
             }
