@@ -454,8 +454,8 @@ fn main() {
     // Blocks are 4 KiB..4 MiB buffers allocated and freed at a high rate on
     // several threads; with glibc's default threshold each one is a fresh
     // mmap (page faults, zeroing, munmap). Keeping them on the heap lets freed
-    // blocks be reused: measured on `criuz dump` of 1 GiB, this removes most
-    // of our system time.
+    // blocks be reused. (Not measured on its own: with 2 cores, the dump's
+    // time was dominated by CRIU and by writing the archive.)
     // SAFETY: mallopt only tunes the allocator, before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
