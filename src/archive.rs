@@ -463,6 +463,16 @@ impl IndexedArchive {
         Ok(buf)
     }
 
+    /// A whole file, decoded and checked (for small files such as metadata).
+    pub fn read_file(&self, entry: &FileEntry) -> Result<Vec<u8>> {
+        let (mut dec, mut all, mut out) = (Decoder::new(), Vec::new(), Vec::new());
+        for i in 0..entry.blocks.len() {
+            self.read_block(entry, i, &mut dec, &mut out)?;
+            all.extend_from_slice(&out);
+        }
+        Ok(all)
+    }
+
     /// Reads and decodes one block into `out`.
     pub fn read_block(&self, entry: &FileEntry, i: usize, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
         let b = entry.blocks[i];

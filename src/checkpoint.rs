@@ -10,7 +10,7 @@
 //! is kept and its path reported.
 
 use crate::archive::{Options, PackStats, Packer};
-use crate::criu::{self, Criu, Rejected};
+use crate::criu::{self, Criu};
 use crate::error::{Error, Result};
 use crate::output::Output;
 use crate::stream::{self, Listener, ServeOptions};
@@ -25,7 +25,6 @@ pub struct DumpOptions {
     pub pid: i32,
     pub output: PathBuf,
     pub force: bool,
-    pub criu: Option<PathBuf>,
     pub leave_running: bool,
     pub shell_job: bool,
     pub extra: Vec<String>,
@@ -121,10 +120,6 @@ fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Err
     Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
 }
 
-pub fn locate_criu(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
-    criu::locate(explicit)
-}
-
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
@@ -212,7 +207,6 @@ pub struct RestoreOptions {
     /// Archive path, or "-" for standard input.
     pub input: PathBuf,
     pub detach: bool,
-    pub criu: Option<PathBuf>,
     pub shell_job: bool,
     pub extra: Vec<String>,
     /// Cap on compressed bytes buffered when reading the archive from a pipe.

@@ -61,7 +61,8 @@ fn judge(path: &Path, source: &'static str) -> std::result::Result<Criu, Rejecte
     }
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+/// The first file called `name` in a `PATH` directory.
+pub fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }

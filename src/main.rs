@@ -195,7 +195,7 @@ struct CriuArgs {
 
 impl CriuArgs {
     fn locate(&self) -> Result<criuz::criu::Criu> {
-        let (c, rejected) = criuz::checkpoint::locate_criu(self.criu.as_deref())?;
+        let (c, rejected) = criuz::criu::locate(self.criu.as_deref())?;
         for r in rejected {
             eprintln!("criuz: skipped CRIU {} (from {}): {}", r.path.display(), r.source, r.why);
         }
@@ -298,15 +298,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, codec, extra } => {
             let opts = codec.options()?;
             let c = criu.locate()?;
-            let o = criuz::checkpoint::DumpOptions {
-                pid,
-                output,
-                force,
-                criu: criu.criu.clone(),
-                leave_running,
-                shell_job,
-                extra,
-            };
+            let o = criuz::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra };
             let r = criuz::checkpoint::dump(&o, &opts, &c)?;
             if json && o.output == Path::new("-") {
                 // The archive went to stdout.
@@ -342,7 +334,6 @@ fn run(cli: Cli) -> Result<()> {
             let o = criuz::checkpoint::RestoreOptions {
                 input,
                 detach,
-                criu: criu.criu.clone(),
                 shell_job,
                 extra,
                 pipe_buffer: pipe_buffer as u64,

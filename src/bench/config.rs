@@ -123,16 +123,7 @@ fn frozen_in_dir(dir: &Path) -> Option<f64> {
 fn archive_facts(path: &Path) -> Result<(u64, Option<f64>)> {
     let arc = crate::archive::IndexedArchive::open(path)?;
     let raw = arc.index.files.iter().map(|f| f.raw_size).sum();
-    let frozen = arc.index.find("stats-dump").and_then(|e| {
-        let mut dec = crate::codec::Decoder::new();
-        let mut all = Vec::new();
-        let mut out = Vec::new();
-        for i in 0..e.blocks.len() {
-            arc.read_block(e, i, &mut dec, &mut out).ok()?;
-            all.extend_from_slice(&out);
-        }
-        frozen_from_stats(&all)
-    });
+    let frozen = arc.index.find("stats-dump").and_then(|e| frozen_from_stats(&arc.read_file(e).ok()?));
     Ok((raw, frozen))
 }
 

@@ -86,10 +86,6 @@ extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-}
-
 /// What the run needs from the args, defaults applied.
 struct Plan {
     workloads: Vec<String>,
@@ -248,7 +244,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut unavailable: Vec<(String, String)> = Vec::new();
     for c in &plan.configs {
         for t in c.tools() {
-            if !on_path(t) {
+            if crate::criu::on_path(t).is_none() {
                 unavailable.push((c.name().to_string(), format!("{t} is not installed")));
             }
         }
@@ -263,7 +259,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
             _ => None,
         };
-        if let Some(t) = need.filter(|t| !on_path(t)) {
+        if let Some(t) = need.filter(|t| crate::criu::on_path(t).is_none()) {
             unavailable.push((w.clone(), format!("{t} is not installed")));
         }
     }
