@@ -2,11 +2,16 @@
 # criuz set-up: system packages, a working CRIU (>= 4.0), and a release build of criuz.
 #
 # Idempotent: a CRIU built earlier is reused from the cache (~/.cache/criuz, or
-# $CRIUZ_CACHE). The machine's apt sources are never changed: the trixie source
-# package is fetched with a private apt configuration under the cache.
+# $CRIUZ_CACHE). CRIU 4.2.1 is built from Debian unstable's source package (4.2
+# is the first release that dumps TCP sockets on Linux >= 6.16). The machine's
+# apt sources are never changed: the source package is fetched through a private
+# apt configuration under the cache, from the Debian mirror the machine's own
+# apt configuration names (or $CRIUZ_DEBIAN_MIRROR). A usable CRIU >= 4.0 that
+# is already installed or cached (4.1.1 included) is kept.
 set -euo pipefail
 
-CRIU_VERSION=4.1.1
+CRIU_VERSION=4.2.1
+CRIU_SUITE=unstable
 CACHE=${CRIUZ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/criuz}
 CRIU_BIN="$CACHE/criu-$CRIU_VERSION/criu"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,7 +23,7 @@ apt_packages=(
   build-essential pkg-config xz-utils ca-certificates
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev python3-protobuf
-  iproute2 iptables lz4 zstd redis-server fonts-dejavu-core
+  iproute2 iptables lz4 zstd redis-server fonts-dejavu-core afl++
 )
 
 install_packages() {
@@ -37,24 +42,44 @@ install_packages() {
   if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
 }
 
-criu_ok() { # $1 = criu binary; true when it is >= 4.0 and `criu check` passes
+criu_ok() { # $1 = criu binary; true when it is >= 4.2 (TCP on Linux >= 6.16) and `criu check` passes
   local v
-  v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9]*\)\..*/\1/p')
-  [ -n "$v" ] && [ "$v" -ge 4 ] && "$1" check >/dev/null 2>&1
+  v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+  [ -n "$v" ] || return 1
+  set -- "$1" $v
+  { [ "$2" -gt 4 ] || { [ "$2" -eq 4 ] && [ "$3" -ge 2 ]; }; } && "$1" check >/dev/null 2>&1
+}
+
+# The Debian archive mirror this machine's apt already uses: the first URI of a
+# main-archive entry (path ending in /debian) in sources.list or sources.list.d.
+debian_mirror() {
+  if [ -n "${CRIUZ_DEBIAN_MIRROR:-}" ]; then echo "$CRIUZ_DEBIAN_MIRROR"; return; fi
+  local f uri
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [ -r "$f" ] || continue
+    uri=$(sed -n -e 's/^[[:space:]]*URIs:[[:space:]]*//p' -e 's/^[[:space:]]*deb\(-src\)\?[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?//p' "$f" |
+      tr ' ' '\n' | grep -E '^(https?|file)://.*/debian/?$' | head -n 1 || true)
+    if [ -n "$uri" ]; then echo "${uri%/}"; return; fi
+  done
+  return 1
 }
 
 build_criu() {
-  local work="$CACHE/build" apt_dir="$CACHE/apt"
+  local work="$CACHE/build" apt_dir="$CACHE/apt" mirror
+  mirror=$(debian_mirror) || { say "no Debian mirror in the apt configuration; set CRIUZ_DEBIAN_MIRROR"; exit 1; }
   mkdir -p "$work" "$apt_dir/lists/partial" "$apt_dir/archives/partial"
-  echo "deb-src http://deb.debian.org/debian trixie main" >"$apt_dir/sources.list"
+  echo "deb-src $mirror $CRIU_SUITE main" >"$apt_dir/sources.list"
   local apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
     -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache::Archives=$apt_dir/archives" -o "APT::Sandbox::User=root")
   local tarball="$work/criu_${CRIU_VERSION}.orig.tar.xz"
   if [ ! -s "$tarball" ]; then
-    say "fetching CRIU $CRIU_VERSION source (Debian trixie source package)"
+    say "fetching CRIU $CRIU_VERSION source (Debian $CRIU_SUITE source package, from $mirror)"
     apt-get "${apt_opts[@]}" update -qq
+    local version
+    version=$(apt-cache "${apt_opts[@]}" showsrc criu 2>/dev/null | sed -n "s/^Version: \(${CRIU_VERSION}-[^ ]*\)$/\1/p" | head -n 1)
+    [ -n "$version" ] || { say "Debian $CRIU_SUITE at $mirror has no criu $CRIU_VERSION source"; exit 1; }
     # The .dsc may fail to download; the orig tarball is all we need.
-    (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "criu=${CRIU_VERSION}-1" || true)
+    (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "criu=$version" >/dev/null 2>&1 || true)
     [ -s "$tarball" ] || { say "could not fetch criu_${CRIU_VERSION}.orig.tar.xz"; exit 1; }
   fi
   local src="$work/criu-$CRIU_VERSION"
@@ -62,7 +87,7 @@ build_criu() {
   mkdir -p "$src/images/google/protobuf"
   [ -e "$src/images/google/protobuf/descriptor.proto" ] ||
     cp /usr/include/google/protobuf/descriptor.proto "$src/images/google/protobuf/descriptor.proto"
-  say "building CRIU $CRIU_VERSION (a few minutes)"
+  say "building CRIU $CRIU_VERSION (about a minute)"
   make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; exit 1; }
   mkdir -p "$(dirname "$CRIU_BIN")"
   install -m 0755 "$src/criu/criu" "$CRIU_BIN.tmp" && mv "$CRIU_BIN.tmp" "$CRIU_BIN"
@@ -92,5 +117,5 @@ install_packages
 ensure_criu
 ensure_rust
 say "building criuz"
-cargo build --release --locked --manifest-path "$ROOT/Cargo.toml" -q
-say "done: $ROOT/target/release/criuz"
+cargo build --release --locked --workspace --manifest-path "$ROOT/Cargo.toml" -q
+say "done: $ROOT/target/release/criuz (and criuz-bench, criuz-fuzz, criuz-workload)"

@@ -1,5 +1,8 @@
-//! Library error type. Every variant renders as one line; the CLI prefixes the
-//! file it was working on, so a user sees `criuz: FILE: offset N: what`.
+//! Library errors. Every variant renders as one line; [`Error::Context`] puts
+//! the file or stage in front of its cause instead of re-formatting it, so a
+//! user sees `criuz: FILE: offset N: what`. Errors are typed all the way
+//! across threads (no strings), and each has a [`Kind`] that decides the exit
+//! status, so callers and tests match on the kind, not on text.
 
 use std::io;
 use std::path::PathBuf;
@@ -8,28 +11,58 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The archive bytes are not what the format says they must be.
+    /// The archive bytes are not what the format says they must be
+    /// (damaged, truncated, crafted, or not a criuz archive at all).
     #[error("offset {offset}: {what}")]
     Corrupt { offset: u64, what: String },
-    /// A valid archive using a feature this build does not implement.
+    /// A well-formed archive using a feature this build does not implement.
     #[error("offset {offset}: unsupported: {what}")]
     Unsupported { offset: u64, what: String },
-    /// The message already includes the cause, so it is not chained as a
-    /// `source` too (that would print it twice).
+    /// An I/O error on a named file. The message already includes the cause,
+    /// so it is not chained as a `source` too (that would print it twice).
     #[error("{}: {err}", path.display())]
     File { path: PathBuf, err: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
-    /// Bad argument or refused operation (e.g. would overwrite a file).
+    /// The output exists and `--force` was not given.
+    #[error("{}: already exists (use --force to replace it)", .0.display())]
+    Exists(PathBuf),
+    /// A bad argument or a request that cannot be carried out as asked.
     #[error("{0}")]
-    Invalid(String),
+    Usage(String),
+    /// CRIU spoke the streamer protocol in a way we do not understand.
     #[error("CRIU stream protocol: {0}")]
     Protocol(String),
+    /// CRIU failed, could not be run, or left the job incomplete.
     #[error("{0}")]
     Criu(String),
     /// A pipeline stage stopped because another stage failed first.
     #[error("cancelled")]
     Cancelled,
+    /// `source`, with what we were doing (a file name, a stage) in front.
+    #[error("{context}: {source}")]
+    Context { context: String, source: Box<Error> },
+}
+
+/// What kind of failure an error is; decides the exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The operation failed (CRIU, I/O, protocol): exit 1.
+    Failed,
+    /// The command was used wrongly: exit 2.
+    Usage,
+    /// The archive is damaged, foreign or unsupported: exit 3.
+    Archive,
+}
+
+impl Kind {
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Kind::Failed => 1,
+            Kind::Usage => 2,
+            Kind::Archive => 3,
+        }
+    }
 }
 
 impl Error {
@@ -37,8 +70,38 @@ impl Error {
         Error::Corrupt { offset, what: what.into() }
     }
 
+    pub fn unsupported(offset: u64, what: impl Into<String>) -> Self {
+        Error::Unsupported { offset, what: what.into() }
+    }
+
     pub fn file(path: impl Into<PathBuf>, err: io::Error) -> Self {
         Error::File { path: path.into(), err }
+    }
+
+    /// Wraps the error with what we were doing; the kind is the cause's.
+    pub fn context(self, context: impl Into<String>) -> Self {
+        Error::Context { context: context.into(), source: Box::new(self) }
+    }
+
+    /// The innermost error behind any contexts.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Context { source, .. } => source.root(),
+            e => e,
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self.root() {
+            Error::Corrupt { .. } | Error::Unsupported { .. } => Kind::Archive,
+            Error::Usage(_) | Error::Exists(_) => Kind::Usage,
+            _ => Kind::Failed,
+        }
+    }
+
+    /// True when this is only a consequence of another failure.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self.root(), Error::Cancelled)
     }
 }
 
@@ -50,5 +113,30 @@ pub trait IoContext<T> {
 impl<T> IoContext<T> for io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
         self.map_err(|e| Error::file(path, e))
+    }
+}
+
+/// Attach what we were doing to a library result.
+pub trait ResultContext<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> ResultContext<T> for Result<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| e.context(context()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_looks_through_contexts() {
+        let e = Error::corrupt(7, "bad").context("a.czr").context("serving pages-1.img");
+        assert_eq!(e.kind(), Kind::Archive);
+        assert_eq!(e.to_string(), "serving pages-1.img: a.czr: offset 7: bad");
+        assert_eq!(Error::Usage("x".into()).kind().exit_code(), 2);
+        assert_eq!(Error::Criu("x".into()).kind().exit_code(), 1);
     }
 }

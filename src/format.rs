@@ -14,7 +14,7 @@
 //! archive); a v1 reader refuses archives that use it rather than misread them.
 
 use crate::error::{Error, Result};
-use std::io::{self, Read, Write};
+use std::io::Read;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: [u8; 8] = *b"\x89CRIUZ\r\n";
@@ -104,13 +104,12 @@ pub struct Header {
 
 impl Header {
     pub fn new(block_size: usize) -> Self {
-        Header {
-            block_size: block_size as u32,
-            archive_id: random_id(),
-            parent_id: [0; 16],
-            shard_index: 0,
-            shard_count: 1,
-        }
+        Self::with_id(block_size, random_id())
+    }
+
+    /// A header with a given archive id (tests and golden archives).
+    pub fn with_id(block_size: usize, archive_id: [u8; 16]) -> Self {
+        Header { block_size: block_size as u32, archive_id, parent_id: [0; 16], shard_index: 0, shard_count: 1 }
     }
 
     pub fn encode(&self) -> [u8; HEADER_LEN] {
@@ -225,17 +224,7 @@ impl BlockHeader {
         len
     }
 
-    /// Checks the stored payload. A raw payload is the stored pages
-    /// themselves, which the (64-bit) data check covers when it is decoded, so
-    /// it is not hashed twice.
-    pub fn check_payload(&self, payload: &[u8], offset: u64) -> Result<()> {
-        if self.codec != BlockCodec::Raw && xxh3_64(payload) as u32 != self.payload_check {
-            return Err(Error::corrupt(offset, "block payload checksum mismatch"));
-        }
-        Ok(())
-    }
-
-    fn encode(&self, out: &mut Vec<u8>) {
+    pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.push(REC_BLOCK);
         out.push(self.codec as u8);
@@ -411,308 +400,145 @@ pub fn check_entry_name(name: &str) -> std::result::Result<(), &'static str> {
     }
 }
 
-struct OpenFile {
-    entry: FileEntry,
-    check: xxhash_rust::xxh3::Xxh3,
-    ended: bool,
+/// Encodes an F record (file begin).
+pub fn encode_file_record(file_id: u32, name: &str, kind: FileKind, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.push(REC_FILE);
+    out.push(kind as u8);
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(&file_id.to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    seal(out, start);
 }
 
-/// Append-only archive writer. Tracks every record's offset so it can write
-/// the index at the end; never seeks.
-pub struct ArchiveWriter<W: Write> {
-    out: W,
-    offset: u64,
-    files: Vec<OpenFile>,
-    scratch: Vec<u8>,
+/// Fixed part of an F record, before the name.
+pub const FILE_FIXED: usize = 8;
+/// Length of an E record.
+pub const END_LEN: usize = 28;
+/// Fixed part of an I record, before the body (header and seal).
+pub const INDEX_FIXED: usize = 20;
+
+/// Name length of an F record from its fixed part.
+pub fn file_record_name_len(fixed: &[u8]) -> usize {
+    u16le(&fixed[2..]) as usize
 }
 
-impl<W: Write> ArchiveWriter<W> {
-    pub fn new(mut out: W, header: &Header) -> Result<Self> {
-        out.write_all(&header.encode())?;
-        Ok(ArchiveWriter { out, offset: HEADER_LEN as u64, files: Vec::new(), scratch: Vec::new() })
+/// Decodes a whole F record (fixed part, name, seal): (file id, name, kind).
+pub fn decode_file_record(rec: &[u8], offset: u64) -> Result<(u32, String, FileKind)> {
+    let n = rec.len().checked_sub(FILE_FIXED + 4).ok_or_else(|| Error::corrupt(offset, "file record is too short"))?;
+    if rec[0] != REC_FILE || file_record_name_len(rec) != n {
+        return Err(Error::corrupt(offset, "not a file record"));
     }
+    check_seal(rec, offset, "file record")?;
+    let kind = FileKind::from_u8(rec[1], offset + 1)?;
+    let name = String::from_utf8(rec[FILE_FIXED..FILE_FIXED + n].to_vec())
+        .map_err(|_| Error::corrupt(offset + 8, "file name is not UTF-8"))?;
+    Ok((u32le(&rec[4..]), name, kind))
+}
 
-    pub fn offset(&self) -> u64 {
-        self.offset
+/// What an E record (file end) says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileEnd {
+    pub file_id: u32,
+    pub raw_size: u64,
+    pub file_check: u64,
+}
+
+pub fn encode_end_record(e: &FileEnd, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.push(REC_END);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&e.file_id.to_le_bytes());
+    out.extend_from_slice(&e.raw_size.to_le_bytes());
+    out.extend_from_slice(&e.file_check.to_le_bytes());
+    seal(out, start);
+}
+
+pub fn decode_end_record(rec: &[u8; END_LEN], offset: u64) -> Result<FileEnd> {
+    if rec[0] != REC_END {
+        return Err(Error::corrupt(offset, "not a file end record"));
     }
-
-    /// Starts a file; returns its id for the blocks that follow.
-    pub fn begin_file(&mut self, name: &str, kind: FileKind) -> Result<u32> {
-        check_entry_name(name).map_err(|why| Error::Invalid(format!("bad image file name {name:?}: {why}")))?;
-        let file_id = self.files.len() as u32;
-        let b = &mut self.scratch;
-        b.clear();
-        b.push(REC_FILE);
-        b.push(kind as u8);
-        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        b.extend_from_slice(&file_id.to_le_bytes());
-        b.extend_from_slice(name.as_bytes());
-        seal(b, 0);
-        let entry = FileEntry {
-            file_id,
-            name: name.to_string(),
-            kind,
-            raw_size: 0,
-            file_check: 0,
-            record_offset: self.offset,
-            blocks: Vec::new(),
-        };
-        self.files.push(OpenFile { entry, check: xxhash_rust::xxh3::Xxh3::new(), ended: false });
-        self.flush_scratch()?;
-        Ok(file_id)
+    check_seal(rec, offset, "file end record")?;
+    if rec[1..4] != [0, 0, 0] {
+        return Err(Error::corrupt(offset + 1, "reserved file end bytes are not zero"));
     }
+    Ok(FileEnd { file_id: u32le(&rec[4..]), raw_size: u64le(&rec[8..]), file_check: u64le(&rec[16..]) })
+}
 
-    pub fn write_block(&mut self, header: &BlockHeader, payload: &[u8]) -> Result<()> {
-        debug_assert_eq!(header.stored_len as usize, payload.len());
-        let file = self
-            .files
-            .get_mut(header.file_id as usize)
-            .filter(|f| !f.ended)
-            .ok_or_else(|| Error::Invalid(format!("block for unknown or ended file {}", header.file_id)))?;
-        self.scratch.clear();
-        header.encode(&mut self.scratch);
-        let record_len = (self.scratch.len() + payload.len()) as u32;
-        file.entry.blocks.push(BlockRef { offset: self.offset, raw_len: header.raw_len, record_len });
-        file.entry.raw_size += u64::from(header.raw_len);
-        file.check.update(&header.data_check.to_le_bytes());
-        self.flush_scratch()?;
-        self.out.write_all(payload)?;
-        self.offset += payload.len() as u64;
-        Ok(())
+/// Encodes the I record and the trailer that ends the archive, for an index
+/// record starting at `index_offset`.
+pub fn encode_index_and_trailer(index: &Index, index_offset: u64) -> Vec<u8> {
+    let body = index.encode_body();
+    let mut rec = Vec::with_capacity(body.len() + 64);
+    rec.push(REC_INDEX);
+    rec.extend_from_slice(&[0, 0, 0]);
+    rec.extend_from_slice(&(index.files.len() as u32).to_le_bytes());
+    rec.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    seal(&mut rec, 0);
+    rec.extend_from_slice(&body);
+    rec.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+    let mut t = [0u8; TRAILER_LEN];
+    t[0..8].copy_from_slice(&TRAILER_MAGIC);
+    t[8..16].copy_from_slice(&index_offset.to_le_bytes());
+    t[16..24].copy_from_slice(&(rec.len() as u64).to_le_bytes());
+    let check = xxh3_64(&t[..24]);
+    t[24..32].copy_from_slice(&check.to_le_bytes());
+    rec.extend_from_slice(&t);
+    rec
+}
+
+/// Decodes the fixed part of an I record: (file count, body length).
+pub fn decode_index_fixed(rec: &[u8; INDEX_FIXED], offset: u64) -> Result<(u32, u64)> {
+    if rec[0] != REC_INDEX {
+        return Err(Error::corrupt(offset, "not an index record"));
     }
-
-    pub fn end_file(&mut self, file_id: u32) -> Result<()> {
-        let file = self
-            .files
-            .get_mut(file_id as usize)
-            .filter(|f| !f.ended)
-            .ok_or_else(|| Error::Invalid(format!("end of unknown or ended file {file_id}")))?;
-        file.ended = true;
-        file.entry.file_check = file.check.digest();
-        let b = &mut self.scratch;
-        b.clear();
-        b.push(REC_END);
-        b.extend_from_slice(&[0, 0, 0]);
-        b.extend_from_slice(&file_id.to_le_bytes());
-        b.extend_from_slice(&file.entry.raw_size.to_le_bytes());
-        b.extend_from_slice(&file.entry.file_check.to_le_bytes());
-        seal(b, 0);
-        self.flush_scratch()
+    check_seal(rec, offset, "index header")?;
+    if rec[1..4] != [0, 0, 0] {
+        return Err(Error::corrupt(offset + 1, "reserved index header bytes are not zero"));
     }
+    let body_len = u64le(&rec[8..]);
+    if body_len >= 1 << 32 {
+        return Err(Error::corrupt(offset + 8, "index length is impossible"));
+    }
+    Ok((u32le(&rec[4..]), body_len))
+}
 
-    /// Writes the index and trailer; every file must have ended. Returns the
-    /// output, the index and the archive's length.
-    pub fn finish(mut self) -> Result<(W, Index, u64)> {
-        if let Some(f) = self.files.iter().find(|f| !f.ended) {
-            return Err(Error::Invalid(format!("image file {} was never completed", f.entry.name)));
+/// Decodes an index body and checks it against its stored check.
+pub fn decode_index_body(body: &[u8], check: u64, count: u32, body_offset: u64) -> Result<Index> {
+    if xxh3_64(body) != check {
+        return Err(Error::corrupt(body_offset, "index checksum mismatch"));
+    }
+    Index::decode_body(body, count, body_offset)
+}
+
+/// The type byte that starts each record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordType {
+    File,
+    Block,
+    End,
+    Index,
+}
+
+impl RecordType {
+    pub fn from_byte(b: u8, offset: u64) -> Result<Self> {
+        match b {
+            REC_FILE => Ok(RecordType::File),
+            REC_BLOCK => Ok(RecordType::Block),
+            REC_END => Ok(RecordType::End),
+            REC_INDEX => Ok(RecordType::Index),
+            other => Err(Error::corrupt(offset, format!("unknown record type {other:#04x}"))),
         }
-        let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
-        let body = index.encode_body();
-        let index_offset = self.offset;
-        let mut rec = Vec::with_capacity(body.len() + 32);
-        rec.push(REC_INDEX);
-        rec.extend_from_slice(&[0, 0, 0]);
-        rec.extend_from_slice(&(index.files.len() as u32).to_le_bytes());
-        rec.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        seal(&mut rec, 0);
-        rec.extend_from_slice(&body);
-        rec.extend_from_slice(&xxh3_64(&body).to_le_bytes());
-        let mut t = [0u8; TRAILER_LEN];
-        t[0..8].copy_from_slice(&TRAILER_MAGIC);
-        t[8..16].copy_from_slice(&index_offset.to_le_bytes());
-        t[16..24].copy_from_slice(&(rec.len() as u64).to_le_bytes());
-        let check = xxh3_64(&t[..24]);
-        t[24..32].copy_from_slice(&check.to_le_bytes());
-        rec.extend_from_slice(&t);
-        self.out.write_all(&rec)?;
-        self.offset += rec.len() as u64;
-        self.out.flush()?;
-        Ok((self.out, index, self.offset))
-    }
-
-    fn flush_scratch(&mut self) -> Result<()> {
-        self.out.write_all(&self.scratch)?;
-        self.offset += self.scratch.len() as u64;
-        Ok(())
     }
 }
 
-/// One record read sequentially.
-#[derive(Debug)]
-pub enum Record {
-    FileBegin {
-        file_id: u32,
-        name: String,
-        kind: FileKind,
-        offset: u64,
-    },
-    Block {
-        header: BlockHeader,
-        payload: Vec<u8>,
-        offset: u64,
-        record_len: u64,
-    },
-    FileEnd {
-        file_id: u32,
-        raw_size: u64,
-        file_check: u64,
-        offset: u64,
-    },
-    /// The index, after the trailer was read and checked; the archive ends here.
-    Index {
-        index: Index,
-        offset: u64,
-    },
-}
-
-/// Reads an archive front to back (works on pipes). Checks record structure
-/// and header checks; block payloads are checked by the decoder.
-pub struct SeqReader<R: Read> {
-    inp: R,
-    offset: u64,
-    pub header: Header,
-    done: bool,
-}
-
-impl<R: Read> SeqReader<R> {
-    pub fn new(mut inp: R) -> Result<Self> {
-        let mut b = [0u8; HEADER_LEN];
-        let got = read_full(&mut inp, &mut b)?;
-        if got < HEADER_LEN {
-            if got >= 8 && b[0..8] != MAGIC || got < 8 && b[..got] != MAGIC[..got] {
-                return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
-            }
-            return Err(Error::corrupt(got as u64, "truncated: archive ends inside the header"));
-        }
-        let header = Header::decode(&b)?;
-        Ok(SeqReader { inp, offset: HEADER_LEN as u64, header, done: false })
+/// Checks the 32-bit seal that follows `rec[..len-4]`.
+fn check_seal(rec: &[u8], offset: u64, what: &str) -> Result<()> {
+    let n = rec.len() - 4;
+    if xxh3_64(&rec[..n]) as u32 != u32le(&rec[n..]) {
+        return Err(Error::corrupt(offset, format!("{what} checksum mismatch")));
     }
-
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
-        let got = read_full(&mut self.inp, buf)?;
-        self.offset += got as u64;
-        if got < buf.len() {
-            return Err(Error::corrupt(self.offset, format!("truncated: archive ends inside {what}")));
-        }
-        Ok(())
-    }
-
-    fn check_seal(&mut self, rec: &[u8], start: u64, what: &str) -> Result<()> {
-        let mut c = [0u8; 4];
-        self.exact(&mut c, what)?;
-        if xxh3_64(rec) as u32 != u32::from_le_bytes(c) {
-            return Err(Error::corrupt(start, format!("{what} checksum mismatch")));
-        }
-        Ok(())
-    }
-
-    /// The next record; `None` after the index (end of archive).
-    pub fn next_record(&mut self) -> Result<Option<Record>> {
-        if self.done {
-            return Ok(None);
-        }
-        let start = self.offset;
-        let mut t = [0u8; 1];
-        let got = read_full(&mut self.inp, &mut t)?;
-        if got == 0 {
-            return Err(Error::corrupt(start, "truncated: archive ends before its index"));
-        }
-        self.offset += 1;
-        match t[0] {
-            REC_FILE => {
-                let mut h = [0u8; 8];
-                h[0] = REC_FILE;
-                self.exact(&mut h[1..], "a file record")?;
-                let name_len = u16le(&h[2..]) as usize;
-                let mut rec = h.to_vec();
-                rec.resize(8 + name_len, 0);
-                self.exact(&mut rec[8..], "a file record")?;
-                self.check_seal(&rec, start, "file record")?;
-                let kind = FileKind::from_u8(h[1], start + 1)?;
-                let name = String::from_utf8(rec[8..].to_vec())
-                    .map_err(|_| Error::corrupt(start + 8, "file name is not UTF-8"))?;
-                Ok(Some(Record::FileBegin { file_id: u32le(&h[4..]), name, kind, offset: start }))
-            }
-            REC_BLOCK => {
-                let mut rec = vec![0u8; BLOCK_FIXED];
-                rec[0] = REC_BLOCK;
-                self.exact(&mut rec[1..], "a block header")?;
-                // Lengths are checked before anything is allocated, so a damaged
-                // length cannot make us allocate gigabytes.
-                let bitmap_len = block_bitmap_len(&rec, start)?;
-                rec.resize(BLOCK_FIXED + bitmap_len, 0);
-                self.exact(&mut rec[BLOCK_FIXED..], "a block header")?;
-                self.check_seal(&rec, start, "block header")?;
-                let header = parse_block_header(&rec, start)?;
-                if header.raw_len > self.header.block_size {
-                    return Err(Error::corrupt(start, "block is larger than the archive's block size"));
-                }
-                let mut payload = vec![0u8; header.stored_len as usize];
-                self.exact(&mut payload, "a block payload")?;
-                header.check_payload(&payload, start)?;
-                Ok(Some(Record::Block { header, payload, offset: start, record_len: self.offset - start }))
-            }
-            REC_END => {
-                let mut rec = [0u8; 24];
-                rec[0] = REC_END;
-                self.exact(&mut rec[1..], "a file end record")?;
-                self.check_seal(&rec, start, "file end record")?;
-                if rec[1..4] != [0, 0, 0] {
-                    return Err(Error::corrupt(start + 1, "reserved file end bytes are not zero"));
-                }
-                Ok(Some(Record::FileEnd {
-                    file_id: u32le(&rec[4..]),
-                    raw_size: u64le(&rec[8..]),
-                    file_check: u64le(&rec[16..]),
-                    offset: start,
-                }))
-            }
-            REC_INDEX => {
-                let mut rec = [0u8; 16];
-                rec[0] = REC_INDEX;
-                self.exact(&mut rec[1..], "the index header")?;
-                self.check_seal(&rec, start, "index header")?;
-                if rec[1..4] != [0, 0, 0] {
-                    return Err(Error::corrupt(start + 1, "reserved index header bytes are not zero"));
-                }
-                let count = u32le(&rec[4..]);
-                let body_len = u64le(&rec[8..]);
-                if body_len >= 1 << 32 {
-                    return Err(Error::corrupt(start + 8, "index length is impossible"));
-                }
-                let body_off = self.offset;
-                let mut body = vec![0u8; body_len as usize];
-                self.exact(&mut body, "the index")?;
-                let mut c = [0u8; 8];
-                self.exact(&mut c, "the index")?;
-                if xxh3_64(&body) != u64::from_le_bytes(c) {
-                    return Err(Error::corrupt(body_off, "index checksum mismatch"));
-                }
-                let index = Index::decode_body(&body, count, body_off)?;
-                let index_len = self.offset - start;
-                let mut t = [0u8; TRAILER_LEN];
-                self.exact(&mut t, "the trailer")?;
-                let (toff, tlen) = decode_trailer(&t, self.offset - TRAILER_LEN as u64)?;
-                if toff != start || tlen != index_len {
-                    return Err(Error::corrupt(
-                        self.offset - TRAILER_LEN as u64,
-                        "trailer does not point at the index",
-                    ));
-                }
-                let mut extra = [0u8; 1];
-                if read_full(&mut self.inp, &mut extra)? != 0 {
-                    return Err(Error::corrupt(self.offset, "data after the end of the archive"));
-                }
-                self.done = true;
-                Ok(Some(Record::Index { index, offset: start }))
-            }
-            other => Err(Error::corrupt(start, format!("unknown record type {other:#04x}"))),
-        }
-    }
+    Ok(())
 }
 
 /// Checks the trailer and returns (index offset, index record length).
@@ -724,29 +550,6 @@ pub fn decode_trailer(t: &[u8; TRAILER_LEN], at: u64) -> Result<(u64, u64)> {
         return Err(Error::corrupt(at + 24, "trailer checksum mismatch"));
     }
     Ok((u64le(&t[8..]), u64le(&t[16..])))
-}
-
-/// Parses an index record held in memory (read by offset from a seekable archive).
-pub fn decode_index_record(rec: &[u8], offset: u64) -> Result<Index> {
-    if rec.len() < 28 || rec[0] != REC_INDEX {
-        return Err(Error::corrupt(offset, "trailer does not point at an index"));
-    }
-    if xxh3_64(&rec[..16]) as u32 != u32le(&rec[16..]) {
-        return Err(Error::corrupt(offset, "index header checksum mismatch"));
-    }
-    if rec[1..4] != [0, 0, 0] {
-        return Err(Error::corrupt(offset + 1, "reserved index header bytes are not zero"));
-    }
-    let count = u32le(&rec[4..]);
-    let body_len = u64le(&rec[8..]);
-    if Some(rec.len() as u64) != body_len.checked_add(28) {
-        return Err(Error::corrupt(offset + 8, "index length does not match the trailer"));
-    }
-    let body = &rec[20..20 + body_len as usize];
-    if xxh3_64(body) != u64le(&rec[20 + body_len as usize..]) {
-        return Err(Error::corrupt(offset + 20, "index checksum mismatch"));
-    }
-    Index::decode_body(body, count, offset + 20)
 }
 
 /// Parses the header of a block record from its first bytes (at least the
@@ -771,19 +574,15 @@ pub fn max_block_header_len(raw_len: u32) -> usize {
     BLOCK_FIXED + (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8) + 4
 }
 
-/// Parses one block record held in memory (header, bitmap, seal, payload).
-pub fn decode_block_record(rec: &[u8], offset: u64) -> Result<(BlockHeader, &[u8])> {
-    let (header, hdr_len) = decode_block_header(rec, offset)?;
-    if rec.len() != hdr_len + header.stored_len as usize {
-        return Err(Error::corrupt(offset, "block record length does not match the index"));
-    }
-    let payload = &rec[hdr_len..];
-    header.check_payload(payload, offset)?;
-    Ok((header, payload))
-}
-
 /// Fixed part of a block header, before the bitmap.
-const BLOCK_FIXED: usize = 28;
+pub const BLOCK_FIXED: usize = 28;
+
+/// Length of a block header without its seal (fixed part and bitmap), from
+/// its fixed part, whose lengths are checked first so that a damaged length
+/// cannot make a reader allocate gigabytes.
+pub fn block_header_len(fixed: &[u8], offset: u64) -> Result<usize> {
+    Ok(BLOCK_FIXED + block_bitmap_len(fixed, offset)?)
+}
 
 /// Checks a block header's lengths and returns the length of its bitmap.
 fn block_bitmap_len(fixed: &[u8], offset: u64) -> Result<usize> {
@@ -821,18 +620,4 @@ fn parse_block_header(rec: &[u8], offset: u64) -> Result<BlockHeader> {
         }
     }
     Ok(header)
-}
-
-/// read() until the buffer is full or EOF; returns bytes read.
-pub fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }

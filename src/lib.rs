@@ -1,22 +1,21 @@
 //! criuz: small, fast, safe CRIU checkpoints with stock CRIU.
 //!
-//! Data flows one way: `format` (bytes on disk) <- `codec` (one block) <-
-//! `engine` (parallel, ordered, bounded) <- `archive` (files to archive and
-//! back) <- `ops` (directories, inspect, verify) and `stream` (CRIU's
-//! image-streaming protocol) <- the CLI.
+//! Data flows one way. Dump: CRIU → `criu::streamer` → `session::capture` →
+//! `archive::write` (on the `engine`, blocks through the `codec`) → `io`
+//! sink. Restore: `io` source → `archive::source` (every block through
+//! `archive::check`) → `session::serve` → CRIU. `format` is the byte layout
+//! (pure, no I/O); `offline` packs, unpacks, inspects and verifies without
+//! CRIU. A lower module never calls a higher one.
 
 pub mod archive;
-pub mod bench;
-pub mod checkpoint;
 pub mod codec;
 pub mod criu;
 pub mod engine;
 pub mod error;
 pub mod format;
-pub mod images;
-pub mod ops;
-pub mod output;
+pub mod io;
+pub mod offline;
 pub mod progress;
-pub mod stream;
+pub mod session;
 
-pub use error::{Error, Result};
+pub use error::{Error, Kind, Result};

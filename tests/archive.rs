@@ -4,7 +4,7 @@
 
 mod common;
 use common::{criuz, CRIUZ};
-use criuz::archive::{read_sequential, IndexedArchive, Options, Packer, SeqSink};
+use criuz::archive::{read_sequential, Archive, BlockSource, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig, Decoder, Encoder};
 use criuz::format::{FileKind, PAGE_SIZE};
 use proptest::prelude::*;
@@ -196,13 +196,9 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
         let want: BTreeMap<String, Vec<u8>> = files.iter().cloned().collect();
         assert!(got == want, "sequential read differs for {cfg:?}");
 
-        let arc = Arc::new(IndexedArchive::open(tmp.path()).unwrap());
+        let arc = Archive::open(tmp.path()).unwrap();
         for (name, data) in &files {
-            let e = arc.index.find(name).unwrap().clone();
-            let mut back = Vec::new();
-            for b in arc.stream_file(&e, 2, 4) {
-                back.extend_from_slice(&b.unwrap());
-            }
+            let back = arc.read_file(arc.find(name).unwrap()).unwrap();
             assert!(&back == data, "indexed read of {name} differs");
         }
     }
@@ -246,8 +242,17 @@ fn verify_catches_every_single_byte_corruption() {
         for flip in [0x01u8, 0x80, 0xff] {
             let mut bad = good.clone();
             bad[i] ^= flip;
-            let r = criuz::ops::verify(std::io::Cursor::new(bad.clone()), &opts, criuz::progress::Progress::hidden());
+            let r =
+                criuz::offline::verify(std::io::Cursor::new(bad.clone()), &opts, criuz::progress::Progress::hidden());
             assert!(r.is_err(), "flipping byte {i} with {flip:#x} went unnoticed");
+            assert_eq!(r.unwrap_err().kind(), criuz::Kind::Archive);
+            // The restore path: open by index, then read every file.
+            let served = Archive::from_store(Box::new(bad), "bad".into())
+                .and_then(|a| a.index().files.iter().try_for_each(|f| a.read_file(f).map(drop)));
+            assert!(
+                matches!(&served, Err(e) if e.kind() == criuz::Kind::Archive),
+                "flipping byte {i} with {flip:#x} went unnoticed by the block source: {served:?}"
+            );
         }
     }
     for i in (0..good.len()).step_by(97) {
@@ -266,7 +271,7 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
     let good = small_archive(tmp.path());
     for len in 0..good.len() {
         let dest = tmp.path().join("out");
-        let r = criuz::ops::unpack(
+        let r = criuz::offline::unpack(
             std::io::Cursor::new(good[..len].to_vec()),
             &dest,
             false,

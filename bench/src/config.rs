@@ -3,9 +3,9 @@
 //! first command until the checkpoint is complete at its destination (dump)
 //! or until CRIU reports the process restored (restore).
 
-use super::proc::{self, Dst, Src, Usage};
-use crate::criu::Criu;
 use crate::error::{Error, Result};
+use crate::proc::{self, Dst, Src, Usage};
+use criuz::criu::Criu;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -111,7 +111,7 @@ pub struct Restored {
 
 /// CRIU's frozen time, in seconds, from a stats-dump image.
 pub fn frozen_from_stats(bytes: &[u8]) -> Option<f64> {
-    crate::checkpoint::parse_stats(bytes).map(|s| f64::from(s.frozen_time_us) / 1e6)
+    criuz::session::checkpoint::parse_stats(bytes).map(|s| f64::from(s.frozen_time_us) / 1e6)
 }
 
 /// CRIU writes stats-dump into its --work-dir (the run's log directory).
@@ -121,9 +121,10 @@ fn frozen_in_dir(dir: &Path) -> Option<f64> {
 
 /// Raw bytes and frozen time recorded in a criuz archive.
 fn archive_facts(path: &Path) -> Result<(u64, Option<f64>)> {
-    let arc = crate::archive::IndexedArchive::open(path)?;
-    let raw = arc.index.files.iter().map(|f| f.raw_size).sum();
-    let frozen = arc.index.find("stats-dump").and_then(|e| frozen_from_stats(&arc.read_file(e).ok()?));
+    use criuz::archive::BlockSource;
+    let arc = criuz::archive::Archive::open(path)?;
+    let raw = arc.index().files.iter().map(|f| f.raw_size).sum();
+    let frozen = arc.find("stats-dump").and_then(|e| frozen_from_stats(&arc.read_file(e).ok()?));
     Ok((raw, frozen))
 }
 
@@ -134,7 +135,7 @@ fn criu_cmd(env: &Env, p: &Place, args: &[&str], img: &Path, log: &str) -> Comma
 }
 
 fn criu_failed(what: &str, e: Error, log: &Path) -> Error {
-    let errs = crate::criu::log_errors(log, 4).join(" | ");
+    let errs = criuz::criu::log_errors(log, 4).join(" | ");
     Error::Criu(format!("{what} failed: {e}; CRIU log: {errs}"))
 }
 

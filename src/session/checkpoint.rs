@@ -2,22 +2,31 @@
 //! capture or serve endpoint in a private temporary images directory.
 //!
 //! Dump: the archive is committed only if CRIU exits 0 and the stream held
-//! `inventory.img` (CRIU writes it last); otherwise nothing appears under the
-//! output name. CRIU's `stats-dump` (written locally, not streamed) is added to
-//! the archive and reported. Restore: the archive is served by index (or from
-//! a pipe); a damaged block makes the serve fail, which aborts CRIU's restore
-//! before the process runs. On failure the temporary directory with CRIU's log
-//! is kept and its path reported.
+//! `inventory.img` (CRIU writes it last); otherwise the packer is aborted and
+//! nothing is published (no file under the output name; on stdout, an archive
+//! without its trailer, which every reader rejects). CRIU's `stats-dump`
+//! (written locally, not streamed) is added to the archive and reported.
+//! Restore: the archive is proven whole before CRIU starts (`archive::source`)
+//! and every block is checked as it is served; a failed check aborts CRIU's
+//! restore before the process runs.
+//!
+//! The work directory is always removed. When CRIU fails, its log is kept in
+//! [`log_dir`] (the newest few only, so failures do not pile up) and named in
+//! the error.
 
-use crate::archive::{Options, PackStats, Packer};
-use crate::criu::{self, Criu};
-use crate::error::{Error, Result};
-use crate::output::Output;
-use crate::stream::{self, Listener, ServeOptions};
+use crate::archive::{Archive, BlockSource, Options, PackStats, Packer};
+use crate::criu::streamer::{self, Listener};
+use crate::criu::{self, images, Criu};
+use crate::error::{Error, IoContext, Result};
+use crate::io::Output;
+use crate::session::capture;
+use crate::session::serve::{self, ServeOptions};
 use prost::Message;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -98,20 +107,50 @@ pub fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
     })
 }
 
-/// A private temporary images directory, kept (with CRIU's log) on failure.
-struct WorkDir(Option<tempfile::TempDir>);
+/// A private temporary images directory, always removed; CRIU's log is
+/// saved to [`log_dir`] when something failed.
+struct WorkDir(tempfile::TempDir);
+
+/// How many failure logs [`log_dir`] keeps.
+const KEPT_LOGS: usize = 8;
+
+/// Where the logs of failed CRIU runs are kept: `$TMPDIR/criuz-logs` (0700).
+pub fn log_dir() -> PathBuf {
+    std::env::temp_dir().join("criuz-logs")
+}
 
 impl WorkDir {
     fn new(prefix: &str) -> Result<Self> {
-        Ok(WorkDir(Some(tempfile::Builder::new().prefix(prefix).tempdir()?)))
+        let base = std::env::temp_dir();
+        Ok(WorkDir(tempfile::Builder::new().prefix(prefix).tempdir_in(&base).at(&base)?))
     }
     fn path(&self) -> &Path {
-        self.0.as_ref().expect("work dir").path()
+        self.0.path()
     }
-    /// Keeps the directory and returns the log path for the error message.
-    fn keep(&mut self, log: &str) -> PathBuf {
-        let dir = self.0.take().expect("work dir").keep();
-        dir.join(log)
+    /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest
+    /// saved logs beyond [`KEPT_LOGS`]; returns where it went.
+    fn save_log(&self, name: &str) -> PathBuf {
+        let src = self.path().join(name);
+        let dir = log_dir();
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let dest =
+            dir.join(format!("{}-{}-{}.log", name.trim_end_matches(".log"), stamp.as_secs(), std::process::id()));
+        let saved = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|_| std::fs::copy(&src, &dest));
+        if saved.is_err() {
+            return src;
+        }
+        let mut logs: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).collect())
+            .unwrap_or_default();
+        logs.sort_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+        for old in logs.iter().take(logs.len().saturating_sub(KEPT_LOGS)) {
+            let _ = std::fs::remove_file(old.path());
+        }
+        dest
     }
 }
 
@@ -120,13 +159,43 @@ fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Err
     Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
 }
 
+/// A process that CRIU could dump: one that exists.
+fn check_dumpable(pid: i32) -> Result<()> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(Error::Usage(format!("process {pid} does not exist")));
+    }
+    Ok(())
+}
+
+/// CRIU restores every process and thread under its old id; one still in use
+/// (often the dumped process itself, not yet reaped by its parent) would make
+/// CRIU fail with "Can't fork for PID: File exists".
+fn check_pids_free(source: &dyn BlockSource) -> Result<()> {
+    let Some(entry) = source.find("pstree.img") else { return Ok(()) };
+    let pids = images::pstree_pids(&source.read_file(entry)?);
+    for pid in pids.unwrap_or_default() {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+        if let Ok(stat) = stat {
+            let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
+            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            let why = if zombie { "a zombie its parent has not reaped yet" } else { "running" };
+            return Err(Error::Criu(format!(
+                "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
+                 a dumped process keeps its pid until its parent reaps it"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
+    check_dumpable(o.pid)?;
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;
-    let mut work = WorkDir::new("criuz-dump-")?;
-    let listener = Listener::bind(work.path(), stream::CAPTURE_SOCKET)?;
+    let work = WorkDir::new("criuz-dump-")?;
+    let listener = Listener::bind(work.path(), streamer::CAPTURE_SOCKET)?;
     let packer = Packer::start(out.writer()?, archive)?;
     let stop = AtomicBool::new(false);
 
@@ -145,35 +214,32 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     cmd.args(&o.extra);
 
     let (status, captured) = std::thread::scope(|s| {
-        let cap = s.spawn(|| stream::capture(&listener, &packer, &stop));
+        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
         let status = cmd.status();
         stop.store(true, Ordering::Relaxed);
         (status, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let log = work.path().join("dump.log");
     let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
     if !status.success() {
-        let err = criu_failure("criu dump", status, &log);
         packer.abort();
-        work.keep("dump.log");
-        return Err(err);
+        return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
     }
     let report = match captured {
         Ok(Some(r)) => r,
         Ok(None) => {
             packer.abort();
-            let log = work.keep("dump.log");
+            let log = work.save_log("dump.log");
             return Err(Error::Criu(format!("CRIU never connected to the capture socket; log: {}", log.display())));
         }
         Err(e) => {
             let e = packer.abort().unwrap_or(e);
-            let log = work.keep("dump.log");
-            return Err(Error::Criu(format!("capture failed: {e}; CRIU log: {}", log.display())));
+            let log = work.save_log("dump.log");
+            return Err(e.context(format!("capture failed (CRIU log: {})", log.display())));
         }
     };
     if !report.files.iter().any(|f| f == "inventory.img") {
         packer.abort();
-        let log = work.keep("dump.log");
+        let log = work.save_log("dump.log");
         return Err(Error::Criu(format!("the dump stream has no inventory.img (incomplete); log: {}", log.display())));
     }
     let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
@@ -228,17 +294,13 @@ pub struct RestoreReport {
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
-    let (source, block_size) = stream::open_source(&o.input, o.pipe_buffer, archive.block_size)?;
-    let mut work = WorkDir::new("criuz-restore-")?;
-    let listener = Listener::bind(work.path(), stream::SERVE_SOCKET)?;
+    let source: Arc<dyn BlockSource> = Archive::open_spec(&o.input, o.pipe_buffer)?;
+    check_pids_free(&*source)?;
+    let work = WorkDir::new("criuz-restore-")?;
+    let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
     let stop = AtomicBool::new(false);
-    let opts = ServeOptions {
-        threads: archive.threads,
-        prefetch_bytes: 16 << 20,
-        block_size,
-        skip_zero_pages: !o.keep_zero_pages,
-    };
+    let opts = ServeOptions { threads: archive.threads, prefetch_bytes: 16 << 20, skip_zero_pages: !o.keep_zero_pages };
 
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", "--stream", "-o", "restore.log", "--pidfile"]).arg(&pidfile).arg("-D").arg(work.path());
@@ -252,7 +314,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     cmd.args(&o.extra);
 
     let (status, served) = std::thread::scope(|s| {
-        let srv = s.spawn(|| stream::serve(&listener, source, opts, &stop));
+        let srv = s.spawn(|| serve::serve(&listener, source, opts, &stop));
         let status = cmd.status();
         stop.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))
@@ -261,17 +323,19 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let report = match served {
         Err(e) => {
-            let log = work.keep("restore.log");
-            return Err(Error::Criu(format!("restore aborted: {e}; CRIU log: {}", log.display())));
+            let log = work.save_log("restore.log");
+            return Err(e.context(format!("restore aborted (CRIU log: {})", log.display())));
         }
-        Ok(None) if !status.success() => return Err(criu_failure("criu restore", status, &work.keep("restore.log"))),
+        Ok(None) if !status.success() => {
+            return Err(criu_failure("criu restore", status, &work.save_log("restore.log")))
+        }
         Ok(None) => return Err(Error::Criu("CRIU never connected to the serve socket".into())),
         Ok(Some(report)) => report,
     };
     // Without -d, CRIU's exit status is the restored tree's; a detached restore
     // (or one that never got as far as a pid) must exit 0.
     if !status.success() && (o.detach || pid.is_none()) {
-        return Err(criu_failure("criu restore", status, &work.keep("restore.log")));
+        return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
     Ok(RestoreReport {
         pid,

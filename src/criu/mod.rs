@@ -1,4 +1,6 @@
-//! Finding a usable CRIU (>= 4.0) and running it.
+//! The CRIU side: finding a usable CRIU (>= 4.0) here; its streamer protocol
+//! (`streamer`), handing bytes to its pipes (`splice`) and the few image files
+//! criuz reads (`images`) in the submodules.
 //!
 //! Order: `--criu PATH`, then `$CRIUZ_CRIU`, then the build cache that
 //! `scripts/setup.sh` fills (`$CRIUZ_CACHE`, else `$XDG_CACHE_HOME/criuz`, else
@@ -9,8 +11,15 @@ use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod images;
+pub mod splice;
+pub mod streamer;
+
 pub const MIN_MAJOR: u32 = 4;
-pub const CACHED_VERSION: &str = "4.1.1";
+/// Versions `scripts/setup.sh` may have built into the cache, newest first.
+/// 4.2 is the first that dumps TCP sockets on Linux >= 6.16; 4.1.1 still works
+/// for everything else.
+pub const CACHED_VERSIONS: [&str; 2] = ["4.2.1", "4.1.1"];
 
 #[derive(Clone, Debug)]
 pub struct Criu {
@@ -78,7 +87,9 @@ pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
     }
     let mut rejected = Vec::new();
     let mut candidates: Vec<(PathBuf, &'static str)> = Vec::new();
-    candidates.push((cache_dir().join(format!("criu-{CACHED_VERSION}")).join("criu"), "cache"));
+    for v in CACHED_VERSIONS {
+        candidates.push((cache_dir().join(format!("criu-{v}")).join("criu"), "cache"));
+    }
     if let Some(p) = on_path("criu") {
         candidates.push((p, "PATH"));
     }

@@ -1,12 +1,13 @@
 //! Offline commands: pack a CRIU images directory, unpack an archive into
 //! one, verify every checksum, and inspect what an archive holds.
 
+use crate::archive::check::{Checked, CheckedRecords};
+use crate::archive::records::StreamInput;
 use crate::archive::{read_sequential, Options, PackStats, Packer, SeqSink};
 use crate::error::{Error, IoContext, Result};
-use crate::format::{check_entry_name, BlockCodec, FileKind, Record, SeqReader};
-use crate::output::sync_parent;
+use crate::format::{check_entry_name, BlockCodec, FileKind};
+use crate::io::sync_parent;
 use crate::progress::Progress;
-use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -75,7 +76,6 @@ struct DirSink {
     staging: PathBuf,
     force: bool,
     open: Vec<Option<(String, BufWriter<File>)>>,
-    names: HashSet<String>,
     done: Vec<String>,
     bytes: u64,
     progress: Progress,
@@ -89,15 +89,11 @@ impl DirSink {
 
 impl SeqSink for DirSink {
     fn begin(&mut self, file_id: u32, name: &str, _kind: FileKind) -> Result<()> {
-        check_entry_name(name).map_err(|why| Error::Invalid(format!("refusing archive entry {name:?}: {why}")))?;
-        if !self.names.insert(name.to_string()) {
-            return Err(Error::Invalid(format!("archive holds {name} twice")));
-        }
+        // The checked records already refuse such names; a path is built from
+        // this one, so the rule is applied here once more.
+        check_entry_name(name).map_err(|why| Error::corrupt(0, format!("refusing archive entry {name:?}: {why}")))?;
         if !self.force && self.existing(name) {
-            return Err(Error::Invalid(format!(
-                "{}: already exists (use --force to replace it)",
-                self.target.join(name).display()
-            )));
+            return Err(Error::Exists(self.target.join(name)));
         }
         let path = self.staging.join(name);
         let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).at(&path)?;
@@ -149,7 +145,6 @@ pub fn unpack<R: Read + Send + 'static>(
         staging: staging.clone(),
         force,
         open: Vec::new(),
-        names: HashSet::new(),
         done: Vec::new(),
         bytes: 0,
         progress,
@@ -157,10 +152,7 @@ pub fn unpack<R: Read + Send + 'static>(
     let result = read_sequential(inp, opts, &mut sink).and_then(|_| {
         for name in &sink.done {
             if !force && sink.existing(name) {
-                return Err(Error::Invalid(format!(
-                    "{}: appeared while unpacking; not replaced",
-                    dir.join(name).display()
-                )));
+                return Err(Error::Exists(dir.join(name)));
             }
             std::fs::rename(staging.join(name), dir.join(name)).at(dir.join(name))?;
         }
@@ -234,32 +226,29 @@ fn ratio(stored: u64, raw: u64) -> f64 {
     }
 }
 
-/// Reads record headers (checking their checksums, not decompressing) and
-/// reports sizes per file.
-pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
-    let mut r = SeqReader::new(inp)?;
+/// Reads every record through the checks (payload checks included, no
+/// decompression) and reports sizes per file.
+pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
+    let mut r = CheckedRecords::new(StreamInput(inp), true)?;
     let mut rep = InspectReport {
         version: crate::format::VERSION,
-        block_size: r.header.block_size,
-        archive_id: r.header.archive_id.iter().map(|b| format!("{b:02x}")).collect(),
+        block_size: r.header().block_size,
+        archive_id: r.header().archive_id.iter().map(|b| format!("{b:02x}")).collect(),
         ..Default::default()
     };
     let mut start = r.offset();
-    while let Some(rec) = r.next_record()? {
+    while let Some((_, rec)) = r.next_record()? {
         let len = r.offset() - start;
         match rec {
-            Record::FileBegin { name, kind, .. } => {
+            Checked::FileBegin { name, kind, .. } => {
                 let kind = match kind {
                     FileKind::Pages => "pages",
                     FileKind::Plain => "plain",
                 };
                 rep.files.push(FileReport { name, kind: kind.into(), stored_bytes: len, ..Default::default() });
             }
-            Record::Block { header, .. } => {
-                let f = rep
-                    .files
-                    .get_mut(header.file_id as usize)
-                    .ok_or_else(|| Error::corrupt(start, format!("block for unknown file {}", header.file_id)))?;
+            Checked::Block { header, .. } => {
+                let f = &mut rep.files[header.file_id as usize];
                 f.raw_bytes += u64::from(header.raw_len);
                 f.stored_bytes += len;
                 if !header.zero_bitmap.is_empty() {
@@ -272,12 +261,8 @@ pub fn inspect<R: Read>(inp: R) -> Result<InspectReport> {
                     BlockCodec::Zstd => f.blocks_zstd += 1,
                 }
             }
-            Record::FileEnd { file_id, .. } => {
-                if let Some(f) = rep.files.get_mut(file_id as usize) {
-                    f.stored_bytes += len;
-                }
-            }
-            Record::Index { .. } => {}
+            Checked::FileEnd(end) => rep.files[end.file_id as usize].stored_bytes += len,
+            Checked::Index(_) => {}
         }
         start = r.offset();
     }

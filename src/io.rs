@@ -1,6 +1,12 @@
-//! Outputs that never leave a partial file under the final name: data goes to
-//! a temporary name beside the target (mode 0600, since archives and images
-//! hold process memory), is fsynced, then renamed into place.
+//! Where archive bytes go and come from, and the one rule for `-` (standard
+//! input or output).
+//!
+//! An [`Output`] is published only by [`Output::commit`]: a file is written
+//! under a temporary name beside the target (mode 0600, since archives hold
+//! process memory), fsynced, then renamed into place; dropped uncommitted, the
+//! temporary file is removed. Standard output cannot be taken back, so a
+//! writer that fails must stop short of the trailer (see `archive::write`):
+//! the reader then sees a truncated archive.
 
 use crate::error::{Error, IoContext, Result};
 use std::fs::{File, OpenOptions};
@@ -19,10 +25,9 @@ impl AtomicFile {
     /// Refuses an existing target unless `force`.
     pub fn create(target: &Path, force: bool) -> Result<Self> {
         if !force && target.symlink_metadata().is_ok() {
-            return Err(Error::Invalid(format!("{}: already exists (use --force to replace it)", target.display())));
+            return Err(Error::Exists(target.to_path_buf()));
         }
-        let name =
-            target.file_name().ok_or_else(|| Error::Invalid(format!("{}: not a file name", target.display())))?;
+        let name = target.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file name", target.display())))?;
         let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".{}.criuz-tmp-{}", name.to_string_lossy(), std::process::id()));
         let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).at(&tmp)?;
@@ -43,7 +48,7 @@ impl AtomicFile {
         file.sync_all().at(&self.tmp)?;
         drop(file);
         if !self.force && self.target.symlink_metadata().is_ok() {
-            return Err(Error::Invalid(format!("{}: appeared while writing; not replaced", self.target.display())));
+            return Err(Error::Exists(self.target.clone()));
         }
         std::fs::rename(&self.tmp, &self.target).at(&self.target)?;
         sync_parent(&self.target);
@@ -116,9 +121,23 @@ pub enum Output {
     Stdout,
 }
 
+/// `-` names standard input or output.
+pub fn is_stdio(spec: &Path) -> bool {
+    spec == Path::new("-")
+}
+
+/// Opens an archive to read front to back: a file, or standard input for `-`.
+pub fn open_input(spec: &Path) -> Result<Box<dyn std::io::Read + Send>> {
+    if is_stdio(spec) {
+        return Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())));
+    }
+    let f = File::open(spec).at(spec)?;
+    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))
+}
+
 impl Output {
     pub fn open(spec: &Path, force: bool) -> Result<Self> {
-        if spec == Path::new("-") {
+        if is_stdio(spec) {
             Ok(Output::Stdout)
         } else {
             Ok(Output::File(AtomicFile::create(spec, force)?))

@@ -3,14 +3,15 @@
 //!
 //! - Memory patterns (`criuz-workload`): SIGUSR1 makes it write a checksum of
 //!   its memory to DIR/sum-root.
-//! - redis: DBSIZE and sampled GETs over its unix socket.
+//! - redis: DBSIZE and sampled GETs over TCP on loopback, as users run it
+//!   (dumping a TCP socket needs CRIU >= 4.2 on Linux >= 6.16).
 //! - jvm, python: a request file makes them walk their whole object graph and
 //!   write a checksum to an answer file.
 
-use super::proc;
 use crate::error::{Error, Result};
+use crate::proc;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -77,7 +78,7 @@ pub struct Running {
 
 enum Kind {
     Pattern,
-    Redis { sock: PathBuf, keys: u64, idle_sockets: usize },
+    Redis { addr: SocketAddr, keys: u64, idle_sockets: usize },
     Answering,
 }
 
@@ -140,23 +141,22 @@ impl Running {
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
             }
             "redis" => {
-                let sock = dir.join("redis.sock");
+                let addr = free_loopback_port()?;
                 let mut cmd = Command::new("redis-server");
-                cmd.args(["--port", "0", "--unixsocket"])
-                    .arg(&sock)
-                    .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+                cmd.args(["--bind", "127.0.0.1", "--port", &addr.port().to_string()])
+                    .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                     .args(["--enable-debug-command", "yes", "--dir"])
                     .arg(dir)
                     .arg("--logfile")
                     .arg(&log);
                 run.pid = spawn_detached(cmd, &dir.join("stdout.log"))?;
-                wait_for("redis to listen", Duration::from_secs(60), run.pid, || sock.exists())
+                wait_for("redis to listen", Duration::from_secs(60), run.pid, || TcpStream::connect(addr).is_ok())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
                 let idle_sockets = socket_fds(run.pid);
                 let keys = redis_keys(mib);
-                run.kind = Kind::Redis { sock: sock.clone(), keys, idle_sockets };
+                run.kind = Kind::Redis { addr, keys, idle_sockets };
                 {
-                    let mut c = Redis::connect(&sock)?;
+                    let mut c = Redis::connect(addr)?;
                     c.call(&["DEBUG", "POPULATE", &keys.to_string()])?;
                 }
                 run.wait_no_clients()?;
@@ -202,11 +202,11 @@ impl Running {
                 let s = std::fs::read_to_string(&sum).map_err(|e| Error::file(&sum, e))?;
                 Ok(s.trim().to_string())
             }
-            Kind::Redis { sock, keys, .. } => {
+            Kind::Redis { addr, keys, .. } => {
                 let keys = *keys;
                 let mut out;
                 {
-                    let mut c = Redis::connect(sock)?;
+                    let mut c = Redis::connect(*addr)?;
                     let n = c.call(&["DBSIZE"])?;
                     out = format!("dbsize={n}");
                     let mut samples = vec![0, keys - 1];
@@ -271,11 +271,16 @@ fn socket_fds(pid: i32) -> usize {
 }
 
 /// A minimal RESP client: enough for DEBUG POPULATE, DBSIZE and GET.
-struct Redis(BufReader<UnixStream>);
+/// A loopback address with a port nobody listens on right now.
+fn free_loopback_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?)
+}
+
+struct Redis(BufReader<TcpStream>);
 
 impl Redis {
-    fn connect(sock: &Path) -> Result<Redis> {
-        let s = UnixStream::connect(sock).map_err(|e| Error::file(sock, e))?;
+    fn connect(addr: SocketAddr) -> Result<Redis> {
+        let s = TcpStream::connect(addr).map_err(|e| Error::Invalid(format!("redis at {addr}: {e}")))?;
         s.set_read_timeout(Some(Duration::from_secs(300)))?;
         Ok(Redis(BufReader::new(s)))
     }

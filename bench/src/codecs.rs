@@ -1,12 +1,12 @@
-//! `criuz bench --codec-table`: for each memory pattern, one plain
+//! `criuz-bench --codec-table`: for each memory pattern, one plain
 //! `criu dump -D`, then `criuz pack` with each codec and `criuz unpack` of
 //! the result: archive size against the raw image size, and pack and unpack
 //! throughput (raw image bytes per second of wall time).
 
-use super::proc;
-use super::workload::{Running, Tools};
-use crate::criu::Criu;
 use crate::error::{Error, Result};
+use crate::proc;
+use crate::workload::{Running, Tools};
+use criuz::criu::Criu;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,11 +32,6 @@ fn timed(cmd: &mut Command) -> Result<f64> {
         return Err(Error::Invalid(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(t.elapsed().as_secs_f64())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Rows for one pattern: dumps a fresh workload once, then packs and unpacks
@@ -85,8 +80,8 @@ pub fn measure(
             raw_bytes,
             archive_bytes,
             ratio: archive_bytes as f64 / raw_bytes.max(1) as f64,
-            pack_bytes_per_s: raw_bytes as f64 / median(pack),
-            unpack_bytes_per_s: raw_bytes as f64 / median(unpack),
+            pack_bytes_per_s: raw_bytes as f64 / crate::report::median(&pack).unwrap_or(f64::NAN),
+            unpack_bytes_per_s: raw_bytes as f64 / crate::report::median(&unpack).unwrap_or(f64::NAN),
         });
     }
     let _ = std::fs::remove_dir_all(&dir);

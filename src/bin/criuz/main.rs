@@ -1,16 +1,16 @@
 //! criuz command line: parses arguments, calls the library, prints results.
-//! Every error ends as one line `criuz: ...` and a non-zero exit.
+//! Every error ends as one line `criuz: ...` and an exit status by kind:
+//! 1 the operation failed, 2 usage, 3 the archive is damaged, foreign or
+//! unsupported (see `criuz::error::Kind`).
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use criuz::archive::Options;
 use criuz::codec::{Codec, CodecConfig};
-use criuz::output::Output;
+use criuz::io::{is_stdio, open_input, Output};
 use criuz::progress::Progress;
-use criuz::{engine, ops};
-use std::fs::File;
-use std::io::{BufReader, Read};
-use std::path::{Path, PathBuf};
+use criuz::{engine, offline};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -50,7 +50,7 @@ impl ThreadArgs {
 
 impl CodecArgs {
     fn options(&self) -> Result<Options> {
-        let codec = CodecConfig::new(self.codec, self.level).map_err(anyhow::Error::msg)?;
+        let codec = CodecConfig::new(self.codec, self.level).map_err(criuz::Error::Usage)?;
         let opts = Options { codec, block_size: self.block_size, ..self.threads.options() };
         opts.validate()?;
         Ok(opts)
@@ -182,8 +182,6 @@ enum Cmd {
         #[command(flatten)]
         threads: ThreadArgs,
     },
-    /// Compare criuz with what users do today (criu dump to a directory, lz4/zstd, ...)
-    Bench(criuz::bench::BenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -216,15 +214,6 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mul).ok_or_else(|| format!("size too large: {s}"))
 }
 
-fn open_input(path: &Path) -> Result<(Box<dyn Read + Send>, Option<u64>)> {
-    if path == Path::new("-") {
-        return Ok((Box::new(BufReader::with_capacity(1 << 20, std::io::stdin())), None));
-    }
-    let f = File::open(path).with_context(|| path.display().to_string())?;
-    let len = f.metadata().ok().map(|m| m.len());
-    Ok((Box::new(BufReader::with_capacity(1 << 20, f)), len))
-}
-
 fn human(bytes: u64) -> String {
     let b = bytes as f64;
     if b >= (1u64 << 30) as f64 {
@@ -246,7 +235,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Pack { dir, output, force, codec } => {
             let opts = codec.options()?;
-            let (files, skipped) = ops::image_files(&dir)?;
+            let (files, skipped) = offline::image_files(&dir)?;
             for s in &skipped {
                 eprintln!("criuz: skipping {} (not a regular file)", dir.join(s).display());
             }
@@ -254,7 +243,7 @@ fn run(cli: Cli) -> Result<()> {
             let out = Output::open(&output, force)?;
             let t = Instant::now();
             let mut progress = Progress::new("pack", Some(total));
-            let stats = ops::pack_dir(&dir, out.writer()?, &opts, &mut progress)
+            let stats = offline::pack_dir(&dir, out.writer()?, &opts, &mut progress)
                 .with_context(|| format!("packing {}", dir.display()))?;
             progress.finish();
             out.commit()?;
@@ -271,10 +260,10 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Cmd::Unpack { archive, dir, force, threads } => {
-            let (inp, _) = open_input(&archive)?;
+            let inp = open_input(&archive)?;
             let t = Instant::now();
             let progress = Progress::new("unpack", None);
-            let st = ops::unpack(inp, &dir, force, &threads.options(), progress)
+            let st = offline::unpack(inp, &dir, force, &threads.options(), progress)
                 .with_context(|| archive.display().to_string())?;
             let secs = t.elapsed().as_secs_f64();
             eprintln!(
@@ -287,8 +276,8 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Cmd::Inspect { archive, json } => {
-            let (inp, _) = open_input(&archive)?;
-            let rep = ops::inspect(inp).with_context(|| archive.display().to_string())?;
+            let inp = open_input(&archive)?;
+            let rep = offline::inspect(inp).with_context(|| archive.display().to_string())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
@@ -298,9 +287,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, codec, extra } => {
             let opts = codec.options()?;
             let c = criu.locate()?;
-            let o = criuz::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra };
-            let r = criuz::checkpoint::dump(&o, &opts, &c)?;
-            if json && o.output == Path::new("-") {
+            let o = criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra };
+            let r = criuz::session::checkpoint::dump(&o, &opts, &c)?;
+            if json && is_stdio(&o.output) {
                 // The archive went to stdout.
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
             } else if json {
@@ -331,7 +320,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Restore { input, detach, criu, shell_job, pipe_buffer, keep_zero_pages, json, threads, extra } => {
             let c = criu.locate()?;
-            let o = criuz::checkpoint::RestoreOptions {
+            let o = criuz::session::checkpoint::RestoreOptions {
                 input,
                 detach,
                 shell_job,
@@ -339,7 +328,7 @@ fn run(cli: Cli) -> Result<()> {
                 pipe_buffer: pipe_buffer as u64,
                 keep_zero_pages,
             };
-            let r = criuz::checkpoint::restore(&o, &threads.options(), &c)?;
+            let r = criuz::session::checkpoint::restore(&o, &threads.options(), &c)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else if let Some(pid) = r.pid {
@@ -358,20 +347,21 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Capture { dir, output, force, codec } => {
             let opts = codec.options()?;
             let out = Output::open(&output, force)?;
-            let listener = criuz::stream::Listener::bind(&dir, criuz::stream::CAPTURE_SOCKET)?;
+            let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
             let packer = criuz::archive::Packer::start(out.writer()?, &opts)?;
             let never = std::sync::atomic::AtomicBool::new(false);
-            let report = match criuz::stream::capture(&listener, &packer, &never) {
+            let report = match criuz::session::capture::capture(&listener, &packer, &never) {
                 Ok(r) => r.expect("capture waits for CRIU"),
                 Err(e) => return Err(packer.abort().unwrap_or(e).into()),
             };
             if !report.files.iter().any(|f| f == "inventory.img") {
                 packer.abort();
-                anyhow::bail!(
+                return Err(criuz::Error::Criu(format!(
                     "the dump stream has no inventory.img: CRIU did not finish; {} not written",
                     output.display()
-                );
+                ))
+                .into());
             }
             let (stats, _) = packer.finish()?;
             out.commit()?;
@@ -385,19 +375,16 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, threads } => {
             let opts = threads.options();
-            let (source, block_size) = criuz::stream::open_source(&input, pipe_buffer as u64, opts.block_size)?;
-            let listener = criuz::stream::Listener::bind(&dir, criuz::stream::SERVE_SOCKET)?;
+            let source = criuz::archive::Archive::open_spec(&input, pipe_buffer as u64)?;
+            let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::SERVE_SOCKET)?;
             eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
             let never = std::sync::atomic::AtomicBool::new(false);
-            let sopts = criuz::stream::ServeOptions {
+            let sopts = criuz::session::serve::ServeOptions {
                 threads: opts.threads,
                 prefetch_bytes: 16 << 20,
-                block_size,
                 skip_zero_pages: !keep_zero_pages,
             };
-            let r = criuz::stream::serve(&listener, source, sopts, &never)
-                .with_context(|| input.display().to_string())?
-                .expect("serve waits for CRIU");
+            let r = criuz::session::serve::serve(&listener, source, sopts, &never)?.expect("serve waits for CRIU");
             eprintln!(
                 "served {} files ({}), {} not in the archive, {} zero pages left out",
                 r.served.len(),
@@ -406,19 +393,18 @@ fn run(cli: Cli) -> Result<()> {
                 r.zero_pages_skipped
             );
         }
-        Cmd::Bench(args) => criuz::bench::run(&args)?,
         Cmd::Verify { archive, threads } => {
-            let (inp, _) = open_input(&archive)?;
+            let inp = open_input(&archive)?;
             let progress = Progress::new("verify", None);
             let (files, bytes) =
-                ops::verify(inp, &threads.options(), progress).with_context(|| archive.display().to_string())?;
+                offline::verify(inp, &threads.options(), progress).with_context(|| archive.display().to_string())?;
             println!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
         }
     }
     Ok(())
 }
 
-fn print_inspect(rep: &ops::InspectReport) {
+fn print_inspect(rep: &offline::InspectReport) {
     println!("criuz archive v{}, block size {}, id {}", rep.version, human(u64::from(rep.block_size)), rep.archive_id);
     println!(
         "{:<28} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10}  blocks raw/lz4/zstd",
@@ -455,6 +441,12 @@ fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("criuz: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
     }
+}
+
+/// The exit status for an error: by the kind of the library error behind it
+/// (contexts added here do not change it); 1 for anything else.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    e.chain().find_map(|c| c.downcast_ref::<criuz::Error>()).map_or(1, |e| e.kind().exit_code())
 }

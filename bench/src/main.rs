@@ -1,4 +1,4 @@
-//! `criuz bench`: checkpoints and restores workloads under several
+//! `criuz-bench`: checkpoints and restores workloads under several
 //! configurations (plain CRIU to a directory or tmpfs, CRIU then lz4/zstd,
 //! criuz pack, criuz streaming), several runs each, and reports median, min
 //! and max of each figure. Every restore is checked by asking the restored
@@ -7,6 +7,7 @@
 
 mod codecs;
 mod config;
+mod error;
 mod plot;
 mod proc;
 mod report;
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use workload::{Running, Tools};
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
     /// Workloads, comma separated [default: all]: zero,mixed,random,text,elf (memory patterns),
     /// redis,jvm,python (applications)
@@ -229,10 +231,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let plan = Plan::of(args)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::Invalid("criuz bench needs root (CRIU checkpoints and restores processes)".into()));
+        return Err(Error::Invalid("criuz-bench needs root (CRIU checkpoints and restores processes)".into()));
     }
-    let (criu, _) = crate::criu::locate(args.criu.as_deref())?;
-    let criuz = std::env::current_exe()?;
+    let (criu, _) = criuz::criu::locate(args.criu.as_deref())?;
+    // criuz and criuz-workload are built beside this binary.
+    let criuz = std::env::current_exe()?.with_file_name("criuz");
     let workload_bin = criuz.with_file_name("criuz-workload");
     if args.cold {
         proc::drop_caches()?;
@@ -244,7 +247,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut unavailable: Vec<(String, String)> = Vec::new();
     for c in &plan.configs {
         for t in c.tools() {
-            if crate::criu::on_path(t).is_none() {
+            if criuz::criu::on_path(t).is_none() {
                 unavailable.push((c.name().to_string(), format!("{t} is not installed")));
             }
         }
@@ -259,7 +262,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
             _ => None,
         };
-        if let Some(t) = need.filter(|t| crate::criu::on_path(t).is_none()) {
+        if let Some(t) = need.filter(|t| criuz::criu::on_path(t).is_none()) {
             unavailable.push((w.clone(), format!("{t} is not installed")));
         }
     }
@@ -284,8 +287,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // would do; and every run then measures the same criuz.
     let bin = work.path().join("bin");
     mkdir(&bin)?;
-    let criuz = bin.join("criuz");
-    std::fs::copy("/proc/self/exe", &criuz).map_err(|e| Error::file("/proc/self/exe", e))?;
+    if !criuz.is_file() {
+        return Err(Error::Invalid(format!("{}: not built (cargo build --release --workspace)", criuz.display())));
+    }
+    let criuz = copy_exe(&criuz, &bin)?;
     let workload_bin = if workload_bin.is_file() { copy_exe(&workload_bin, &bin)? } else { workload_bin };
     let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin)?;
     if let Err(why) = &tools.java_classes {
@@ -454,5 +459,13 @@ mod tests {
         img.extend_from_slice(&entry);
         assert_eq!(config::frozen_from_stats(&img), Some(1.234567));
         assert_eq!(config::frozen_from_stats(&img[..10]), None);
+    }
+}
+
+fn main() {
+    let args = <BenchArgs as clap::Parser>::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("criuz-bench: {e}");
+        std::process::exit(1);
     }
 }

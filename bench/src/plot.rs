@@ -3,8 +3,8 @@
 //! min-max whisker when there are several runs). A failed pair gets a red
 //! cross instead of a bar.
 
-use super::report::{Document, ResultJson};
 use crate::error::{Error, Result};
+use crate::report::{Document, ResultJson};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
@@ -111,7 +111,7 @@ pub fn draw(path: &Path, doc: &Document) -> Result<()> {
     let s = &doc.settings;
     let m = &doc.machine;
     let mut title = format!(
-        "criuz bench: {} MiB per workload, {} run{} each, {} cores, {:.0} GiB RAM, kernel {}, CRIU {}",
+        "criuz-bench: {} MiB per workload, {} run{} each, {} cores, {:.0} GiB RAM, kernel {}, CRIU {}",
         s.size_mib,
         s.runs,
         if s.runs == 1 { "" } else { "s" },

@@ -20,6 +20,7 @@ use prost::Message;
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
+const PSTREE_MAGIC: u32 = 0x5027_3030;
 
 const PE_PARENT: u32 = 1 << 0;
 const PE_LAZY: u32 = 1 << 1;
@@ -63,6 +64,26 @@ struct PagemapEntry {
     /// Newer CRIU: 64-bit page count (field 2 then holds a compat copy).
     #[prost(uint64, optional, tag = "5")]
     nr_pages64: Option<u64>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct PstreeEntry {
+    #[prost(uint32, required, tag = "1")]
+    pid: u32,
+    #[prost(uint32, repeated, packed = "false", tag = "5")]
+    threads: Vec<u32>,
+}
+
+/// Every process and thread id of a checkpointed tree (pstree.img);
+/// `None` if the image is not as expected.
+pub fn pstree_pids(img: &[u8]) -> Option<Vec<u32>> {
+    let mut pids = Vec::new();
+    for obj in objects(img, PSTREE_MAGIC)? {
+        let e = PstreeEntry::decode(obj).ok()?;
+        pids.push(e.pid);
+        pids.extend(e.threads.into_iter().filter(|&t| t != e.pid));
+    }
+    Some(pids)
 }
 
 #[derive(Clone, PartialEq, Message)]

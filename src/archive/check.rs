@@ -1,0 +1,200 @@
+//! Every reading rule of `docs/FORMAT.md` that spans records, in one place.
+//!
+//! [`CheckedRecords`] is the only way anything reads an archive: it takes
+//! records off a [`SeqReader`] and lets one through only once it fits all
+//! that came before it. F records must come with ids 0, 1, 2, … and distinct,
+//! safe names; a block must belong to a begun, unended file and no larger
+//! than the header's block size, and its payload must match its payload
+//! check; an E record must match the size and chained check (over the data
+//! checks of the file's blocks, in order) computed from the blocks seen; the
+//! index must describe exactly the stream it ends. A block's bytes are then
+//! proven by its data check when it is decoded (`codec::Decoder`).
+//!
+//! Readers that need random access (restore, later lazy restore, parents,
+//! object stores) first walk a seekable archive's record headers through the
+//! same checks (`source::Archive::open`), so a block served by index is one
+//! the whole-stream rules have accepted at that position.
+
+use super::records::{Input, Record, SeqReader};
+use crate::error::{Error, Result};
+use crate::format::{check_entry_name, BlockCodec, BlockHeader, BlockRef, FileEnd, FileEntry, FileKind, Header, Index};
+use std::collections::HashSet;
+
+/// A record that has passed every check it can be given at its position.
+#[derive(Debug)]
+pub enum Checked {
+    FileBegin {
+        file_id: u32,
+        name: String,
+        kind: FileKind,
+    },
+    /// A block of file `header.file_id` starting at byte `raw_pos` of it.
+    /// `payload` is `None` when the caller asked for headers only.
+    Block {
+        header: BlockHeader,
+        payload: Option<Vec<u8>>,
+        raw_pos: u64,
+        record_len: u64,
+    },
+    FileEnd(FileEnd),
+    /// The index, proven to describe the stream that came before it.
+    Index(Index),
+}
+
+/// The cross-record rules as a state machine, fed record by record.
+pub struct StreamCheck {
+    block_size: u32,
+    files: Vec<SeenFile>,
+    names: HashSet<String>,
+}
+
+struct SeenFile {
+    entry: FileEntry,
+    check: xxhash_rust::xxh3::Xxh3,
+    ended: bool,
+}
+
+impl StreamCheck {
+    pub fn new(header: &Header) -> Self {
+        StreamCheck { block_size: header.block_size, files: Vec::new(), names: HashSet::new() }
+    }
+
+    pub fn file_begin(&mut self, offset: u64, file_id: u32, name: &str, kind: FileKind) -> Result<()> {
+        if file_id as usize != self.files.len() {
+            return Err(Error::corrupt(offset, format!("file id {file_id} out of sequence")));
+        }
+        check_entry_name(name).map_err(|why| Error::corrupt(offset, format!("bad file name {name:?}: {why}")))?;
+        if !self.names.insert(name.to_string()) {
+            return Err(Error::corrupt(offset, format!("the archive holds {name} twice")));
+        }
+        let entry = FileEntry {
+            file_id,
+            name: name.to_string(),
+            kind,
+            raw_size: 0,
+            file_check: 0,
+            record_offset: offset,
+            blocks: Vec::new(),
+        };
+        self.files.push(SeenFile { entry, check: Default::default(), ended: false });
+        Ok(())
+    }
+
+    /// Accepts a block header; returns the position of its first byte in its file.
+    pub fn block(&mut self, offset: u64, header: &BlockHeader, record_len: u64) -> Result<u64> {
+        if header.raw_len > self.block_size {
+            return Err(Error::corrupt(offset, "block is larger than the archive's block size"));
+        }
+        let f = self.open_file(header.file_id, offset)?;
+        let raw_pos = f.entry.raw_size;
+        f.entry.raw_size += u64::from(header.raw_len);
+        f.check.update(&header.data_check.to_le_bytes());
+        let record_len =
+            u32::try_from(record_len).map_err(|_| Error::corrupt(offset, "block record is impossibly long"))?;
+        f.entry.blocks.push(BlockRef { offset, raw_len: header.raw_len, record_len });
+        Ok(raw_pos)
+    }
+
+    pub fn file_end(&mut self, offset: u64, end: &FileEnd) -> Result<()> {
+        let f = self.open_file(end.file_id, offset)?;
+        f.entry.file_check = f.check.digest();
+        if f.entry.raw_size != end.raw_size || f.entry.file_check != end.file_check {
+            return Err(Error::corrupt(offset, format!("file {} does not match its end record", f.entry.name)));
+        }
+        f.ended = true;
+        Ok(())
+    }
+
+    /// The index must list exactly the files and blocks the stream held.
+    pub fn index(&self, offset: u64, index: &Index) -> Result<()> {
+        if index.files.len() != self.files.len() {
+            return Err(Error::corrupt(offset, "index lists a different number of files than the archive holds"));
+        }
+        for (e, f) in index.files.iter().zip(&self.files) {
+            if !f.ended || *e != f.entry {
+                return Err(Error::corrupt(offset, format!("index entry for {} does not match the archive", e.name)));
+            }
+        }
+        Ok(())
+    }
+
+    fn open_file(&mut self, file_id: u32, offset: u64) -> Result<&mut SeenFile> {
+        match self.files.get_mut(file_id as usize) {
+            Some(f) if !f.ended => Ok(f),
+            _ => Err(Error::corrupt(offset, format!("record for unknown or ended file {file_id}"))),
+        }
+    }
+}
+
+/// Records of an archive, each let through only after every check that
+/// applies at its position; the last is the proven index.
+pub struct CheckedRecords<I: Input> {
+    reader: SeqReader<I>,
+    check: StreamCheck,
+    payloads: bool,
+}
+
+impl<I: Input> CheckedRecords<I> {
+    /// With `payloads` false, block payloads are skipped (a header walk).
+    pub fn new(inp: I, payloads: bool) -> Result<Self> {
+        let reader = SeqReader::new(inp)?;
+        let check = StreamCheck::new(&reader.header);
+        Ok(CheckedRecords { reader, check, payloads })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.reader.header
+    }
+
+    /// Bytes read so far (the archive's length once the index is returned).
+    pub fn offset(&self) -> u64 {
+        self.reader.offset()
+    }
+
+    /// The next record and its offset; `None` after the index.
+    pub fn next_record(&mut self) -> Result<Option<(u64, Checked)>> {
+        let Some((offset, rec)) = self.reader.next_head()? else { return Ok(None) };
+        let checked = match rec {
+            Record::FileBegin { file_id, name, kind } => {
+                self.check.file_begin(offset, file_id, &name, kind)?;
+                Checked::FileBegin { file_id, name, kind }
+            }
+            Record::Block { header, header_len } => {
+                let record_len = header_len as u64 + u64::from(header.stored_len);
+                let raw_pos = self.check.block(offset, &header, record_len)?;
+                let payload = if self.payloads {
+                    let p = self.reader.read_payload()?;
+                    check_payload(&header, &p, offset)?;
+                    Some(p)
+                } else {
+                    self.reader.skip_payload()?;
+                    None
+                };
+                Checked::Block { header, payload, raw_pos, record_len }
+            }
+            Record::FileEnd(end) => {
+                self.check.file_end(offset, &end)?;
+                Checked::FileEnd(end)
+            }
+            Record::Index { index, .. } => {
+                self.check.index(offset, &index)?;
+                Checked::Index(index)
+            }
+        };
+        Ok(Some((offset, checked)))
+    }
+}
+
+/// The payload rule: a compressed payload must match its payload check (a
+/// damaged LZ4 or zstd payload can decode to the same bytes); a raw payload
+/// is the stored pages themselves and is proven by the data check instead,
+/// so it is not hashed twice.
+pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Result<()> {
+    if payload.len() != header.stored_len as usize {
+        return Err(Error::corrupt(offset, "block payload length does not match its header"));
+    }
+    if header.codec != BlockCodec::Raw && xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check {
+        return Err(Error::corrupt(offset, "block payload checksum mismatch"));
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! The archive side: record framing (`records`), every reading rule
+//! (`check`), the block source every reader goes through (`source`), the
+//! writer (`write`) and whole-archive decoding for unpack and verify (`read`).
+//! Byte layout lives in `crate::format`; this module adds I/O and checks.
+
+pub mod check;
+pub mod read;
+pub mod records;
+pub mod source;
+pub mod write;
+
+pub use read::{read_sequential, SeqSink};
+pub use source::{Archive, BlockSource, CheckedBlock};
+pub use write::{FileSink, Packer};
+
+use crate::codec::CodecConfig;
+use crate::engine;
+use crate::error::{Error, Result};
+use crate::format::{BlockCodec, BlockHeader, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE};
+
+pub const DEFAULT_BLOCK_SIZE: usize = 256 << 10;
+
+/// Settings shared by everything that writes or reads archives.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub codec: CodecConfig,
+    pub block_size: usize,
+    pub threads: usize,
+    /// Bytes of block data allowed in flight in the engine.
+    pub memory_budget: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            codec: CodecConfig::default(),
+            block_size: DEFAULT_BLOCK_SIZE,
+            threads: engine::default_threads(),
+            memory_budget: engine::DEFAULT_MEMORY_BUDGET,
+        }
+    }
+}
+
+impl Options {
+    pub fn validate(&self) -> Result<()> {
+        if !(MIN_BLOCK..=MAX_BLOCK).contains(&self.block_size) || self.block_size % PAGE_SIZE != 0 {
+            return Err(Error::Usage(format!(
+                "block size must be a multiple of 4K between 4K and 4M, got {}",
+                self.block_size
+            )));
+        }
+        if self.threads == 0 {
+            return Err(Error::Usage("thread count must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn window(&self) -> usize {
+        engine::window_for(self.memory_budget, self.block_size, self.threads)
+    }
+}
+
+/// What went into an archive.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PackStats {
+    pub files: u64,
+    pub raw_bytes: u64,
+    pub archive_bytes: u64,
+    pub zero_pages: u64,
+    pub blocks: u64,
+    pub blocks_raw: u64,
+    pub blocks_lz4: u64,
+    pub blocks_zstd: u64,
+}
+
+impl PackStats {
+    fn add_block(&mut self, h: &BlockHeader) {
+        self.blocks += 1;
+        self.raw_bytes += u64::from(h.raw_len);
+        self.zero_pages += h.zero_pages() as u64;
+        match h.codec {
+            BlockCodec::Raw => self.blocks_raw += 1,
+            BlockCodec::Lz4 => self.blocks_lz4 += 1,
+            BlockCodec::Zstd => self.blocks_zstd += 1,
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! Record framing: the writer that appends records to any `Write`, and the
+//! reader that takes them off any [`Input`] one at a time. Both are plain
+//! framing over `format`'s pure encoders and decoders; neither decides
+//! whether an archive is whole and consistent (that is `check`'s job), and
+//! no block payload is decompressed here.
+//!
+//! The reader can leave payloads unread ([`SeqReader::next_head`] then
+//! [`SeqReader::skip_payload`]): over a seekable file that reads only record
+//! headers, which is how a seekable archive is proven whole before a restore.
+
+use crate::error::{Error, Result};
+use crate::format::{
+    block_header_len, decode_block_header, decode_end_record, decode_file_record, decode_index_body,
+    decode_index_fixed, decode_trailer, encode_end_record, encode_file_record, encode_index_and_trailer,
+    file_record_name_len, BlockHeader, BlockRef, FileEnd, FileEntry, FileKind, Header, Index, RecordType, BLOCK_FIXED,
+    END_LEN, FILE_FIXED, HEADER_LEN, INDEX_FIXED, MAGIC, TRAILER_LEN,
+};
+use std::io::{self, Read, Write};
+
+/// Append-only archive writer. Tracks every record's offset so it can write
+/// the index at the end; never seeks. Dropping it without [`finish`] leaves
+/// an archive with no index or trailer, which every reader rejects.
+///
+/// [`finish`]: ArchiveWriter::finish
+pub struct ArchiveWriter<W: Write> {
+    out: W,
+    offset: u64,
+    files: Vec<OpenFile>,
+    scratch: Vec<u8>,
+}
+
+struct OpenFile {
+    entry: FileEntry,
+    check: xxhash_rust::xxh3::Xxh3,
+    ended: bool,
+}
+
+impl<W: Write> ArchiveWriter<W> {
+    pub fn new(mut out: W, header: &Header) -> Result<Self> {
+        out.write_all(&header.encode())?;
+        Ok(ArchiveWriter { out, offset: HEADER_LEN as u64, files: Vec::new(), scratch: Vec::new() })
+    }
+
+    /// Starts a file; returns its id for the blocks that follow.
+    pub fn begin_file(&mut self, name: &str, kind: FileKind) -> Result<u32> {
+        crate::format::check_entry_name(name)
+            .map_err(|why| Error::Usage(format!("bad image file name {name:?}: {why}")))?;
+        let file_id = self.files.len() as u32;
+        self.scratch.clear();
+        encode_file_record(file_id, name, kind, &mut self.scratch);
+        let entry = FileEntry {
+            file_id,
+            name: name.to_string(),
+            kind,
+            raw_size: 0,
+            file_check: 0,
+            record_offset: self.offset,
+            blocks: Vec::new(),
+        };
+        self.files.push(OpenFile { entry, check: xxhash_rust::xxh3::Xxh3::new(), ended: false });
+        self.flush_scratch()?;
+        Ok(file_id)
+    }
+
+    pub fn write_block(&mut self, header: &BlockHeader, payload: &[u8]) -> Result<()> {
+        debug_assert_eq!(header.stored_len as usize, payload.len());
+        let file = open_file(&mut self.files, header.file_id)?;
+        self.scratch.clear();
+        header.encode(&mut self.scratch);
+        let record_len = (self.scratch.len() + payload.len()) as u32;
+        file.entry.blocks.push(BlockRef { offset: self.offset, raw_len: header.raw_len, record_len });
+        file.entry.raw_size += u64::from(header.raw_len);
+        file.check.update(&header.data_check.to_le_bytes());
+        self.flush_scratch()?;
+        self.out.write_all(payload)?;
+        self.offset += payload.len() as u64;
+        Ok(())
+    }
+
+    pub fn end_file(&mut self, file_id: u32) -> Result<()> {
+        let file = open_file(&mut self.files, file_id)?;
+        file.ended = true;
+        file.entry.file_check = file.check.digest();
+        let end = FileEnd { file_id, raw_size: file.entry.raw_size, file_check: file.entry.file_check };
+        self.scratch.clear();
+        encode_end_record(&end, &mut self.scratch);
+        self.flush_scratch()
+    }
+
+    /// Writes the index and trailer; every file must have ended. Returns the
+    /// output, the index and the archive's length.
+    pub fn finish(mut self) -> Result<(W, Index, u64)> {
+        if let Some(f) = self.files.iter().find(|f| !f.ended) {
+            return Err(Error::Usage(format!("image file {} was never completed", f.entry.name)));
+        }
+        let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
+        let tail = encode_index_and_trailer(&index, self.offset);
+        self.out.write_all(&tail)?;
+        self.offset += tail.len() as u64;
+        self.out.flush()?;
+        Ok((self.out, index, self.offset))
+    }
+
+    fn flush_scratch(&mut self) -> Result<()> {
+        self.out.write_all(&self.scratch)?;
+        self.offset += self.scratch.len() as u64;
+        Ok(())
+    }
+}
+
+fn open_file(files: &mut [OpenFile], file_id: u32) -> Result<&mut OpenFile> {
+    files
+        .get_mut(file_id as usize)
+        .filter(|f| !f.ended)
+        .ok_or_else(|| Error::Usage(format!("record for unknown or ended file {file_id}")))
+}
+
+/// Where a sequential reader takes bytes from: a pipe skips by reading, a
+/// seekable file by moving its position (so a header walk reads headers only).
+pub trait Input: Send {
+    /// Fills as much of `buf` as the input has; returns the count (less only at EOF).
+    fn read_full(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Skips `n` bytes; returns how many were there to skip.
+    fn skip(&mut self, n: u64) -> io::Result<u64>;
+}
+
+/// A streaming input (pipe, stdin, any reader).
+pub struct StreamInput<R: Read>(pub R);
+
+impl<R: Read + Send> Input for StreamInput<R> {
+    fn read_full(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        read_full(&mut self.0, buf)
+    }
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        io::copy(&mut (&mut self.0).take(n), &mut io::sink())
+    }
+}
+
+/// One record as read, before any cross-record check.
+#[derive(Debug)]
+pub enum Record {
+    FileBegin {
+        file_id: u32,
+        name: String,
+        kind: FileKind,
+    },
+    /// A block header; its payload is next in the input, `stored_len` bytes.
+    Block {
+        header: BlockHeader,
+        header_len: usize,
+    },
+    FileEnd(FileEnd),
+    /// The index, whose trailer points back at it; the archive ends here.
+    Index {
+        index: Index,
+        record_len: u64,
+    },
+}
+
+/// Reads an archive front to back, checking each record's own seal and
+/// lengths. What records mean together is checked by `check::StreamCheck`.
+pub struct SeqReader<I: Input> {
+    inp: I,
+    offset: u64,
+    pub header: Header,
+    /// Payload bytes of the last block header that are still unread.
+    pending_payload: u64,
+    done: bool,
+}
+
+impl<I: Input> SeqReader<I> {
+    pub fn new(mut inp: I) -> Result<Self> {
+        let mut b = [0u8; HEADER_LEN];
+        let got = inp.read_full(&mut b)?;
+        if got < HEADER_LEN {
+            if got >= 8 && b[0..8] != MAGIC || got < 8 && b[..got] != MAGIC[..got] {
+                return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
+            }
+            return Err(Error::corrupt(got as u64, "truncated: archive ends inside the header"));
+        }
+        let header = Header::decode(&b)?;
+        Ok(SeqReader { inp, offset: HEADER_LEN as u64, header, pending_payload: 0, done: false })
+    }
+
+    /// Offset of the next byte to be read.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
+        let got = self.inp.read_full(buf)?;
+        self.offset += got as u64;
+        if got < buf.len() {
+            return Err(Error::corrupt(self.offset, format!("truncated: archive ends inside {what}")));
+        }
+        Ok(())
+    }
+
+    /// Reads the payload of the block just returned by [`next_head`](Self::next_head).
+    pub fn read_payload(&mut self) -> Result<Vec<u8>> {
+        let mut payload = vec![0u8; self.pending_payload as usize];
+        self.pending_payload = 0;
+        self.exact(&mut payload, "a block payload")?;
+        Ok(payload)
+    }
+
+    /// Leaves the payload of the block just returned unread.
+    pub fn skip_payload(&mut self) -> Result<()> {
+        let n = std::mem::take(&mut self.pending_payload);
+        let got = self.inp.skip(n)?;
+        self.offset += got;
+        if got < n {
+            return Err(Error::corrupt(self.offset, "truncated: archive ends inside a block payload"));
+        }
+        Ok(())
+    }
+
+    /// The next record and its offset; `None` after the index (end of
+    /// archive). A block's payload must be read or skipped before the next call.
+    pub fn next_head(&mut self) -> Result<Option<(u64, Record)>> {
+        if self.pending_payload != 0 {
+            self.skip_payload()?;
+        }
+        if self.done {
+            return Ok(None);
+        }
+        let start = self.offset;
+        let mut t = [0u8; 1];
+        if self.inp.read_full(&mut t)? == 0 {
+            return Err(Error::corrupt(start, "truncated: archive ends before its index"));
+        }
+        self.offset += 1;
+        let rec = match RecordType::from_byte(t[0], start)? {
+            RecordType::File => {
+                let mut rec = vec![0u8; FILE_FIXED];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "a file record")?;
+                rec.resize(FILE_FIXED + file_record_name_len(&rec) + 4, 0);
+                self.exact(&mut rec[FILE_FIXED..], "a file record")?;
+                let (file_id, name, kind) = decode_file_record(&rec, start)?;
+                Record::FileBegin { file_id, name, kind }
+            }
+            RecordType::Block => {
+                let mut rec = vec![0u8; BLOCK_FIXED];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "a block header")?;
+                let len = block_header_len(&rec, start)?;
+                rec.resize(len + 4, 0);
+                self.exact(&mut rec[BLOCK_FIXED..], "a block header")?;
+                let (header, header_len) = decode_block_header(&rec, start)?;
+                if header.raw_len > self.header.block_size {
+                    return Err(Error::corrupt(start, "block is larger than the archive's block size"));
+                }
+                self.pending_payload = u64::from(header.stored_len);
+                Record::Block { header, header_len }
+            }
+            RecordType::End => {
+                let mut rec = [0u8; END_LEN];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "a file end record")?;
+                Record::FileEnd(decode_end_record(&rec, start)?)
+            }
+            RecordType::Index => {
+                let mut rec = [0u8; INDEX_FIXED];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "the index header")?;
+                let (count, body_len) = decode_index_fixed(&rec, start)?;
+                let body_off = self.offset;
+                let mut body = vec![0u8; body_len as usize];
+                self.exact(&mut body, "the index")?;
+                let mut c = [0u8; 8];
+                self.exact(&mut c, "the index")?;
+                let index = decode_index_body(&body, u64::from_le_bytes(c), count, body_off)?;
+                let record_len = self.offset - start;
+                let mut t = [0u8; TRAILER_LEN];
+                self.exact(&mut t, "the trailer")?;
+                let (toff, tlen) = decode_trailer(&t, self.offset - TRAILER_LEN as u64)?;
+                if toff != start || tlen != record_len {
+                    return Err(Error::corrupt(
+                        self.offset - TRAILER_LEN as u64,
+                        "trailer does not point at the index",
+                    ));
+                }
+                let mut extra = [0u8; 1];
+                if self.inp.read_full(&mut extra)? != 0 {
+                    return Err(Error::corrupt(self.offset, "data after the end of the archive"));
+                }
+                self.done = true;
+                Record::Index { index, record_len }
+            }
+        };
+        Ok(Some((start, rec)))
+    }
+}
+
+/// read() until the buffer is full or EOF; returns bytes read.
+pub fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}

@@ -1,0 +1,284 @@
+//! The block source: the only way anything reads a block of an archive.
+//!
+//! [`Archive::open`] proves a seekable archive whole before handing anything
+//! out: it walks every record header from the first to the trailer through
+//! `check` (file ids, block order, sizes, chained file checks, E records, the
+//! index against the stream) and keeps the proven block headers, a few dozen
+//! bytes per block. A block read later by index must then be, byte for byte,
+//! the header proven at that position (so a file changed after opening is
+//! caught too), with a payload that matches its payload check; decoding it
+//! proves its data. What a [`CheckedBlock`] holds has therefore been proven to
+//! be the block the index says, at the position it says, of the file it says.
+//!
+//! Archives arriving on a pipe are spooled to a private unnamed temporary
+//! file first and then opened like any other: CRIU asks for `inventory.img`
+//! first and it is written last, so a restore cannot start before the stream
+//! has ended anyway, and this keeps one read path and bounded memory.
+//!
+//! [`RecordStore`] is the seam for where bytes come from (a file now; an
+//! object store later), [`BlockSource`] the seam for what readers consume
+//! (one archive now; a parent chain later).
+
+use super::check::{check_payload, Checked, CheckedRecords};
+use super::records::Input;
+use crate::codec::Decoder;
+use crate::error::{Error, IoContext, Result, ResultContext};
+use crate::format::{decode_block_header, BlockCodec, BlockHeader, FileEntry, Header, Index};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Random access to an archive's bytes.
+pub trait RecordStore: Send + Sync {
+    fn len(&self) -> u64;
+    /// Fills `buf` from `offset`; fails if the store is shorter.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+}
+
+impl RecordStore for File {
+    fn len(&self) -> u64 {
+        self.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+/// An archive held in memory (tests, fuzzing, small archives).
+impl RecordStore for Vec<u8> {
+    fn len(&self) -> u64 {
+        Vec::len(self) as u64
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = start.checked_add(buf.len()).and_then(|end| self.get(start..end));
+        buf.copy_from_slice(src.ok_or(io::ErrorKind::UnexpectedEof)?);
+        Ok(())
+    }
+}
+
+/// Reads a store front to back through a small buffer, so a header walk
+/// costs about one read per block.
+struct StoreInput<'a> {
+    store: &'a dyn RecordStore,
+    len: u64,
+    pos: u64,
+    buf: Vec<u8>,
+    /// Store offset of `buf[0]`.
+    buf_at: u64,
+}
+
+const WALK_BUF: usize = 4096;
+
+impl Input for StoreInput<'_> {
+    fn read_full(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let mut got = 0;
+        while got < out.len() && self.pos < self.len {
+            let in_buf = self.pos >= self.buf_at && self.pos < self.buf_at + self.buf.len() as u64;
+            if !in_buf {
+                let n = (self.len - self.pos).min(WALK_BUF.max(out.len() - got) as u64) as usize;
+                self.buf.resize(n, 0);
+                self.store.read_exact_at(&mut self.buf, self.pos)?;
+                self.buf_at = self.pos;
+            }
+            let start = (self.pos - self.buf_at) as usize;
+            let n = (self.buf.len() - start).min(out.len() - got);
+            out[got..got + n].copy_from_slice(&self.buf[start..start + n]);
+            got += n;
+            self.pos += n as u64;
+        }
+        Ok(got)
+    }
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        let n = n.min(self.len - self.pos);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// A block proven to be block `i` of its file at the position the index
+/// says; its data is proven when decoded.
+pub struct CheckedBlock {
+    pub header: BlockHeader,
+    /// The whole record as read; the payload is its tail.
+    record: Vec<u8>,
+    /// Offset of the record in the archive (for messages).
+    pub offset: u64,
+    /// Position of the block's first byte in its file.
+    pub raw_pos: u64,
+}
+
+impl CheckedBlock {
+    pub fn payload(&self) -> &[u8] {
+        &self.record[self.record.len() - self.header.stored_len as usize..]
+    }
+
+    /// Decodes the whole block (zero pages rebuilt) into `out`, checking its data.
+    pub fn decode(&self, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
+        dec.decode(&self.header, self.payload(), out).map_err(|e| Error::corrupt(self.offset, e))
+    }
+
+    /// Decodes only the stored pages (zero pages left out), checking their data.
+    pub fn decode_stored(&self, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
+        dec.decode_stored(&self.header, self.payload(), out).map_err(|e| Error::corrupt(self.offset, e))
+    }
+
+    /// For a raw block: checks its data and gives back the record with the
+    /// range of its payload, which is then the data itself (no copy).
+    pub fn into_raw_checked(self, dec: &Decoder) -> Result<(Vec<u8>, std::ops::Range<usize>)> {
+        debug_assert_eq!(self.header.codec, BlockCodec::Raw);
+        dec.check_raw(&self.header, self.payload()).map_err(|e| Error::corrupt(self.offset, e))?;
+        let start = self.record.len() - self.header.stored_len as usize;
+        let end = self.record.len();
+        Ok((self.record, start..end))
+    }
+}
+
+/// What every reader of blocks reads from.
+pub trait BlockSource: Send + Sync {
+    /// Names the archive in messages.
+    fn label(&self) -> &str;
+    fn header(&self) -> &Header;
+    /// The proven index.
+    fn index(&self) -> &Index;
+    /// The proven header of block `i` of a file and the position of its first
+    /// byte (no I/O); `None` past the file's end.
+    fn block_header(&self, file_id: u32, i: usize) -> Option<(&BlockHeader, u64)>;
+    /// Block `i` of a file, read and checked; `None` past the file's end.
+    fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>>;
+
+    fn find(&self, name: &str) -> Option<&FileEntry> {
+        self.index().find(name)
+    }
+
+    /// A whole file, decoded and checked (for small files such as metadata).
+    fn read_file(&self, entry: &FileEntry) -> Result<Vec<u8>> {
+        let (mut dec, mut all, mut out) = (Decoder::new(), Vec::new(), Vec::new());
+        let mut i = 0;
+        while let Some(b) = self.block(entry.file_id, i)? {
+            b.decode(&mut dec, &mut out)?;
+            all.extend_from_slice(&out);
+            i += 1;
+        }
+        Ok(all)
+    }
+}
+
+/// A seekable archive, proven whole when opened.
+pub struct Archive {
+    store: Box<dyn RecordStore>,
+    label: String,
+    header: Header,
+    index: Index,
+    /// Proven block headers and first-byte positions, by file id.
+    blocks: Vec<Vec<(BlockHeader, u64)>>,
+    len: u64,
+}
+
+impl Archive {
+    /// Opens and proves an archive file; errors name the file.
+    pub fn open(path: &Path) -> Result<Arc<Archive>> {
+        let file = File::open(path).at(path)?;
+        let label = path.display().to_string();
+        Ok(Arc::new(Archive::from_store(Box::new(file), label.clone()).context(|| label)?))
+    }
+
+    /// Walks every record header of `store` through the checks.
+    pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
+        let len = store.len();
+        let inp = StoreInput { store: &*store, len, pos: 0, buf: Vec::new(), buf_at: 0 };
+        let mut records = CheckedRecords::new(inp, false)?;
+        let header = records.header().clone();
+        let mut blocks: Vec<Vec<(BlockHeader, u64)>> = Vec::new();
+        let index = loop {
+            match records.next_record()? {
+                Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
+                Some((_, Checked::Block { header, raw_pos, .. })) => {
+                    blocks[header.file_id as usize].push((header, raw_pos));
+                }
+                Some((_, Checked::FileEnd(_))) => {}
+                Some((_, Checked::Index(index))) => break index,
+                None => unreachable!("the index ends the records"),
+            }
+        };
+        drop(records);
+        Ok(Archive { store, label, header, index, blocks, len })
+    }
+
+    /// Opens an archive from a path, or from standard input for `-`: spooled
+    /// to an unnamed private temporary file, at most `spool_cap` bytes.
+    pub fn open_spec(spec: &Path, spool_cap: u64) -> Result<Arc<Archive>> {
+        if !crate::io::is_stdio(spec) {
+            return Archive::open(spec);
+        }
+        let file = spool(std::io::stdin().lock(), spool_cap).context(|| "stdin".to_string())?;
+        Ok(Arc::new(Archive::from_store(Box::new(file), "stdin".into()).context(|| "stdin".to_string())?))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.files.is_empty()
+    }
+}
+
+/// Copies an archive arriving on a pipe into an unnamed temporary file
+/// (mode 0600, gone when closed).
+fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
+    let dir = std::env::temp_dir();
+    let mut file = tempfile::tempfile_in(&dir).at(&dir)?;
+    let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file).at(&dir)?;
+    if copied > cap {
+        return Err(Error::Usage(format!(
+            "the archive is larger than --pipe-buffer ({cap} bytes); raise it, or restore from a file"
+        )));
+    }
+    file.flush().at(&dir)?;
+    Ok(file)
+}
+
+impl BlockSource for Archive {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn header(&self) -> &Header {
+        &self.header
+    }
+
+    fn index(&self) -> &Index {
+        &self.index
+    }
+
+    fn block_header(&self, file_id: u32, i: usize) -> Option<(&BlockHeader, u64)> {
+        self.blocks.get(file_id as usize)?.get(i).map(|(h, p)| (h, *p))
+    }
+
+    fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
+        let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
+        let Some(r) = entry.blocks.get(i) else { return Ok(None) };
+        let (proven, raw_pos) = &self.blocks[file_id as usize][i];
+        let mut record = vec![0u8; r.record_len as usize];
+        self.store.read_exact_at(&mut record, r.offset).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                Error::corrupt(r.offset, "archive was truncated after it was opened")
+            } else {
+                Error::Io(e)
+            }
+        })?;
+        let (header, header_len) = decode_block_header(&record, r.offset)?;
+        if header != *proven || header_len + header.stored_len as usize != record.len() {
+            return Err(Error::corrupt(
+                r.offset,
+                format!("block {i} of {} changed after the archive was opened", entry.name),
+            ));
+        }
+        let block = CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos };
+        check_payload(&block.header, block.payload(), r.offset)?;
+        Ok(Some(block))
+    }
+}

@@ -1,0 +1,214 @@
+//! The archive writer: files written concurrently (CRIU streams several at
+//! once) are cut into blocks, encoded on the worker pool and written in
+//! submission order by one writer thread.
+//!
+//! Completion is explicit. [`Packer::finish`] writes the index and trailer;
+//! [`Packer::abort`], an error, or dropping the packer writes neither, so a
+//! reader (of a file, of a pipe, later of an upload) sees a truncated archive
+//! and rejects it. The output sink decides what else to undo (a file's
+//! temporary name is removed).
+
+use super::{Options, PackStats};
+use crate::archive::records::ArchiveWriter;
+use crate::codec::{EncodedBlock, Encoder};
+use crate::engine::{self, Submitter};
+use crate::error::{Error, Result};
+use crate::format::{FileKind, Header, Index};
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+enum PackJob {
+    Begin { key: u64, name: String, kind: FileKind },
+    Block { key: u64, data: Vec<u8>, page_aware: bool },
+    End { key: u64 },
+}
+
+enum PackResult {
+    Begin { key: u64, name: String, kind: FileKind },
+    Block { key: u64, block: EncodedBlock },
+    End { key: u64 },
+}
+
+/// Builds an archive from files written concurrently.
+pub struct Packer {
+    submitter: Option<Submitter<PackJob>>,
+    aborted: Arc<AtomicBool>,
+    writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
+    next_key: AtomicU64,
+    block_size: usize,
+}
+
+impl Packer {
+    pub fn start<W: Write + Send + 'static>(out: W, opts: &Options) -> Result<Self> {
+        opts.validate()?;
+        let codec = opts.codec;
+        let (submitter, collector) = engine::start(
+            opts.threads,
+            opts.window(),
+            move || Encoder::new(codec),
+            |enc: &mut Encoder, job: PackJob| match job {
+                PackJob::Begin { key, name, kind } => PackResult::Begin { key, name, kind },
+                PackJob::Block { key, data, page_aware } => {
+                    PackResult::Block { key, block: enc.encode(0, &data, page_aware) }
+                }
+                PackJob::End { key } => PackResult::End { key },
+            },
+        );
+        let header = Header::new(opts.block_size);
+        let aborted = Arc::new(AtomicBool::new(false));
+        let stop = aborted.clone();
+        let writer = std::thread::Builder::new()
+            .name("criuz-writer".into())
+            .spawn(move || -> Result<(PackStats, Index)> {
+                let mut w = ArchiveWriter::new(out, &header)?;
+                let mut ids: HashMap<u64, u32> = HashMap::new();
+                let mut stats = PackStats::default();
+                for r in collector {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(Error::Cancelled);
+                    }
+                    match r {
+                        PackResult::Begin { key, name, kind } => {
+                            ids.insert(key, w.begin_file(&name, kind)?);
+                            stats.files += 1;
+                        }
+                        PackResult::Block { key, mut block } => {
+                            block.header.file_id = ids[&key];
+                            w.write_block(&block.header, &block.payload)?;
+                            stats.add_block(&block.header);
+                        }
+                        PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
+                    }
+                }
+                if stop.load(Ordering::Relaxed) {
+                    return Err(Error::Cancelled);
+                }
+                let (mut out, index, len) = w.finish()?;
+                out.flush()?;
+                stats.archive_bytes = len;
+                Ok((stats, index))
+            })
+            .expect("spawn writer thread");
+        Ok(Packer {
+            submitter: Some(submitter),
+            aborted,
+            writer: Some(writer),
+            next_key: AtomicU64::new(0),
+            block_size: opts.block_size,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Starts a file; write its bytes in order through the returned sink.
+    pub fn begin_file(&self, name: &str) -> Result<FileSink> {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let kind = FileKind::for_name(name);
+        let sub = self.submitter.as_ref().expect("packer running").clone();
+        sub.submit(PackJob::Begin { key, name: name.to_string(), kind })?;
+        Ok(FileSink { sub, key, page_aware: kind == FileKind::Pages, block_size: self.block_size, buf: Vec::new() })
+    }
+
+    /// Waits for every file to be written; returns the stats and index. Fails
+    /// if the writer failed (its error, not a generic one).
+    pub fn finish(mut self) -> Result<(PackStats, Index)> {
+        drop(self.submitter.take());
+        self.writer.take().expect("writer").join().map_err(|_| Error::Cancelled)?
+    }
+
+    /// Stops after a failure elsewhere without writing the index or trailer,
+    /// and returns the writer's own error if the failure started there.
+    pub fn abort(mut self) -> Option<Error> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Option<Error> {
+        self.aborted.store(true, Ordering::Relaxed);
+        drop(self.submitter.take());
+        match self.writer.take()?.join() {
+            Ok(Err(e)) if !e.is_cancelled() => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Packer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Writes one file's bytes into a [`Packer`], cutting them into blocks.
+pub struct FileSink {
+    sub: Submitter<PackJob>,
+    key: u64,
+    page_aware: bool,
+    block_size: usize,
+    buf: Vec<u8>,
+}
+
+impl FileSink {
+    pub fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            if self.buf.capacity() == 0 {
+                self.buf.reserve_exact(self.block_size);
+            }
+            let n = (self.block_size - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.buf.len() == self.block_size {
+                self.flush_block()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads once from `fd` straight into the current block (no copy, no
+    /// zero-filling); returns the bytes read, 0 at end of input.
+    pub fn read_from(&mut self, fd: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.block_size);
+        }
+        let len = self.buf.len();
+        let room = self.block_size - len;
+        let n = loop {
+            // SAFETY: read(2) writes at most `room` bytes into the spare
+            // capacity after `len`, which the reserve above guarantees.
+            let n = unsafe { libc::read(fd.as_raw_fd(), self.buf.as_mut_ptr().add(len).cast(), room) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        // SAFETY: the kernel initialised `n` bytes after `len`.
+        unsafe { self.buf.set_len(len + n) };
+        if self.buf.len() == self.block_size {
+            self.flush_block().map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        Ok(n)
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn flush_block(&mut self) -> Result<()> {
+        let data = std::mem::take(&mut self.buf);
+        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware })
+    }
+
+    pub fn finish(mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.flush_block()?;
+        }
+        self.sub.submit(PackJob::End { key: self.key })
+    }
+}

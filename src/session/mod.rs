@@ -1,0 +1,8 @@
+//! Sessions: what happens between CRIU and an archive. `capture` and `serve`
+//! speak for one side of CRIU's streamer protocol; `checkpoint` runs CRIU
+//! against them and owns the rules every command shares: when a dump is
+//! complete, what a failure leaves behind, where CRIU's log goes.
+
+pub mod capture;
+pub mod checkpoint;
+pub mod serve;

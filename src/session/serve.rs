@@ -1,0 +1,234 @@
+//! Serve: answers CRIU's restore requests from a [`BlockSource`].
+//!
+//! Any file, in any order, any number of times: CRIU reads images in a
+//! different order than it wrote them, and may open one twice. Metadata images
+//! are decoded and checked whole before CRIU sees a byte of them (a protobuf
+//! image cut short could parse as a shorter, valid one). Page images stream,
+//! decoded ahead of CRIU on the worker pool and handed over with vmsplice;
+//! CRIU reads them by exact length, so a block that fails its check closes the
+//! pipe and the connection, and CRIU aborts the restore before the process
+//! runs. The source has already proven the archive's structure (see
+//! `archive::source`), so what is served is what the index says, in its order.
+//!
+//! With `skip_zero_pages`, a process's pagemap is rewritten to leave out zero
+//! pages of its private anonymous memory, and those pages are not sent
+//! (`criu::images`).
+
+use crate::archive::{BlockSource, CheckedBlock};
+use crate::codec::Decoder;
+use crate::criu::images::{self, ZeroPlan};
+use crate::criu::splice::{write_pipe, Chunk, SplicePipe};
+use crate::criu::streamer::{grow_pipe, read_request, recv_fd, send_reply, Listener};
+use crate::engine;
+use crate::error::{Error, Result, ResultContext};
+use crate::format::{BlockCodec, FileEntry, FileKind, PAGE_SIZE};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Settings for serving.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    pub threads: usize,
+    /// Decoded bytes each file may prefetch ahead of CRIU.
+    pub prefetch_bytes: usize,
+    /// Leave zero pages of private anonymous memory out of what CRIU reads.
+    pub skip_zero_pages: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct ServeReport {
+    pub served: Vec<String>,
+    pub missing: Vec<String>,
+    pub bytes: u64,
+    pub zero_pages_skipped: u64,
+}
+
+/// Answers CRIU's requests from `source` until CRIU closes the connection.
+/// Returns `None` if `stop` was set before CRIU connected. A damaged block
+/// fails the whole serve: the connection is shut so CRIU aborts the restore.
+pub fn serve(
+    listener: &Listener,
+    source: Arc<dyn BlockSource>,
+    opts: ServeOptions,
+    stop: &AtomicBool,
+) -> Result<Option<ServeReport>> {
+    let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
+    let mut report = ServeReport::default();
+    let mut plans: HashMap<u32, Arc<ZeroPlan>> = HashMap::new();
+    let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    let label = source.label().to_string();
+    let result = (|| -> Result<()> {
+        while let Some(name) = read_request(&mut sock)? {
+            if let Some(e) = failed.lock().unwrap().take() {
+                return Err(e);
+            }
+            let Some(entry) = source.find(&name).cloned() else {
+                send_reply(&mut sock, false)?;
+                report.missing.push(name);
+                continue;
+            };
+            let mut whole = match entry.kind {
+                FileKind::Plain => Some(source.read_file(&entry).context(|| format!("{label}: {name}"))?),
+                FileKind::Pages => None,
+            };
+            let mut plan = None;
+            if opts.skip_zero_pages {
+                if let (Some(pid), Some(pagemap)) = (images::process_pagemap_pid(&name), whole.as_ref()) {
+                    if let Some(p) = zero_plan(&*source, pid, pagemap).context(|| format!("{label}: {name}"))? {
+                        whole = Some(p.pagemap.clone());
+                        plans.insert(p.pages_id, Arc::new(p));
+                    }
+                }
+                if let Some(id) = images::pages_image_id(&name) {
+                    plan = plans.get(&id).cloned();
+                    if let Some(p) = &plan {
+                        report.zero_pages_skipped += p.skipped_pages;
+                    }
+                }
+            }
+            send_reply(&mut sock, true)?;
+            let fd = recv_fd(&sock)?;
+            grow_pipe(&fd);
+            report.served.push(name.clone());
+            let (failed, bytes, source) = (failed.clone(), bytes.clone(), source.clone());
+            let shutdown = sock.try_clone()?;
+            let context = format!("{label}: {name}");
+            writers.push(std::thread::spawn(move || {
+                let mut pipe = std::fs::File::from(fd);
+                let r = match whole {
+                    Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
+                    None => stream_pages(source, &entry, pipe, opts, plan),
+                };
+                match r {
+                    Ok(n) => {
+                        bytes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        let _ = shutdown.shutdown(std::net::Shutdown::Both);
+                        failed.lock().unwrap().get_or_insert(e.context(context));
+                    }
+                }
+            }));
+        }
+        Ok(())
+    })();
+    for w in writers {
+        let _ = w.join();
+    }
+    if let Some(e) = failed.lock().unwrap().take() {
+        return Err(e);
+    }
+    result?;
+    report.bytes = bytes.load(Ordering::Relaxed);
+    Ok(Some(report))
+}
+
+/// Plans the zero-page rewrite for process `pid`: needs its mm image and the
+/// proven block headers of the pages image its pagemap names.
+fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<ZeroPlan>> {
+    let Some(pages_id) = images::pagemap_pages_id(pagemap) else { return Ok(None) };
+    let (Some(mm), Some(pages)) =
+        (source.find(&format!("mm-{pid}.img")), source.find(&format!("pages-{pages_id}.img")))
+    else {
+        return Ok(None);
+    };
+    if pages.kind != FileKind::Pages {
+        return Ok(None);
+    }
+    let mm = source.read_file(mm)?;
+    let mut zero: Vec<u64> = Vec::new();
+    let mut i = 0;
+    while let Some((h, raw_pos)) = source.block_header(pages.file_id, i) {
+        if raw_pos % PAGE_SIZE as u64 != 0 {
+            return Ok(None);
+        }
+        let first = raw_pos / PAGE_SIZE as u64;
+        for p in 0..h.pages() {
+            if h.is_zero_page(p) {
+                let page = first + p as u64;
+                let w = (page / 64) as usize;
+                if zero.len() <= w {
+                    zero.resize(w + 1, 0);
+                }
+                zero[w] |= 1 << (page % 64);
+            }
+        }
+        i += 1;
+    }
+    let is_zero = |p: u64| zero.get((p / 64) as usize).is_some_and(|w| w & (1 << (p % 64)) != 0);
+    Ok(images::plan(&mm, pagemap, &is_zero))
+}
+
+/// One block made ready for CRIU's pipe: the bytes CRIU must read, without
+/// the zero pages the plan leaves out.
+fn prepare(dec: &mut Decoder, b: CheckedBlock, plan: Option<&ZeroPlan>) -> Result<Chunk> {
+    let first = b.raw_pos / PAGE_SIZE as u64;
+    let omit = |p: usize| plan.is_some_and(|pl| pl.is_skipped(first + p as u64));
+    let h = &b.header;
+    let zeros = h.zero_pages();
+    let stored_is_output = zeros == 0 || (0..h.pages()).filter(|&p| h.is_zero_page(p) && omit(p)).count() == zeros;
+    if stored_is_output && h.codec == BlockCodec::Raw {
+        // The payload is the output: check it and hand the record over as is.
+        let (buf, range) = b.into_raw_checked(dec)?;
+        return Ok(Chunk { buf, range });
+    }
+    let mut stored = Vec::new();
+    b.decode_stored(dec, &mut stored)?;
+    if stored_is_output {
+        return Ok(Chunk::whole(stored));
+    }
+    let mut out = Vec::new();
+    crate::codec::scatter(&b.header, &stored, &omit, &mut out);
+    Ok(Chunk::whole(out))
+}
+
+/// Streams a page image, decoding ahead of CRIU on the worker pool. With a
+/// plan, the zero pages it skips are left out.
+fn stream_pages(
+    source: Arc<dyn BlockSource>,
+    entry: &FileEntry,
+    pipe: std::fs::File,
+    opts: ServeOptions,
+    plan: Option<Arc<ZeroPlan>>,
+) -> Result<u64> {
+    let n = entry.blocks.len();
+    let block_size = source.header().block_size as usize;
+    let window = (opts.prefetch_bytes / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
+    let file_id = entry.file_id;
+    let (sub, results) =
+        engine::start(opts.threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
+            let b = source.block(file_id, i)?.ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
+            prepare(dec, b, plan.as_deref())
+        });
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    std::thread::spawn(move || {
+        for i in 0..n {
+            if stop2.load(Ordering::Relaxed) || sub.submit(i).is_err() {
+                break;
+            }
+        }
+    });
+    let mut written = 0u64;
+    let mut result = Ok(());
+    let mut out = SplicePipe::new(pipe);
+    for r in results {
+        match r.and_then(|chunk| {
+            let len = chunk.range.len() as u64;
+            out.send(chunk).map(|more| more.then_some(len))
+        }) {
+            Ok(Some(len)) => written += len,
+            Ok(None) => break,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let drained = out.finish();
+    result.and(drained).map(|_| written)
+}
