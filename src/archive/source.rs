@@ -213,8 +213,14 @@ impl Archive {
         if !crate::io::is_stdio(spec) {
             return Archive::open(spec);
         }
-        let file = spool(std::io::stdin().lock(), spool_cap).context(|| "stdin".to_string())?;
-        Ok(Arc::new(Archive::from_store(Box::new(file), "stdin".into()).context(|| "stdin".to_string())?))
+        Ok(Arc::new(Archive::from_reader(std::io::stdin().lock(), spool_cap, "stdin")?))
+    }
+
+    /// An archive arriving front to back (a pipe): spooled to an unnamed
+    /// private temporary file of at most `spool_cap` bytes, then opened.
+    pub fn from_reader(inp: impl Read, spool_cap: u64, label: &str) -> Result<Archive> {
+        let file = spool(inp, spool_cap).context(|| label.to_string())?;
+        Archive::from_store(Box::new(file), label.to_string()).context(|| label.to_string())
     }
 
     pub fn len(&self) -> u64 {
