@@ -39,9 +39,11 @@ pub enum Error {
     /// A pipeline stage stopped because another stage failed first.
     #[error("cancelled")]
     Cancelled,
-    /// `source`, with what we were doing (a file name, a stage) in front.
-    #[error("{context}: {source}")]
-    Context { context: String, source: Box<Error> },
+    /// `inner`, with what we were doing (a file name, a stage) in front. It
+    /// prints its cause itself, so the cause is not also a `source` (that
+    /// would print it twice).
+    #[error("{context}: {inner}")]
+    Context { context: String, inner: Box<Error> },
 }
 
 /// What kind of failure an error is; decides the exit status.
@@ -80,13 +82,13 @@ impl Error {
 
     /// Wraps the error with what we were doing; the kind is the cause's.
     pub fn context(self, context: impl Into<String>) -> Self {
-        Error::Context { context: context.into(), source: Box::new(self) }
+        Error::Context { context: context.into(), inner: Box::new(self) }
     }
 
     /// The innermost error behind any contexts.
     pub fn root(&self) -> &Error {
         match self {
-            Error::Context { source, .. } => source.root(),
+            Error::Context { inner, .. } => inner.root(),
             e => e,
         }
     }

@@ -86,6 +86,39 @@ fn private_file_and_shared_mappings_keep_every_zero_page() {
 }
 
 #[test]
+fn established_tcp_connection_round_trips() {
+    use std::io::{BufRead, Write};
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    // The peer: echoes every line back, on the connection the workload holds
+    // through checkpoint and restore.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        let mut line = String::new();
+        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+            if w.write_all(line.as_bytes()).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    });
+    let mut w = Workload::start(Spec { tcp_peer: Some(addr), ..Default::default() });
+    let before = w.sums();
+    assert!(before["root"].contains("tcp=echoed"), "{before:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("tcp.czr");
+    dump(&w, &arc, &["--", "--tcp-established"]);
+    w.reap_original();
+    restore(&arc, &["--", "--tcp-established"]);
+    assert_eq!(w.sums(), before, "memory or the TCP connection did not survive");
+    w.stop();
+}
+
+#[test]
 fn multi_threaded_process() {
     roundtrip(Spec { mode: "threads", ..Default::default() }, &["-j", "1"], &[]);
 }

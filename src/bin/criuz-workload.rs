@@ -28,12 +28,14 @@ struct Args {
     dir: PathBuf,
     open_file: Option<PathBuf>,
     extra_maps: bool,
+    tcp_peer: Option<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf] \
-         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1]"
+         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] \
+         [--tcp-peer HOST:PORT]"
     );
     std::process::exit(2)
 }
@@ -48,6 +50,7 @@ fn parse_args() -> Args {
         dir: PathBuf::new(),
         open_file: None,
         extra_maps: false,
+        tcp_peer: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -61,6 +64,7 @@ fn parse_args() -> Args {
             "--dir" => a.dir = v.into(),
             "--open-file" => a.open_file = Some(v.into()),
             "--extra-maps" => a.extra_maps = v == "1",
+            "--tcp-peer" => a.tcp_peer = Some(v),
             _ => usage(),
         }
     }
@@ -336,13 +340,33 @@ fn report(buf: &[u8], file_fd: Option<i32>) -> String {
             file = format!("{:016x}@{pos}", xxh3_64(&content[..n.max(0) as usize]));
         }
     }
+    let sum = h.digest();
     format!(
-        "sum={:016x} bytes={} pid={} threads={} file={file}\n",
-        h.digest(),
+        "sum={sum:016x} bytes={} pid={} threads={} file={file} tcp={}\n",
         buf.len(),
         std::process::id(),
-        thread_count()
+        thread_count(),
+        tcp_echo(sum)
     )
+}
+
+/// An established TCP connection held for the whole run (`--tcp-peer`), to
+/// prove it survives checkpoint and restore (CRIU's --tcp-established).
+static TCP: std::sync::OnceLock<std::net::TcpStream> = std::sync::OnceLock::new();
+
+/// Sends the checksum to the peer and reads its echo: "echoed" when the
+/// connection carried it both ways, "-" without a connection.
+fn tcp_echo(sum: u64) -> String {
+    use std::io::{BufRead, Write};
+    let Some(s) = TCP.get() else { return "-".into() };
+    let line = format!("{sum:016x}\n");
+    let mut back = String::new();
+    let r = (&*s).write_all(line.as_bytes()).and_then(|_| std::io::BufReader::new(s).read_line(&mut back));
+    match r {
+        Ok(_) if back == line => "echoed".into(),
+        Ok(_) => format!("wrong-echo:{}", back.trim()),
+        Err(e) => format!("error:{}", e.kind()),
+    }
 }
 
 fn block_signals() -> libc::sigset_t {
@@ -403,6 +427,13 @@ fn main() {
         let _ = EXTRA.set(extra_maps(&a.dir));
     }
 
+    if let Some(peer) = &a.tcp_peer {
+        let s = std::net::TcpStream::connect(peer.as_str()).unwrap_or_else(|e| {
+            eprintln!("criuz-workload: cannot connect to {peer}: {e}");
+            std::process::exit(1)
+        });
+        let _ = TCP.set(s);
+    }
     let file_fd = a.open_file.as_ref().map(|p| {
         let c = CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: opening and writing a file we name; the buffer is local.

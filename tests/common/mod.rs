@@ -60,11 +60,21 @@ pub struct Spec<'a> {
     pub children: usize,
     pub open_file: bool,
     pub extra_maps: bool,
+    /// Hold an established TCP connection to this address.
+    pub tcp_peer: Option<String>,
 }
 
 impl Default for Spec<'_> {
     fn default() -> Self {
-        Spec { mib: 32, pattern: "mixed", mode: "single", children: 2, open_file: false, extra_maps: false }
+        Spec {
+            mib: 32,
+            pattern: "mixed",
+            mode: "single",
+            children: 2,
+            open_file: false,
+            extra_maps: false,
+            tcp_peer: None,
+        }
     }
 }
 
@@ -89,6 +99,9 @@ impl Workload {
             .stderr(Stdio::null());
         if spec.extra_maps {
             cmd.args(["--extra-maps", "1"]);
+        }
+        if let Some(peer) = &spec.tcp_peer {
+            cmd.args(["--tcp-peer", peer]);
         }
         if spec.open_file {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);

@@ -1,0 +1,191 @@
+//! Real CRIU against damaged and crafted archives: block records swapped,
+//! duplicated, re-pointed (with the index check recomputed), taken from
+//! another process's archive, F and E records edited, truncation. Every
+//! variant is restored from a file and from a pipe; each must fail as a
+//! damaged archive (exit 3), leave no process running on wrong memory, and
+//! leave no work directory behind. The undamaged archive then restores with
+//! the workload's own checksums, so the test can tell success from failure.
+
+mod common;
+#[path = "../fuzz/src/mutate.rs"]
+mod mutate;
+
+use common::*;
+use mutate::{index_refs, records, reseal, Rec, Reseal};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn dump_to(w: &Workload, arc: &Path, extra: &[&str]) {
+    let pid = w.pid.to_string();
+    let mut args = vec!["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--codec", "none", "--block-size", "64K"];
+    args.extend_from_slice(extra);
+    let out = criuz(&args);
+    assert!(out.status.success(), "criuz dump: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Block records of the file named `name` (by its F record's file id).
+fn blocks_of(a: &[u8], name: &str) -> Vec<Rec> {
+    let recs = records(a);
+    let id = recs
+        .iter()
+        .find(|r| r.kind == b'F' && &a[r.start + 8..r.start + r.len - 4] == name.as_bytes())
+        .map(|r| u32::from_le_bytes(a[r.start + 4..r.start + 8].try_into().unwrap()))
+        .unwrap_or_else(|| panic!("no {name} in the archive"));
+    recs.into_iter().filter(|r| r.kind == b'B' && a[r.start + 4..r.start + 8] == id.to_le_bytes()).collect()
+}
+
+fn pages_name(a: &[u8]) -> String {
+    let r = records(a)
+        .into_iter()
+        .find(|r| r.kind == b'F' && a[r.start + 8..r.start + r.len - 4].starts_with(b"pages-"))
+        .expect("a pages image");
+    String::from_utf8(a[r.start + 8..r.start + r.len - 4].to_vec()).unwrap()
+}
+
+/// Two full blocks of equal record length and different content.
+fn two_equal_blocks(a: &[u8], blocks: &[Rec]) -> (Rec, Rec) {
+    for (i, x) in blocks.iter().enumerate() {
+        for y in &blocks[i + 1..] {
+            if x.len == y.len && a[x.start + 16..x.start + 24] != a[y.start + 16..y.start + 24] {
+                return (*x, *y);
+            }
+        }
+    }
+    panic!("no two distinct blocks of equal length");
+}
+
+fn swap(a: &mut [u8], x: Rec, y: Rec) {
+    let bx = a[x.start..x.start + x.len].to_vec();
+    let by = a[y.start..y.start + y.len].to_vec();
+    a[x.start..x.start + x.len].copy_from_slice(&by);
+    a[y.start..y.start + y.len].copy_from_slice(&bx);
+}
+
+/// The index reference that points at `block`.
+fn ref_to(a: &[u8], block: Rec) -> usize {
+    index_refs(a)
+        .into_iter()
+        .map(|(_, at)| at)
+        .find(|&at| u64::from_le_bytes(a[at..at + 8].try_into().unwrap()) == block.start as u64)
+        .expect("an index reference to the block")
+}
+
+fn variants(good: &[u8], foreign: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    let pages = pages_name(good);
+    let blocks = blocks_of(good, &pages);
+    let (x, y) = two_equal_blocks(good, &blocks);
+    let mut out = Vec::new();
+
+    let mut v = good.to_vec();
+    swap(&mut v, x, y);
+    out.push(("swapped pages blocks", v.clone()));
+    reseal(&mut v, Reseal::Index);
+    out.push(("swapped pages blocks, seals and index check recomputed", v));
+
+    let mut v = good.to_vec();
+    let bx = v[x.start..x.start + x.len].to_vec();
+    v[y.start..y.start + y.len].copy_from_slice(&bx);
+    out.push(("duplicated pages block", v.clone()));
+    reseal(&mut v, Reseal::Seals);
+    out.push(("duplicated pages block, seals recomputed", v));
+
+    let mut v = good.to_vec();
+    let at = ref_to(&v, y);
+    v[at..at + 8].copy_from_slice(&(x.start as u64).to_le_bytes());
+    reseal(&mut v, Reseal::Index);
+    out.push(("index re-pointed at another block of the same file, index check recomputed", v));
+
+    let other = records(good)
+        .into_iter()
+        .find(|r| r.kind == b'B' && r.start != x.start && !blocks.iter().any(|b| b.start == r.start))
+        .expect("a block of another file");
+    let mut v = good.to_vec();
+    let at = ref_to(&v, x);
+    v[at..at + 8].copy_from_slice(&(other.start as u64).to_le_bytes());
+    v[at + 8..at + 12].copy_from_slice(&good[other.start + 8..other.start + 12]);
+    v[at + 12..at + 16].copy_from_slice(&(other.len as u32).to_le_bytes());
+    reseal(&mut v, Reseal::Index);
+    out.push(("index re-pointed at a block of another file, index check recomputed", v));
+
+    let theirs = blocks_of(foreign, &pages_name(foreign));
+    let t = theirs
+        .iter()
+        .find(|t| t.len == x.len && foreign[t.start + 16..t.start + 24] != good[x.start + 16..x.start + 24])
+        .expect("a foreign block of the same length");
+    let mut v = good.to_vec();
+    v[x.start..x.start + x.len].copy_from_slice(&foreign[t.start..t.start + t.len]);
+    v[x.start + 4..x.start + 8].copy_from_slice(&good[x.start + 4..x.start + 8]);
+    reseal(&mut v, Reseal::Seals);
+    out.push(("block of another process's pages image, seals recomputed", v));
+
+    for (kind, what) in [(b'F', "F record name edited"), (b'E', "E record size edited")] {
+        let r = records(good).into_iter().find(|r| r.kind == kind).unwrap();
+        let mut v = good.to_vec();
+        v[r.start + 9] ^= 0x01;
+        out.push((what, v.clone()));
+        reseal(&mut v, Reseal::Seals);
+        out.push((if kind == b'F' { "F record name edited, resealed" } else { "E record edited, resealed" }, v));
+    }
+
+    let mut v = good.to_vec();
+    v.truncate(good.len() - 100);
+    out.push(("truncated", v));
+    out
+}
+
+fn restore_dirs() -> usize {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("criuz-restore-"))
+        .count()
+}
+
+#[test]
+fn damaged_and_crafted_archives_never_restore_wrong_memory() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let foreign = tmp.path().join("foreign.czr");
+    {
+        let mut f = Workload::start(Spec { mib: 8, pattern: "text", ..Default::default() });
+        dump_to(&f, &foreign, &["--leave-running"]);
+        f.stop();
+    }
+    let mut w = Workload::start(Spec { mib: 8, pattern: "text", ..Default::default() });
+    let before = w.sums();
+    let arc = tmp.path().join("good.czr");
+    dump_to(&w, &arc, &[]);
+    w.reap_original();
+    let good = std::fs::read(&arc).unwrap();
+    let dirs_before = restore_dirs();
+
+    for (what, bytes) in variants(&good, &std::fs::read(&foreign).unwrap()) {
+        let bad = tmp.path().join("bad.czr");
+        std::fs::write(&bad, &bytes).unwrap();
+        let out = criuz(&["restore", "-d", "-i", bad.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: restore from a file must fail as damaged: {err}");
+        assert!(err.contains(bad.to_str().unwrap()), "{what}: the error must name the archive: {err}");
+        assert!(!w.alive(), "{what}: a process runs after a failed restore");
+
+        let out = Command::new(CRIUZ)
+            .args(["restore", "-d", "-i", "-"])
+            .stdin(std::fs::File::open(&bad).unwrap())
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: restore from a pipe must fail as damaged: {err}");
+        assert!(!w.alive(), "{what}: a process runs after a failed pipe restore");
+
+        let out = criuz(&["verify", bad.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(3), "{what}: verify must reject it");
+    }
+    assert_eq!(restore_dirs(), dirs_before, "failed restores left work directories behind");
+
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "the undamaged archive must restore: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}

@@ -1,0 +1,239 @@
+//! The streamer protocol without CRIU or root: a fake CRIU client speaks
+//! `criu/img-streamer.c`'s side of the conversation (a u32 native-endian
+//! length and an `img_streamer_request_entry` per file, a pipe end passed with
+//! SCM_RIGHTS and one dummy byte, `img_streamer_reply_entry` on restore) to
+//! `criuz capture` and `criuz serve`.
+
+mod common;
+use common::CRIUZ;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The fake CRIU.
+struct FakeCriu(UnixStream);
+
+impl FakeCriu {
+    fn connect(sock: &Path) -> FakeCriu {
+        let t = Instant::now();
+        loop {
+            match UnixStream::connect(sock) {
+                Ok(s) => return FakeCriu(s),
+                Err(_) if t.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("{}: {e}", sock.display()),
+            }
+        }
+    }
+
+    fn request(&mut self, name: &str) {
+        // protobuf: field 1, wire type 2 (string)
+        let mut body = vec![0x0a, name.len() as u8];
+        body.extend_from_slice(name.as_bytes());
+        let mut msg = (body.len() as u32).to_ne_bytes().to_vec();
+        msg.extend_from_slice(&body);
+        self.0.write_all(&msg).unwrap();
+    }
+
+    fn send_fd(&self, fd: &OwnedFd) {
+        let iov = [std::io::IoSlice::new(&[0u8])];
+        let fds = [fd.as_raw_fd()];
+        let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+        nix::sys::socket::sendmsg::<()>(self.0.as_raw_fd(), &iov, &cmsg, nix::sys::socket::MsgFlags::empty(), None)
+            .unwrap();
+    }
+
+    /// Dump side: opens an image and returns the pipe to write it into.
+    fn open_for_write(&mut self, name: &str) -> std::fs::File {
+        self.request(name);
+        let (rd, wr) = nix::unistd::pipe().unwrap();
+        self.send_fd(&rd);
+        std::fs::File::from(wr)
+    }
+
+    /// Restore side: asks for an image; `None` if the archive lacks it.
+    fn read(&mut self, name: &str) -> Option<Vec<u8>> {
+        self.request(name);
+        let mut len = [0u8; 4];
+        self.0.read_exact(&mut len).unwrap();
+        let mut reply = vec![0u8; u32::from_ne_bytes(len) as usize];
+        self.0.read_exact(&mut reply).unwrap();
+        let exists = reply == [0x08, 0x01];
+        if !exists {
+            assert!(reply == [0x08, 0x00] || reply.is_empty(), "odd reply {reply:?}");
+            return None;
+        }
+        let (rd, wr) = nix::unistd::pipe().unwrap();
+        self.send_fd(&wr);
+        drop(wr);
+        let mut data = Vec::new();
+        std::fs::File::from(rd).read_to_end(&mut data).unwrap();
+        Some(data)
+    }
+}
+
+fn images() -> Vec<(&'static str, Vec<u8>)> {
+    let mut pages = Vec::new();
+    for p in 0..300u32 {
+        match p % 3 {
+            0 => pages.extend_from_slice(&[0u8; 4096]),
+            1 => pages.extend((0..4096u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(p) >> 13) as u8)),
+            _ => pages.extend((0..4096).map(|i| b"page text "[(i + p as usize) % 10])),
+        }
+    }
+    vec![
+        ("pages-1.img", pages),
+        ("pagemap-1.img", (0..900u32).flat_map(|i| i.to_le_bytes()).collect()),
+        ("core-1.img", b"core".to_vec()),
+        ("inventory.img", b"inventory".to_vec()),
+    ]
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(CRIUZ).args(args).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn finish(child: Child) -> (Option<i32>, String) {
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+/// Captures `files` through the fake CRIU; pages and pagemap are written
+/// interleaved, as CRIU writes several images at once.
+fn capture(dir: &Path, arc: &Path, files: &[(&str, Vec<u8>)]) -> (Option<i32>, String) {
+    let child = spawn(&["capture", "-D", dir.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--block-size", "16K"]);
+    let mut criu = FakeCriu::connect(&dir.join("streamer-capture.sock"));
+    let mut pipes: Vec<(std::fs::File, &[u8])> = files.iter().map(|(n, d)| (criu.open_for_write(n), &d[..])).collect();
+    while pipes.iter().any(|(_, d)| !d.is_empty()) {
+        for (pipe, data) in pipes.iter_mut() {
+            let n = data.len().min(10_000);
+            pipe.write_all(&data[..n]).unwrap();
+            *data = &data[n..];
+        }
+    }
+    drop(pipes);
+    drop(criu);
+    finish(child)
+}
+
+#[test]
+fn capture_then_serve_any_order_any_number_of_times() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let files = images();
+    let (code, err) = capture(tmp.path(), &arc, &files);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!tmp.path().join("streamer-capture.sock").exists(), "the socket must be removed");
+
+    let child = spawn(&["serve", "-D", tmp.path().to_str().unwrap(), "-i", arc.to_str().unwrap()]);
+    let mut criu = FakeCriu::connect(&tmp.path().join("streamer-serve.sock"));
+    let mode = std::fs::metadata(tmp.path().join("streamer-serve.sock")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+    for (name, data) in files.iter().rev().chain(files.iter()) {
+        assert!(criu.read(name).as_deref() == Some(&data[..]), "{name} served differently");
+    }
+    assert_eq!(criu.read("missing.img"), None);
+    drop(criu);
+    let (code, err) = finish(child);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn capture_without_inventory_publishes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let files: Vec<_> = images().into_iter().filter(|f| f.0 != "inventory.img").collect();
+    let (code, err) = capture(tmp.path(), &arc, &files);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("inventory.img"), "{err}");
+    assert!(!arc.exists());
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn capture_to_stdout_that_fails_does_not_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("stdout.czr");
+    let child = Command::new(CRIUZ)
+        .args(["capture", "-D", tmp.path().to_str().unwrap(), "-o", "-"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut criu = FakeCriu::connect(&tmp.path().join("streamer-capture.sock"));
+    let mut pipe = criu.open_for_write("pages-1.img");
+    pipe.write_all(&vec![7u8; 1 << 20]).unwrap();
+    drop(pipe);
+    drop(criu);
+    let (code, err) = finish(child);
+    assert_eq!(code, Some(1), "{err}");
+    let written = std::fs::read(&out).unwrap();
+    assert!(written.len() > 64, "the blocks went out before the failure");
+    let v = Command::new(CRIUZ).arg("verify").arg(&out).output().unwrap();
+    assert_eq!(v.status.code(), Some(3), "an aborted capture must not verify");
+    assert!(String::from_utf8_lossy(&v.stderr).contains("truncated"));
+}
+
+#[test]
+fn serve_refuses_crafted_archives_before_anything_is_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let (code, err) = capture(tmp.path(), &arc, &images());
+    assert_eq!(code, Some(0), "{err}");
+    let good = std::fs::read(&arc).unwrap();
+    // Two blocks of pages-1.img with equal record lengths, swapped.
+    let mut blocks = Vec::new();
+    let mut pos = 64;
+    while pos < good.len() && good[pos] != b'I' {
+        let len = match good[pos] {
+            b'F' => 12 + u16::from_le_bytes([good[pos + 2], good[pos + 3]]) as usize,
+            b'B' => {
+                let raw = u32::from_le_bytes(good[pos + 8..pos + 12].try_into().unwrap()) as usize;
+                let m = if good[pos + 2] & 1 != 0 { raw.div_ceil(4096).div_ceil(8) } else { 0 };
+                32 + m + u32::from_le_bytes(good[pos + 12..pos + 16].try_into().unwrap()) as usize
+            }
+            _ => 28,
+        };
+        if good[pos] == b'B' {
+            blocks.push((pos, len));
+        }
+        pos += len;
+    }
+    let (x, y) = blocks
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| {
+            blocks[i + 1..]
+                .iter()
+                .find(|b| b.1 == a.1 && good[a.0 + 4..a.0 + 8] == good[b.0 + 4..b.0 + 8])
+                .map(|b| (*a, *b))
+        })
+        .expect("two blocks of one file with equal lengths");
+    let mut bad = good.clone();
+    bad[x.0..x.0 + x.1].copy_from_slice(&good[y.0..y.0 + y.1]);
+    bad[y.0..y.0 + y.1].copy_from_slice(&good[x.0..x.0 + x.1]);
+    let bad_path = tmp.path().join("bad.czr");
+    std::fs::write(&bad_path, &bad).unwrap();
+    let (code, err) = finish(spawn(&["serve", "-D", tmp.path().to_str().unwrap(), "-i", bad_path.to_str().unwrap()]));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("does not match its end record"), "{err}");
+    assert!(!tmp.path().join("streamer-serve.sock").exists(), "nothing may be served");
+
+    // A damaged payload deep in the pages image: structure intact, so serving
+    // starts; the pages image must stop short and serve must fail as damaged.
+    let mut bad = good.clone();
+    let (b, len) = blocks[blocks.len() / 2];
+    bad[b + len - 10] ^= 0x20;
+    std::fs::write(&bad_path, &bad).unwrap();
+    let child = spawn(&["serve", "-D", tmp.path().to_str().unwrap(), "-i", bad_path.to_str().unwrap()]);
+    let mut criu = FakeCriu::connect(&tmp.path().join("streamer-serve.sock"));
+    let files = images();
+    let served = criu.read("pages-1.img").unwrap_or_default();
+    assert!(served.len() < files[0].1.len(), "a damaged pages image was served whole");
+    drop(criu);
+    let (code, err) = finish(child);
+    assert_eq!(code, Some(3), "{err}");
+}
