@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# criuz test suite: unit, format and corruption tests, real-CRIU round trips
-# (as root; CI always runs them and fails if CRIU is missing), lint, and a
-# benchmark smoke run. Run scripts/setup.sh first.
+# criuz test suite: unit, format, golden and corruption tests, the streamer
+# protocol against a fake CRIU (no root needed), real-CRIU round trips and
+# attacks (as root; CI always runs them and fails if CRIU is missing), the
+# fuzz regressions and a short fuzz run, lint, and a benchmark smoke run.
+# Run scripts/setup.sh first.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo fmt --all -- --check
-cargo clippy --release --locked --all-targets -q -- -D warnings
+cargo clippy --release --locked --workspace --all-targets -q -- -D warnings
+cargo build --release --locked --workspace -q
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --release --locked 2>&1 | tee "$log"
+cargo test --release --locked --workspace 2>&1 | tee "$log"
 read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$log")
+
+# A short structured fuzz run over every archive reader (the long runs are
+# made by hand: target/release/criuz-fuzz --seconds 3600 --corpus DIR).
+crashes=$(mktemp -d)
+if ./target/release/criuz-fuzz --seconds 20 --crashes "$crashes"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+rm -rf "$crashes"
 
 if [ "$(id -u)" -eq 0 ]; then
   out=$(mktemp -d)
-  ./target/release/criuz bench --quick --json "$out/bench.json" --plot "$out/bench.png"
+  if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+  fi
   rm -rf "$out"
 else
-  echo "SKIP: criuz bench --quick needs root (CRIU); CI runs it as root"
+  echo "SKIP: criuz-bench --quick needs root (CRIU); CI runs it as root"
 fi
 
 echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -424,6 +424,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn main() {
+    let args = <BenchArgs as clap::Parser>::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("criuz-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,13 +467,5 @@ mod tests {
         img.extend_from_slice(&entry);
         assert_eq!(config::frozen_from_stats(&img), Some(1.234567));
         assert_eq!(config::frozen_from_stats(&img[..10]), None);
-    }
-}
-
-fn main() {
-    let args = <BenchArgs as clap::Parser>::parse();
-    if let Err(e) = run(&args) {
-        eprintln!("criuz-bench: {e}");
-        std::process::exit(1);
     }
 }

@@ -162,7 +162,7 @@ pub fn synthetic_seeds() -> Vec<Vec<u8>> {
     for p in 0..40 {
         match p % 4 {
             0 => pages.extend_from_slice(&[0u8; 4096]),
-            1 => pages.extend((0..4096).map(|_| rng.next() as u8)),
+            1 => pages.extend((0..4096).map(|_| rng.next_u64() as u8)),
             _ => pages.extend((0..4096).map(|i| b"criuz page text "[(i + p) % 16])),
         }
     }

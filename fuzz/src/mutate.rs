@@ -14,7 +14,7 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -24,7 +24,7 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            (self.next() % n as u64) as usize
+            (self.next_u64() % n as u64) as usize
         }
     }
 }
@@ -110,7 +110,7 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
     a[56..64].copy_from_slice(&h.to_le_bytes());
     let recs = records(a);
     // Per file id: (raw size, data checks) as the stream has them.
-    let mut files: BTreeMap<u32, (u64, Vec<u8>, Vec<(u64, u32, u32)>)> = BTreeMap::new();
+    let mut files = StreamFiles::new();
     for r in &recs {
         match r.kind {
             b'F' => seal_at(a, r.start, r.len - 4),
@@ -348,7 +348,7 @@ pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
             // Edit a field of a block header: file id, raw_len, stored_len, codec, flags.
             let Some(x) = pick(rng, &blocks) else { return "none" };
             let field = [4usize, 8, 12, 1, 2][rng.below(5)];
-            let v = rng.next() as u8;
+            let v = rng.next_u64() as u8;
             a[x.start + field] = if rng.below(2) == 0 { a[x.start + field].wrapping_add(1) } else { v };
             "edit-block-field"
         }
@@ -364,7 +364,7 @@ pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
             // Random bytes inserted somewhere.
             let at = rng.below(a.len());
             let n = 1 + rng.below(64);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             a.splice(at..at, bytes);
             "insert-garbage"
         }

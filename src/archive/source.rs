@@ -32,13 +32,14 @@ use std::sync::Arc;
 
 /// Random access to an archive's bytes.
 pub trait RecordStore: Send + Sync {
-    fn len(&self) -> u64;
+    /// Bytes in the store.
+    fn size(&self) -> u64;
     /// Fills `buf` from `offset`; fails if the store is shorter.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 }
 
 impl RecordStore for File {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.metadata().map(|m| m.len()).unwrap_or(0)
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -48,7 +49,7 @@ impl RecordStore for File {
 
 /// An archive held in memory (tests, fuzzing, small archives).
 impl RecordStore for Vec<u8> {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         Vec::len(self) as u64
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -187,7 +188,7 @@ impl Archive {
 
     /// Walks every record header of `store` through the checks.
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
-        let len = store.len();
+        let len = store.size();
         let inp = StoreInput { store: &*store, len, pos: 0, buf: Vec::new(), buf_at: 0 };
         let mut records = CheckedRecords::new(inp, false)?;
         let header = records.header().clone();
@@ -223,12 +224,9 @@ impl Archive {
         Archive::from_store(Box::new(file), label.to_string()).context(|| label.to_string())
     }
 
-    pub fn len(&self) -> u64 {
+    /// The archive's size in bytes.
+    pub fn size(&self) -> u64 {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.files.is_empty()
     }
 }
 
