@@ -182,14 +182,14 @@ pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<
     };
 
     let objs = objects(pagemap, PAGEMAP_MAGIC)?;
-    let head = PagemapHead::decode(*objs.first()?).ok()?;
+    let head = decode_exact::<PagemapHead>(objs.first()?)?;
     let mut out = pagemap[..8].to_vec();
     push_object(&mut out, &head.encode_to_vec());
     let mut skipped: Vec<u64> = Vec::new();
     let mut skipped_pages = 0u64;
     let mut page = 0u64; // next page of the pages image
     for obj in &objs[1..] {
-        let e = PagemapEntry::decode(*obj).ok()?;
+        let e = decode_exact::<PagemapEntry>(obj)?;
         let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
         let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { PE_PARENT } else { PE_PRESENT });
         if flags & !(PE_PRESENT | PE_LAZY | PE_PARENT) != 0 {
@@ -232,6 +232,16 @@ pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<
         }
     }
     Some(ZeroPlan { pages_id: head.pages_id, pagemap: out, skipped, skipped_pages })
+}
+
+/// Decodes a message we rewrite, only if it holds nothing but the fields we
+/// know: re-encoded, it must give back the same bytes. A field added by a
+/// newer CRIU (such as the compressed size of pages CRIU compressed itself,
+/// which would make "page N of the pages image" mean something else) means
+/// no plan, and the images are served untouched.
+fn decode_exact<M: Message + Default>(obj: &[u8]) -> Option<M> {
+    let m = M::decode(obj).ok()?;
+    (m.encode_to_vec() == obj).then_some(m)
 }
 
 fn push_object(out: &mut Vec<u8>, obj: &[u8]) {
@@ -294,6 +304,21 @@ mod tests {
         let entries: Vec<(u64, u32)> =
             objs[1..].iter().map(|o| PagemapEntry::decode(*o).unwrap()).map(|e| (e.vaddr, e.nr_pages)).collect();
         assert_eq!(entries, vec![(0x10000, 1), (0x13000, 1), (0x20000, 4)]);
+    }
+
+    #[test]
+    fn a_pagemap_with_fields_we_do_not_know_gets_no_plan() {
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let mm = MmEntry { vmas: vec![vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
+        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+        let mut entry =
+            PagemapEntry { vaddr: 0x10000, nr_pages: 4, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
+                .encode_to_vec();
+        let pm = |entry: &[u8]| image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 1 }.encode_to_vec(), entry.to_vec()]);
+        assert!(plan(&mm, &pm(&entry), &|_| true).is_some(), "the plain pagemap gets a plan");
+        // An unknown field 6 (varint 1234), as a compressed page size would be.
+        entry.extend_from_slice(&[6 << 3, 0xd2, 0x09]);
+        assert!(plan(&mm, &pm(&entry), &|_| true).is_none(), "an unknown field must disable the plan");
     }
 
     #[test]
