@@ -1,8 +1,9 @@
 //! Capture: receives CRIU's images over the streamer protocol and writes them
 //! into a [`Packer`], one thread per open image pipe (CRIU writes several at
-//! once). Whether the result is a complete checkpoint (CRIU exited 0 and
-//! `inventory.img` arrived) is decided by the caller, which alone can finish
-//! or abort the packer.
+//! once). [`settle`] holds the rule for a complete stream (`inventory.img`,
+//! which CRIU writes last, arrived) and aborts the packer otherwise, so an
+//! incomplete dump publishes nothing; `criuz dump` also requires CRIU's exit
+//! status 0 first, which a standalone `criuz capture` cannot see.
 
 use crate::archive::Packer;
 use crate::criu::streamer::{grow_pipe, read_request, recv_fd, Listener};
@@ -53,4 +54,18 @@ pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Resul
         return Err(e);
     }
     Ok(Some(report))
+}
+
+/// Applies the completeness rule to a capture's outcome. Complete: the packer
+/// is handed back to be finished. Otherwise it is aborted (nothing is
+/// published) and the error says why; an error of the writer itself wins
+/// over the capture's, since it is the cause.
+pub fn settle(packer: Packer, captured: Result<Option<CaptureReport>>) -> Result<(Packer, CaptureReport)> {
+    let failure = match captured {
+        Ok(Some(r)) if r.files.iter().any(|f| f == "inventory.img") => return Ok((packer, r)),
+        Ok(Some(_)) => Error::Criu("the dump stream has no inventory.img: CRIU did not finish".into()),
+        Ok(None) => Error::Criu("CRIU never connected to the capture socket".into()),
+        Err(e) => e,
+    };
+    Err(packer.abort().unwrap_or(failure))
 }

@@ -224,24 +224,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         packer.abort();
         return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
     }
-    let report = match captured {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            packer.abort();
-            let log = work.save_log("dump.log");
-            return Err(Error::Criu(format!("CRIU never connected to the capture socket; log: {}", log.display())));
-        }
-        Err(e) => {
-            let e = packer.abort().unwrap_or(e);
-            let log = work.save_log("dump.log");
-            return Err(e.context(format!("capture failed (CRIU log: {})", log.display())));
-        }
-    };
-    if !report.files.iter().any(|f| f == "inventory.img") {
-        packer.abort();
-        let log = work.save_log("dump.log");
-        return Err(Error::Criu(format!("the dump stream has no inventory.img (incomplete); log: {}", log.display())));
-    }
+    let (packer, _) = capture::settle(packer, captured)
+        .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
     let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
     if let Some(bytes) = &stats_bytes {
         let mut sink = packer.begin_file("stats-dump")?;

@@ -351,18 +351,9 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
             let packer = criuz::archive::Packer::start(out.writer()?, &opts)?;
             let never = std::sync::atomic::AtomicBool::new(false);
-            let report = match criuz::session::capture::capture(&listener, &packer, &never) {
-                Ok(r) => r.expect("capture waits for CRIU"),
-                Err(e) => return Err(packer.abort().unwrap_or(e).into()),
-            };
-            if !report.files.iter().any(|f| f == "inventory.img") {
-                packer.abort();
-                return Err(criuz::Error::Criu(format!(
-                    "the dump stream has no inventory.img: CRIU did not finish; {} not written",
-                    output.display()
-                ))
-                .into());
-            }
+            let captured = criuz::session::capture::capture(&listener, &packer, &never);
+            let (packer, _) = criuz::session::capture::settle(packer, captured)
+                .map_err(|e| e.context(format!("{} not written", output.display())))?;
             let (stats, _) = packer.finish()?;
             out.commit()?;
             eprintln!(
