@@ -240,14 +240,6 @@ impl BlockHeader {
     }
 }
 
-/// A whole block record (header, seal, payload) as it is stored.
-pub fn encode_block_record(header: &BlockHeader, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + payload.len());
-    header.encode(&mut out);
-    out.extend_from_slice(payload);
-    out
-}
-
 /// Append the 32-bit record check over `out[start..]`.
 fn seal(out: &mut Vec<u8>, start: usize) {
     let check = xxh3_64(&out[start..]) as u32;
@@ -567,11 +559,6 @@ pub fn decode_block_header(rec: &[u8], offset: u64) -> Result<(BlockHeader, usiz
         return Err(Error::corrupt(offset, "block header checksum mismatch"));
     }
     Ok((parse_block_header(&rec[..hdr_len], offset)?, hdr_len + 4))
-}
-
-/// Longest header-plus-seal a block of `raw_len` bytes can have.
-pub fn max_block_header_len(raw_len: u32) -> usize {
-    BLOCK_FIXED + (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8) + 4
 }
 
 /// Fixed part of a block header, before the bitmap.
