@@ -325,10 +325,12 @@ fn foreign_files_and_unknown_versions_are_clear_errors() {
             let out = criuz(&[cmd, p.to_str().unwrap()]);
             let err = one_line_error(&out, &p);
             assert!(err.contains(want), "{cmd} {name}: {err}");
+            assert_eq!(out.status.code(), Some(3), "{cmd} {name}: damaged or foreign is exit 3");
         }
     }
     let out = criuz(&["verify", tmp.path().join("missing.czr").to_str().unwrap()]);
     one_line_error(&out, &tmp.path().join("missing.czr"));
+    assert_eq!(out.status.code(), Some(1), "a missing file is an operation failure");
 }
 
 #[test]
@@ -341,6 +343,7 @@ fn archives_are_private_and_outputs_never_clobbered() {
     let img = tmp.path().join("img");
     let out = criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]);
     one_line_error(&out, &arc);
+    assert_eq!(out.status.code(), Some(2), "an existing output without --force is a usage error");
     assert_eq!(std::fs::read(&arc).unwrap(), good);
     assert!(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--force"]).status.success());
     // unpack refuses to overwrite unless --force; a refused unpack leaves the file alone
@@ -407,6 +410,7 @@ fn unpack_refuses_dangerous_names() {
         let out = criuz(&["unpack", p.to_str().unwrap(), "-d", dest.to_str().unwrap()]);
         let err = one_line_error(&out, &p);
         assert!(err.contains("refusing") || err.contains("name"), "{err}");
+        assert_eq!(out.status.code(), Some(3), "{err}");
         assert!(!tmp.path().join("x").exists() && !Path::new("/etc/p").exists());
     }
     // control: a harmless rename unpacks
@@ -474,4 +478,22 @@ fn unusable_criu_is_named_with_the_reason() {
     assert!(!out.status.success());
     assert!(err.contains("CRIUZ_CRIU") && err.contains("cannot run"), "{err}");
     assert!(!arc.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    images_dir(&tmp.path().join("img"));
+    let img = tmp.path().join("img");
+    let arc = tmp.path().join("a.czr");
+    for args in [
+        vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--block-size", "5K"],
+        vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "99"],
+        vec!["pack", img.to_str().unwrap()],
+        vec!["no-such-command"],
+    ] {
+        let out = criuz(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!arc.exists());
+    }
 }
