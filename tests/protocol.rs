@@ -237,3 +237,88 @@ fn serve_refuses_crafted_archives_before_anything_is_served() {
     let (code, err) = finish(child);
     assert_eq!(code, Some(3), "{err}");
 }
+
+/// A CRIU image: the common magic, the image's magic, then u32-length
+/// prefixed protobuf objects.
+fn criu_image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
+    let mut v = 0x5456_4319u32.to_ne_bytes().to_vec();
+    v.extend_from_slice(&magic.to_ne_bytes());
+    for o in objs {
+        v.extend_from_slice(&(o.len() as u32).to_ne_bytes());
+        v.extend_from_slice(o);
+    }
+    v
+}
+
+fn varint(mut x: u64, out: &mut Vec<u8>) {
+    while x >= 0x80 {
+        out.push(x as u8 | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+}
+
+fn field(tag: u64, value: u64, out: &mut Vec<u8>) {
+    varint(tag << 3, out);
+    varint(value, out);
+}
+
+/// A process whose private anonymous memory has zero pages, with a pagemap
+/// as CRIU writes it, or with the fields of CRIU's own page compression.
+fn process_images(compressed: bool) -> Vec<(&'static str, Vec<u8>)> {
+    let mut vma = Vec::new();
+    field(1, 0x10000, &mut vma);
+    field(2, 0x18000, &mut vma);
+    field(6, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, &mut vma);
+    field(7, 1 | 1 << 9, &mut vma); // VMA_AREA_REGULAR | VMA_ANON_PRIVATE
+    let mut mm = vec![14 << 3 | 2];
+    varint(vma.len() as u64, &mut mm);
+    mm.extend_from_slice(&vma);
+    let mut head = Vec::new();
+    field(1, 1, &mut head);
+    let mut entry = Vec::new();
+    field(1, 0x10000, &mut entry);
+    field(2, 8, &mut entry);
+    field(4, 4, &mut entry); // PE_PRESENT
+    if compressed {
+        entry.extend_from_slice(&[6 << 3 | 2, 2, 0x80, 0x20]); // compressed_size = [4096]
+        field(7, 4096, &mut entry); // total_compressed_size
+        field(8, 8, &mut entry); // region_pages
+    }
+    let mut pages = vec![0u8; 8 * 4096];
+    for p in [1usize, 4, 6] {
+        pages[p * 4096..(p + 1) * 4096].fill(p as u8 + 1);
+    }
+    vec![
+        ("mm-7.img", criu_image(0x5749_2820, &[mm])),
+        ("pagemap-7.img", criu_image(0x5608_4025, &[head, entry])),
+        ("pages-1.img", pages),
+        ("inventory.img", b"inventory".to_vec()),
+    ]
+}
+
+#[test]
+fn pages_compressed_by_criu_itself_are_served_untouched() {
+    for compressed in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let arc = tmp.path().join("a.czr");
+        let files = process_images(compressed);
+        let (code, err) = capture(tmp.path(), &arc, &files);
+        assert_eq!(code, Some(0), "{err}");
+        let child = spawn(&["serve", "-D", tmp.path().to_str().unwrap(), "-i", arc.to_str().unwrap()]);
+        let mut criu = FakeCriu::connect(&tmp.path().join("streamer-serve.sock"));
+        let pagemap = criu.read("pagemap-7.img").unwrap();
+        let pages = criu.read("pages-1.img").unwrap();
+        drop(criu);
+        let (code, err) = finish(child);
+        assert_eq!(code, Some(0), "{err}");
+        if compressed {
+            assert!(pagemap == files[1].1, "a compressed pagemap must be served as it was");
+            assert!(pages == files[2].1, "compressed pages must be served as they were");
+        } else {
+            // Control: the plain pagemap is rewritten and its zero pages left out.
+            assert!(pagemap != files[1].1, "the zero-page plan should apply to a plain pagemap");
+            assert_eq!(pages.len(), 3 * 4096);
+        }
+    }
+}

@@ -316,9 +316,28 @@ mod tests {
                 .encode_to_vec();
         let pm = |entry: &[u8]| image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 1 }.encode_to_vec(), entry.to_vec()]);
         assert!(plan(&mm, &pm(&entry), &|_| true).is_some(), "the plain pagemap gets a plan");
-        // An unknown field 6 (varint 1234), as a compressed page size would be.
-        entry.extend_from_slice(&[6 << 3, 0xd2, 0x09]);
-        assert!(plan(&mm, &pm(&entry), &|_| true).is_none(), "an unknown field must disable the plan");
+        // Pages compressed by CRIU itself (upstream `--compress`, PR 2895):
+        // the sizes of the compressed blocks are in new pagemap fields, and
+        // "page N of the pages image" no longer means N * 4096 bytes in. Both
+        // schemas seen upstream must disable the plan.
+        let compressed_a = [
+            vec![6 << 3 | 2, 2, 0xd2, 0x09], // repeated uint32 compressed_size = 6 [packed]: [1234]
+            vec![7 << 3, 0xd2, 0x09],        // optional uint64 total_compressed_size = 7
+            vec![8 << 3, 64],                // optional uint32 region_pages = 8
+        ]
+        .concat();
+        let compressed_b = vec![6 << 3 | 2, 7, 1 << 3 | 2, 2, 0xd2, 0x09, 2 << 3, 0xd2, 0x09]; // blocks = 6 {..}
+        for extra in [compressed_a, compressed_b] {
+            let mut e = entry.clone();
+            e.extend_from_slice(&extra);
+            assert!(plan(&mm, &pm(&e), &|_| true).is_none(), "a compressed pagemap must get no plan");
+        }
+        // PE_PAYLOAD_ALIGNED (1 << 3), which compressed images use, is unknown to the plan too.
+        let aligned =
+            PagemapEntry { flags: Some(PE_PRESENT | 8), ..PagemapEntry::decode(&entry[..]).unwrap() }.encode_to_vec();
+        assert!(plan(&mm, &pm(&aligned), &|_| true).is_none());
+        entry.extend_from_slice(&[9 << 3, 1]);
+        assert!(plan(&mm, &pm(&entry), &|_| true).is_none(), "any unknown field must disable the plan");
     }
 
     #[test]
