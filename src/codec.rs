@@ -87,6 +87,8 @@ impl Default for CodecConfig {
 pub struct EncodedBlock {
     pub header: BlockHeader,
     pub payload: Vec<u8>,
+    /// Ids of the stored pages, for archives that carry them.
+    pub ids: Option<Vec<crate::format::PageId>>,
 }
 
 pub struct Encoder {
@@ -106,48 +108,73 @@ impl Encoder {
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
     pub fn encode(&mut self, file_id: u32, data: &[u8], page_aware: bool) -> EncodedBlock {
-        let mut zero_bitmap = Vec::new();
-        let mut nonzero: &[u8] = data;
-        if page_aware {
-            let pages = data.len().div_ceil(PAGE_SIZE);
-            zero_bitmap = vec![0u8; pages.div_ceil(8)];
-            let mut zeros = 0;
-            for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
-                // Only whole pages are elided; a short tail is always stored.
-                if page.len() == PAGE_SIZE && page == ZERO_PAGE {
-                    zero_bitmap[i / 8] |= 1 << (i % 8);
-                    zeros += 1;
-                }
-            }
-            if zeros == 0 {
-                // Keep the bitmap (all clear) so readers know the block is page-aware.
-            } else if zeros == pages {
-                nonzero = &[];
-            } else {
-                self.gathered.clear();
-                for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
-                    if zero_bitmap[i / 8] & (1 << (i % 8)) == 0 {
-                        self.gathered.extend_from_slice(page);
-                    }
-                }
-                nonzero = &self.gathered;
+        let zero_bitmap = if page_aware { zero_bitmap(data) } else { Vec::new() };
+        let stored = self.gather(data, &zero_bitmap);
+        let (codec, payload) = self.compress(&stored);
+        EncodedBlock::new(codec, file_id, data.len(), zero_bitmap, &stored, payload)
+    }
+
+    /// The stored pages of `data`: all but those `zero_bitmap` marks.
+    pub fn gather(&mut self, data: &[u8], zero_bitmap: &[u8]) -> Vec<u8> {
+        let is_zero = |i: usize| !zero_bitmap.is_empty() && zero_bitmap[i / 8] & (1 << (i % 8)) != 0;
+        let mut out = std::mem::take(&mut self.gathered);
+        out.clear();
+        for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
+            if !is_zero(i) {
+                out.extend_from_slice(page);
             }
         }
-        // The check covers the stored pages only: zero pages are rebuilt from
-        // the bitmap, which the record's seal already covers.
-        let data_check = xxh3_64(nonzero);
-        let (codec, payload) = compress(self.config, self.zstd.as_mut(), nonzero);
+        out
+    }
+
+    /// Gives a buffer back for the next [`gather`](Self::gather).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.gathered = buf;
+    }
+
+    /// Compresses with the configured codec; raw when that saves less than 1/8.
+    pub fn compress(&mut self, src: &[u8]) -> (BlockCodec, Vec<u8>) {
+        compress(self.config, self.zstd.as_mut(), src)
+    }
+}
+
+/// One bit per page of `data` (LSB first), set for all-zero whole pages; a
+/// short tail is always stored. An all-clear bitmap is kept so readers know
+/// the block is page-aware.
+pub fn zero_bitmap(data: &[u8]) -> Vec<u8> {
+    let mut bitmap = vec![0u8; data.len().div_ceil(PAGE_SIZE).div_ceil(8)];
+    for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
+        if page.len() == PAGE_SIZE && page == ZERO_PAGE {
+            bitmap[i / 8] |= 1 << (i % 8);
+        }
+    }
+    bitmap
+}
+
+impl EncodedBlock {
+    /// A block record for `stored` (the block's stored pages) encoded as
+    /// `payload` with `codec`. The data check covers the stored pages only:
+    /// zero pages are rebuilt from the bitmap, which the record's seal covers.
+    pub fn new(
+        codec: BlockCodec,
+        file_id: u32,
+        raw_len: usize,
+        zero_bitmap: Vec<u8>,
+        stored: &[u8],
+        payload: Vec<u8>,
+    ) -> Self {
         EncodedBlock {
             header: BlockHeader {
                 codec,
                 file_id,
-                raw_len: data.len() as u32,
+                raw_len: raw_len as u32,
                 stored_len: payload.len() as u32,
-                data_check,
+                data_check: xxh3_64(stored),
                 payload_check: xxh3_64(&payload) as u32,
                 zero_bitmap,
             },
             payload,
+            ids: None,
         }
     }
 }
@@ -254,8 +281,21 @@ impl Decoder {
         expect: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
+        self.decompress(header.codec, payload, expect, out)
+    }
+
+    /// Decompresses `payload` to exactly `expect` bytes (no data check: the
+    /// caller checks what the bytes become part of).
+    pub fn decompress(
+        &mut self,
+        codec: BlockCodec,
+        payload: &[u8],
+        expect: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
         out.clear();
-        match header.codec {
+        match codec {
+            BlockCodec::Dedup => return Err("a dedup block must be resolved by its archive first".into()),
             BlockCodec::Raw => {
                 if payload.len() != expect {
                     return Err(format!("raw block holds {} bytes, expected {expect}", payload.len()));

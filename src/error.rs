@@ -24,6 +24,9 @@ pub enum Error {
     File { path: PathBuf, err: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// Something needed (a parent archive) is not where it was looked for.
+    #[error("{0}")]
+    NotFound(String),
     /// The output exists and `--force` was not given.
     #[error("{}: already exists (use --force to replace it)", .0.display())]
     Exists(PathBuf),

@@ -1,4 +1,8 @@
-//! The criuz archive format, version 1 (byte-level spec: `docs/FORMAT.md`).
+//! The criuz archive format, versions 1 and 2 (byte-level spec:
+//! `docs/FORMAT.md`). Version 2 adds incremental archives: a chain record
+//! naming the parent archives, page ids after each block of a page image, and
+//! dedup blocks whose pages may be references into this archive or a parent.
+//! An archive that uses none of that is written as version 1.
 //!
 //! An archive is a header, a stream of records (file begin, block, file end)
 //! and an index followed by a fixed-size trailer. It is written append-only in
@@ -19,7 +23,10 @@ use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: [u8; 8] = *b"\x89CRIUZ\r\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"CRIUZEND";
-pub const VERSION: u16 = 1;
+/// The newest version this build reads and writes.
+pub const VERSION: u16 = 2;
+/// The version of archives that use no version 2 feature (header flags 0).
+pub const VERSION_PLAIN: u16 = 1;
 pub const HEADER_LEN: usize = 64;
 pub const TRAILER_LEN: usize = 32;
 pub const PAGE_SIZE: usize = 4096;
@@ -30,6 +37,23 @@ const REC_FILE: u8 = b'F';
 const REC_BLOCK: u8 = b'B';
 const REC_END: u8 = b'E';
 const REC_INDEX: u8 = b'I';
+const REC_CHAIN: u8 = b'C';
+const REC_IDS: u8 = b'P';
+
+/// Header flag: the archive has parents (a C record follows the header).
+pub const FLAG_PARENT: u16 = 1;
+/// Header flag: a P record of page ids follows every block of a page image.
+pub const FLAG_IDS: u16 = 2;
+const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS;
+/// Bytes of a page id: BLAKE3 of the page, truncated.
+pub const PAGE_ID_LEN: usize = 16;
+pub type PageId = [u8; PAGE_ID_LEN];
+
+/// The content id of a page (or of a short last page).
+pub fn page_id(page: &[u8]) -> PageId {
+    let h = blake3::hash(page);
+    h.as_bytes()[..PAGE_ID_LEN].try_into().expect("16 bytes")
+}
 
 /// Block flag: a zero-page bitmap follows the fixed block header.
 pub const BLOCK_HAS_BITMAP: u16 = 1;
@@ -42,7 +66,9 @@ pub enum BlockCodec {
     Raw = 0,
     Lz4 = 1,
     Zstd = 2,
-    // 3 is reserved for a reference to a block stored elsewhere (dedup).
+    /// Version 2: pages that are references into this archive or a parent,
+    /// and literal pages compressed inside (see [`DedupPayload`]).
+    Dedup = 3,
 }
 
 impl BlockCodec {
@@ -51,7 +77,7 @@ impl BlockCodec {
             0 => Ok(BlockCodec::Raw),
             1 => Ok(BlockCodec::Lz4),
             2 => Ok(BlockCodec::Zstd),
-            3 => Err(Error::Unsupported { offset, what: "block reference (dedup) codec".into() }),
+            3 => Ok(BlockCodec::Dedup),
             _ => Err(Error::corrupt(offset, format!("unknown block codec {v}"))),
         }
     }
@@ -61,6 +87,7 @@ impl BlockCodec {
             BlockCodec::Raw => "raw",
             BlockCodec::Lz4 => "lz4",
             BlockCodec::Zstd => "zstd",
+            BlockCodec::Dedup => "dedup",
         }
     }
 }
@@ -95,6 +122,8 @@ impl FileKind {
 /// Fixed archive header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// [`FLAG_PARENT`], [`FLAG_IDS`].
+    pub flags: u16,
     pub block_size: u32,
     pub archive_id: [u8; 16],
     pub parent_id: [u8; 16],
@@ -109,14 +138,22 @@ impl Header {
 
     /// A header with a given archive id (tests and golden archives).
     pub fn with_id(block_size: usize, archive_id: [u8; 16]) -> Self {
-        Header { block_size: block_size as u32, archive_id, parent_id: [0; 16], shard_index: 0, shard_count: 1 }
+        Header {
+            flags: 0,
+            block_size: block_size as u32,
+            archive_id,
+            parent_id: [0; 16],
+            shard_index: 0,
+            shard_count: 1,
+        }
     }
 
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&MAGIC);
-        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
-        // 10..12: flags, all reserved in v1 (encryption, parent).
+        let version = if self.flags == 0 { VERSION_PLAIN } else { VERSION };
+        b[8..10].copy_from_slice(&version.to_le_bytes());
+        b[10..12].copy_from_slice(&self.flags.to_le_bytes());
         b[12..16].copy_from_slice(&self.block_size.to_le_bytes());
         b[16..32].copy_from_slice(&self.archive_id);
         b[32..48].copy_from_slice(&self.parent_id);
@@ -135,28 +172,32 @@ impl Header {
             return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
         }
         let version = u16le(&b[8..]);
-        if version != VERSION {
+        if !(VERSION_PLAIN..=VERSION).contains(&version) {
             return Err(Error::Unsupported {
                 offset: 8,
-                what: format!("archive format version {version} (this criuz reads version {VERSION})"),
+                what: format!("archive format version {version} (this criuz reads versions 1 and 2)"),
             });
         }
         if xxh3_64(&b[..56]) != u64le(&b[56..]) {
             return Err(Error::corrupt(56, "header checksum mismatch"));
         }
         let flags = u16le(&b[10..]);
-        if flags != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(Error::Unsupported { offset: 10, what: format!("header flags {flags:#06x}") });
         }
+        if (version == VERSION_PLAIN) != (flags == 0) {
+            return Err(Error::corrupt(8, format!("version {version} with header flags {flags:#06x}")));
+        }
         let h = Header {
+            flags,
             block_size: u32le(&b[12..]),
             archive_id: b[16..32].try_into().unwrap(),
             parent_id: b[32..48].try_into().unwrap(),
             shard_index: u16le(&b[48..]),
             shard_count: u16le(&b[50..]),
         };
-        if h.parent_id != [0; 16] {
-            return Err(Error::Unsupported { offset: 32, what: "parent archive (incremental)".into() });
+        if (h.parent_id != [0; 16]) != (flags & FLAG_PARENT != 0) {
+            return Err(Error::corrupt(32, "parent id and parent flag disagree"));
         }
         if h.shard_count != 1 || h.shard_index != 0 {
             return Err(Error::Unsupported { offset: 48, what: "sharded archive".into() });
@@ -510,6 +551,8 @@ pub enum RecordType {
     Block,
     End,
     Index,
+    Chain,
+    Ids,
 }
 
 impl RecordType {
@@ -519,8 +562,220 @@ impl RecordType {
             REC_BLOCK => Ok(RecordType::Block),
             REC_END => Ok(RecordType::End),
             REC_INDEX => Ok(RecordType::Index),
+            REC_CHAIN => Ok(RecordType::Chain),
+            REC_IDS => Ok(RecordType::Ids),
             other => Err(Error::corrupt(offset, format!("unknown record type {other:#04x}"))),
         }
+    }
+}
+
+/// One entry of the C record: a parent archive this one refers to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainEntry {
+    pub archive_id: [u8; 16],
+    /// Where it was, relative to this archive's directory (a hint only: the
+    /// id decides).
+    pub hint: String,
+}
+
+/// Fixed part of a C record.
+pub const CHAIN_FIXED: usize = 12;
+
+/// Encodes the C record: fixed part (type, reserved, count, body length),
+/// entries (id, u16 hint length, hint), seal over everything.
+pub fn encode_chain_record(entries: &[ChainEntry]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for e in entries {
+        body.extend_from_slice(&e.archive_id);
+        let hint = &e.hint.as_bytes()[..e.hint.len().min(u16::MAX as usize)];
+        body.extend_from_slice(&(hint.len() as u16).to_le_bytes());
+        body.extend_from_slice(hint);
+    }
+    let mut out = vec![REC_CHAIN, 0, 0, 0];
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    seal(&mut out, 0);
+    out
+}
+
+/// Body length of a C record from its fixed part (checked before reading it).
+pub fn chain_body_len(fixed: &[u8], offset: u64) -> Result<usize> {
+    let n = u32le(&fixed[8..]) as usize;
+    if n > 1 << 20 {
+        return Err(Error::corrupt(offset, "chain record is impossibly long"));
+    }
+    Ok(n)
+}
+
+/// Decodes a whole C record (fixed part, body, seal).
+pub fn decode_chain_record(rec: &[u8], offset: u64) -> Result<Vec<ChainEntry>> {
+    if rec.len() < CHAIN_FIXED + 4 || rec[0] != REC_CHAIN {
+        return Err(Error::corrupt(offset, "not a chain record"));
+    }
+    check_seal(rec, offset, "chain record")?;
+    if rec[1..4] != [0, 0, 0] || rec[6..8] != [0, 0] {
+        return Err(Error::corrupt(offset + 1, "reserved chain record bytes are not zero"));
+    }
+    let count = u16le(&rec[4..]) as usize;
+    let body = &rec[CHAIN_FIXED..rec.len() - 4];
+    let mut c = Cursor { buf: body, pos: 0, base: offset + CHAIN_FIXED as u64 };
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let archive_id: [u8; 16] = c.take(16)?.try_into().expect("16 bytes");
+        let n = c.u16()? as usize;
+        let at = c.offset();
+        let hint =
+            String::from_utf8(c.take(n)?.to_vec()).map_err(|_| Error::corrupt(at, "parent hint is not UTF-8"))?;
+        out.push(ChainEntry { archive_id, hint });
+    }
+    if c.remaining() != 0 || out.is_empty() {
+        return Err(Error::corrupt(offset, "chain record entries do not fill it"));
+    }
+    Ok(out)
+}
+
+/// Fixed part of a P record (type, reserved, file id, count, seal).
+pub const IDS_FIXED: usize = 16;
+
+/// Encodes a P record: the ids of the stored pages of the block before it.
+pub fn encode_ids_record(file_id: u32, ids: &[PageId], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[REC_IDS, 0, 0, 0]);
+    out.extend_from_slice(&file_id.to_le_bytes());
+    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    seal(out, start);
+    let body = out.len();
+    for id in ids {
+        out.extend_from_slice(id);
+    }
+    let check = xxh3_64(&out[body..]);
+    out.extend_from_slice(&check.to_le_bytes());
+}
+
+/// Decodes the fixed part of a P record: (file id, id count).
+pub fn decode_ids_fixed(rec: &[u8; IDS_FIXED], offset: u64) -> Result<(u32, u32)> {
+    if rec[0] != REC_IDS {
+        return Err(Error::corrupt(offset, "not a page id record"));
+    }
+    check_seal(rec, offset, "page id record")?;
+    if rec[1..4] != [0, 0, 0] {
+        return Err(Error::corrupt(offset + 1, "reserved page id bytes are not zero"));
+    }
+    let count = u32le(&rec[8..]);
+    if count as usize > MAX_BLOCK / PAGE_SIZE {
+        return Err(Error::corrupt(offset + 8, "more page ids than a block has pages"));
+    }
+    Ok((u32le(&rec[4..]), count))
+}
+
+/// Decodes the ids and their check that follow a P record's fixed part.
+pub fn decode_ids_body(body: &[u8], offset: u64) -> Result<Vec<PageId>> {
+    let n = body.len() - 8;
+    if xxh3_64(&body[..n]) != u64le(&body[n..]) {
+        return Err(Error::corrupt(offset, "page id checksum mismatch"));
+    }
+    Ok(body[..n].chunks_exact(PAGE_ID_LEN).map(|c| c.try_into().expect("16 bytes")).collect())
+}
+
+/// Where the pages of one extent of a dedup block come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// The next `count` literal pages of this block's inner payload.
+    Literal,
+    /// Stored pages `first..first+count` of block `block` of file `file_id`
+    /// of archive `source` (0: this archive; k: entry k-1 of the C record).
+    Ref { source: u16, file_id: u32, block: u32, first: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub origin: Origin,
+    pub count: u32,
+}
+
+/// The payload of a dedup block: extents covering the block's stored pages in
+/// order, then the literal pages, compressed with an inner codec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupPayload {
+    pub extents: Vec<Extent>,
+    pub inner: BlockCodec,
+    /// Bytes of the literal pages, uncompressed.
+    pub literal_len: u32,
+}
+
+const EXTENT_LEN: usize = 20;
+const LITERAL_SOURCE: u16 = u16::MAX;
+
+impl DedupPayload {
+    /// Encodes the extents and inner header; the inner payload follows.
+    pub fn encode_head(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        for e in &self.extents {
+            let (source, file_id, block, first) = match e.origin {
+                Origin::Literal => (LITERAL_SOURCE, 0, 0, 0),
+                Origin::Ref { source, file_id, block, first } => (source, file_id, block, first),
+            };
+            out.extend_from_slice(&source.to_le_bytes());
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(&file_id.to_le_bytes());
+            out.extend_from_slice(&block.to_le_bytes());
+            out.extend_from_slice(&first.to_le_bytes());
+            out.extend_from_slice(&e.count.to_le_bytes());
+        }
+        out.extend_from_slice(&[self.inner as u8, 0, 0, 0]);
+        out.extend_from_slice(&self.literal_len.to_le_bytes());
+    }
+
+    /// Decodes a dedup payload for a block of `stored_pages` stored pages;
+    /// returns it and the inner payload.
+    pub fn decode(payload: &[u8], stored_pages: usize, offset: u64) -> Result<(DedupPayload, &[u8])> {
+        let bad = |what: &str| Error::corrupt(offset, format!("dedup block: {what}"));
+        let mut c = Cursor { buf: payload, pos: 0, base: offset };
+        let n = c.u32()? as usize;
+        if n > stored_pages || n.saturating_mul(EXTENT_LEN) > c.remaining() {
+            return Err(bad("impossible extent count"));
+        }
+        let mut extents = Vec::with_capacity(n);
+        let (mut pages, mut literal) = (0usize, 0usize);
+        for _ in 0..n {
+            let source = c.u16()?;
+            if c.u16()? != 0 {
+                return Err(bad("reserved extent bytes are not zero"));
+            }
+            let (file_id, block, first, count) = (c.u32()?, c.u32()?, c.u32()?, c.u32()?);
+            if count == 0 {
+                return Err(bad("empty extent"));
+            }
+            let origin = if source == LITERAL_SOURCE {
+                if (file_id, block, first) != (0, 0, 0) {
+                    return Err(bad("literal extent with a target"));
+                }
+                literal += count as usize;
+                Origin::Literal
+            } else {
+                Origin::Ref { source, file_id, block, first }
+            };
+            pages = pages.saturating_add(count as usize);
+            extents.push(Extent { origin, count });
+        }
+        if pages != stored_pages {
+            return Err(bad("extents do not cover the block's stored pages"));
+        }
+        let inner = BlockCodec::from_u8(c.u8()?, c.offset() - 1)?;
+        if inner == BlockCodec::Dedup || c.take(3)? != [0, 0, 0] {
+            return Err(bad("bad inner codec"));
+        }
+        let literal_len = c.u32()?;
+        if literal_len as usize != literal * PAGE_SIZE {
+            return Err(bad("literal length does not match the literal pages"));
+        }
+        let rest = &payload[c.pos..];
+        if inner == BlockCodec::Raw && rest.len() != literal_len as usize {
+            return Err(bad("raw literal pages have the wrong length"));
+        }
+        Ok((DedupPayload { extents, inner, literal_len }, rest))
     }
 }
 

@@ -1,17 +1,20 @@
 //! Offline commands: pack a CRIU images directory, unpack an archive into
 //! one, verify every checksum, and inspect what an archive holds.
 
-use crate::archive::check::{Checked, CheckedRecords};
-use crate::archive::records::StreamInput;
-use crate::archive::{read_sequential, Options, PackStats, Packer, SeqSink};
+use crate::archive::check::{Checked, CheckedRecords, Payloads};
+use crate::archive::dedup::DedupIndex;
+use crate::archive::parent::{self, ParentSearch};
+use crate::archive::records::{read_full, StreamInput};
+use crate::archive::{read_sequential, read_source, Archive, BlockSource, Options, PackStats, Packer, SeqSink};
 use crate::error::{Error, IoContext, Result};
-use crate::format::{check_entry_name, BlockCodec, FileKind};
+use crate::format::{check_entry_name, BlockCodec, DedupPayload, FileKind, Header, Origin, HEADER_LEN, PAGE_SIZE};
 use crate::io::sync_parent;
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// (name, size) of each regular file of an images directory.
 pub type ImageFiles = Vec<(String, u64)>;
@@ -41,10 +44,11 @@ pub fn pack_dir<W: Write + Send + 'static>(
     dir: &Path,
     out: W,
     opts: &Options,
+    dedup: Option<Arc<DedupIndex>>,
     progress: &mut Progress,
 ) -> Result<PackStats> {
     let (files, _) = image_files(dir)?;
-    let packer = Packer::start(out, opts)?;
+    let packer = Packer::start(out, opts, dedup)?;
     let mut done = 0u64;
     let fed = (|| -> Result<()> {
         for (name, _) in &files {
@@ -66,6 +70,86 @@ pub fn pack_dir<W: Write + Send + 'static>(
     match fed {
         Ok(()) => packer.finish().map(|(stats, _)| stats),
         Err(e) => Err(packer.abort().unwrap_or(e)),
+    }
+}
+
+/// Writes the files of `source` (with its parents attached) into a new,
+/// self-contained archive: every reference resolved, every byte checked.
+pub fn flatten<W: Write + Send + 'static>(source: Arc<Archive>, out: W, opts: &Options) -> Result<PackStats> {
+    let packer = Packer::start(out, opts, None)?;
+    let fed = (|| -> Result<()> {
+        let mut dec = crate::codec::Decoder::new();
+        let mut data = Vec::new();
+        for entry in &source.index().files {
+            let mut sink = packer.begin_file(&entry.name)?;
+            let mut i = 0;
+            while let Some(b) = source.block(entry.file_id, i)? {
+                b.decode(&mut dec, &mut data)?;
+                sink.write(&data)?;
+                i += 1;
+            }
+            sink.finish()?;
+        }
+        Ok(())
+    })();
+    match fed {
+        Ok(()) => packer.finish().map(|(stats, _)| stats),
+        Err(e) => Err(packer.abort().unwrap_or(e)),
+    }
+}
+
+/// An archive opened to be decoded whole: streamed front to back (version 1,
+/// even from a pipe), or through its block source with its parents (version
+/// 2: dedup blocks refer to other blocks).
+pub enum Reading {
+    Stream(String, Box<dyn Read + Send>),
+    Source(Arc<Archive>),
+}
+
+impl Reading {
+    /// Opens `spec` (a path or `-`) as the archive's header asks: what a
+    /// pipe gives is streamed unless it is version 2 (then spooled, up to
+    /// `spool_cap` bytes).
+    pub fn open(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Reading> {
+        let label = if crate::io::is_stdio(spec) { "stdin".to_string() } else { spec.display().to_string() };
+        let base = if crate::io::is_stdio(spec) { std::path::PathBuf::from(".") } else { parent::dir_of(spec) };
+        Reading::from_reader(crate::io::open_input(spec)?, label, spool_cap, &base, search)
+    }
+
+    /// As [`open`](Self::open), for an archive from any reader; parents'
+    /// hints are relative to `base`.
+    pub fn from_reader(
+        mut inp: Box<dyn Read + Send>,
+        label: String,
+        spool_cap: u64,
+        base: &Path,
+        search: &ParentSearch,
+    ) -> Result<Reading> {
+        let mut head = vec![0u8; HEADER_LEN];
+        let n = read_full(&mut inp, &mut head).map_err(|e| Error::from(e).context(label.clone()))?;
+        head.truncate(n);
+        let v2 = head.len() == HEADER_LEN
+            && Header::decode(head[..].try_into().expect("header")).is_ok_and(|h| h.flags != 0);
+        let whole: Box<dyn Read + Send> = Box::new(std::io::Cursor::new(head).chain(inp));
+        if !v2 {
+            if !search.files.is_empty() {
+                return Err(Error::Usage(format!("{label}: has no parents, but --parent was given")));
+            }
+            return Ok(Reading::Stream(label, whole));
+        }
+        let archive = Arc::new(Archive::from_reader(whole, spool_cap, &label)?);
+        Ok(Reading::Source(parent::attach(archive, base, search)?))
+    }
+
+    /// Decodes every file into `sink`.
+    pub fn decode(self, opts: &Options, sink: &mut dyn SeqSink) -> Result<()> {
+        match self {
+            Reading::Stream(label, r) => read_sequential(r, opts, sink).map(drop).map_err(|e| e.context(label)),
+            Reading::Source(a) => {
+                let label = a.label().to_string();
+                read_source(a, opts, sink).map(drop).map_err(|e| e.context(label))
+            }
+        }
     }
 }
 
@@ -130,13 +214,7 @@ pub struct UnpackStats {
 
 /// Unpacks an archive into `dir` (created if missing). Nothing appears in
 /// `dir` unless the whole archive checks out.
-pub fn unpack<R: Read + Send + 'static>(
-    inp: R,
-    dir: &Path,
-    force: bool,
-    opts: &Options,
-    progress: Progress,
-) -> Result<UnpackStats> {
+pub fn unpack(inp: Reading, dir: &Path, force: bool, opts: &Options, progress: Progress) -> Result<UnpackStats> {
     std::fs::create_dir_all(dir).at(dir)?;
     let staging = dir.join(format!(".criuz-unpack-{}", std::process::id()));
     std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
@@ -149,7 +227,7 @@ pub fn unpack<R: Read + Send + 'static>(
         bytes: 0,
         progress,
     };
-    let result = read_sequential(inp, opts, &mut sink).and_then(|_| {
+    let result = inp.decode(opts, &mut sink).and_then(|_| {
         for name in &sink.done {
             if !force && sink.existing(name) {
                 return Err(Error::Exists(dir.join(name)));
@@ -187,9 +265,9 @@ impl SeqSink for CountSink {
 }
 
 /// Decodes everything and checks every checksum; returns (files, raw bytes).
-pub fn verify<R: Read + Send + 'static>(inp: R, opts: &Options, progress: Progress) -> Result<(usize, u64)> {
+pub fn verify(inp: Reading, opts: &Options, progress: Progress) -> Result<(usize, u64)> {
     let mut sink = CountSink { files: 0, bytes: 0, progress };
-    read_sequential(inp, opts, &mut sink)?;
+    inp.decode(opts, &mut sink)?;
     sink.progress.finish();
     Ok((sink.files, sink.bytes))
 }
@@ -206,6 +284,17 @@ pub struct FileReport {
     pub blocks_raw: u64,
     pub blocks_lz4: u64,
     pub blocks_zstd: u64,
+    pub blocks_dedup: u64,
+    /// Bytes of pages stored as references (to a parent or elsewhere in this archive).
+    pub referenced_bytes: u64,
+}
+
+/// A parent an archive refers to.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ParentReport {
+    pub archive_id: String,
+    /// Where it was, relative to this archive.
+    pub hint: String,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -214,8 +303,14 @@ pub struct InspectReport {
     pub block_size: u32,
     pub archive_id: String,
     pub archive_bytes: u64,
+    /// Whether the archive carries page ids (it can be a parent cheaply).
+    pub page_ids: bool,
+    /// Parents, the direct parent first (empty for a full archive).
+    pub chain: Vec<ParentReport>,
     pub files: Vec<FileReport>,
     pub total: FileReport,
+    /// Referenced bytes / raw bytes.
+    pub dedup_ratio: f64,
 }
 
 fn ratio(stored: u64, raw: u64) -> f64 {
@@ -229,15 +324,17 @@ fn ratio(stored: u64, raw: u64) -> f64 {
 /// Reads every record through the checks (payload checks included, no
 /// decompression) and reports sizes per file.
 pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
-    let mut r = CheckedRecords::new(StreamInput(inp), true)?;
+    let mut r = CheckedRecords::new(StreamInput(inp), Payloads::All)?;
+    let hex = |id: &[u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let mut rep = InspectReport {
-        version: crate::format::VERSION,
+        version: if r.header().flags == 0 { crate::format::VERSION_PLAIN } else { crate::format::VERSION },
+        page_ids: r.header().flags & crate::format::FLAG_IDS != 0,
         block_size: r.header().block_size,
-        archive_id: r.header().archive_id.iter().map(|b| format!("{b:02x}")).collect(),
+        archive_id: hex(&r.header().archive_id),
         ..Default::default()
     };
     let mut start = r.offset();
-    while let Some((_, rec)) = r.next_record()? {
+    while let Some((offset, rec)) = r.next_record()? {
         let len = r.offset() - start;
         match rec {
             Checked::FileBegin { name, kind, .. } => {
@@ -247,8 +344,16 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                 };
                 rep.files.push(FileReport { name, kind: kind.into(), stored_bytes: len, ..Default::default() });
             }
-            Checked::Block { header, .. } => {
+            Checked::Block { header, payload, .. } => {
                 let f = &mut rep.files[header.file_id as usize];
+                if header.codec == BlockCodec::Dedup {
+                    let stored = header.pages() - header.zero_pages();
+                    let payload = payload.expect("payloads are read");
+                    let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
+                    for e in dp.extents.iter().filter(|e| matches!(e.origin, Origin::Ref { .. })) {
+                        f.referenced_bytes += u64::from(e.count) * PAGE_SIZE as u64;
+                    }
+                }
                 f.raw_bytes += u64::from(header.raw_len);
                 f.stored_bytes += len;
                 if !header.zero_bitmap.is_empty() {
@@ -259,8 +364,16 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                     BlockCodec::Raw => f.blocks_raw += 1,
                     BlockCodec::Lz4 => f.blocks_lz4 += 1,
                     BlockCodec::Zstd => f.blocks_zstd += 1,
+                    BlockCodec::Dedup => f.blocks_dedup += 1,
                 }
             }
+            Checked::Chain(entries) => {
+                rep.chain = entries
+                    .iter()
+                    .map(|e| ParentReport { archive_id: hex(&e.archive_id), hint: e.hint.clone() })
+                    .collect();
+            }
+            Checked::Ids { file_id, .. } => rep.files[file_id as usize].stored_bytes += len,
             Checked::FileEnd(end) => rep.files[end.file_id as usize].stored_bytes += len,
             Checked::Index(_) => {}
         }
@@ -277,9 +390,12 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
         t.blocks_raw += f.blocks_raw;
         t.blocks_lz4 += f.blocks_lz4;
         t.blocks_zstd += f.blocks_zstd;
+        t.blocks_dedup += f.blocks_dedup;
+        t.referenced_bytes += f.referenced_bytes;
     }
     t.stored_bytes = rep.archive_bytes;
     t.ratio = ratio(t.stored_bytes, t.raw_bytes);
+    rep.dedup_ratio = ratio(t.referenced_bytes, t.raw_bytes);
     rep.total = t;
     Ok(rep)
 }

@@ -166,9 +166,9 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
         ("empty.img".into(), Vec::new()),
     ];
     for cfg in configs() {
-        let opts = Options { codec: cfg, block_size: 64 << 10, threads: 3, memory_budget: 1 << 20 };
+        let opts = Options { codec: cfg, block_size: 64 << 10, threads: 3, memory_budget: 1 << 20, ids: false };
         let tmp = tempfile::NamedTempFile::new().unwrap();
-        let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts).unwrap());
+        let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap());
         let writers: Vec<_> = files
             .iter()
             .cloned()
@@ -220,6 +220,11 @@ fn small_archive(dir: &Path) -> Vec<u8> {
     std::fs::read(arc).unwrap()
 }
 
+/// An archive in memory as `verify` and `unpack` read a pipe.
+fn stream(bytes: &[u8]) -> criuz::offline::Reading {
+    criuz::offline::Reading::Stream("test".into(), Box::new(std::io::Cursor::new(bytes.to_vec())))
+}
+
 fn one_line_error(out: &std::process::Output, file: &Path) -> String {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -242,8 +247,7 @@ fn verify_catches_every_single_byte_corruption() {
         for flip in [0x01u8, 0x80, 0xff] {
             let mut bad = good.clone();
             bad[i] ^= flip;
-            let r =
-                criuz::offline::verify(std::io::Cursor::new(bad.clone()), &opts, criuz::progress::Progress::hidden());
+            let r = criuz::offline::verify(stream(&bad), &opts, criuz::progress::Progress::hidden());
             assert!(r.is_err(), "flipping byte {i} with {flip:#x} went unnoticed");
             assert_eq!(r.unwrap_err().kind(), criuz::Kind::Archive);
             // The restore path: open by index, then read every file.
@@ -272,7 +276,7 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
     for len in 0..good.len() {
         let dest = tmp.path().join("out");
         let r = criuz::offline::unpack(
-            std::io::Cursor::new(good[..len].to_vec()),
+            stream(&good[..len]),
             &dest,
             false,
             &Options { threads: 1, ..Options::default() },

@@ -76,7 +76,7 @@ fn xxh3_of_nothing_is_the_documented_constant() {
 fn writer_produces_the_worked_example_byte_for_byte() {
     let spec = from_the_spec();
     assert_eq!(spec.len(), 202);
-    let mut w = ArchiveWriter::new(Vec::new(), &Header::with_id(256 << 10, ID)).unwrap();
+    let mut w = ArchiveWriter::new(Vec::new(), &Header::with_id(256 << 10, ID), &[]).unwrap();
     let id = w.begin_file("x", FileKind::Plain).unwrap();
     w.end_file(id).unwrap();
     let (written, _, len) = w.finish().unwrap();
@@ -95,7 +95,7 @@ fn every_reader_accepts_the_worked_example() {
     assert_eq!(rep.archive_bytes, 202);
     assert_eq!(rep.files[0].name, "x");
     let (files, bytes) = criuz::offline::verify(
-        std::io::Cursor::new(spec),
+        criuz::offline::Reading::Stream("golden".into(), Box::new(std::io::Cursor::new(spec))),
         &criuz::archive::Options::default(),
         criuz::progress::Progress::hidden(),
     )

@@ -23,9 +23,11 @@
 pub mod mutate;
 pub use mutate::{mutate, records, reseal, Rec, Reseal, Rng};
 
-use criuz::archive::{read_sequential, Archive, BlockSource, Options, Packer, SeqSink};
+use criuz::archive::parent::ParentSearch;
+use criuz::archive::{Archive, BlockSource, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig};
 use criuz::format::FileKind;
+use criuz::offline::Reading;
 use criuz::Kind;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -60,6 +62,12 @@ impl SeqSink for Collect {
     }
 }
 
+/// The archive as `criuz verify` and `unpack` open it.
+fn reading(bytes: &[u8]) -> criuz::Result<Reading> {
+    let inp = Box::new(std::io::Cursor::new(bytes.to_vec()));
+    Reading::from_reader(inp, "fuzz".into(), 1 << 30, std::path::Path::new("."), &ParentSearch::default())
+}
+
 fn read_all(src: &dyn BlockSource) -> criuz::Result<Files> {
     let mut out = Files::new();
     for f in &src.index().files {
@@ -72,11 +80,10 @@ fn read_all(src: &dyn BlockSource) -> criuz::Result<Files> {
 pub fn run_readers(bytes: &[u8], unpack: bool) -> Outcome {
     let opts = Options { threads: 2, ..Options::default() };
     let kind = |e: criuz::Error| e.kind();
+    // verify as users run it: streamed for version 1, by its source for version 2.
     let verify = {
         let mut c = Collect::default();
-        read_sequential(std::io::Cursor::new(bytes.to_vec()), &opts, &mut c)
-            .map(|_| c.0.into_values().collect::<Files>())
-            .map_err(kind)
+        reading(bytes).and_then(|r| r.decode(&opts, &mut c)).map(|_| c.0.into_values().collect::<Files>()).map_err(kind)
     };
     let source = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into()).and_then(|a| read_all(&a)).map_err(kind);
     let piped = Archive::from_reader(bytes, 1 << 30, "pipe").and_then(|a| read_all(&a)).map_err(kind);
@@ -84,13 +91,8 @@ pub fn run_readers(bytes: &[u8], unpack: bool) -> Outcome {
     let unpack = unpack.then(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("out");
-        let r = criuz::offline::unpack(
-            std::io::Cursor::new(bytes.to_vec()),
-            &dest,
-            false,
-            &opts,
-            criuz::progress::Progress::hidden(),
-        );
+        let r = reading(bytes)
+            .and_then(|inp| criuz::offline::unpack(inp, &dest, false, &opts, criuz::progress::Progress::hidden()));
         match r {
             Ok(_) => {
                 let mut files = Files::new();
@@ -182,7 +184,7 @@ pub fn synthetic_seeds() -> Vec<Vec<u8>> {
             ..Options::default()
         };
         let buf = Arc::new(Mutex::new(Vec::new()));
-        let packer = Packer::start(SharedVec(buf.clone()), &opts).expect("packer");
+        let packer = Packer::start(SharedVec(buf.clone()), &opts, None).expect("packer");
         for (name, data) in &files {
             let mut sink = packer.begin_file(name).expect("begin");
             sink.write(data).expect("write");

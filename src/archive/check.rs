@@ -7,8 +7,14 @@
 //! than the header's block size, and its payload must match its payload
 //! check; an E record must match the size and chained check (over the data
 //! checks of the file's blocks, in order) computed from the blocks seen; the
-//! index must describe exactly the stream it ends. A block's bytes are then
-//! proven by its data check when it is decoded (`codec::Decoder`).
+//! index must describe exactly the stream it ends. Version 2 adds: the C
+//! record (parents) comes first exactly when the header says the archive has
+//! parents, and names the header's parent first; with page ids, every block
+//! of a page image is followed by the P record of its stored pages; a dedup
+//! block belongs to a page image of an archive with page ids and covers whole
+//! pages, and its extents cover its stored pages. A block's bytes are then
+//! proven by its data check when it is decoded (`codec::Decoder`), for a
+//! dedup block after its references are resolved (`source`).
 //!
 //! Readers that need random access (restore, later lazy restore, parents,
 //! object stores) first walk a seekable archive's record headers through the
@@ -17,7 +23,10 @@
 
 use super::records::{Input, Record, SeqReader};
 use crate::error::{Error, Result};
-use crate::format::{check_entry_name, BlockCodec, BlockHeader, BlockRef, FileEnd, FileEntry, FileKind, Header, Index};
+use crate::format::{
+    check_entry_name, decode_ids_body, BlockCodec, BlockHeader, BlockRef, ChainEntry, DedupPayload, FileEnd, FileEntry,
+    FileKind, Header, Index, PageId, FLAG_IDS, FLAG_PARENT, PAGE_SIZE,
+};
 use std::collections::HashSet;
 
 /// A record that has passed every check it can be given at its position.
@@ -39,13 +48,37 @@ pub enum Checked {
     FileEnd(FileEnd),
     /// The index, proven to describe the stream that came before it.
     Index(Index),
+    /// The parents (version 2), first record of an archive that has them.
+    Chain(Vec<ChainEntry>),
+    /// Ids of the stored pages of the block before it (version 2); `None`
+    /// when the caller did not ask for them.
+    Ids {
+        file_id: u32,
+        ids: Option<Vec<PageId>>,
+    },
+}
+
+/// Which payloads a reader wants read (and checked) rather than skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payloads {
+    /// Everything (unpack, verify, inspect).
+    All,
+    /// Record headers only (the walk of a seekable archive).
+    None,
+    /// Page ids and the payloads of dedup blocks (what a child needs of a parent).
+    Dedup,
 }
 
 /// The cross-record rules as a state machine, fed record by record.
 pub struct StreamCheck {
-    block_size: u32,
+    header: Header,
     files: Vec<SeenFile>,
     names: HashSet<String>,
+    records: u64,
+    chain_len: usize,
+    /// After a block of a page image with ids: (file id, stored pages) that
+    /// the next record, a P record, must describe.
+    ids_due: Option<(u32, u32)>,
 }
 
 struct SeenFile {
@@ -56,10 +89,68 @@ struct SeenFile {
 
 impl StreamCheck {
     pub fn new(header: &Header) -> Self {
-        StreamCheck { block_size: header.block_size, files: Vec::new(), names: HashSet::new() }
+        StreamCheck {
+            header: header.clone(),
+            files: Vec::new(),
+            names: HashSet::new(),
+            records: 0,
+            chain_len: 0,
+            ids_due: None,
+        }
+    }
+
+    /// Called before every record: the rules of position (C first, P right
+    /// after its block).
+    fn next_record(&mut self, offset: u64, is_chain: bool, ids: Option<(u32, u32)>) -> Result<()> {
+        let first = self.records == 0;
+        self.records += 1;
+        let wants_chain = first && self.header.flags & FLAG_PARENT != 0;
+        if is_chain != wants_chain {
+            return Err(Error::corrupt(
+                offset,
+                if wants_chain { "the parent chain record is missing" } else { "chain record out of place" },
+            ));
+        }
+        let due = self.ids_due.take();
+        if due != ids {
+            return Err(Error::corrupt(
+                offset,
+                match (due, ids) {
+                    (Some(_), None) => "the page id record of the block before is missing".to_string(),
+                    (None, Some(_)) => "page id record out of place".to_string(),
+                    _ => "page id record does not match the block before it".to_string(),
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn chain(&mut self, offset: u64, entries: &[ChainEntry]) -> Result<()> {
+        self.next_record(offset, true, None)?;
+        if entries[0].archive_id != self.header.parent_id {
+            return Err(Error::corrupt(offset, "the chain record does not start with the header's parent"));
+        }
+        if entries.iter().any(|e| e.archive_id == self.header.archive_id || e.archive_id == [0; 16]) {
+            return Err(Error::corrupt(offset, "the chain record names this archive or a null id"));
+        }
+        if entries.len() >= u16::MAX as usize {
+            return Err(Error::corrupt(offset, "the chain record is too long"));
+        }
+        self.chain_len = entries.len();
+        Ok(())
+    }
+
+    pub fn ids(&mut self, offset: u64, file_id: u32, count: u32) -> Result<()> {
+        self.next_record(offset, false, Some((file_id, count)))
+    }
+
+    /// Entries of the C record (0 without parents).
+    pub fn chain_len(&self) -> usize {
+        self.chain_len
     }
 
     pub fn file_begin(&mut self, offset: u64, file_id: u32, name: &str, kind: FileKind) -> Result<()> {
+        self.next_record(offset, false, None)?;
         if file_id as usize != self.files.len() {
             return Err(Error::corrupt(offset, format!("file id {file_id} out of sequence")));
         }
@@ -82,20 +173,32 @@ impl StreamCheck {
 
     /// Accepts a block header; returns the position of its first byte in its file.
     pub fn block(&mut self, offset: u64, header: &BlockHeader, record_len: u64) -> Result<u64> {
-        if header.raw_len > self.block_size {
+        self.next_record(offset, false, None)?;
+        if header.raw_len > self.header.block_size {
             return Err(Error::corrupt(offset, "block is larger than the archive's block size"));
         }
+        let with_ids = self.header.flags & FLAG_IDS != 0;
         let f = self.open_file(header.file_id, offset)?;
+        let pages = f.entry.kind == FileKind::Pages;
+        if header.codec == BlockCodec::Dedup
+            && (!pages || !with_ids || header.raw_len as usize % PAGE_SIZE != 0 || header.zero_bitmap.is_empty())
+        {
+            return Err(Error::corrupt(offset, "dedup block outside a page image with page ids"));
+        }
         let raw_pos = f.entry.raw_size;
         f.entry.raw_size += u64::from(header.raw_len);
         f.check.update(&header.data_check.to_le_bytes());
         let record_len =
             u32::try_from(record_len).map_err(|_| Error::corrupt(offset, "block record is impossibly long"))?;
         f.entry.blocks.push(BlockRef { offset, raw_len: header.raw_len, record_len });
+        if pages && with_ids {
+            self.ids_due = Some((header.file_id, (header.pages() - header.zero_pages()) as u32));
+        }
         Ok(raw_pos)
     }
 
     pub fn file_end(&mut self, offset: u64, end: &FileEnd) -> Result<()> {
+        self.next_record(offset, false, None)?;
         let f = self.open_file(end.file_id, offset)?;
         f.entry.file_check = f.check.digest();
         if f.entry.raw_size != end.raw_size || f.entry.file_check != end.file_check {
@@ -106,7 +209,8 @@ impl StreamCheck {
     }
 
     /// The index must list exactly the files and blocks the stream held.
-    pub fn index(&self, offset: u64, index: &Index) -> Result<()> {
+    pub fn index(&mut self, offset: u64, index: &Index) -> Result<()> {
+        self.next_record(offset, false, None)?;
         if index.files.len() != self.files.len() {
             return Err(Error::corrupt(offset, "index lists a different number of files than the archive holds"));
         }
@@ -131,12 +235,12 @@ impl StreamCheck {
 pub struct CheckedRecords<I: Input> {
     reader: SeqReader<I>,
     check: StreamCheck,
-    payloads: bool,
+    payloads: Payloads,
 }
 
 impl<I: Input> CheckedRecords<I> {
-    /// With `payloads` false, block payloads are skipped (a header walk).
-    pub fn new(inp: I, payloads: bool) -> Result<Self> {
+    /// Payloads not asked for are skipped (over a seekable input, not even read).
+    pub fn new(inp: I, payloads: Payloads) -> Result<Self> {
         let reader = SeqReader::new(inp)?;
         let check = StreamCheck::new(&reader.header);
         Ok(CheckedRecords { reader, check, payloads })
@@ -162,7 +266,12 @@ impl<I: Input> CheckedRecords<I> {
             Record::Block { header, header_len } => {
                 let record_len = header_len as u64 + u64::from(header.stored_len);
                 let raw_pos = self.check.block(offset, &header, record_len)?;
-                let payload = if self.payloads {
+                let wanted = match self.payloads {
+                    Payloads::All => true,
+                    Payloads::None => false,
+                    Payloads::Dedup => header.codec == BlockCodec::Dedup,
+                };
+                let payload = if wanted {
                     let p = self.reader.read_payload()?;
                     check_payload(&header, &p, offset)?;
                     Some(p)
@@ -171,6 +280,20 @@ impl<I: Input> CheckedRecords<I> {
                     None
                 };
                 Checked::Block { header, payload, raw_pos, record_len }
+            }
+            Record::Chain(entries) => {
+                self.check.chain(offset, &entries)?;
+                Checked::Chain(entries)
+            }
+            Record::Ids { file_id, count } => {
+                self.check.ids(offset, file_id, count)?;
+                let ids = if self.payloads == Payloads::None {
+                    self.reader.skip_payload()?;
+                    None
+                } else {
+                    Some(decode_ids_body(&self.reader.read_payload()?, offset)?)
+                };
+                Checked::Ids { file_id, ids }
             }
             Record::FileEnd(end) => {
                 self.check.file_end(offset, &end)?;
@@ -195,6 +318,9 @@ pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Resul
     }
     if header.codec != BlockCodec::Raw && xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check {
         return Err(Error::corrupt(offset, "block payload checksum mismatch"));
+    }
+    if header.codec == BlockCodec::Dedup {
+        DedupPayload::decode(payload, header.pages() - header.zero_pages(), offset)?;
     }
     Ok(())
 }

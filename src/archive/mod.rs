@@ -4,12 +4,14 @@
 //! Byte layout lives in `crate::format`; this module adds I/O and checks.
 
 pub mod check;
+pub mod dedup;
+pub mod parent;
 pub mod read;
 pub mod records;
 pub mod source;
 pub mod write;
 
-pub use read::{read_sequential, SeqSink};
+pub use read::{read_sequential, read_source, SeqSink};
 pub use source::{Archive, BlockSource, CheckedBlock};
 pub use write::{FileSink, Packer};
 
@@ -28,6 +30,9 @@ pub struct Options {
     pub threads: usize,
     /// Bytes of block data allowed in flight in the engine.
     pub memory_budget: usize,
+    /// Store page ids (format version 2), so the archive can be a parent and
+    /// dedups within itself.
+    pub ids: bool,
 }
 
 impl Default for Options {
@@ -37,6 +42,7 @@ impl Default for Options {
             block_size: DEFAULT_BLOCK_SIZE,
             threads: engine::default_threads(),
             memory_budget: engine::DEFAULT_MEMORY_BUDGET,
+            ids: false,
         }
     }
 }
@@ -71,6 +77,7 @@ pub struct PackStats {
     pub blocks_raw: u64,
     pub blocks_lz4: u64,
     pub blocks_zstd: u64,
+    pub blocks_dedup: u64,
 }
 
 impl PackStats {
@@ -82,6 +89,7 @@ impl PackStats {
             BlockCodec::Raw => self.blocks_raw += 1,
             BlockCodec::Lz4 => self.blocks_lz4 += 1,
             BlockCodec::Zstd => self.blocks_zstd += 1,
+            BlockCodec::Dedup => self.blocks_dedup += 1,
         }
     }
 }

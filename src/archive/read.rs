@@ -1,17 +1,22 @@
-//! Decoding a whole archive front to back (unpack, verify): records come
-//! through `check::CheckedRecords`, blocks are decoded and their data checked
-//! on the worker pool, and a [`SeqSink`] receives every file's bytes in order.
-//! The sink must not publish anything before `read_sequential` returns Ok: the
-//! proof that the stream is whole (E records, index) comes at its end.
+//! Decoding a whole archive (unpack, verify) into a [`SeqSink`], which
+//! receives every file's bytes in order, blocks decoded and their data
+//! checked on the worker pool. Two ways in: [`read_sequential`] streams an
+//! archive front to back through `check::CheckedRecords` (a pipe needs no
+//! spooling); the sink must then not publish anything before it returns Ok,
+//! since the proof that the stream is whole (E records, index) comes at its
+//! end. [`read_source`] reads through a block source: the only way for
+//! version 2 archives, whose dedup blocks refer to other blocks and parents.
 
-use super::check::{Checked, CheckedRecords};
+use super::check::{Checked, CheckedRecords, Payloads};
 use super::records::StreamInput;
+use super::source::BlockSource;
 use super::Options;
 use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::format::{FileKind, Index, MAX_BLOCK, MIN_BLOCK};
 use std::io::Read;
+use std::sync::Arc;
 
 /// Receives a decoded archive in order.
 pub trait SeqSink {
@@ -33,7 +38,13 @@ enum Decoded {
 /// Decodes a whole archive (from a pipe or a file) on the worker pool,
 /// checking everything. Returns the proven index.
 pub fn read_sequential<R: Read + Send + 'static>(inp: R, opts: &Options, sink: &mut dyn SeqSink) -> Result<Index> {
-    let mut records = CheckedRecords::new(StreamInput(inp), true)?;
+    let mut records = CheckedRecords::new(StreamInput(inp), Payloads::All)?;
+    if records.header().flags != 0 {
+        return Err(Error::unsupported(
+            10,
+            "a version 2 archive (incremental, or with page ids) is read through its block source",
+        ));
+    }
     let block_size = (records.header().block_size as usize).clamp(MIN_BLOCK, MAX_BLOCK);
     let window = engine::window_for(opts.memory_budget, block_size, opts.threads);
     let (sub, collector) = engine::start(opts.threads, window, Decoder::new, |dec: &mut Decoder, job: Job| match job {
@@ -74,7 +85,52 @@ fn consume(collector: engine::Collector<Decoded>, sink: &mut dyn SeqSink) -> Res
             Decoded::Other(Checked::FileEnd(end)) => sink.end(end.file_id, end.raw_size)?,
             Decoded::Other(Checked::Index(index)) => return Ok(Some(index)),
             Decoded::Other(Checked::Block { .. }) => unreachable!("blocks are decoded"),
+            Decoded::Other(Checked::Chain(_) | Checked::Ids { .. }) => {}
         }
     }
     Ok(None)
+}
+
+/// Decodes every file of a block source, in index order, each file's blocks
+/// on the worker pool; returns the bytes decoded.
+pub fn read_source(source: Arc<dyn BlockSource>, opts: &Options, sink: &mut dyn SeqSink) -> Result<u64> {
+    let block_size = source.header().block_size as usize;
+    let window = engine::window_for(opts.memory_budget, block_size, opts.threads);
+    let mut total = 0;
+    for entry in source.index().files.clone() {
+        sink.begin(entry.file_id, &entry.name, entry.kind)?;
+        let n = entry.blocks.len();
+        let src = source.clone();
+        let file_id = entry.file_id;
+        let (sub, results) =
+            engine::start(opts.threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
+                let b = src.block(file_id, i)?.ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
+                let mut out = Vec::new();
+                b.decode(dec, &mut out).map(|_| out)
+            });
+        let feeder = std::thread::spawn(move || {
+            for i in 0..n {
+                if sub.submit(i).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut result = Ok(());
+        for r in results {
+            match r.and_then(|data| {
+                total += data.len() as u64;
+                sink.data(file_id, &data)
+            }) {
+                Ok(()) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let _ = feeder.join();
+        result?;
+        sink.end(file_id, entry.raw_size)?;
+    }
+    Ok(total)
 }

@@ -10,10 +10,11 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    block_header_len, decode_block_header, decode_end_record, decode_file_record, decode_index_body,
-    decode_index_fixed, decode_trailer, encode_end_record, encode_file_record, encode_index_and_trailer,
-    file_record_name_len, BlockHeader, BlockRef, FileEnd, FileEntry, FileKind, Header, Index, RecordType, BLOCK_FIXED,
-    END_LEN, FILE_FIXED, HEADER_LEN, INDEX_FIXED, MAGIC, TRAILER_LEN,
+    block_header_len, chain_body_len, decode_block_header, decode_chain_record, decode_end_record, decode_file_record,
+    decode_ids_fixed, decode_index_body, decode_index_fixed, decode_trailer, encode_chain_record, encode_end_record,
+    encode_file_record, encode_ids_record, encode_index_and_trailer, file_record_name_len, BlockHeader, BlockRef,
+    ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, PageId, RecordType, BLOCK_FIXED, CHAIN_FIXED, END_LEN,
+    FILE_FIXED, HEADER_LEN, IDS_FIXED, INDEX_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
 use std::io::{self, Read, Write};
 
@@ -36,9 +37,24 @@ struct OpenFile {
 }
 
 impl<W: Write> ArchiveWriter<W> {
-    pub fn new(mut out: W, header: &Header) -> Result<Self> {
+    /// Writes the header, and the C record when the archive has parents
+    /// (`chain` must then be given, its first entry the header's parent id).
+    pub fn new(mut out: W, header: &Header, chain: &[ChainEntry]) -> Result<Self> {
         out.write_all(&header.encode())?;
-        Ok(ArchiveWriter { out, offset: HEADER_LEN as u64, files: Vec::new(), scratch: Vec::new() })
+        let mut offset = HEADER_LEN as u64;
+        if !chain.is_empty() {
+            let rec = encode_chain_record(chain);
+            out.write_all(&rec)?;
+            offset += rec.len() as u64;
+        }
+        Ok(ArchiveWriter { out, offset, files: Vec::new(), scratch: Vec::new() })
+    }
+
+    /// The P record for the block just written: ids of its stored pages.
+    pub fn write_ids(&mut self, file_id: u32, ids: &[PageId]) -> Result<()> {
+        self.scratch.clear();
+        encode_ids_record(file_id, ids, &mut self.scratch);
+        self.flush_scratch()
     }
 
     /// Starts a file; returns its id for the blocks that follow.
@@ -155,6 +171,14 @@ pub enum Record {
         index: Index,
         record_len: u64,
     },
+    /// The parents this archive refers to (version 2).
+    Chain(Vec<ChainEntry>),
+    /// Page ids of the block before it; `count` ids and their check follow
+    /// as the payload (version 2).
+    Ids {
+        file_id: u32,
+        count: u32,
+    },
 }
 
 /// Reads an archive front to back, checking each record's own seal and
@@ -196,7 +220,8 @@ impl<I: Input> SeqReader<I> {
         Ok(())
     }
 
-    /// Reads the payload of the block just returned by [`next_head`](Self::next_head).
+    /// Reads the payload of the block or page id record just returned by
+    /// [`next_head`](Self::next_head).
     pub fn read_payload(&mut self) -> Result<Vec<u8>> {
         let mut payload = vec![0u8; self.pending_payload as usize];
         self.pending_payload = 0;
@@ -253,6 +278,22 @@ impl<I: Input> SeqReader<I> {
                 }
                 self.pending_payload = u64::from(header.stored_len);
                 Record::Block { header, header_len }
+            }
+            RecordType::Chain => {
+                let mut rec = vec![0u8; CHAIN_FIXED];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "the chain record")?;
+                rec.resize(CHAIN_FIXED + chain_body_len(&rec, start)? + 4, 0);
+                self.exact(&mut rec[CHAIN_FIXED..], "the chain record")?;
+                Record::Chain(decode_chain_record(&rec, start)?)
+            }
+            RecordType::Ids => {
+                let mut rec = [0u8; IDS_FIXED];
+                rec[0] = t[0];
+                self.exact(&mut rec[1..], "a page id record")?;
+                let (file_id, count) = decode_ids_fixed(&rec, start)?;
+                self.pending_payload = count as u64 * PAGE_ID_LEN as u64 + 8;
+                Record::Ids { file_id, count }
             }
             RecordType::End => {
                 let mut rec = [0u8; END_LEN];

@@ -19,16 +19,20 @@
 //! object store later), [`BlockSource`] the seam for what readers consume
 //! (one archive now; a parent chain later).
 
-use super::check::{check_payload, Checked, CheckedRecords};
+use super::check::{check_payload, Checked, CheckedRecords, Payloads};
 use super::records::Input;
 use crate::codec::Decoder;
 use crate::error::{Error, IoContext, Result, ResultContext};
-use crate::format::{decode_block_header, BlockCodec, BlockHeader, FileEntry, Header, Index};
+use crate::format::{
+    decode_block_header, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileEntry, Header, Index, Origin, PAGE_SIZE,
+};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::{Mutex, OnceLock};
 
 /// Random access to an archive's bytes.
 pub trait RecordStore: Send + Sync {
@@ -176,7 +180,24 @@ pub struct Archive {
     /// Proven block headers and first-byte positions, by file id.
     blocks: Vec<Vec<(BlockHeader, u64)>>,
     len: u64,
+    /// The parents named by the C record (empty without parents).
+    chain: Vec<ChainEntry>,
+    /// The opened parents, in C record order (see `archive::parent`).
+    parents: OnceLock<Vec<Arc<Archive>>>,
+    /// Recently decoded blocks that references point into.
+    holders: Mutex<VecDeque<(u32, u32, Arc<Holder>)>>,
 }
+
+/// The stored pages of a block that references may point at, and for each
+/// stored page its offset in `bytes` (`None`: the page is itself a reference,
+/// which no reference may point at).
+struct Holder {
+    bytes: Vec<u8>,
+    pages: Vec<Option<usize>>,
+}
+
+/// Decoded holder blocks kept per archive for references to hit again.
+const HOLDER_CACHE: usize = 16;
 
 impl Archive {
     /// Opens and proves an archive file; errors name the file.
@@ -190,22 +211,159 @@ impl Archive {
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
         let len = store.size();
         let inp = StoreInput { store: &*store, len, pos: 0, buf: Vec::new(), buf_at: 0 };
-        let mut records = CheckedRecords::new(inp, false)?;
+        let mut records = CheckedRecords::new(inp, Payloads::None)?;
         let header = records.header().clone();
         let mut blocks: Vec<Vec<(BlockHeader, u64)>> = Vec::new();
+        let mut chain = Vec::new();
         let index = loop {
             match records.next_record()? {
                 Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
                 Some((_, Checked::Block { header, raw_pos, .. })) => {
                     blocks[header.file_id as usize].push((header, raw_pos));
                 }
-                Some((_, Checked::FileEnd(_))) => {}
+                Some((_, Checked::Chain(entries))) => chain = entries,
+                Some((_, Checked::FileEnd(_) | Checked::Ids { .. })) => {}
                 Some((_, Checked::Index(index))) => break index,
                 None => unreachable!("the index ends the records"),
             }
         };
         drop(records);
-        Ok(Archive { store, label, header, index, blocks, len })
+        Ok(Archive {
+            store,
+            label,
+            header,
+            index,
+            blocks,
+            len,
+            chain,
+            parents: OnceLock::new(),
+            holders: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The parents this archive refers to, as its C record names them.
+    pub fn chain(&self) -> &[ChainEntry] {
+        &self.chain
+    }
+
+    /// Gives the archive its opened parents, in C record order; each must be
+    /// the archive the C record names.
+    pub fn attach_parents(&self, parents: Vec<Arc<Archive>>) -> Result<()> {
+        if parents.len() != self.chain.len()
+            || parents.iter().zip(&self.chain).any(|(p, e)| p.header.archive_id != e.archive_id)
+        {
+            return Err(Error::Usage(format!("{}: parents given do not match its chain", self.label)));
+        }
+        self.parents.set(parents).map_err(|_| Error::Usage(format!("{}: parents already attached", self.label)))
+    }
+
+    /// Reads block `i` of a file and checks it against the walk, without
+    /// resolving references.
+    fn read_block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
+        let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
+        let Some(r) = entry.blocks.get(i) else { return Ok(None) };
+        let (proven, raw_pos) = &self.blocks[file_id as usize][i];
+        let mut record = vec![0u8; r.record_len as usize];
+        self.store.read_exact_at(&mut record, r.offset).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                Error::corrupt(r.offset, "archive was truncated after it was opened")
+            } else {
+                Error::Io(e)
+            }
+        })?;
+        let (header, header_len) = decode_block_header(&record, r.offset)?;
+        if header != *proven || header_len + header.stored_len as usize != record.len() {
+            return Err(Error::corrupt(
+                r.offset,
+                format!("block {i} of {} changed after the archive was opened", entry.name),
+            ));
+        }
+        let block = CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos };
+        check_payload(&block.header, block.payload(), r.offset)?;
+        Ok(Some(block))
+    }
+
+    /// The stored pages of block `block` of a file, for references into it.
+    fn holder(&self, file_id: u32, block: u32) -> Result<Arc<Holder>> {
+        if let Some(h) = self.holders.lock().unwrap().iter().find(|h| (h.0, h.1) == (file_id, block)) {
+            return Ok(h.2.clone());
+        }
+        let b = self.read_block(file_id, block as usize)?.ok_or_else(|| {
+            Error::corrupt(0, format!("a reference points at block {block} of file {file_id}, which does not exist"))
+        })?;
+        let h = &b.header;
+        let mut dec = Decoder::new();
+        let holder = if h.codec == BlockCodec::Dedup {
+            let stored = h.pages() - h.zero_pages();
+            let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
+            let mut bytes = Vec::new();
+            dec.decompress(dp.inner, inner, dp.literal_len as usize, &mut bytes)
+                .map_err(|e| Error::corrupt(b.offset, e))?;
+            let (mut pages, mut lit) = (Vec::with_capacity(stored), 0);
+            for e in &dp.extents {
+                for _ in 0..e.count {
+                    pages.push(matches!(e.origin, Origin::Literal).then(|| {
+                        lit += 1;
+                        (lit - 1) * PAGE_SIZE
+                    }));
+                }
+            }
+            Holder { bytes, pages }
+        } else {
+            let mut bytes = Vec::new();
+            b.decode_stored(&mut dec, &mut bytes)?;
+            let whole = bytes.len() / PAGE_SIZE;
+            Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect() }
+        };
+        let holder = Arc::new(holder);
+        let mut cache = self.holders.lock().unwrap();
+        if cache.len() == HOLDER_CACHE {
+            cache.pop_front();
+        }
+        cache.push_back((file_id, block, holder.clone()));
+        Ok(holder)
+    }
+
+    /// Resolves a dedup block into the raw block of its stored pages; its
+    /// data check (applied when it is decoded) then proves the result.
+    fn resolve(&self, b: CheckedBlock) -> Result<CheckedBlock> {
+        let stored = b.header.pages() - b.header.zero_pages();
+        let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
+        let mut literal = Vec::new();
+        Decoder::new()
+            .decompress(dp.inner, inner, dp.literal_len as usize, &mut literal)
+            .map_err(|e| Error::corrupt(b.offset, e))?;
+        let mut out = Vec::with_capacity(stored * PAGE_SIZE);
+        let mut lit = 0;
+        for e in &dp.extents {
+            let n = e.count as usize;
+            match e.origin {
+                Origin::Literal => {
+                    out.extend_from_slice(&literal[lit..lit + n * PAGE_SIZE]);
+                    lit += n * PAGE_SIZE;
+                }
+                Origin::Ref { source, file_id, block, first } => {
+                    let target: &Archive = match source {
+                        0 => self,
+                        k => self
+                            .parents
+                            .get()
+                            .and_then(|p| p.get(k as usize - 1))
+                            .map(|a| &**a)
+                            .ok_or_else(|| Error::corrupt(b.offset, format!("reference to unknown parent {k}")))?,
+                    };
+                    let holder = target.holder(file_id, block).map_err(|e| e.context(target.label.clone()))?;
+                    for p in first as usize..first as usize + n {
+                        let at = holder.pages.get(p).copied().flatten().ok_or_else(|| {
+                            Error::corrupt(b.offset, "a reference points at a page that is not stored there")
+                        })?;
+                        out.extend_from_slice(&holder.bytes[at..at + PAGE_SIZE]);
+                    }
+                }
+            }
+        }
+        let header = BlockHeader { codec: BlockCodec::Raw, stored_len: out.len() as u32, ..b.header };
+        Ok(CheckedBlock { header, record: out, offset: b.offset, raw_pos: b.raw_pos })
     }
 
     /// Opens an archive from a path, or from standard input for `-`: spooled
@@ -263,26 +421,9 @@ impl BlockSource for Archive {
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
-        let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
-        let Some(r) = entry.blocks.get(i) else { return Ok(None) };
-        let (proven, raw_pos) = &self.blocks[file_id as usize][i];
-        let mut record = vec![0u8; r.record_len as usize];
-        self.store.read_exact_at(&mut record, r.offset).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                Error::corrupt(r.offset, "archive was truncated after it was opened")
-            } else {
-                Error::Io(e)
-            }
-        })?;
-        let (header, header_len) = decode_block_header(&record, r.offset)?;
-        if header != *proven || header_len + header.stored_len as usize != record.len() {
-            return Err(Error::corrupt(
-                r.offset,
-                format!("block {i} of {} changed after the archive was opened", entry.name),
-            ));
+        match self.read_block(file_id, i)? {
+            Some(b) if b.header.codec == BlockCodec::Dedup => self.resolve(b).map(Some),
+            other => Ok(other),
         }
-        let block = CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos };
-        check_payload(&block.header, block.payload(), r.offset)?;
-        Ok(Some(block))
     }
 }

@@ -8,21 +8,22 @@
 //! and rejects it. The output sink decides what else to undo (a file's
 //! temporary name is removed).
 
+use super::dedup::{dedup_block, DedupIndex};
 use super::{Options, PackStats};
 use crate::archive::records::ArchiveWriter;
-use crate::codec::{EncodedBlock, Encoder};
+use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
-use crate::format::{FileKind, Header, Index};
+use crate::format::{BlockCodec, DedupPayload, FileKind, Header, Index, FLAG_IDS, FLAG_PARENT};
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum PackJob {
     Begin { key: u64, name: String, kind: FileKind },
-    Block { key: u64, data: Vec<u8>, page_aware: bool },
+    Block { key: u64, data: Vec<u8>, page_aware: bool, block: u32 },
     End { key: u64 },
 }
 
@@ -37,33 +38,51 @@ pub struct Packer {
     submitter: Option<Submitter<PackJob>>,
     aborted: Arc<AtomicBool>,
     writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
-    next_key: AtomicU64,
+    /// The next file's key, which is also its file id: held while its Begin
+    /// is submitted, so keys are submitted in order.
+    next_key: Mutex<u64>,
     block_size: usize,
 }
 
 impl Packer {
-    pub fn start<W: Write + Send + 'static>(out: W, opts: &Options) -> Result<Self> {
+    /// Starts writing an archive to `out`. With `dedup` (an incremental
+    /// archive) or `opts.ids`, page images carry page ids and pages already
+    /// stored in the parents or earlier in this archive become references.
+    pub fn start<W: Write + Send + 'static>(out: W, opts: &Options, dedup: Option<Arc<DedupIndex>>) -> Result<Self> {
         opts.validate()?;
         let codec = opts.codec;
+        let dedup = dedup.or_else(|| opts.ids.then(|| Arc::new(DedupIndex::new(Vec::new(), HashMap::new()))));
+        let mut header = Header::new(opts.block_size);
+        let chain = dedup.as_ref().map(|d| d.chain.clone()).unwrap_or_default();
+        if dedup.is_some() {
+            header.flags |= FLAG_IDS;
+        }
+        if let Some(parent) = chain.first() {
+            header.flags |= FLAG_PARENT;
+            header.parent_id = parent.archive_id;
+        }
         let (submitter, collector) = engine::start(
             opts.threads,
             opts.window(),
             move || Encoder::new(codec),
-            |enc: &mut Encoder, job: PackJob| match job {
+            move |enc: &mut Encoder, job: PackJob| match job {
                 PackJob::Begin { key, name, kind } => PackResult::Begin { key, name, kind },
-                PackJob::Block { key, data, page_aware } => {
-                    PackResult::Block { key, block: enc.encode(0, &data, page_aware) }
+                PackJob::Block { key, data, page_aware, block } => {
+                    let encoded = match (&dedup, page_aware) {
+                        (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
+                        _ => enc.encode(0, &data, page_aware),
+                    };
+                    PackResult::Block { key, block: encoded }
                 }
                 PackJob::End { key } => PackResult::End { key },
             },
         );
-        let header = Header::new(opts.block_size);
         let aborted = Arc::new(AtomicBool::new(false));
         let stop = aborted.clone();
         let writer = std::thread::Builder::new()
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
-                let mut w = ArchiveWriter::new(out, &header)?;
+                let mut w = ArchiveWriter::new(out, &header, &chain)?;
                 let mut ids: HashMap<u64, u32> = HashMap::new();
                 let mut stats = PackStats::default();
                 for r in collector {
@@ -78,6 +97,9 @@ impl Packer {
                         PackResult::Block { key, mut block } => {
                             block.header.file_id = ids[&key];
                             w.write_block(&block.header, &block.payload)?;
+                            if let Some(page_ids) = &block.ids {
+                                w.write_ids(block.header.file_id, page_ids)?;
+                            }
                             stats.add_block(&block.header);
                         }
                         PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
@@ -96,7 +118,7 @@ impl Packer {
             submitter: Some(submitter),
             aborted,
             writer: Some(writer),
-            next_key: AtomicU64::new(0),
+            next_key: Mutex::new(0),
             block_size: opts.block_size,
         })
     }
@@ -107,11 +129,21 @@ impl Packer {
 
     /// Starts a file; write its bytes in order through the returned sink.
     pub fn begin_file(&self, name: &str) -> Result<FileSink> {
-        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let kind = FileKind::for_name(name);
         let sub = self.submitter.as_ref().expect("packer running").clone();
+        let mut next = self.next_key.lock().unwrap();
+        let key = *next;
         sub.submit(PackJob::Begin { key, name: name.to_string(), kind })?;
-        Ok(FileSink { sub, key, page_aware: kind == FileKind::Pages, block_size: self.block_size, buf: Vec::new() })
+        *next += 1;
+        drop(next);
+        Ok(FileSink {
+            sub,
+            key,
+            page_aware: kind == FileKind::Pages,
+            block_size: self.block_size,
+            buf: Vec::new(),
+            blocks: 0,
+        })
     }
 
     /// Waits for every file to be written; returns the stats and index. Fails
@@ -150,6 +182,8 @@ pub struct FileSink {
     page_aware: bool,
     block_size: usize,
     buf: Vec<u8>,
+    /// Blocks submitted so far (the next block's index in its file).
+    blocks: u32,
 }
 
 impl FileSink {
@@ -202,7 +236,9 @@ impl FileSink {
 
     fn flush_block(&mut self) -> Result<()> {
         let data = std::mem::take(&mut self.buf);
-        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware })
+        let block = self.blocks;
+        self.blocks += 1;
+        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })
     }
 
     pub fn finish(mut self) -> Result<()> {
@@ -211,4 +247,28 @@ impl FileSink {
         }
         self.sub.submit(PackJob::End { key: self.key })
     }
+}
+
+/// A page image block of an archive with page ids: ids for its stored pages,
+/// and a dedup block when some of them are found elsewhere.
+fn encode_deduped(enc: &mut Encoder, index: &DedupIndex, file_id: u32, block: u32, data: &[u8]) -> EncodedBlock {
+    let bitmap = zero_bitmap(data);
+    let stored = enc.gather(data, &bitmap);
+    let d = dedup_block(index, file_id, block, &stored);
+    let mut encoded = match d.extents {
+        None => {
+            let (codec, payload) = enc.compress(&stored);
+            EncodedBlock::new(codec, 0, data.len(), bitmap, &stored, payload)
+        }
+        Some(extents) => {
+            let (inner, literal) = enc.compress(&d.literal);
+            let mut payload = Vec::with_capacity(literal.len() + 16 + extents.len() * 20);
+            DedupPayload { extents, inner, literal_len: d.literal.len() as u32 }.encode_head(&mut payload);
+            payload.extend_from_slice(&literal);
+            EncodedBlock::new(BlockCodec::Dedup, 0, data.len(), bitmap, &stored, payload)
+        }
+    };
+    enc.recycle(stored);
+    encoded.ids = Some(d.ids);
+    encoded
 }

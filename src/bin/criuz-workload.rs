@@ -10,7 +10,11 @@
 //! memory and stay alive).
 //!
 //! Writes DIR/ready (root pid) once set up; on SIGUSR1 every process writes
-//! DIR/sum-<role> ("root", "child1", ...); SIGTERM ends the tree.
+//! DIR/sum-<role> ("root", "child1", ...); on SIGUSR2 every process rewrites
+//! the share of its pages that DIR/rewrite names ("P" percent, or "P SEED")
+//! in place with random bytes, then writes DIR/rewrote-<role> (the page
+//! count): what an incremental checkpoint then has to store; SIGTERM ends the
+//! tree.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -375,18 +379,40 @@ fn block_signals() -> libc::sigset_t {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
 }
 
-/// Serves SIGUSR1 (report) until SIGTERM.
+/// Rewrites `percent`% of the pages of `buf` with random bytes: evenly
+/// spread (every 100/P-th page, from an offset the seed picks), as a running
+/// service rewrites scattered objects. Returns the pages rewritten.
+fn rewrite(buf: &mut [u8], percent: f64, seed: u64) -> usize {
+    let pages = buf.len() / PAGE;
+    if percent <= 0.0 || pages == 0 {
+        return 0;
+    }
+    let stride = (100.0 / percent.min(100.0)).max(1.0);
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut x = (rng.next() % stride.ceil() as u64) as f64;
+    let mut n = 0;
+    while (x as usize) < pages {
+        let p = x as usize;
+        fill_random(&mut buf[p * PAGE..(p + 1) * PAGE], &mut rng);
+        n += 1;
+        x += stride;
+    }
+    n
+}
+
+/// Serves SIGUSR1 (report) and SIGUSR2 (rewrite) until SIGTERM.
 fn serve_signals(
     set: &libc::sigset_t,
     dir: &Path,
     role: &str,
-    buf: &[u8],
+    buf: &mut [u8],
     file_fd: Option<i32>,
     children: &[i32],
 ) -> ! {
@@ -402,6 +428,18 @@ fn serve_signals(
                 // SAFETY: signalling our own children.
                 unsafe { libc::kill(c, libc::SIGUSR1) };
             }
+        } else if sig == libc::SIGUSR2 {
+            let spec = std::fs::read_to_string(dir.join("rewrite")).unwrap_or_default();
+            let mut words = spec.split_whitespace();
+            let percent: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
+            let seed: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+            let role_seed = role.bytes().fold(seed, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+            let n = rewrite(buf, percent, role_seed);
+            for &c in children {
+                // SAFETY: signalling our own children.
+                unsafe { libc::kill(c, libc::SIGUSR2) };
+            }
+            write_atomic(&dir.join(format!("rewrote-{role}")), &format!("{n}\n"));
         } else if sig == libc::SIGTERM {
             for &c in children {
                 // SAFETY: as above.
@@ -485,8 +523,9 @@ fn main() {
                 rx.recv().unwrap();
             }
             // SAFETY: the parts were written once before the threads signalled;
-            // the threads never touch them again, so this read-only view is sound.
-            let whole = unsafe { std::slice::from_raw_parts(ptrs[0].0 as *const u8, bytes) };
+            // the threads never touch them again, so from here on this view is
+            // the only one in use.
+            let whole = unsafe { std::slice::from_raw_parts_mut(ptrs[0].0 as *mut u8, bytes) };
             write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
             serve_signals(&set, &a.dir, "root", whole, file_fd, &[]);
         }

@@ -14,7 +14,9 @@
 //! [`log_dir`] (the newest few only, so failures do not pile up) and named in
 //! the error.
 
-use crate::archive::{Archive, BlockSource, Options, PackStats, Packer};
+use crate::archive::dedup::DedupIndex;
+use crate::archive::parent::ParentSearch;
+use crate::archive::{BlockSource, Options, PackStats, Packer};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::{self, images, Criu};
 use crate::error::{Error, IoContext, Result};
@@ -37,6 +39,8 @@ pub struct DumpOptions {
     pub leave_running: bool,
     pub shell_job: bool,
     pub extra: Vec<String>,
+    /// Write an incremental archive against this parent.
+    pub parent: Option<PathBuf>,
 }
 
 /// CRIU's own dump statistics (stats-dump), in microseconds and pages.
@@ -159,6 +163,18 @@ fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Err
     Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
 }
 
+/// What an incremental archive written to `output` dedups against: the pages
+/// of `parent` and its chain, read before CRIU starts so the process is not
+/// frozen meanwhile. The parent must not be the output itself.
+pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<DedupIndex>>> {
+    let Some(parent) = parent else { return Ok(None) };
+    let same = std::fs::canonicalize(parent).ok().zip(std::fs::canonicalize(output).ok()).is_some_and(|(a, b)| a == b);
+    if same {
+        return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", parent.display())));
+    }
+    Ok(Some(Arc::new(crate::archive::parent::dedup_index(parent, output)?)))
+}
+
 /// A process that CRIU could dump: one that exists.
 fn check_dumpable(pid: i32) -> Result<()> {
     if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
@@ -196,7 +212,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let out = Output::open(&o.output, o.force)?;
     let work = WorkDir::new("criuz-dump-")?;
     let listener = Listener::bind(work.path(), streamer::CAPTURE_SOCKET)?;
-    let packer = Packer::start(out.writer()?, archive)?;
+    let dedup = dedup_for(o.parent.as_deref(), &o.output)?;
+    let packer = Packer::start(out.writer()?, archive, dedup)?;
     let stop = AtomicBool::new(false);
 
     let mut cmd = Command::new(&criu.path);
@@ -263,6 +280,8 @@ pub struct RestoreOptions {
     pub pipe_buffer: u64,
     /// Send CRIU every zero page instead of leaving them out where that is safe.
     pub keep_zero_pages: bool,
+    /// Where to look for the parents of an incremental archive.
+    pub parents: ParentSearch,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -278,7 +297,7 @@ pub struct RestoreReport {
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
-    let source: Arc<dyn BlockSource> = Archive::open_spec(&o.input, o.pipe_buffer)?;
+    let source: Arc<dyn BlockSource> = crate::archive::parent::open(&o.input, o.pipe_buffer, &o.parents)?;
     check_pids_free(&*source)?;
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;

@@ -13,6 +13,20 @@ use criuz::{engine, offline};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// `println!` that ends quietly when stdout is closed early (`criuz inspect
+/// F | head`) instead of panicking. SIGPIPE stays ignored: criuz must see
+/// EPIPE, not die, when CRIU closes one of its pipes.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 #[derive(Parser)]
 #[command(name = "criuz", version, about = "Small, fast, safe CRIU checkpoints with stock CRIU")]
 struct Cli {
@@ -31,6 +45,10 @@ struct CodecArgs {
     /// Block size, a multiple of 4K from 4K to 4M (K/M suffixes)
     #[arg(long, default_value = "256K", value_parser = parse_size)]
     block_size: usize,
+    /// Store page ids, so the archive can be the parent of an incremental one
+    /// without being decoded (and identical pages within it are stored once)
+    #[arg(long)]
+    ids: bool,
     #[command(flatten)]
     threads: ThreadArgs,
 }
@@ -51,7 +69,7 @@ impl ThreadArgs {
 impl CodecArgs {
     fn options(&self) -> Result<Options> {
         let codec = CodecConfig::new(self.codec, self.level).map_err(criuz::Error::Usage)?;
-        let opts = Options { codec, block_size: self.block_size, ..self.threads.options() };
+        let opts = Options { codec, block_size: self.block_size, ids: self.ids, ..self.threads.options() };
         opts.validate()?;
         Ok(opts)
     }
@@ -81,6 +99,10 @@ enum Cmd {
         /// Print the summary as JSON on stdout (stderr when the archive goes to stdout)
         #[arg(long)]
         json: bool,
+        /// Write an incremental archive: pages already in this archive (or its
+        /// parents) are stored as references
+        #[arg(long, value_name = "FILE")]
+        parent: Option<PathBuf>,
         #[command(flatten)]
         codec: CodecArgs,
         /// Extra arguments for criu dump (after --)
@@ -110,6 +132,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
+        parents: ParentArgs,
+        #[command(flatten)]
         threads: ThreadArgs,
         /// Extra arguments for criu restore (after --)
         #[arg(last = true)]
@@ -124,6 +148,24 @@ enum Cmd {
         /// Replace an existing archive
         #[arg(long)]
         force: bool,
+        /// Write an incremental archive against this parent
+        #[arg(long, value_name = "FILE")]
+        parent: Option<PathBuf>,
+        #[command(flatten)]
+        codec: CodecArgs,
+    },
+    /// Write a self-contained archive from an incremental one and its parents
+    Flatten {
+        /// Incremental archive to read ("-" for stdin)
+        archive: PathBuf,
+        /// Archive to write ("-" for stdout)
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        /// Replace an existing archive
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        parents: ParentArgs,
         #[command(flatten)]
         codec: CodecArgs,
     },
@@ -137,18 +179,22 @@ enum Cmd {
         #[arg(long)]
         force: bool,
         #[command(flatten)]
+        parents: ParentArgs,
+        #[command(flatten)]
         threads: ThreadArgs,
     },
-    /// Show per-file sizes, ratios, zero pages and codecs
+    /// Show per-file sizes, ratios, zero pages, codecs, and an incremental archive's parents
     Inspect {
         archive: PathBuf,
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
-    /// Check every checksum; exit 0 only if all hold
+    /// Check every checksum (of an incremental archive, with its parents); exit 0 only if all hold
     Verify {
         archive: PathBuf,
+        #[command(flatten)]
+        parents: ParentArgs,
         #[command(flatten)]
         threads: ThreadArgs,
     },
@@ -182,6 +228,24 @@ enum Cmd {
         #[command(flatten)]
         threads: ThreadArgs,
     },
+}
+
+/// Where the parents of an incremental archive are.
+#[derive(Args, Clone)]
+struct ParentArgs {
+    /// A parent archive (repeatable); by default each is looked for where it
+    /// was when the child was written
+    #[arg(long = "parent", value_name = "FILE")]
+    parents: Vec<PathBuf>,
+    /// A directory to search for parent archives (*.czr; repeatable)
+    #[arg(long = "parent-dir", value_name = "DIR")]
+    parent_dirs: Vec<PathBuf>,
+}
+
+impl ParentArgs {
+    fn search(&self) -> criuz::archive::parent::ParentSearch {
+        criuz::archive::parent::ParentSearch { files: self.parents.clone(), dirs: self.parent_dirs.clone() }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -233,8 +297,9 @@ fn rate(bytes: u64, secs: f64) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Pack { dir, output, force, codec } => {
+        Cmd::Pack { dir, output, force, parent, codec } => {
             let opts = codec.options()?;
+            let dedup = criuz::session::checkpoint::dedup_for(parent.as_deref(), &output)?;
             let (files, skipped) = offline::image_files(&dir)?;
             for s in &skipped {
                 eprintln!("criuz: skipping {} (not a regular file)", dir.join(s).display());
@@ -243,7 +308,7 @@ fn run(cli: Cli) -> Result<()> {
             let out = Output::open(&output, force)?;
             let t = Instant::now();
             let mut progress = Progress::new("pack", Some(total));
-            let stats = offline::pack_dir(&dir, out.writer()?, &opts, &mut progress)
+            let stats = offline::pack_dir(&dir, out.writer()?, &opts, dedup, &mut progress)
                 .with_context(|| format!("packing {}", dir.display()))?;
             progress.finish();
             out.commit()?;
@@ -259,12 +324,29 @@ fn run(cli: Cli) -> Result<()> {
                 rate(stats.raw_bytes, secs)
             );
         }
-        Cmd::Unpack { archive, dir, force, threads } => {
-            let inp = open_input(&archive)?;
+        Cmd::Flatten { archive, output, force, parents, codec } => {
+            let opts = codec.options()?;
+            let source = criuz::archive::parent::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
+            let out = Output::open(&output, force)?;
+            let t = Instant::now();
+            let stats = offline::flatten(source, out.writer()?, &opts)?;
+            out.commit()?;
+            eprintln!(
+                "flattened {} into {}: {} files, {} -> {} ({:.3} of raw), {:.2}s",
+                archive.display(),
+                output.display(),
+                stats.files,
+                human(stats.raw_bytes),
+                human(stats.archive_bytes),
+                stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        Cmd::Unpack { archive, dir, force, parents, threads } => {
+            let inp = offline::Reading::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let t = Instant::now();
             let progress = Progress::new("unpack", None);
-            let st = offline::unpack(inp, &dir, force, &threads.options(), progress)
-                .with_context(|| archive.display().to_string())?;
+            let st = offline::unpack(inp, &dir, force, &threads.options(), progress)?;
             let secs = t.elapsed().as_secs_f64();
             eprintln!(
                 "unpacked {} files, {} into {}, {:.2}s, {}",
@@ -279,21 +361,22 @@ fn run(cli: Cli) -> Result<()> {
             let inp = open_input(&archive)?;
             let rep = offline::inspect(inp).with_context(|| archive.display().to_string())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                out!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
                 print_inspect(&rep);
             }
         }
-        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, codec, extra } => {
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, extra } => {
             let opts = codec.options()?;
             let c = criu.locate()?;
-            let o = criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra };
+            let o =
+                criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra, parent };
             let r = criuz::session::checkpoint::dump(&o, &opts, &c)?;
             if json && is_stdio(&o.output) {
                 // The archive went to stdout.
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
             } else if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                out!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 eprintln!(
                     "checkpointed {pid} into {}: {} -> {} ({:.3} of raw), {} zero pages elided, {:.2}s, {}",
@@ -318,7 +401,18 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Cmd::Restore { input, detach, criu, shell_job, pipe_buffer, keep_zero_pages, json, threads, extra } => {
+        Cmd::Restore {
+            input,
+            detach,
+            criu,
+            shell_job,
+            pipe_buffer,
+            keep_zero_pages,
+            json,
+            parents,
+            threads,
+            extra,
+        } => {
             let c = criu.locate()?;
             let o = criuz::session::checkpoint::RestoreOptions {
                 input,
@@ -327,10 +421,11 @@ fn run(cli: Cli) -> Result<()> {
                 extra,
                 pipe_buffer: pipe_buffer as u64,
                 keep_zero_pages,
+                parents: parents.search(),
             };
             let r = criuz::session::checkpoint::restore(&o, &threads.options(), &c)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                out!("{}", serde_json::to_string_pretty(&r)?);
             } else if let Some(pid) = r.pid {
                 eprintln!(
                     "restored {pid} from {}: {} served, {} zero pages left out, {:.2}s",
@@ -349,7 +444,7 @@ fn run(cli: Cli) -> Result<()> {
             let out = Output::open(&output, force)?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
-            let packer = criuz::archive::Packer::start(out.writer()?, &opts)?;
+            let packer = criuz::archive::Packer::start(out.writer()?, &opts, None)?;
             let never = std::sync::atomic::AtomicBool::new(false);
             let captured = criuz::session::capture::capture(&listener, &packer, &never);
             let (packer, _) = criuz::session::capture::settle(packer, captured)
@@ -384,25 +479,52 @@ fn run(cli: Cli) -> Result<()> {
                 r.zero_pages_skipped
             );
         }
-        Cmd::Verify { archive, threads } => {
-            let inp = open_input(&archive)?;
+        Cmd::Verify { archive, parents, threads } => {
+            let inp = offline::Reading::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let progress = Progress::new("verify", None);
-            let (files, bytes) =
-                offline::verify(inp, &threads.options(), progress).with_context(|| archive.display().to_string())?;
-            println!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
+            let (files, bytes) = offline::verify(inp, &threads.options(), progress)?;
+            out!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
         }
     }
     Ok(())
 }
 
+/// What `unpack`, `verify` and `flatten` may spool of an incremental archive
+/// arriving on a pipe.
+const DEFAULT_SPOOL_CAP: u64 = 2 << 30;
+
 fn print_inspect(rep: &offline::InspectReport) {
-    println!("criuz archive v{}, block size {}, id {}", rep.version, human(u64::from(rep.block_size)), rep.archive_id);
-    println!(
+    out!(
+        "criuz archive v{}, block size {}, id {}{}",
+        rep.version,
+        human(u64::from(rep.block_size)),
+        rep.archive_id,
+        if rep.page_ids { ", with page ids" } else { "" }
+    );
+    for (i, p) in rep.chain.iter().enumerate() {
+        let what = if i == 0 { "parent" } else { "ancestor" };
+        out!("{what} {} ({})", p.archive_id, p.hint);
+    }
+    if !rep.chain.is_empty() || rep.total.referenced_bytes > 0 {
+        out!(
+            "stored {}, referenced {} (dedup ratio {:.3} of raw)",
+            human(rep.total.stored_bytes),
+            human(rep.total.referenced_bytes),
+            rep.dedup_ratio
+        );
+    }
+    out!(
         "{:<28} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10}  blocks raw/lz4/zstd",
-        "file", "kind", "raw", "stored", "ratio", "pages", "zero"
+        "file",
+        "kind",
+        "raw",
+        "stored",
+        "ratio",
+        "pages",
+        "zero"
     );
     for f in rep.files.iter().chain(std::iter::once(&rep.total)) {
-        println!(
+        out!(
             "{:<28} {:>6} {:>12} {:>12} {:>7.3} {:>10} {:>10}  {}/{}/{}",
             f.name,
             f.kind,
