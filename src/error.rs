@@ -24,6 +24,9 @@ pub enum Error {
     File { path: PathBuf, err: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// A whole archive is not the one expected (a parent that is not one).
+    #[error("{0}")]
+    Mismatch(String),
     /// Something needed (a parent archive) is not where it was looked for.
     #[error("{0}")]
     NotFound(String),
@@ -98,7 +101,7 @@ impl Error {
 
     pub fn kind(&self) -> Kind {
         match self.root() {
-            Error::Corrupt { .. } | Error::Unsupported { .. } => Kind::Archive,
+            Error::Corrupt { .. } | Error::Unsupported { .. } | Error::Mismatch(_) => Kind::Archive,
             Error::Usage(_) | Error::Exists(_) => Kind::Usage,
             _ => Kind::Failed,
         }

@@ -30,6 +30,7 @@ use criuz::format::FileKind;
 use criuz::offline::Reading;
 use criuz::Kind;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// Decoded files of an archive, by name.
@@ -62,12 +63,6 @@ impl SeqSink for Collect {
     }
 }
 
-/// The archive as `criuz verify` and `unpack` open it.
-fn reading(bytes: &[u8]) -> criuz::Result<Reading> {
-    let inp = Box::new(std::io::Cursor::new(bytes.to_vec()));
-    Reading::from_reader(inp, "fuzz".into(), 1 << 30, std::path::Path::new("."), &ParentSearch::default())
-}
-
 fn read_all(src: &dyn BlockSource) -> criuz::Result<Files> {
     let mut out = Files::new();
     for f in &src.index().files {
@@ -76,22 +71,48 @@ fn read_all(src: &dyn BlockSource) -> criuz::Result<Files> {
     Ok(out)
 }
 
-/// Runs every reader on `bytes`.
-pub fn run_readers(bytes: &[u8], unpack: bool) -> Outcome {
+/// Runs every reader on `bytes`; an incremental archive gets the archive
+/// at `parent` (if any) as its parent, as `--parent FILE` would give it.
+pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome {
     let opts = Options { threads: 2, ..Options::default() };
-    let kind = |e: criuz::Error| e.kind();
-    // verify as users run it: streamed for version 1, by its source for version 2.
+    // A parent that cannot be found is how a reader rejects a damaged chain
+    // record; for the oracle that is a rejection of the archive like any other.
+    let kind = |e: criuz::Error| if matches!(e.root(), criuz::Error::NotFound(_)) { Kind::Archive } else { e.kind() };
+    let search = ParentSearch { files: parent.map(Path::to_path_buf).into_iter().collect(), dirs: Vec::new() };
+    let nowhere = Path::new("/nonexistent");
+    let with_parents = |a: Archive| -> criuz::Result<Arc<Archive>> {
+        let a = Arc::new(a);
+        if a.chain().is_empty() {
+            return Ok(a);
+        }
+        criuz::archive::parent::attach(a, nowhere, &search)
+    };
+    // verify and unpack as users run them: streamed for version 1, through
+    // the block source (with parents) for version 2.
+    let v2 = bytes.len() >= 64
+        && criuz::format::Header::decode(bytes[..64].try_into().expect("64 bytes")).is_ok_and(|h| h.flags != 0);
+    let reading = || -> criuz::Result<Reading> {
+        if v2 {
+            Archive::from_reader(bytes, 1 << 30, "fuzz").and_then(&with_parents).map(Reading::Source)
+        } else {
+            Ok(Reading::Stream("fuzz".into(), Box::new(std::io::Cursor::new(bytes.to_vec()))))
+        }
+    };
     let verify = {
         let mut c = Collect::default();
-        reading(bytes).and_then(|r| r.decode(&opts, &mut c)).map(|_| c.0.into_values().collect::<Files>()).map_err(kind)
+        reading().and_then(|r| r.decode(&opts, &mut c)).map(|_| c.0.into_values().collect::<Files>()).map_err(kind)
     };
-    let source = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into()).and_then(|a| read_all(&a)).map_err(kind);
-    let piped = Archive::from_reader(bytes, 1 << 30, "pipe").and_then(|a| read_all(&a)).map_err(kind);
+    let source = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into())
+        .and_then(&with_parents)
+        .and_then(|a| read_all(&*a))
+        .map_err(kind);
+    let piped =
+        Archive::from_reader(bytes, 1 << 30, "pipe").and_then(&with_parents).and_then(|a| read_all(&*a)).map_err(kind);
     let inspect = criuz::offline::inspect(bytes).map(drop).map_err(kind);
     let unpack = unpack.then(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("out");
-        let r = reading(bytes)
+        let r = reading()
             .and_then(|inp| criuz::offline::unpack(inp, &dest, false, &opts, criuz::progress::Progress::hidden()));
         match r {
             Ok(_) => {
@@ -105,7 +126,7 @@ pub fn run_readers(bytes: &[u8], unpack: bool) -> Outcome {
             Err(e) => {
                 let left = std::fs::read_dir(&dest).map(|d| d.count()).unwrap_or(0);
                 assert_eq!(left, 0, "a failed unpack left files behind");
-                Err(e.kind())
+                Err(kind(e))
             }
         }
     });
@@ -156,9 +177,31 @@ fn brief(r: &Result<Files, Kind>) -> String {
     }
 }
 
+/// A seed archive, and for an incremental one its parent.
+#[derive(Clone)]
+pub struct Seed {
+    pub bytes: Vec<u8>,
+    pub parent: Option<Vec<u8>>,
+}
+
+fn pack(files: &[(&str, Vec<u8>)], opts: &Options, dedup: Option<Arc<criuz::archive::dedup::DedupIndex>>) -> Vec<u8> {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let packer = Packer::start(SharedVec(buf.clone()), opts, dedup).expect("packer");
+    for (name, data) in files {
+        let mut sink = packer.begin_file(name).expect("begin");
+        sink.write(data).expect("write");
+        sink.finish().expect("finish");
+    }
+    packer.finish().expect("pack");
+    let bytes = buf.lock().unwrap().clone();
+    bytes
+}
+
 /// Seed archives made in memory: CRIU-like images in several block sizes
-/// and codecs, with zero pages, raw and compressed blocks, empty files.
-pub fn synthetic_seeds() -> Vec<Vec<u8>> {
+/// and codecs, with zero pages, raw and compressed blocks, empty files; with
+/// page ids and pages shared between files (version 2); and a child of one
+/// of them with dedup references into it.
+pub fn synthetic_seeds() -> Vec<Seed> {
     let mut rng = Rng::new(7);
     let mut pages = Vec::new();
     for p in 0..40 {
@@ -173,27 +216,36 @@ pub fn synthetic_seeds() -> Vec<Vec<u8>> {
         ("pagemap-1.img", (0..700u32).flat_map(|i| i.to_le_bytes()).collect()),
         ("pages-1.img", pages.clone()),
         ("pages-2.img", pages[..3 * 4096 + 100].to_vec()),
+        ("pages-3.img", pages[8 * 4096..24 * 4096].to_vec()),
         ("empty.img", Vec::new()),
     ];
+    let opts = |block, codec, ids| Options {
+        codec: CodecConfig::new(codec, None).expect("codec"),
+        block_size: block,
+        threads: 1,
+        ids,
+        ..Options::default()
+    };
     let mut seeds = Vec::new();
     for (block, codec) in [(4096, Codec::Lz4), (8192, Codec::Zstd), (16384, Codec::None), (65536, Codec::Lz4)] {
-        let opts = Options {
-            codec: CodecConfig::new(codec, None).expect("codec"),
-            block_size: block,
-            threads: 1,
-            ..Options::default()
-        };
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let packer = Packer::start(SharedVec(buf.clone()), &opts, None).expect("packer");
-        for (name, data) in &files {
-            let mut sink = packer.begin_file(name).expect("begin");
-            sink.write(data).expect("write");
-            sink.finish().expect("finish");
-        }
-        packer.finish().expect("pack");
-        let bytes = buf.lock().unwrap().clone();
-        seeds.push(bytes);
+        seeds.push(Seed { bytes: pack(&files, &opts(block, codec, false), None), parent: None });
     }
+    seeds.push(Seed { bytes: pack(&files, &opts(8192, Codec::Lz4, true), None), parent: None });
+    // A child: some pages rewritten, some moved, the rest as in the parent.
+    let parent = pack(&files, &opts(16384, Codec::Zstd, true), None);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let parent_path = dir.path().join("parent.czr");
+    std::fs::write(&parent_path, &parent).expect("parent");
+    let mut changed = pages.clone();
+    for p in [5usize, 6, 17, 30] {
+        changed[p * 4096..(p + 1) * 4096].iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+    }
+    changed.rotate_left(4 * 4096);
+    let child_files: Vec<(&str, Vec<u8>)> =
+        files.iter().map(|(n, d)| (*n, if *n == "pages-1.img" { changed.clone() } else { d.clone() })).collect();
+    let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
+    let child = pack(&child_files, &opts(8192, Codec::Lz4, false), Some(Arc::new(index)));
+    seeds.push(Seed { bytes: child, parent: Some(parent) });
     seeds
 }
 

@@ -5,10 +5,12 @@
 //! criuz-fuzz --replay FILE...
 //!
 //! Exits 0 when no case failed; a failing case is saved to the crashes
-//! directory with a note of what went wrong, for `fuzz/regressions/`.
+//! directory with a note of what went wrong, for `fuzz/regressions/`. An
+//! incremental archive `X.czr` comes with its parent as `X.parent.czr` (in a
+//! corpus, in the crashes directory, for --replay).
 
-use criuz_fuzz::{judge, mutate, records, reseal, run_readers, synthetic_seeds, Files, Reseal, Rng};
-use std::path::PathBuf;
+use criuz_fuzz::{judge, mutate, records, reseal, run_readers, synthetic_seeds, Files, Reseal, Rng, Seed};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,7 +58,8 @@ fn main() {
         let mut bad = 0;
         for f in &args.replay {
             let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            if let Err(why) = check_case(&bytes, None) {
+            let parent = parent_of(f);
+            if let Err(why) = check_case(&bytes, parent.as_deref(), None) {
                 eprintln!("{}: {why}", f.display());
                 bad += 1;
             }
@@ -67,10 +70,17 @@ fn main() {
     std::process::exit(fuzz(&args));
 }
 
+/// `X.parent.czr` beside `X.czr`, if there is one.
+fn parent_of(f: &Path) -> Option<PathBuf> {
+    let stem = f.file_stem()?.to_string_lossy().into_owned();
+    let p = f.with_file_name(format!("{stem}.parent.czr"));
+    p.exists().then_some(p)
+}
+
 /// Runs the readers on one case, catching panics; returns why it failed.
-fn check_case(bytes: &[u8], original: Option<&Files>) -> Result<(), String> {
+fn check_case(bytes: &[u8], parent: Option<&Path>, original: Option<&Files>) -> Result<(), String> {
     PANICKED.store(false, Ordering::SeqCst);
-    let outcome = std::panic::catch_unwind(|| run_readers(bytes, bytes.len() % 16 == 0))
+    let outcome = std::panic::catch_unwind(|| run_readers(bytes, parent, bytes.len() % 16 == 0))
         .map_err(|_| "a reader panicked".to_string())?;
     if PANICKED.load(Ordering::SeqCst) {
         return Err("a reader thread panicked".into());
@@ -82,14 +92,35 @@ fn fuzz(args: &Args) -> i32 {
     let mut seeds = synthetic_seeds();
     for dir in &args.corpus {
         for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
-            if e.path().extension().is_some_and(|x| x == "czr") {
-                seeds.push(std::fs::read(e.path()).expect("seed"));
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "czr") && !p.to_string_lossy().ends_with(".parent.czr") {
+                let parent = parent_of(&p).map(|pp| std::fs::read(pp).expect("parent seed"));
+                seeds.push(Seed { bytes: std::fs::read(&p).expect("seed"), parent });
             }
         }
     }
+    let work = tempfile::tempdir().expect("temp dir");
+    // Each seed's pristine parent on disk, and a place for a mutated one.
+    let parents: Vec<Option<PathBuf>> = seeds
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parent.as_ref().map(|p| {
+                let path = work.path().join(format!("seed-{i}.parent.czr"));
+                std::fs::write(&path, p).expect("parent");
+                path
+            })
+        })
+        .collect();
+    let mutated_parent = work.path().join("case.parent.czr");
     let originals: Vec<Files> = seeds
         .iter()
-        .map(|s| run_readers(s, false).verify.unwrap_or_else(|k| panic!("a seed archive does not verify: {k:?}")))
+        .zip(&parents)
+        .map(|(s, p)| {
+            run_readers(&s.bytes, p.as_deref(), false)
+                .verify
+                .unwrap_or_else(|k| panic!("a seed archive does not verify: {k:?}"))
+        })
         .collect();
     std::fs::create_dir_all(&args.crashes).expect("crashes dir");
     let current: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
@@ -115,30 +146,44 @@ fn fuzz(args: &Args) -> i32 {
     let deadline = Duration::from_secs(args.seconds);
     while t0.elapsed() < deadline {
         let i = rng.below(seeds.len());
-        let other = &seeds[rng.below(seeds.len())];
-        let mut case = seeds[i].clone();
+        let other = &seeds[rng.below(seeds.len())].bytes;
+        let mut case = seeds[i].bytes.clone();
+        let mut parent = parents[i].clone();
+        // Sometimes the child stays as it was and its parent is damaged.
+        let target_parent = seeds[i].parent.is_some() && rng.below(4) == 0;
+        let mut victim = if target_parent { seeds[i].parent.clone().expect("parent") } else { case.clone() };
         let mut names = Vec::new();
         for _ in 0..1 + rng.below(3) {
-            names.push(mutate(&mut case, other, &mut rng));
+            names.push(mutate(&mut victim, other, &mut rng));
         }
         let how = [Reseal::None, Reseal::None, Reseal::Seals, Reseal::Index, Reseal::All][rng.below(5)];
-        reseal(&mut case, how);
+        reseal(&mut victim, how);
+        if target_parent {
+            names.push("(in the parent)");
+            std::fs::write(&mutated_parent, &victim).expect("parent");
+            parent = Some(mutated_parent.clone());
+        } else {
+            case = victim;
+        }
         for n in &names {
             *by_mutation.entry(n).or_default() += 1;
         }
         let original = (how != Reseal::All).then_some(&originals[i]);
         *current.lock().unwrap() = case.clone();
         started_ms.store(t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
-        let r = check_case(&case, original);
+        let r = check_case(&case, parent.as_deref(), original);
         started_ms.store(0, Ordering::SeqCst);
         execs += 1;
-        if case != seeds[i] && run_accepts(&case) {
+        if case != seeds[i].bytes && run_accepts(&case) {
             accepted += 1;
         }
         if let Err(why) = r {
             failures += 1;
             let path = args.crashes.join(format!("crash-{}-{execs}.czr", args.seed));
             std::fs::write(&path, &case).expect("save crash");
+            if let Some(p) = &parent {
+                std::fs::copy(p, args.crashes.join(format!("crash-{}-{execs}.parent.czr", args.seed))).expect("save");
+            }
             let note = format!(
                 "{why}\nmutations: {names:?}, reseal: {how:?}, seed archive {i}, records {}\n",
                 records(&case).len()

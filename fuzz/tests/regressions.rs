@@ -11,11 +11,13 @@ fn kept_cases_are_rejected_by_every_reader() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
-        if e.path().extension().is_none_or(|x| x != "czr") {
+        if e.path().extension().is_none_or(|x| x != "czr") || e.path().to_string_lossy().ends_with(".parent.czr") {
             continue;
         }
         let bytes = std::fs::read(e.path()).unwrap();
-        let o = run_readers(&bytes, true);
+        let stem = e.path().file_stem().unwrap().to_string_lossy().into_owned();
+        let parent = e.path().with_file_name(format!("{stem}.parent.czr"));
+        let o = run_readers(&bytes, parent.exists().then_some(parent.as_path()), true);
         judge(&o, None).unwrap_or_else(|why| panic!("{}: {why}", e.path().display()));
         assert!(o.verify.is_err() && o.source.is_err(), "{} was accepted", e.path().display());
         n += 1;
@@ -26,15 +28,29 @@ fn kept_cases_are_rejected_by_every_reader() {
 #[test]
 fn a_short_fuzz_run_finds_nothing() {
     let seeds = synthetic_seeds();
-    let originals: Vec<_> = seeds.iter().map(|s| run_readers(s, false).verify.unwrap()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let parents: Vec<Option<std::path::PathBuf>> = seeds
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parent.as_ref().map(|p| {
+                let path = dir.path().join(format!("{i}.parent.czr"));
+                std::fs::write(&path, p).unwrap();
+                path
+            })
+        })
+        .collect();
+    let originals: Vec<_> =
+        seeds.iter().zip(&parents).map(|(s, p)| run_readers(&s.bytes, p.as_deref(), false).verify.unwrap()).collect();
+    assert!(originals.iter().any(|f| !f.is_empty()));
     let mut rng = Rng::new(42);
     for _ in 0..2000 {
         let i = rng.below(seeds.len());
-        let mut case = seeds[i].clone();
-        mutate(&mut case, &seeds[rng.below(seeds.len())], &mut rng);
+        let mut case = seeds[i].bytes.clone();
+        mutate(&mut case, &seeds[rng.below(seeds.len())].bytes, &mut rng);
         let how = [Reseal::None, Reseal::Seals, Reseal::Index, Reseal::All][rng.below(4)];
         reseal(&mut case, how);
         let original = (how != Reseal::All).then_some(&originals[i]);
-        judge(&run_readers(&case, rng.below(16) == 0), original).unwrap();
+        judge(&run_readers(&case, parents[i].as_deref(), rng.below(16) == 0), original).unwrap();
     }
 }

@@ -63,7 +63,7 @@ pub enum Checked {
 pub enum Payloads {
     /// Everything (unpack, verify, inspect).
     All,
-    /// Record headers only (the walk of a seekable archive).
+    /// Record headers only, and page ids (the walk of a seekable archive).
     None,
     /// Page ids and the payloads of dedup blocks (what a child needs of a parent).
     Dedup,
@@ -287,12 +287,11 @@ impl<I: Input> CheckedRecords<I> {
             }
             Record::Ids { file_id, count } => {
                 self.check.ids(offset, file_id, count)?;
-                let ids = if self.payloads == Payloads::None {
-                    self.reader.skip_payload()?;
-                    None
-                } else {
-                    Some(decode_ids_body(&self.reader.read_payload()?, offset)?)
-                };
+                // Page ids are read and checked even by a header walk: they
+                // are small (16 bytes a page), and `verify` of an archive goes
+                // through that walk.
+                let ids = decode_ids_body(&self.reader.read_payload()?, offset)?;
+                let ids = (self.payloads != Payloads::None).then_some(ids);
                 Checked::Ids { file_id, ids }
             }
             Record::FileEnd(end) => {

@@ -65,10 +65,11 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
     let given: Vec<(PathBuf, Option<[u8; 16]>)> = search.files.iter().map(|f| (f.clone(), archive_id(f))).collect();
     for (f, id) in &given {
         if !id.is_some_and(|id| archive.chain().iter().any(|e| e.archive_id == id)) {
-            return Err(Error::corrupt(
-                0,
-                format!("{}: is not a parent of {label} (its chain needs {})", f.display(), chain_ids(&archive)),
-            ));
+            return Err(Error::Mismatch(format!(
+                "{}: is not a parent of {label} (its chain needs {})",
+                f.display(),
+                chain_ids(&archive)
+            )));
         }
     }
     let mut parents = Vec::new();
@@ -82,7 +83,7 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
         })?;
         let parent = Archive::open(&path)?;
         if parent.header().archive_id != entry.archive_id {
-            return Err(Error::corrupt(0, format!("{}: changed while it was opened", path.display())));
+            return Err(Error::Mismatch(format!("{}: changed while it was opened", path.display())));
         }
         parents.push(parent);
     }

@@ -33,13 +33,16 @@ struct Args {
     open_file: Option<PathBuf>,
     extra_maps: bool,
     tcp_peer: Option<String>,
+    /// Tree mode: every child writes the same bytes (workers that rebuilt the
+    /// same data: identical pages that are not shared copy-on-write).
+    same_children: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] \
-         [--tcp-peer HOST:PORT]"
+         [--tcp-peer HOST:PORT] [--same-children 1]"
     );
     std::process::exit(2)
 }
@@ -55,6 +58,7 @@ fn parse_args() -> Args {
         open_file: None,
         extra_maps: false,
         tcp_peer: None,
+        same_children: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -69,6 +73,7 @@ fn parse_args() -> Args {
             "--open-file" => a.open_file = Some(v.into()),
             "--extra-maps" => a.extra_maps = v == "1",
             "--tcp-peer" => a.tcp_peer = Some(v),
+            "--same-children" => a.same_children = v == "1",
             _ => usage(),
         }
     }
@@ -544,8 +549,8 @@ fn main() {
                     // with its own bytes, half with zeros (a copy-on-write page that
                     // must restore as zero, not as the parent's bytes).
                     let stride = a.children + 1;
-                    let mut rng = Rng(0x9e37_79b9 * k as u64 + 1);
-                    let mut p = k;
+                    let mut rng = Rng(0x9e37_79b9 * if a.same_children { 1 } else { k as u64 } + 1);
+                    let mut p = if a.same_children { 1 } else { k };
                     let mut zero = true;
                     while p < pages {
                         let page = &mut buf[p * PAGE..(p + 1) * PAGE];

@@ -62,6 +62,8 @@ pub struct Spec<'a> {
     pub extra_maps: bool,
     /// Hold an established TCP connection to this address.
     pub tcp_peer: Option<String>,
+    /// Tree mode: children write identical pages.
+    pub same_children: bool,
 }
 
 impl Default for Spec<'_> {
@@ -74,6 +76,7 @@ impl Default for Spec<'_> {
             open_file: false,
             extra_maps: false,
             tcp_peer: None,
+            same_children: false,
         }
     }
 }
@@ -99,6 +102,9 @@ impl Workload {
             .stderr(Stdio::null());
         if spec.extra_maps {
             cmd.args(["--extra-maps", "1"]);
+        }
+        if spec.same_children {
+            cmd.args(["--same-children", "1"]);
         }
         if let Some(peer) = &spec.tcp_peer {
             cmd.args(["--tcp-peer", peer]);
@@ -135,6 +141,20 @@ impl Workload {
             .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("pid=")).and_then(|p| p.parse().ok()))
             .collect();
         out
+    }
+
+    /// Has every process rewrite `percent`% of its pages with random bytes.
+    pub fn rewrite(&mut self, percent: f64, seed: u64) {
+        std::fs::write(self.dir.path().join("rewrite"), format!("{percent} {seed}")).unwrap();
+        for r in &self.roles {
+            let _ = std::fs::remove_file(self.dir.path().join(format!("rewrote-{r}")));
+        }
+        // SAFETY: signalling our own workload.
+        assert_eq!(unsafe { libc::kill(self.pid, libc::SIGUSR2) }, 0, "workload {} is not running", self.pid);
+        for r in &self.roles {
+            let p = self.dir.path().join(format!("rewrote-{r}"));
+            wait_for(&format!("rewrite in {r}"), Duration::from_secs(60), || p.exists());
+        }
     }
 
     /// After `criu dump` killed the original: reap the whole tree so its pids

@@ -1,0 +1,167 @@
+//! Incremental checkpoints with real CRIU: a child archive stores only what
+//! changed since its parent; restores of a child and of a chain of three come
+//! back with the processes' own checksums; a missing, wrong, replaced or
+//! damaged parent fails before CRIU starts; flatten gives a self-contained
+//! archive; identical pages across a process tree are stored once.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn ok(out: std::process::Output, what: &str) -> std::process::Output {
+    assert!(out.status.success(), "{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn dump(w: &Workload, arc: &Path, extra: &[&str]) {
+    let pid = w.pid.to_string();
+    let mut args = vec!["dump", "-t", &pid, "-o", arc.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(criuz(&args), "criuz dump");
+}
+
+fn inspect(arc: &Path) -> serde_json::Value {
+    let out = ok(criuz(&["inspect", "--json", arc.to_str().unwrap()]), "criuz inspect");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn size(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().len()
+}
+
+#[test]
+fn child_and_chain_of_three_restore_intact_and_flatten() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, inc1, inc2) = (tmp.path().join("full.czr"), tmp.path().join("inc1.czr"), tmp.path().join("inc2.czr"));
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", ..Default::default() });
+    dump(&w, &full, &["--leave-running"]);
+    w.rewrite(5.0, 1);
+    dump(&w, &inc1, &["--leave-running", "--parent", full.to_str().unwrap()]);
+    w.rewrite(5.0, 2);
+    let before = w.sums();
+    dump(&w, &inc2, &["--parent", inc1.to_str().unwrap()]);
+    w.reap_original();
+
+    // 5% of 32 MiB rewritten with random bytes: about 1.6 MiB that cannot
+    // compress; the rest must be references.
+    let rewritten = (32u64 << 20) / 20;
+    for child in [&inc1, &inc2] {
+        assert!(size(child) < rewritten * 11 / 10 + (1 << 20), "{} is {} bytes", child.display(), size(child));
+    }
+    let rep = inspect(&inc2);
+    assert_eq!(rep["chain"].as_array().unwrap().len(), 2, "{rep}");
+    assert_eq!(rep["chain"][0]["hint"], "inc1.czr");
+    assert!(rep["total"]["referenced_bytes"].as_u64().unwrap() > 10 << 20, "{rep}");
+    ok(criuz(&["verify", inc2.to_str().unwrap()]), "verify of a child with its chain");
+
+    ok(criuz(&["restore", "-d", "-i", inc2.to_str().unwrap()]), "restore of a chain of three");
+    assert_eq!(w.sums(), before, "memory restored from the chain differs");
+    w.stop();
+
+    let flat = tmp.path().join("flat.czr");
+    ok(criuz(&["flatten", inc2.to_str().unwrap(), "-o", flat.to_str().unwrap()]), "flatten");
+    let rep = inspect(&flat);
+    assert!(rep["chain"].as_array().unwrap().is_empty() && rep["version"] == 1, "{rep}");
+    // The flat archive stands alone: restore it with the parents gone.
+    std::fs::remove_file(&full).unwrap();
+    std::fs::remove_file(&inc1).unwrap();
+    w.reap_original();
+    ok(criuz(&["restore", "-d", "-i", flat.to_str().unwrap()]), "restore of the flattened archive");
+    assert_eq!(w.sums(), before, "memory restored from the flattened archive differs");
+    w.stop();
+}
+
+#[test]
+fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, child) = (tmp.path().join("full.czr"), tmp.path().join("child.czr"));
+    let other = tmp.path().join("other.czr");
+    {
+        let o = Workload::start(Spec { mib: 8, pattern: "text", ..Default::default() });
+        dump(&o, &other, &["--leave-running"]);
+    }
+    let mut w = Workload::start(Spec { mib: 16, pattern: "text", ..Default::default() });
+    dump(&w, &full, &["--leave-running"]);
+    w.rewrite(5.0, 3);
+    let before = w.sums();
+    dump(&w, &child, &["--parent", full.to_str().unwrap()]);
+    w.reap_original();
+    let c = child.to_str().unwrap();
+
+    // Missing: moved away.
+    let moved = tmp.path().join("moved");
+    std::fs::create_dir(&moved).unwrap();
+    std::fs::rename(&full, moved.join("full.czr")).unwrap();
+    let out = criuz(&["restore", "-d", "-i", c]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("parent archive") && err.contains("not found"), "{err}");
+    assert!(!w.alive());
+
+    // Wrong: an archive that is no parent of it.
+    let out = criuz(&["restore", "-d", "-i", c, "--parent", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("is not a parent"), "{err}");
+
+    // Replaced: another archive at the parent's place.
+    std::fs::copy(&other, &full).unwrap();
+    let out = criuz(&["restore", "-d", "-i", c]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(&full).unwrap();
+
+    // Damaged: a byte of a block payload the child refers to.
+    let parent = moved.join("full.czr");
+    let good = std::fs::read(&parent).unwrap();
+    let mut bad = good.clone();
+    let at = good.len() / 3;
+    bad[at] ^= 0x10;
+    std::fs::write(&parent, &bad).unwrap();
+    let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(!w.alive(), "a process runs after a restore from a damaged parent");
+    std::fs::write(&parent, &good).unwrap();
+
+    // Found through --parent-dir, and from a pipe.
+    let out = Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", "-", "--parent-dir", moved.to_str().unwrap()])
+        .stdin(std::fs::File::open(&child).unwrap())
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "memory restored through --parent-dir differs");
+    w.stop();
+}
+
+#[test]
+fn identical_pages_across_a_process_tree_are_stored_once() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (plain, ids) = (tmp.path().join("plain.czr"), tmp.path().join("ids.czr"));
+    let mut w = Workload::start(Spec {
+        mib: 16,
+        pattern: "text",
+        mode: "tree",
+        children: 3,
+        same_children: true,
+        ..Default::default()
+    });
+    let before = w.sums();
+    dump(&w, &plain, &["--leave-running"]);
+    dump(&w, &ids, &["--ids"]);
+    w.reap_original();
+    let rep = inspect(&ids);
+    assert!(rep["total"]["referenced_bytes"].as_u64().unwrap() > 4 << 20, "{rep}");
+    assert!(size(&ids) < size(&plain) * 3 / 4, "{} vs {}", size(&ids), size(&plain));
+    ok(criuz(&["restore", "-d", "-i", ids.to_str().unwrap()]), "restore of a tree with shared pages");
+    assert_eq!(w.sums(), before, "memory of the tree differs");
+    w.stop();
+}
