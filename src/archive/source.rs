@@ -196,8 +196,25 @@ struct Holder {
     pages: Vec<Option<usize>>,
 }
 
-/// Decoded holder blocks kept per archive for references to hit again.
-const HOLDER_CACHE: usize = 16;
+/// Decoded holder blocks kept per archive for references to hit again: a
+/// child's blocks refer to their parents' blocks in about the same order, so
+/// a few per archive suffice, and memory stays bounded along a long chain.
+const HOLDER_CACHE: usize = 4;
+
+thread_local! {
+    /// A decoder per thread for resolving references (its zstd context is
+    /// worth keeping).
+    static DECODER: std::cell::RefCell<Decoder> = std::cell::RefCell::new(Decoder::new());
+}
+
+/// Decompresses the literal pages of a dedup block.
+fn decompress_literal(dp: &DedupPayload, inner: &[u8], offset: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    DECODER
+        .with(|d| d.borrow_mut().decompress(dp.inner, inner, dp.literal_len as usize, &mut out))
+        .map_err(|e| Error::corrupt(offset, e))?;
+    Ok(out)
+}
 
 impl Archive {
     /// Opens and proves an archive file; errors name the file.
@@ -292,13 +309,10 @@ impl Archive {
             Error::corrupt(0, format!("a reference points at block {block} of file {file_id}, which does not exist"))
         })?;
         let h = &b.header;
-        let mut dec = Decoder::new();
         let holder = if h.codec == BlockCodec::Dedup {
             let stored = h.pages() - h.zero_pages();
             let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
-            let mut bytes = Vec::new();
-            dec.decompress(dp.inner, inner, dp.literal_len as usize, &mut bytes)
-                .map_err(|e| Error::corrupt(b.offset, e))?;
+            let bytes = decompress_literal(&dp, inner, b.offset)?;
             let (mut pages, mut lit) = (Vec::with_capacity(stored), 0);
             for e in &dp.extents {
                 for _ in 0..e.count {
@@ -311,7 +325,7 @@ impl Archive {
             Holder { bytes, pages }
         } else {
             let mut bytes = Vec::new();
-            b.decode_stored(&mut dec, &mut bytes)?;
+            DECODER.with(|d| b.decode_stored(&mut d.borrow_mut(), &mut bytes))?;
             let whole = bytes.len() / PAGE_SIZE;
             Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect() }
         };
@@ -329,10 +343,7 @@ impl Archive {
     fn resolve(&self, b: CheckedBlock) -> Result<CheckedBlock> {
         let stored = b.header.pages() - b.header.zero_pages();
         let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
-        let mut literal = Vec::new();
-        Decoder::new()
-            .decompress(dp.inner, inner, dp.literal_len as usize, &mut literal)
-            .map_err(|e| Error::corrupt(b.offset, e))?;
+        let literal = decompress_literal(&dp, inner, b.offset)?;
         let mut out = Vec::with_capacity(stored * PAGE_SIZE);
         let mut lit = 0;
         for e in &dp.extents {
