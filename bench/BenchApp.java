@@ -5,7 +5,10 @@
 // to other nodes, indexed by a HashMap), writes DIR/ready with its pid, then
 // polls for DIR/request. For each request it walks the whole graph and writes
 // DIR/answer: "nonce=N nodes=N map=N sum=HEX". The bench compares the answer
-// before the checkpoint with the answer of the restored JVM.
+// before the checkpoint with the answer of the restored JVM. A request
+// "rewrite P N" instead updates P% of the nodes in place (new data values and
+// score, as a service updating records does) and answers "nonce=N rewrote=K":
+// what an incremental checkpoint then has to store.
 
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -65,6 +68,20 @@ public class BenchApp {
         return String.format("nodes=%d map=%d sum=%016x%016x", nodes.length, byName.size(), h, m);
     }
 
+    static int rewrite(double percent, Random r) {
+        int k = 0;
+        double stride = 100.0 / Math.max(0.001, Math.min(100.0, percent));
+        for (double x = r.nextInt((int) Math.ceil(stride)); x < nodes.length; x += stride) {
+            Node node = nodes[(int) x];
+            for (int i = 0; i < node.data.length; i++) {
+                node.data[i] = r.nextInt(1000);
+            }
+            node.score = r.nextInt(100000) / 100.0;
+            k++;
+        }
+        return k;
+    }
+
     public static void main(String[] args) throws Exception {
         Path dir = Paths.get(args[0]);
         long mib = Long.parseLong(args[1]);
@@ -102,9 +119,16 @@ public class BenchApp {
         Path answerTmp = dir.resolve("answer.tmp");
         while (true) {
             if (Files.exists(request)) {
-                String nonce = new String(Files.readAllBytes(request), StandardCharsets.UTF_8).trim();
+                String req = new String(Files.readAllBytes(request), StandardCharsets.UTF_8).trim();
                 Files.delete(request);
-                String line = "nonce=" + nonce + " " + checksum() + "\n";
+                String line;
+                if (req.startsWith("rewrite ")) {
+                    String[] w = req.split(" ");
+                    int k = rewrite(Double.parseDouble(w[1]), r);
+                    line = "nonce=" + w[2] + " rewrote=" + k + "\n";
+                } else {
+                    line = "nonce=" + req + " " + checksum() + "\n";
+                }
                 Files.write(answerTmp, line.getBytes(StandardCharsets.UTF_8));
                 Files.move(answerTmp, answer, StandardCopyOption.ATOMIC_MOVE);
             }

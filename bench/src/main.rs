@@ -8,6 +8,7 @@
 mod codecs;
 mod config;
 mod error;
+mod incremental;
 mod plot;
 mod proc;
 mod report;
@@ -60,6 +61,12 @@ pub struct BenchArgs {
     /// memory pattern and codec (criu dump -D once, then criuz pack/unpack)
     #[arg(long)]
     pub codec_table: bool,
+    /// Instead of the comparison: incremental checkpoints (criuz dump
+    /// --parent) of running workloads after P% of their state changed, for P
+    /// in 1, 5, 25 (patterns) and 5 (applications), and a chain of ten
+    /// generations restored against its flattened archive
+    #[arg(long)]
+    pub incremental: bool,
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
@@ -297,6 +304,37 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if plan.workloads.iter().any(|w| w == "jvm") {
             unavailable.push(("jvm".into(), why.clone()));
         }
+    }
+    if args.incremental {
+        let mut rows = Vec::new();
+        for w in &plan.workloads {
+            let shares: &[f64] = if workload::PATTERNS.contains(&w.as_str()) { &[1.0, 5.0, 25.0] } else { &[5.0] };
+            for &p in shares {
+                eprintln!("bench: incremental: {w}, {p}% rewritten, {} MiB", plan.mib);
+                let row = incremental::measure(w, p, plan.mib, plan.runs, work.path(), &tools, &criuz)?;
+                if !row.intact {
+                    return Err(Error::Invalid(format!("{w}: the restored child is not intact")));
+                }
+                rows.push(row);
+            }
+        }
+        let mut chains = Vec::new();
+        if plan.workloads.iter().any(|w| w == "mixed") {
+            eprintln!("bench: incremental: chain of 10 x 5% (mixed), {} MiB", plan.mib);
+            let c = incremental::chain("mixed", (10, 5.0), plan.mib, plan.runs, work.path(), &tools, &criuz)?;
+            if !c.intact {
+                return Err(Error::Invalid("the chain restore is not intact".into()));
+            }
+            chains.push(c);
+        }
+        print!("{}", incremental::table(&rows, &chains));
+        if let Some(path) = &args.json {
+            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
+                                          "runs": plan.runs, "incremental": rows, "chains": chains });
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+        }
+        return Ok(());
     }
     if args.codec_table {
         let mut rows = Vec::new();

@@ -242,6 +242,58 @@ impl Running {
         }
     }
 
+    /// Rewrites about `percent`% of the workload's state in place, as a
+    /// running service does between two checkpoints: pattern pages with new
+    /// random bytes, redis keys SET again (new allocations), JVM nodes given
+    /// new values. Returns the bytes rewritten where the workload knows them
+    /// (pattern workloads: whole pages).
+    pub fn rewrite(&mut self, percent: f64, seed: u64) -> Result<Option<u64>> {
+        let timeout = Duration::from_secs(300);
+        match &self.kind {
+            Kind::Pattern => {
+                let done = self.dir.join("rewrote-root");
+                let _ = std::fs::remove_file(&done);
+                let spec = self.dir.join("rewrite");
+                std::fs::write(&spec, format!("{percent} {seed}")).map_err(|e| Error::file(&spec, e))?;
+                // SAFETY: signalling our own workload.
+                if unsafe { libc::kill(self.pid, libc::SIGUSR2) } != 0 {
+                    return Err(Error::Invalid(format!("workload {} is not running", self.pid)));
+                }
+                wait_for("the workload's rewrite", timeout, self.pid, || done.exists())?;
+                let pages: u64 = std::fs::read_to_string(&done).unwrap_or_default().trim().parse().unwrap_or(0);
+                Ok(Some(pages * 4096))
+            }
+            Kind::Redis { addr, keys, .. } => {
+                let (addr, keys) = (*addr, *keys);
+                {
+                    let mut c = Redis::connect(addr)?;
+                    let stride = (100.0 / percent.clamp(0.001, 100.0)) as u64;
+                    let mut i = seed % stride.max(1);
+                    while i < keys {
+                        c.call(&["SET", &format!("key:{i}"), &format!("value:{i}")])?;
+                        i += stride.max(1);
+                    }
+                }
+                self.wait_no_clients()?;
+                Ok(None)
+            }
+            Kind::Answering => {
+                self.nonce += 1;
+                let nonce = self.nonce;
+                let answer = self.dir.join("answer");
+                let _ = std::fs::remove_file(&answer);
+                let tmp = self.dir.join("request.tmp");
+                std::fs::write(&tmp, format!("rewrite {percent} {nonce}\n")).map_err(|e| Error::file(&tmp, e))?;
+                std::fs::rename(&tmp, self.dir.join("request")).map_err(|e| Error::file(&tmp, e))?;
+                let prefix = format!("nonce={nonce} ");
+                wait_for("the application's rewrite", timeout, self.pid, || {
+                    std::fs::read_to_string(&answer).unwrap_or_default().starts_with(&prefix)
+                })?;
+                Ok(None)
+            }
+        }
+    }
+
     /// Redis must have no client connection when CRIU dumps it (a connected
     /// socket whose peer is outside the dump is refused).
     fn wait_no_clients(&self) -> Result<()> {
