@@ -316,10 +316,10 @@ fn foreign_files_and_unknown_versions_are_clear_errors() {
             "future",
             {
                 let mut v = good.clone();
-                v[8] = 2;
+                v[8] = 3;
                 v
             },
-            "version 2",
+            "version 3",
         ),
     ];
     for (name, bytes, want) in cases {
