@@ -295,6 +295,8 @@ pub struct ParentReport {
     pub archive_id: String,
     /// Where it was, relative to this archive.
     pub hint: String,
+    /// Bytes of this archive's pages stored in that parent.
+    pub referenced_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -311,6 +313,8 @@ pub struct InspectReport {
     pub total: FileReport,
     /// Referenced bytes / raw bytes.
     pub dedup_ratio: f64,
+    /// Bytes of pages that refer to pages stored elsewhere in this archive.
+    pub internal_referenced_bytes: u64,
 }
 
 fn ratio(stored: u64, raw: u64) -> f64 {
@@ -334,6 +338,8 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
         ..Default::default()
     };
     let mut start = r.offset();
+    // Referenced bytes by source: 0 this archive, k entry k of the chain.
+    let mut by_source: Vec<u64> = vec![0];
     while let Some((offset, rec)) = r.next_record()? {
         let len = r.offset() - start;
         match rec {
@@ -350,8 +356,15 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                     let stored = header.pages() - header.zero_pages();
                     let payload = payload.expect("payloads are read");
                     let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
-                    for e in dp.extents.iter().filter(|e| matches!(e.origin, Origin::Ref { .. })) {
-                        f.referenced_bytes += u64::from(e.count) * PAGE_SIZE as u64;
+                    for e in &dp.extents {
+                        if let Origin::Ref { source, .. } = e.origin {
+                            let bytes = u64::from(e.count) * PAGE_SIZE as u64;
+                            f.referenced_bytes += bytes;
+                            if by_source.len() <= source as usize {
+                                by_source.resize(source as usize + 1, 0);
+                            }
+                            by_source[source as usize] += bytes;
+                        }
                     }
                 }
                 f.raw_bytes += u64::from(header.raw_len);
@@ -370,7 +383,7 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
             Checked::Chain(entries) => {
                 rep.chain = entries
                     .iter()
-                    .map(|e| ParentReport { archive_id: hex(&e.archive_id), hint: e.hint.clone() })
+                    .map(|e| ParentReport { archive_id: hex(&e.archive_id), hint: e.hint.clone(), referenced_bytes: 0 })
                     .collect();
             }
             Checked::Ids { file_id, .. } => rep.files[file_id as usize].stored_bytes += len,
@@ -396,6 +409,10 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
     t.stored_bytes = rep.archive_bytes;
     t.ratio = ratio(t.stored_bytes, t.raw_bytes);
     rep.dedup_ratio = ratio(t.referenced_bytes, t.raw_bytes);
+    rep.internal_referenced_bytes = by_source[0];
+    for (i, p) in rep.chain.iter_mut().enumerate() {
+        p.referenced_bytes = by_source.get(i + 1).copied().unwrap_or(0);
+    }
     rep.total = t;
     Ok(rep)
 }

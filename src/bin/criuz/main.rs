@@ -503,18 +503,24 @@ fn print_inspect(rep: &offline::InspectReport) {
     );
     for (i, p) in rep.chain.iter().enumerate() {
         let what = if i == 0 { "parent" } else { "ancestor" };
-        out!("{what} {} ({})", p.archive_id, p.hint);
+        out!(
+            "{what} {} ({}): {} of this archive's pages stored there",
+            p.archive_id,
+            p.hint,
+            human(p.referenced_bytes)
+        );
     }
     if !rep.chain.is_empty() || rep.total.referenced_bytes > 0 {
         out!(
-            "stored {}, referenced {} (dedup ratio {:.3} of raw)",
+            "this archive: stored {}, referenced {} ({} within itself), dedup ratio {:.3} of raw",
             human(rep.total.stored_bytes),
             human(rep.total.referenced_bytes),
+            human(rep.internal_referenced_bytes),
             rep.dedup_ratio
         );
     }
     out!(
-        "{:<28} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10}  blocks raw/lz4/zstd",
+        "{:<28} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10}  blocks raw/lz4/zstd/dedup",
         "file",
         "kind",
         "raw",
@@ -525,7 +531,7 @@ fn print_inspect(rep: &offline::InspectReport) {
     );
     for f in rep.files.iter().chain(std::iter::once(&rep.total)) {
         out!(
-            "{:<28} {:>6} {:>12} {:>12} {:>7.3} {:>10} {:>10}  {}/{}/{}",
+            "{:<28} {:>6} {:>12} {:>12} {:>7.3} {:>10} {:>10}  {}/{}/{}/{}",
             f.name,
             f.kind,
             f.raw_bytes,
@@ -535,7 +541,8 @@ fn print_inspect(rep: &offline::InspectReport) {
             f.zero_pages,
             f.blocks_raw,
             f.blocks_lz4,
-            f.blocks_zstd
+            f.blocks_zstd,
+            f.blocks_dedup
         );
     }
 }
