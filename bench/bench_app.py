@@ -6,7 +6,9 @@ Builds about MIB MiB of live objects (dicts of records: tuples of ints,
 strings, floats and small lists), writes DIR/ready with its pid, then polls for
 DIR/request. For each request it hashes every record (marshal, chunk by chunk)
 and writes DIR/answer: "nonce=N entries=N sum=HEX". The bench compares the
-answer before the checkpoint with the answer of the restored process.
+answer before the checkpoint with the answer of the restored process. A
+request "rewrite P N" instead replaces P% of the records with new ones (as a
+service updating records does) and answers "nonce=N rewrote=K".
 """
 
 import hashlib
@@ -39,6 +41,21 @@ def build(mib):
     return n, chunks
 
 
+def rewrite(n, chunks, percent, generation):
+    stride = max(1.0, 100.0 / min(100.0, max(0.001, percent)))
+    x, k = 0.0, 0
+    while int(x) < n:
+        i = int(x)
+        c = chunks[i // CHUNK]
+        key = "user:%09d" % i
+        old = c[key]
+        h = (i * 2654435761 + generation * 40503) & 0xFFFFFFFF
+        c[key] = (old[0], "%s-%08x" % (WORDS[h & 15], h), (h % 100000) / 100.0, [h % 997, h % 991, generation])
+        x += stride
+        k += 1
+    return k
+
+
 def checksum(n, chunks):
     h = hashlib.blake2b(digest_size=16)
     for c in chunks:
@@ -62,9 +79,15 @@ def main():
     while True:
         if os.path.exists(request):
             with open(request) as f:
-                nonce = f.read().strip()
+                req = f.read().strip()
             os.unlink(request)
-            write_atomic(answer, "nonce=%s %s\n" % (nonce, checksum(n, chunks)))
+            if req.startswith("rewrite "):
+                _, percent, nonce = req.split()
+                generation = int(nonce)
+                k = rewrite(n, chunks, float(percent), generation)
+                write_atomic(answer, "nonce=%s rewrote=%d\n" % (nonce, k))
+            else:
+                write_atomic(answer, "nonce=%s %s\n" % (req, checksum(n, chunks)))
         time.sleep(0.02)
 
 

@@ -25,7 +25,8 @@ rm -rf "$crashes"
 
 if [ "$(id -u)" -eq 0 ]; then
   out=$(mktemp -d)
-  if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png"; then
+  if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png" &&
+    ./target/release/criuz-bench --quick --incremental --workloads mixed,redis --json "$out/incremental.json"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))

@@ -223,22 +223,7 @@ impl Running {
                 self.wait_no_clients()?;
                 Ok(out)
             }
-            Kind::Answering => {
-                self.nonce += 1;
-                let nonce = self.nonce;
-                let answer = self.dir.join("answer");
-                let _ = std::fs::remove_file(&answer);
-                let tmp = self.dir.join("request.tmp");
-                std::fs::write(&tmp, format!("{nonce}\n")).map_err(|e| Error::file(&tmp, e))?;
-                std::fs::rename(&tmp, self.dir.join("request")).map_err(|e| Error::file(&tmp, e))?;
-                let prefix = format!("nonce={nonce} ");
-                let mut line = String::new();
-                wait_for("the application's answer", timeout, self.pid, || {
-                    line = std::fs::read_to_string(&answer).unwrap_or_default();
-                    line.starts_with(&prefix)
-                })?;
-                Ok(line.trim()[prefix.len()..].to_string())
-            }
+            Kind::Answering => self.ask("", "the application's answer"),
         }
     }
 
@@ -277,21 +262,27 @@ impl Running {
                 self.wait_no_clients()?;
                 Ok(None)
             }
-            Kind::Answering => {
-                self.nonce += 1;
-                let nonce = self.nonce;
-                let answer = self.dir.join("answer");
-                let _ = std::fs::remove_file(&answer);
-                let tmp = self.dir.join("request.tmp");
-                std::fs::write(&tmp, format!("rewrite {percent} {nonce}\n")).map_err(|e| Error::file(&tmp, e))?;
-                std::fs::rename(&tmp, self.dir.join("request")).map_err(|e| Error::file(&tmp, e))?;
-                let prefix = format!("nonce={nonce} ");
-                wait_for("the application's rewrite", timeout, self.pid, || {
-                    std::fs::read_to_string(&answer).unwrap_or_default().starts_with(&prefix)
-                })?;
-                Ok(None)
-            }
+            Kind::Answering => self.ask(&format!("rewrite {percent} "), "the application's rewrite").map(|_| None),
         }
+    }
+
+    /// Sends an application (JVM, Python) a request, `{command}{nonce}`, and
+    /// returns its answer after `nonce=N `.
+    fn ask(&mut self, command: &str, what: &str) -> Result<String> {
+        self.nonce += 1;
+        let nonce = self.nonce;
+        let answer = self.dir.join("answer");
+        let _ = std::fs::remove_file(&answer);
+        let tmp = self.dir.join("request.tmp");
+        std::fs::write(&tmp, format!("{command}{nonce}\n")).map_err(|e| Error::file(&tmp, e))?;
+        std::fs::rename(&tmp, self.dir.join("request")).map_err(|e| Error::file(&tmp, e))?;
+        let prefix = format!("nonce={nonce} ");
+        let mut line = String::new();
+        wait_for(what, Duration::from_secs(300), self.pid, || {
+            line = std::fs::read_to_string(&answer).unwrap_or_default();
+            line.starts_with(&prefix)
+        })?;
+        Ok(line.trim()[prefix.len()..].to_string())
     }
 
     /// Redis must have no client connection when CRIU dumps it (a connected
