@@ -276,7 +276,7 @@ pub struct RestoreOptions {
     pub detach: bool,
     pub shell_job: bool,
     pub extra: Vec<String>,
-    /// Cap on compressed bytes buffered when reading the archive from a pipe.
+    /// Cap on the archive bytes spooled to a temporary file when it comes from a pipe.
     pub pipe_buffer: u64,
     /// Send CRIU every zero page instead of leaving them out where that is safe.
     pub keep_zero_pages: bool,

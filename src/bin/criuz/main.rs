@@ -122,7 +122,7 @@ enum Cmd {
         /// Allow a process attached to a terminal
         #[arg(long)]
         shell_job: bool,
-        /// Cap on compressed bytes held when the archive comes from a pipe
+        /// Cap on the archive bytes spooled to a private temporary file when the archive comes from a pipe
         #[arg(long, default_value = "2G", value_parser = parse_size)]
         pipe_buffer: usize,
         /// Send CRIU every zero page (default: leave out those CRIU restores as zero anyway)
@@ -219,7 +219,7 @@ enum Cmd {
         /// Archive to read ("-" for stdin)
         #[arg(short = 'i', long)]
         input: PathBuf,
-        /// Cap on compressed bytes held when the archive comes from a pipe
+        /// Cap on the archive bytes spooled to a private temporary file when the archive comes from a pipe
         #[arg(long, default_value = "2G", value_parser = parse_size)]
         pipe_buffer: usize,
         /// Send CRIU every zero page (default: leave out those CRIU restores as zero anyway)
