@@ -12,7 +12,8 @@
 
 use super::check::{Checked, CheckedRecords, Payloads};
 use super::dedup::{DedupIndex, Location};
-use super::records::{read_full, StreamInput};
+use super::records::read_full;
+use super::source::StoreInput;
 use super::source::{Archive, BlockSource};
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
@@ -178,8 +179,10 @@ pub fn dedup_index(parent_path: &Path, child: &Path) -> Result<DedupIndex> {
 /// Reads a parent's page ids and dedup extents: each page at the archive
 /// that stores it, as the child will name it.
 fn stored_ids(path: &Path) -> Result<HashMap<PageId, Location>> {
+    // Read by position: the payloads of ordinary blocks (most of the
+    // archive) are skipped, not read.
     let file = std::fs::File::open(path).at(path)?;
-    let mut records = CheckedRecords::new(StreamInput(std::io::BufReader::new(file)), Payloads::Dedup)?;
+    let mut records = CheckedRecords::new(StoreInput::new(&file), Payloads::Dedup)?;
     let mut map = HashMap::new();
     let mut kinds: Vec<FileKind> = Vec::new();
     let mut block_no: Vec<u32> = Vec::new();

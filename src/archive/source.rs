@@ -66,7 +66,7 @@ impl RecordStore for Vec<u8> {
 
 /// Reads a store front to back through a small buffer, so a header walk
 /// costs about one read per block.
-struct StoreInput<'a> {
+pub(crate) struct StoreInput<'a> {
     store: &'a dyn RecordStore,
     len: u64,
     pos: u64,
@@ -76,6 +76,13 @@ struct StoreInput<'a> {
 }
 
 const WALK_BUF: usize = 4096;
+
+impl<'a> StoreInput<'a> {
+    /// An input over the whole store, from its start.
+    pub(crate) fn new(store: &'a dyn RecordStore) -> Self {
+        StoreInput { store, len: store.size(), pos: 0, buf: Vec::new(), buf_at: 0 }
+    }
+}
 
 impl Input for StoreInput<'_> {
     fn read_full(&mut self, out: &mut [u8]) -> io::Result<usize> {
@@ -227,7 +234,7 @@ impl Archive {
     /// Walks every record header of `store` through the checks.
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
         let len = store.size();
-        let inp = StoreInput { store: &*store, len, pos: 0, buf: Vec::new(), buf_at: 0 };
+        let inp = StoreInput::new(&*store);
         let mut records = CheckedRecords::new(inp, Payloads::None)?;
         let header = records.header().clone();
         let mut blocks: Vec<Vec<(BlockHeader, u64)>> = Vec::new();
