@@ -26,9 +26,13 @@ pub struct IncRow {
     pub rewritten_bytes: Option<u64>,
     pub full_bytes: u64,
     pub child_bytes: u64,
-    /// Medians over the runs, seconds.
+    /// Medians over the runs, seconds: a plain full dump, a full dump with
+    /// page ids (the parent of a series), the incremental dump from such a
+    /// parent, and from a plain full dump.
     pub full_dump_s: f64,
+    pub full_ids_dump_s: f64,
     pub incremental_dump_s: f64,
+    pub incremental_plain_parent_dump_s: f64,
     pub child_restore_s: f64,
     pub child_restore_rss_mib: f64,
     pub intact: bool,
@@ -67,6 +71,17 @@ impl Ctx<'_> {
     }
 
     fn dump(&self, pid: i32, out: &Path, parent: Option<&Path>, leave_running: bool) -> Result<f64> {
+        self.dump_with(pid, out, parent, leave_running, &[])
+    }
+
+    fn dump_with(
+        &self,
+        pid: i32,
+        out: &Path,
+        parent: Option<&Path>,
+        leave_running: bool,
+        extra: &[&str],
+    ) -> Result<f64> {
         let _ = std::fs::remove_file(out);
         let pid = pid.to_string();
         let mut args = vec!["dump", "-t", &pid, "-o", out.to_str().expect("utf-8 path")];
@@ -76,6 +91,7 @@ impl Ctx<'_> {
         if leave_running {
             args.push("--leave-running");
         }
+        args.extend_from_slice(extra);
         Ok(self.run(&args, "dump")?.0)
     }
 
@@ -122,31 +138,38 @@ pub fn measure(
     std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
     let ctx = Ctx { criuz, logs: &logs };
     let mut app = Running::start(name, mib_size, &dir.join("app"), tools)?;
-    // Each run's child has the previous run's full dump as parent, so it
-    // holds one rewrite's worth of changes.
-    let mut base = dir.join("full-0.czr");
-    ctx.dump(app.pid, &base, None, true)?;
-    let child = dir.join("child.czr");
-    let (mut full_s, mut inc_s, mut rewritten) = (Vec::new(), Vec::new(), None);
+    // Each run's children have the previous run's full dumps as parents, so
+    // they hold one rewrite's worth of changes. The parent of a series is a
+    // full dump with --ids (as the README advises); the child of a plain full
+    // dump is timed too (criuz must then hash the parent's pages first).
+    let mut base = dir.join("base-0.czr");
+    let mut plain_base = dir.join("plain-0.czr");
+    ctx.dump_with(app.pid, &base, None, true, &["--ids"])?;
+    ctx.dump(app.pid, &plain_base, None, true)?;
+    let (child, plain_child, full) = (dir.join("child.czr"), dir.join("plain-child.czr"), dir.join("full.czr"));
+    let (mut full_s, mut inc_s, mut plain_inc_s, mut ids_s, mut rewritten) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), None);
     for run in 0..runs.max(1) {
         rewritten = app.rewrite(percent, run as u64 + 1)?;
-        let full = dir.join(format!("full-{}.czr", run + 1));
-        // Alternate the order, so neither dump always follows the other.
-        if run % 2 == 0 {
-            inc_s.push(ctx.dump(app.pid, &child, Some(&base), true)?);
-            full_s.push(ctx.dump(app.pid, &full, None, true)?);
-        } else {
-            full_s.push(ctx.dump(app.pid, &full, None, true)?);
-            inc_s.push(ctx.dump(app.pid, &child, Some(&base), true)?);
+        let (next_base, next_plain) =
+            (dir.join(format!("base-{}.czr", run + 1)), dir.join(format!("plain-{}.czr", run + 1)));
+        // Alternate the order, so no dump always follows another.
+        let order = if run % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        for step in order {
+            match step {
+                0 => inc_s.push(ctx.dump(app.pid, &child, Some(&base), true)?),
+                1 => plain_inc_s.push(ctx.dump(app.pid, &plain_child, Some(&plain_base), true)?),
+                2 => full_s.push(ctx.dump(app.pid, &full, None, true)?),
+                _ => ids_s.push(ctx.dump_with(app.pid, &next_base, None, true, &["--ids"])?),
+            }
         }
+        std::fs::copy(&full, &next_plain).map_err(|e| Error::file(&full, e))?;
         if run + 1 < runs.max(1) {
             let _ = std::fs::remove_file(&base);
-            base = full;
-        } else {
-            std::fs::rename(&full, dir.join("full-last.czr")).map_err(|e| Error::file(&full, e))?;
+            let _ = std::fs::remove_file(&plain_base);
+            (base, plain_base) = (next_base, next_plain);
         }
     }
-    let full = dir.join("full-last.czr");
     let before = app.fingerprint()?;
     let pids = proc::tree(app.pid);
     ctx.dump(app.pid, &child, Some(&base), false)?;
@@ -161,7 +184,9 @@ pub fn measure(
         full_bytes: proc::file_bytes(&full),
         child_bytes: proc::file_bytes(&child),
         full_dump_s: median(&full_s),
+        full_ids_dump_s: median(&ids_s),
         incremental_dump_s: median(&inc_s),
+        incremental_plain_parent_dump_s: median(&plain_inc_s),
         child_restore_s: restore_s,
         child_restore_rss_mib: mib(usage.maxrss_kib),
         intact,
@@ -244,6 +269,7 @@ pub fn chain(
     Ok(row)
 }
 
+/// The table; "incr*" is the incremental dump from a parent without page ids.
 pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
     let m = |b: u64| b as f64 / (1 << 20) as f64;
     let mut s = format!(
@@ -265,7 +291,7 @@ pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
         let limit = r.rewritten_bytes.map(|w| format!("{:.1}", m(w) * 1.1 + 1.0)).unwrap_or("-".into());
         let rewr = r.rewritten_bytes.map(|w| format!("{:.1}", m(w))).unwrap_or("-".into());
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.1} {:>10} {:>9.1} {:>9.2} {:>9} {:>8.2} {:>8.2} {:>9.2} {:>8.1} {:>7}\n",
+            "{:<8} {:>4} {:>8.1} {:>10} {:>9.1} {:>9.2} {:>9} {:>8.2} {:>9.2} {:>8.2} {:>10.2} {:>9.2} {:>8.1} {:>7}\n",
             r.workload,
             r.percent,
             m(r.raw_bytes),
@@ -274,7 +300,9 @@ pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
             m(r.child_bytes),
             limit,
             r.full_dump_s,
+            r.full_ids_dump_s,
             r.incremental_dump_s,
+            r.incremental_plain_parent_dump_s,
             r.child_restore_s,
             r.child_restore_rss_mib,
             if r.intact { "yes" } else { "NO" }
