@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 static PANICKED: AtomicBool = AtomicBool::new(false);
-/// A case that runs longer than this is a hang.
-const HANG: Duration = Duration::from_secs(60);
+/// A case that runs longer than this many watchdog ticks (about a second
+/// each) is a hang. Ticks, not wall time: a fuzzer paused with SIGSTOP (to
+/// keep a benchmark quiet) pauses its watchdog too.
+const HANG_TICKS: u64 = 60;
 
 struct Args {
     seconds: u64,
@@ -124,18 +126,24 @@ fn fuzz(args: &Args) -> i32 {
         .collect();
     std::fs::create_dir_all(&args.crashes).expect("crashes dir");
     let current: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
-    let started_ms = Arc::new(AtomicU64::new(0));
+    // The number of the case running now (0: none).
+    let running = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     {
-        let (current, started_ms, crashes) = (current.clone(), started_ms.clone(), args.crashes.clone());
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_secs(1));
-            let s = started_ms.load(Ordering::SeqCst);
-            if s > 0 && (t0.elapsed().as_millis() as u64).saturating_sub(s) > HANG.as_millis() as u64 {
-                let path = crashes.join(format!("hang-{}.czr", std::process::id()));
-                let _ = std::fs::write(&path, &*current.lock().unwrap());
-                eprintln!("criuz-fuzz: a case ran over {HANG:?}; saved {}", path.display());
-                std::process::exit(3);
+        let (current, running, crashes) = (current.clone(), running.clone(), args.crashes.clone());
+        std::thread::spawn(move || {
+            let (mut seen, mut ticks) = (0, 0);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let now = running.load(Ordering::SeqCst);
+                ticks = if now != 0 && now == seen { ticks + 1 } else { 0 };
+                seen = now;
+                if ticks > HANG_TICKS {
+                    let path = crashes.join(format!("hang-{}.czr", std::process::id()));
+                    let _ = std::fs::write(&path, &*current.lock().unwrap());
+                    eprintln!("criuz-fuzz: a case ran over {HANG_TICKS} s; saved {}", path.display());
+                    std::process::exit(3);
+                }
             }
         });
     }
@@ -170,9 +178,9 @@ fn fuzz(args: &Args) -> i32 {
         }
         let original = (how != Reseal::All).then_some(&originals[i]);
         *current.lock().unwrap() = case.clone();
-        started_ms.store(t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
+        running.store(execs + 1, Ordering::SeqCst);
         let r = check_case(&case, parent.as_deref(), original);
-        started_ms.store(0, Ordering::SeqCst);
+        running.store(0, Ordering::SeqCst);
         execs += 1;
         if case != seeds[i].bytes && run_accepts(&case) {
             accepted += 1;
