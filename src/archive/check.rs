@@ -75,7 +75,6 @@ pub struct StreamCheck {
     files: Vec<SeenFile>,
     names: HashSet<String>,
     records: u64,
-    chain_len: usize,
     /// After a block of a page image with ids: (file id, stored pages) that
     /// the next record, a P record, must describe.
     ids_due: Option<(u32, u32)>,
@@ -89,14 +88,7 @@ struct SeenFile {
 
 impl StreamCheck {
     pub fn new(header: &Header) -> Self {
-        StreamCheck {
-            header: header.clone(),
-            files: Vec::new(),
-            names: HashSet::new(),
-            records: 0,
-            chain_len: 0,
-            ids_due: None,
-        }
+        StreamCheck { header: header.clone(), files: Vec::new(), names: HashSet::new(), records: 0, ids_due: None }
     }
 
     /// Called before every record: the rules of position (C first, P right
@@ -136,17 +128,11 @@ impl StreamCheck {
         if entries.len() >= u16::MAX as usize {
             return Err(Error::corrupt(offset, "the chain record is too long"));
         }
-        self.chain_len = entries.len();
         Ok(())
     }
 
     pub fn ids(&mut self, offset: u64, file_id: u32, count: u32) -> Result<()> {
         self.next_record(offset, false, Some((file_id, count)))
-    }
-
-    /// Entries of the C record (0 without parents).
-    pub fn chain_len(&self) -> usize {
-        self.chain_len
     }
 
     pub fn file_begin(&mut self, offset: u64, file_id: u32, name: &str, kind: FileKind) -> Result<()> {

@@ -43,10 +43,6 @@ impl DedupIndex {
     pub fn new(chain: Vec<ChainEntry>, parents: HashMap<PageId, Location>) -> Self {
         DedupIndex { chain, parents, own: Mutex::new(HashMap::new()) }
     }
-
-    pub fn parent_pages(&self) -> usize {
-        self.parents.len()
-    }
 }
 
 /// A page image block cut up for dedup.

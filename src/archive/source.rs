@@ -186,7 +186,6 @@ pub struct Archive {
     index: Index,
     /// Proven block headers and first-byte positions, by file id.
     blocks: Vec<Vec<(BlockHeader, u64)>>,
-    len: u64,
     /// The parents named by the C record (empty without parents).
     chain: Vec<ChainEntry>,
     /// The opened parents, in C record order (see `archive::parent`).
@@ -233,7 +232,6 @@ impl Archive {
 
     /// Walks every record header of `store` through the checks.
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
-        let len = store.size();
         let inp = StoreInput::new(&*store);
         let mut records = CheckedRecords::new(inp, Payloads::None)?;
         let header = records.header().clone();
@@ -258,7 +256,6 @@ impl Archive {
             header,
             index,
             blocks,
-            len,
             chain,
             parents: OnceLock::new(),
             holders: Mutex::new(VecDeque::new()),
@@ -398,11 +395,6 @@ impl Archive {
     pub fn from_reader(inp: impl Read, spool_cap: u64, label: &str) -> Result<Archive> {
         let file = spool(inp, spool_cap).context(|| label.to_string())?;
         Archive::from_store(Box::new(file), label.to_string()).context(|| label.to_string())
-    }
-
-    /// The archive's size in bytes.
-    pub fn size(&self) -> u64 {
-        self.len
     }
 }
 

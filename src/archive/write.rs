@@ -123,10 +123,6 @@ impl Packer {
         })
     }
 
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// Starts a file; write its bytes in order through the returned sink.
     pub fn begin_file(&self, name: &str) -> Result<FileSink> {
         let kind = FileKind::for_name(name);
