@@ -226,6 +226,8 @@ enum Cmd {
         #[arg(long)]
         keep_zero_pages: bool,
         #[command(flatten)]
+        parents: ParentArgs,
+        #[command(flatten)]
         threads: ThreadArgs,
     },
 }
@@ -459,9 +461,9 @@ fn run(cli: Cli) -> Result<()> {
                 stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64
             );
         }
-        Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, threads } => {
+        Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads } => {
             let opts = threads.options();
-            let source = criuz::archive::Archive::open_spec(&input, pipe_buffer as u64)?;
+            let source = criuz::archive::parent::open(&input, pipe_buffer as u64, &parents.search())?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::SERVE_SOCKET)?;
             eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
             let never = std::sync::atomic::AtomicBool::new(false);
