@@ -273,7 +273,7 @@ pub fn chain(
 pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
     let m = |b: u64| b as f64 / (1 << 20) as f64;
     let mut s = format!(
-        "{:<8} {:>4} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>7}\n",
+        "{:<8} {:>4} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>10} {:>9} {:>8} {:>7}\n",
         "workload",
         "P%",
         "raw MiB",
@@ -282,7 +282,9 @@ pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
         "child MiB",
         "limit MiB",
         "full s",
+        "--ids s",
         "incr s",
+        "incr* s",
         "restore s",
         "RSS MiB",
         "intact"
