@@ -639,7 +639,8 @@ pub fn decode_chain_record(rec: &[u8], offset: u64) -> Result<Vec<ChainEntry>> {
 /// Fixed part of a P record (type, reserved, file id, count, seal).
 pub const IDS_FIXED: usize = 16;
 
-/// Encodes a P record: the ids of the stored pages of the block before it.
+/// Encodes a P record: the ids of the pages the block before it stores
+/// literally (all its stored pages unless it is a dedup block).
 pub fn encode_ids_record(file_id: u32, ids: &[PageId], out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[REC_IDS, 0, 0, 0]);
@@ -709,6 +710,11 @@ const EXTENT_LEN: usize = 20;
 const LITERAL_SOURCE: u16 = u16::MAX;
 
 impl DedupPayload {
+    /// Pages the block stores literally (its P record lists their ids).
+    pub fn literal_pages(&self) -> u32 {
+        self.literal_len / PAGE_SIZE as u32
+    }
+
     /// Encodes the extents and inner header; the inner payload follows.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());

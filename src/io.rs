@@ -14,6 +14,10 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+/// Bytes shared between a reader and the pipe they are handed to: kept
+/// alive (and unchanged) until the other side has read them.
+pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 pub struct AtomicFile {
     file: Option<File>,
     tmp: PathBuf,

@@ -264,9 +264,15 @@ impl SeqSink for CountSink {
     }
 }
 
-/// Decodes everything and checks every checksum; returns (files, raw bytes).
+/// Decodes everything and checks every checksum, and that the page ids of
+/// the archive and its parents name their pages; returns (files, raw bytes).
 pub fn verify(inp: Reading, opts: &Options, progress: Progress) -> Result<(usize, u64)> {
     let mut sink = CountSink { files: 0, bytes: 0, progress };
+    if let Reading::Source(archive) = &inp {
+        for a in std::iter::once(archive).chain(archive.parents()) {
+            parent::check_page_ids(a)?;
+        }
+    }
     inp.decode(opts, &mut sink)?;
     sink.progress.finish();
     Ok((sink.files, sink.bytes))
@@ -307,6 +313,8 @@ pub struct InspectReport {
     pub archive_bytes: u64,
     /// Whether the archive carries page ids (it can be a parent cheaply).
     pub page_ids: bool,
+    /// Bytes of P records (ids of the pages this archive stores).
+    pub page_id_bytes: u64,
     /// Parents, the direct parent first (empty for a full archive).
     pub chain: Vec<ParentReport>,
     pub files: Vec<FileReport>,
@@ -386,7 +394,10 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                     .map(|e| ParentReport { archive_id: hex(&e.archive_id), hint: e.hint.clone(), referenced_bytes: 0 })
                     .collect();
             }
-            Checked::Ids { file_id, .. } => rep.files[file_id as usize].stored_bytes += len,
+            Checked::Ids { file_id, .. } => {
+                rep.files[file_id as usize].stored_bytes += len;
+                rep.page_id_bytes += len;
+            }
             Checked::FileEnd(end) => rep.files[end.file_id as usize].stored_bytes += len,
             Checked::Index(_) => {}
         }

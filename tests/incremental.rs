@@ -58,7 +58,31 @@ fn child_and_chain_of_three_restore_intact_and_flatten() {
     assert_eq!(rep["chain"].as_array().unwrap().len(), 2, "{rep}");
     assert_eq!(rep["chain"][0]["hint"], "inc1.czr");
     assert!(rep["total"]["referenced_bytes"].as_u64().unwrap() > 10 << 20, "{rep}");
+    // Most pages are found in the grandparent through its own page ids (inc1
+    // lists only the pages it stores: about 16 bytes for each of the 5%
+    // rewritten, not for every page).
+    assert!(rep["chain"][1]["referenced_bytes"].as_u64().unwrap() > 10 << 20, "{rep}");
+    let all_pages_ids = (32u64 << 20) / 4096 * 16;
+    for child in [&inc1, &inc2] {
+        let ids = inspect(child)["page_id_bytes"].as_u64().unwrap();
+        assert!(ids > 0 && ids < all_pages_ids / 4, "{}: {ids} bytes of page ids", child.display());
+    }
     ok(criuz(&["verify", inc2.to_str().unwrap()]), "verify of a child with its chain");
+
+    // An id that names other bytes, with every check over it recomputed:
+    // nothing restores from ids, but a child written against it would refer
+    // to the wrong pages, so verify must find it.
+    let lying = tmp.path().join("lying.czr");
+    let mut bytes = std::fs::read(&inc1).unwrap();
+    let p = mutate::records(&bytes).into_iter().find(|r| r.kind == b'P' && r.len > 24).expect("a P record with ids");
+    bytes[p.start + 16] ^= 0x01;
+    mutate::reseal(&mut bytes, mutate::Reseal::Seals);
+    std::fs::write(&lying, &bytes).unwrap();
+    let out = criuz(&["verify", lying.to_str().unwrap(), "--parent", full.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "verify must reject a lying page id: {err}");
+    assert!(err.contains("lying.czr") && err.contains("page ids do not match"), "{err}");
+    std::fs::remove_file(&lying).unwrap();
 
     ok(criuz(&["restore", "-d", "-i", inc2.to_str().unwrap()]), "restore of a chain of three");
     assert_eq!(w.sums(), before, "memory restored from the chain differs");
@@ -134,6 +158,7 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
     let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("full.czr"), "the error must name the damaged parent: {err}");
     assert!(!w.alive(), "a process runs after a restore from a damaged parent");
     // CRIU got as far as forking the tree before the damaged block stopped
     // it; its dead children are ours (subreaper) to reap.

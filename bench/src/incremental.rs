@@ -6,9 +6,10 @@
 //! dump` of the same state, both with `--leave-running`, timed side by side
 //! in alternating order. The last child is then restored (the
 //! process checked by its own fingerprint). Sizes: the child against the raw
-//! bytes rewritten (pattern workloads know them). Then a chain: ten
-//! generations of 5% rewrites of the `mixed` pattern, restored from the chain
-//! and from its flattened archive, alternately, with criuz's peak RSS.
+//! bytes rewritten (pattern workloads know them). Then a chain: a full
+//! `--ids` dump and ten generations of 5% rewrites of the `mixed` pattern,
+//! restored from the chain and from its flattened archive in the order
+//! chain, flat, flat, chain (at least six each), with CPU time and peak RSS.
 
 use crate::error::{Error, Result};
 use crate::proc::{self, Dst, Src, Usage};
@@ -51,6 +52,9 @@ pub struct ChainRow {
     /// Medians over the runs, seconds, and peak RSS of criuz restore.
     pub chain_restore_s: f64,
     pub flat_restore_s: f64,
+    /// Medians of CPU seconds (criuz and CRIU, user and system).
+    pub chain_restore_cpu_s: f64,
+    pub flat_restore_cpu_s: f64,
     pub chain_restore_rss_mib: f64,
     pub flat_restore_rss_mib: f64,
     pub intact: bool,
@@ -213,7 +217,8 @@ pub fn chain(
     let ctx = Ctx { criuz, logs: &logs };
     let mut app = Running::start(name, mib_size, &dir.join("app"), tools)?;
     let full = dir.join("gen0.czr");
-    ctx.dump(app.pid, &full, None, true)?;
+    // The first checkpoint of a series carries page ids (the README's advice).
+    ctx.dump_with(app.pid, &full, None, true, &["--ids"])?;
     let mut prev = full.clone();
     let mut children_bytes = 0;
     let mut before = String::new();
@@ -235,16 +240,25 @@ pub fn chain(
     let flat = dir.join("flat.czr");
     ctx.run(&["flatten", prev.to_str().expect("utf-8"), "-o", flat.to_str().expect("utf-8")], "flatten")?;
     let (mut chain_s, mut flat_s, mut chain_rss, mut flat_rss) = (Vec::new(), Vec::new(), 0u64, 0u64);
+    let (mut chain_cpu, mut flat_cpu) = (Vec::new(), Vec::new());
     let mut intact = true;
-    for run in 0..runs.max(1) * 2 {
-        let from_chain = run % 2 == 0;
+    // At least six of each, in the order chain, flat, flat, chain, ...: on
+    // this VM a restore's time depends on what ran just before it (guest
+    // pages handed back to the host, page cache reclaimed), so each side
+    // gets the first and the second place equally often, after the same
+    // pause.
+    for run in 0..runs.max(6) * 2 {
+        let from_chain = matches!(run % 4, 0 | 3);
+        std::thread::sleep(Duration::from_secs(1));
         let (s, u) = ctx.restore(if from_chain { &prev } else { &flat })?;
         intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
         if from_chain {
             chain_s.push(s);
+            chain_cpu.push(u.cpu_s);
             chain_rss = chain_rss.max(u.maxrss_kib);
         } else {
             flat_s.push(s);
+            flat_cpu.push(u.cpu_s);
             flat_rss = flat_rss.max(u.maxrss_kib);
         }
         proc::kill_tree(&proc::tree(app.pid));
@@ -260,6 +274,8 @@ pub fn chain(
         flat_bytes: proc::file_bytes(&flat),
         chain_restore_s: median(&chain_s),
         flat_restore_s: median(&flat_s),
+        chain_restore_cpu_s: median(&chain_cpu),
+        flat_restore_cpu_s: median(&flat_cpu),
         chain_restore_rss_mib: mib(chain_rss),
         flat_restore_rss_mib: mib(flat_rss),
         intact,
@@ -312,14 +328,16 @@ pub fn table(rows: &[IncRow], chains: &[ChainRow]) -> String {
     }
     for c in chains {
         s.push_str(&format!(
-            "chain of {} x {}% ({}): restore {:.2}s from the chain vs {:.2}s flattened ({:.2}x); peak RSS {:.1} vs {:.1} MiB; \
-             children {:.1} MiB in all, full {:.1} MiB, flat {:.1} MiB; intact: {}\n",
+            "chain of {} x {}% ({}): restore {:.2}s from the chain vs {:.2}s flattened ({:.2}x), CPU {:.2}s vs {:.2}s; \
+             peak RSS {:.1} vs {:.1} MiB; children {:.1} MiB in all, full {:.1} MiB, flat {:.1} MiB; intact: {}\n",
             c.depth,
             c.percent,
             c.workload,
             c.chain_restore_s,
             c.flat_restore_s,
             c.chain_restore_s / c.flat_restore_s,
+            c.chain_restore_cpu_s,
+            c.flat_restore_cpu_s,
             c.chain_restore_rss_mib,
             c.flat_restore_rss_mib,
             m(c.children_bytes),

@@ -43,6 +43,8 @@ pub struct Outcome {
     pub source: Result<Files, Kind>,
     pub piped: Result<Files, Kind>,
     pub inspect: Result<(), Kind>,
+    /// `verify`'s check of page ids against the pages (version 2).
+    pub page_ids: Result<(), Kind>,
     pub unpack: Option<Result<Files, Kind>>,
 }
 
@@ -109,6 +111,9 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     let piped =
         Archive::from_reader(bytes, 1 << 30, "pipe").and_then(&with_parents).and_then(|a| read_all(&*a)).map_err(kind);
     let inspect = criuz::offline::inspect(bytes).map(drop).map_err(kind);
+    let page_ids = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into())
+        .and_then(|a| criuz::archive::parent::check_page_ids(&a))
+        .map_err(kind);
     let unpack = unpack.then(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("out");
@@ -130,7 +135,7 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
             }
         }
     });
-    Outcome { verify, source, piped, inspect, unpack }
+    Outcome { verify, source, piped, inspect, page_ids, unpack }
 }
 
 /// Checks the oracle; `original` is given when the mutant's checks were not
@@ -160,6 +165,11 @@ pub fn judge(o: &Outcome, original: Option<&Files>) -> Result<(), String> {
             if *k != Kind::Archive {
                 return Err(format!("a damaged archive gave a {k:?} error, not an archive error"));
             }
+        }
+    }
+    if let Err(k) = &o.page_ids {
+        if *k != Kind::Archive {
+            return Err(format!("the page id check gave a {k:?} error, not an archive error"));
         }
     }
     if let (Some(orig), Ok(got)) = (original, &o.source) {

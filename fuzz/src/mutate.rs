@@ -64,6 +64,8 @@ pub fn records(a: &[u8]) -> Vec<Rec> {
                 (32 + m + u32le(a, pos + 12), 28 + m)
             }
             b'E' => (28, 0),
+            b'C' if pos + 12 <= a.len() => (16 + u32le(a, pos + 8), 0),
+            b'P' if pos + 12 <= a.len() => (24 + 16 * u32le(a, pos + 8), 0),
             b'I' if pos + 16 <= a.len() => {
                 let l = u64le(a, pos + 8).min(a.len() as u64) as usize;
                 (28 + l, 0)
@@ -113,7 +115,12 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
     let mut files = StreamFiles::new();
     for r in &recs {
         match r.kind {
-            b'F' => seal_at(a, r.start, r.len - 4),
+            b'F' | b'C' => seal_at(a, r.start, r.len - 4),
+            b'P' => {
+                seal_at(a, r.start, 12);
+                let c = xxh3_64(&a[r.start + 16..r.start + r.len - 8]);
+                a[r.start + r.len - 8..r.start + r.len].copy_from_slice(&c.to_le_bytes());
+            }
             b'B' => {
                 seal_at(a, r.start, r.header_len);
                 let id = u32le(a, r.start + 4) as u32;
@@ -241,10 +248,13 @@ pub fn index_refs(a: &[u8]) -> Vec<(u32, usize)> {
 
 /// Applies one structured mutation; returns its name.
 pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
+    if a.is_empty() {
+        return "none"; // an earlier mutation truncated it all away
+    }
     let recs = records(a);
     let blocks: Vec<Rec> = recs.iter().copied().filter(|r| r.kind == b'B').collect();
     let pick = |rng: &mut Rng, v: &[Rec]| v.get(rng.below(v.len())).copied();
-    match rng.below(14) {
+    match rng.below(17) {
         0 => {
             let n = 1 + rng.below(3);
             for _ in 0..n {
@@ -359,6 +369,69 @@ pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
             let at = x.start + 1 + rng.below(x.len - 5);
             a[at] = a[at].wrapping_add(1 + rng.below(255) as u8);
             "edit-file-record"
+        }
+        14 | 15 => {
+            // Re-point or reorder the references of a dedup block, its
+            // payload check and seal recomputed: only the data check (after
+            // resolving) can tell.
+            let dedup: Vec<Rec> = blocks.iter().copied().filter(|r| a[r.start + 1] == 3).collect();
+            let Some(x) = pick(rng, &dedup) else { return "none" };
+            let payload = x.start + x.header_len + 4;
+            let end = x.start + x.len;
+            if payload + 4 > end {
+                return "none";
+            }
+            let n = u32le(a, payload);
+            let ext = |i: usize| payload + 4 + 20 * i;
+            if n == 0 || ext(n) > end {
+                return "none";
+            }
+            let i = rng.below(n);
+            let what = if rng.below(2) == 0 {
+                // A field of one extent: source, file id, block, first or count.
+                let field = [0usize, 4, 8, 12, 16][rng.below(5)];
+                let at = ext(i) + field;
+                let v = u32le(a, at) as u32;
+                let new = match rng.below(3) {
+                    0 => v.wrapping_add(1),
+                    1 => v.wrapping_sub(1),
+                    _ => rng.below(8) as u32,
+                };
+                let w = if field == 0 { 2 } else { 4 };
+                a[at..at + w].copy_from_slice(&new.to_le_bytes()[..w]);
+                "edit-dedup-extent"
+            } else {
+                let j = rng.below(n);
+                let (ei, ej) = (a[ext(i)..ext(i) + 20].to_vec(), a[ext(j)..ext(j) + 20].to_vec());
+                a[ext(i)..ext(i) + 20].copy_from_slice(&ej);
+                a[ext(j)..ext(j) + 20].copy_from_slice(&ei);
+                "swap-dedup-extents"
+            };
+            let c = xxh3_64(&a[x.start + x.header_len + 4..end]) as u32;
+            a[x.start + 24..x.start + 28].copy_from_slice(&c.to_le_bytes());
+            seal_at(a, x.start, x.header_len);
+            what
+        }
+        16 => {
+            // Drop or add a page id in a P record (count and checks fixed):
+            // the record then lists the wrong pages for its block.
+            let ids: Vec<Rec> = recs.iter().copied().filter(|r| r.kind == b'P').collect();
+            let Some(x) = pick(rng, &ids) else { return "none" };
+            let n = u32le(a, x.start + 8);
+            let new = if n > 0 && rng.below(2) == 0 {
+                a.drain(x.start + 16..x.start + 32);
+                n - 1
+            } else {
+                let id: Vec<u8> = (0..16).map(|_| rng.next_u64() as u8).collect();
+                a.splice(x.start + 16..x.start + 16, id);
+                n + 1
+            };
+            a[x.start + 8..x.start + 12].copy_from_slice(&(new as u32).to_le_bytes());
+            seal_at(a, x.start, 12);
+            let end = x.start + 24 + 16 * new;
+            let c = xxh3_64(&a[x.start + 16..end - 8]);
+            a[end - 8..end].copy_from_slice(&c.to_le_bytes());
+            "resize-page-ids"
         }
         _ => {
             // Random bytes inserted somewhere.

@@ -10,9 +10,13 @@
 //! index must describe exactly the stream it ends. Version 2 adds: the C
 //! record (parents) comes first exactly when the header says the archive has
 //! parents, and names the header's parent first; with page ids, every block
-//! of a page image is followed by the P record of its stored pages; a dedup
-//! block belongs to a page image of an archive with page ids and covers whole
-//! pages, and its extents cover its stored pages. A block's bytes are then
+//! of a page image is followed by the P record of the pages it stores
+//! literally (all stored pages of an ordinary block, the literal pages of a
+//! dedup block); a dedup block belongs to a page image of an archive with
+//! page ids and covers whole pages, and its extents cover its stored pages.
+//! A header walk does not read dedup payloads, so there the P count of a
+//! dedup block is only bounded, and the block source compares it with the
+//! literal pages when it decodes the block. A block's bytes are then
 //! proven by its data check when it is decoded (`codec::Decoder`), for a
 //! dedup block after its references are resolved (`source`).
 //!
@@ -50,10 +54,11 @@ pub enum Checked {
     Index(Index),
     /// The parents (version 2), first record of an archive that has them.
     Chain(Vec<ChainEntry>),
-    /// Ids of the stored pages of the block before it (version 2); `None`
+    /// Ids of the literal pages of the block before it (version 2); `None`
     /// when the caller did not ask for them.
     Ids {
         file_id: u32,
+        count: u32,
         ids: Option<Vec<PageId>>,
     },
 }
@@ -75,9 +80,19 @@ pub struct StreamCheck {
     files: Vec<SeenFile>,
     names: HashSet<String>,
     records: u64,
-    /// After a block of a page image with ids: (file id, stored pages) that
-    /// the next record, a P record, must describe.
-    ids_due: Option<(u32, u32)>,
+    /// After a block of a page image with ids: what the next record, a P
+    /// record, must describe.
+    ids_due: Option<IdsDue>,
+}
+
+/// The P record a page image block calls for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IdsDue {
+    file_id: u32,
+    /// Pages it lists: exactly this many, or (a dedup block whose payload
+    /// was not read) at most this many.
+    pages: u32,
+    exact: bool,
 }
 
 struct SeenFile {
@@ -103,18 +118,18 @@ impl StreamCheck {
                 if wants_chain { "the parent chain record is missing" } else { "chain record out of place" },
             ));
         }
-        let due = self.ids_due.take();
-        if due != ids {
-            return Err(Error::corrupt(
-                offset,
-                match (due, ids) {
-                    (Some(_), None) => "the page id record of the block before is missing".to_string(),
-                    (None, Some(_)) => "page id record out of place".to_string(),
-                    _ => "page id record does not match the block before it".to_string(),
-                },
-            ));
-        }
-        Ok(())
+        let why = match (self.ids_due.take(), ids) {
+            (None, None) => return Ok(()),
+            (Some(due), Some((file_id, count)))
+                if due.file_id == file_id && (count == due.pages || !due.exact && count < due.pages) =>
+            {
+                return Ok(())
+            }
+            (Some(_), None) => "the page id record of the block before is missing",
+            (None, Some(_)) => "page id record out of place",
+            _ => "page id record does not match the block before it",
+        };
+        Err(Error::corrupt(offset, why))
     }
 
     pub fn chain(&mut self, offset: u64, entries: &[ChainEntry]) -> Result<()> {
@@ -178,9 +193,20 @@ impl StreamCheck {
             u32::try_from(record_len).map_err(|_| Error::corrupt(offset, "block record is impossibly long"))?;
         f.entry.blocks.push(BlockRef { offset, raw_len: header.raw_len, record_len });
         if pages && with_ids {
-            self.ids_due = Some((header.file_id, (header.pages() - header.zero_pages()) as u32));
+            let stored = (header.pages() - header.zero_pages()) as u32;
+            let exact = header.codec != BlockCodec::Dedup;
+            self.ids_due = Some(IdsDue { file_id: header.file_id, pages: stored, exact });
         }
         Ok(raw_pos)
+    }
+
+    /// The dedup block just accepted stores `n` pages literally (known once
+    /// its payload is read): its P record must list exactly those.
+    fn literal_pages(&mut self, n: u32) {
+        if let Some(due) = &mut self.ids_due {
+            due.pages = n;
+            due.exact = true;
+        }
     }
 
     pub fn file_end(&mut self, offset: u64, end: &FileEnd) -> Result<()> {
@@ -259,7 +285,9 @@ impl<I: Input> CheckedRecords<I> {
                 };
                 let payload = if wanted {
                     let p = self.reader.read_payload()?;
-                    check_payload(&header, &p, offset)?;
+                    if let Some(n) = check_payload(&header, &p, offset)? {
+                        self.check.literal_pages(n);
+                    }
                     Some(p)
                 } else {
                     self.reader.skip_payload()?;
@@ -278,7 +306,7 @@ impl<I: Input> CheckedRecords<I> {
                 // through that walk.
                 let ids = decode_ids_body(&self.reader.read_payload()?, offset)?;
                 let ids = (self.payloads != Payloads::None).then_some(ids);
-                Checked::Ids { file_id, ids }
+                Checked::Ids { file_id, count, ids }
             }
             Record::FileEnd(end) => {
                 self.check.file_end(offset, &end)?;
@@ -296,8 +324,8 @@ impl<I: Input> CheckedRecords<I> {
 /// The payload rule: a compressed payload must match its payload check (a
 /// damaged LZ4 or zstd payload can decode to the same bytes); a raw payload
 /// is the stored pages themselves and is proven by the data check instead,
-/// so it is not hashed twice.
-pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Result<()> {
+/// so it is not hashed twice. For a dedup block, returns its literal pages.
+pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Result<Option<u32>> {
     if payload.len() != header.stored_len as usize {
         return Err(Error::corrupt(offset, "block payload length does not match its header"));
     }
@@ -305,7 +333,8 @@ pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Resul
         return Err(Error::corrupt(offset, "block payload checksum mismatch"));
     }
     if header.codec == BlockCodec::Dedup {
-        DedupPayload::decode(payload, header.pages() - header.zero_pages(), offset)?;
+        let (dp, _) = DedupPayload::decode(payload, header.pages() - header.zero_pages(), offset)?;
+        return Ok(Some(dp.literal_pages()));
     }
-    Ok(())
+    Ok(None)
 }

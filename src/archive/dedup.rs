@@ -31,7 +31,7 @@ pub struct Location {
 pub struct DedupIndex {
     /// The parents named in the C record, first the direct parent.
     pub chain: Vec<ChainEntry>,
-    /// Pages of the parent chain, by id.
+    /// Pages of the parent chain, by id, each at the archive storing it.
     parents: HashMap<PageId, Location>,
     /// Pages stored in this archive so far, by id.
     own: Mutex<HashMap<PageId, Location>>,
@@ -47,7 +47,9 @@ impl DedupIndex {
 
 /// A page image block cut up for dedup.
 pub struct DedupedBlock {
-    /// Ids of the block's stored pages, in order.
+    /// Ids of the pages the block stores literally, in order (its P record):
+    /// a later child finds every page of a chain through the P records of
+    /// the archive that stores it, so referenced pages need no id again.
     pub ids: Vec<PageId>,
     /// Extents covering the stored pages; `None` when every page is literal.
     pub extents: Option<Vec<Extent>>,
@@ -66,28 +68,26 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
     }
     let mut extents: Vec<Extent> = Vec::new();
     let mut literal = Vec::new();
-    let mut any_ref = false;
+    let mut literal_ids = Vec::new();
     let mut own = index.own.lock().unwrap();
     for (i, id) in ids.iter().enumerate() {
         let found = index.parents.get(id).copied().or_else(|| own.get(id).copied());
         let origin = match found {
-            Some(l) => {
-                any_ref = true;
-                Origin::Ref { source: l.source, file_id: l.file_id, block: l.block, first: l.page }
-            }
+            Some(l) => Origin::Ref { source: l.source, file_id: l.file_id, block: l.block, first: l.page },
             None => {
                 own.insert(*id, Location { source: 0, file_id, block, page: i as u32 });
                 literal.extend_from_slice(&stored[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                literal_ids.push(*id);
                 Origin::Literal
             }
         };
         push_page(&mut extents, origin);
     }
     drop(own);
-    if !any_ref {
+    if literal_ids.len() == ids.len() {
         return DedupedBlock { ids, extents: None, literal: Vec::new() };
     }
-    DedupedBlock { ids, extents: Some(extents), literal }
+    DedupedBlock { ids: literal_ids, extents: Some(extents), literal }
 }
 
 /// Appends one page to the extents, growing the last one when it continues it.

@@ -10,12 +10,11 @@
 //! references only ever point at pages stored in them, so their own parents
 //! are not needed.
 
-use super::check::{Checked, CheckedRecords, Payloads};
+use super::check::{Checked, Payloads};
 use super::dedup::{DedupIndex, Location};
 use super::records::read_full;
-use super::source::StoreInput;
 use super::source::{Archive, BlockSource};
-use crate::error::{Error, IoContext, Result, ResultContext};
+use crate::error::{Error, Result, ResultContext};
 use crate::format::{
     page_id, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, Header, Origin, PageId, FLAG_IDS, HEADER_LEN,
     PAGE_SIZE,
@@ -153,11 +152,13 @@ fn relative(target: &Path, from: &Path) -> String {
     rel.to_string_lossy().into_owned()
 }
 
-/// What a child written to `child` (a path, or `-`) dedups against: the
-/// pages of `parent` and of the archives it refers to, each at the archive
-/// that stores its bytes.
+/// What a child written to `child` (a path, or `-`) dedups against: every
+/// page stored in `parent` or in the archives it refers to, at the archive
+/// that stores it. Those archives are found as a restore would find them
+/// (their hints, or beside the parent).
 pub fn dedup_index(parent_path: &Path, child: &Path) -> Result<DedupIndex> {
-    let parent = Archive::open(parent_path)?;
+    let beside = ParentSearch { files: Vec::new(), dirs: vec![dir_of(parent_path)] };
+    let parent = open(parent_path, 0, &beside)?;
     let child_dir = if crate::io::is_stdio(child) { PathBuf::from(".") } else { dir_of(child) };
     let parent_dir = dir_of(parent_path);
     // The child's chain: the parent, then every archive the parent refers to
@@ -167,89 +168,130 @@ pub fn dedup_index(parent_path: &Path, child: &Path) -> Result<DedupIndex> {
     for e in parent.chain() {
         chain.push(ChainEntry { archive_id: e.archive_id, hint: relative(&parent_dir.join(&e.hint), &child_dir) });
     }
-    let label = parent_path.display().to_string();
-    let pages = if parent.header().flags & FLAG_IDS != 0 {
-        stored_ids(parent_path).context(|| label.clone())?
-    } else {
-        computed_ids(&parent).context(|| label.clone())?
-    };
+    let mut pages = HashMap::new();
+    let archives = std::iter::once(&parent).chain(parent.parents());
+    for (k, archive) in archives.enumerate() {
+        let source = k as u16 + 1;
+        let found = if archive.header().flags & FLAG_IDS != 0 {
+            stored_ids(archive, source)
+        } else {
+            computed_ids(archive, source)
+        };
+        // The nearest archive wins a page stored twice (a root without ids
+        // and a child that could not know it had it).
+        for (id, loc) in found.context(|| archive.label().to_string())? {
+            pages.entry(id).or_insert(loc);
+        }
+    }
     Ok(DedupIndex::new(chain, pages))
 }
 
-/// Reads a parent's page ids and dedup extents: each page at the archive
-/// that stores it, as the child will name it.
-fn stored_ids(path: &Path) -> Result<HashMap<PageId, Location>> {
+/// Reads the page ids of an archive with ids: each stored page the P records
+/// list, at its place in its block.
+fn stored_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)>> {
     // Read by position: the payloads of ordinary blocks (most of the
     // archive) are skipped, not read.
-    let file = std::fs::File::open(path).at(path)?;
-    let mut records = CheckedRecords::new(StoreInput::new(&file), Payloads::Dedup)?;
-    let mut map = HashMap::new();
-    let mut kinds: Vec<FileKind> = Vec::new();
+    let mut records = archive.records(Payloads::Dedup)?;
+    let mut out = Vec::new();
     let mut block_no: Vec<u32> = Vec::new();
     let mut last: Option<(BlockHeader, Option<Vec<u8>>)> = None;
     while let Some((offset, rec)) = records.next_record()? {
         match rec {
-            Checked::FileBegin { kind, .. } => {
-                kinds.push(kind);
-                block_no.push(0);
-            }
+            Checked::FileBegin { .. } => block_no.push(0),
             Checked::Block { header, payload, .. } => {
                 block_no[header.file_id as usize] += 1;
                 last = Some((header, payload));
             }
-            Checked::Ids { file_id, ids } => {
+            Checked::Ids { file_id, ids, .. } => {
                 let (header, payload) = last.take().expect("ids follow their block");
+                if header.raw_len as usize % PAGE_SIZE != 0 {
+                    continue; // a short last page is never shared
+                }
                 let block = block_no[file_id as usize] - 1;
-                let here = |page: u32| Location { source: 1, file_id, block, page };
-                let mut origins: Vec<Location> = Vec::new();
-                if header.codec == BlockCodec::Dedup {
-                    let stored = header.pages() - header.zero_pages();
+                let stored = header.pages() - header.zero_pages();
+                let literal: Vec<u32> = if header.codec == BlockCodec::Dedup {
                     let payload = payload.expect("dedup payloads are read");
                     let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
+                    let mut at = 0u32;
+                    let mut literal = Vec::new();
                     for e in &dp.extents {
-                        for k in 0..e.count {
-                            origins.push(match e.origin {
-                                Origin::Literal => here(origins.len() as u32),
-                                Origin::Ref { source, file_id, block, first } => {
-                                    Location { source: source + 1, file_id, block, page: first + k }
-                                }
-                            });
+                        if e.origin == Origin::Literal {
+                            literal.extend(at..at + e.count);
                         }
+                        at += e.count;
                     }
+                    literal
                 } else {
-                    origins = (0..header.pages() - header.zero_pages()).map(|p| here(p as u32)).collect();
-                }
-                let whole = header.raw_len as usize % PAGE_SIZE == 0;
-                for (id, loc) in ids.expect("ids are read").into_iter().zip(origins) {
-                    if whole {
-                        map.entry(id).or_insert(loc);
-                    }
+                    (0..stored as u32).collect()
+                };
+                let ids = ids.expect("ids are read");
+                // CheckedRecords proved the P record lists exactly these pages.
+                debug_assert_eq!(ids.len(), literal.len());
+                for (id, page) in ids.into_iter().zip(literal) {
+                    out.push((id, Location { source, file_id, block, page }));
                 }
             }
             Checked::Chain(_) | Checked::FileEnd(_) | Checked::Index(_) => {}
         }
     }
-    Ok(map)
+    Ok(out)
 }
 
-/// A parent without page ids (a full archive written without `--ids`):
+/// An archive without page ids (a full archive written without `--ids`):
 /// decodes its page images and hashes every stored page.
-fn computed_ids(parent: &Archive) -> Result<HashMap<PageId, Location>> {
-    let mut map = HashMap::new();
+fn computed_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)>> {
+    let mut out = Vec::new();
     let mut dec = crate::codec::Decoder::new();
     let mut stored = Vec::new();
-    for f in parent.index().files.iter().filter(|f| f.kind == FileKind::Pages) {
+    for f in archive.index().files.iter().filter(|f| f.kind == FileKind::Pages) {
         let mut i = 0;
-        while let Some(b) = parent.block(f.file_id, i)? {
+        while let Some(b) = archive.block(f.file_id, i)? {
             if b.header.raw_len as usize % PAGE_SIZE == 0 {
                 b.decode_stored(&mut dec, &mut stored)?;
                 for (p, page) in stored.chunks(PAGE_SIZE).enumerate() {
-                    let loc = Location { source: 1, file_id: f.file_id, block: i as u32, page: p as u32 };
-                    map.entry(page_id(page)).or_insert(loc);
+                    let loc = Location { source, file_id: f.file_id, block: i as u32, page: p as u32 };
+                    out.push((page_id(page), loc));
                 }
             }
             i += 1;
         }
     }
-    Ok(map)
+    Ok(out)
+}
+
+/// Checks that every P record of `archive` names the pages its block stores
+/// (`verify`): ids are never used to restore, but a child written against an
+/// archive whose ids lie would refer to the wrong pages and fail its own
+/// data checks, so that is found before anyone relies on it.
+pub fn check_page_ids(archive: &Archive) -> Result<()> {
+    if archive.header().flags & FLAG_IDS == 0 {
+        return Ok(());
+    }
+    let label = archive.label().to_string();
+    let mut records = archive.records(Payloads::All).context(|| label.clone())?;
+    let mut dec = crate::codec::Decoder::new();
+    let (mut literal, mut last) = (Vec::new(), None);
+    while let Some((offset, rec)) = records.next_record().context(|| label.clone())? {
+        match rec {
+            Checked::Block { header, payload, .. } => last = Some((offset, header, payload)),
+            Checked::Ids { ids, .. } => {
+                let (at, header, payload) = last.take().expect("ids follow their block");
+                let payload = payload.expect("payloads are read");
+                let done = if header.codec == BlockCodec::Dedup {
+                    let stored = header.pages() - header.zero_pages();
+                    let (dp, inner) = DedupPayload::decode(&payload, stored, at).context(|| label.clone())?;
+                    dec.decompress(dp.inner, inner, dp.literal_len as usize, &mut literal)
+                } else {
+                    dec.decompress(header.codec, &payload, header.stored_raw_len(), &mut literal)
+                };
+                done.map_err(|e| Error::corrupt(at, e)).context(|| label.clone())?;
+                if !literal.chunks(PAGE_SIZE).map(page_id).eq(ids.expect("ids are read")) {
+                    return Err(Error::corrupt(offset, "page ids do not match the pages of the block before them"))
+                        .context(|| label.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

@@ -26,9 +26,12 @@ use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
     decode_block_header, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileEntry, Header, Index, Origin, PAGE_SIZE,
 };
+use crate::io::SharedBytes;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -120,28 +123,79 @@ pub struct CheckedBlock {
     pub offset: u64,
     /// Position of the block's first byte in its file.
     pub raw_pos: u64,
+    /// For a resolved dedup block: the archives its pages came from, named
+    /// when its data check fails (the damage may be in any of them).
+    sources: Option<String>,
+    /// For a resolved dedup block: its stored pages, as runs inside decoded
+    /// blocks (its own literal pages and its parents'); `record` is empty.
+    pieces: Vec<(Arc<Holder>, Range<usize>)>,
 }
 
 impl CheckedBlock {
-    pub fn payload(&self) -> &[u8] {
+    fn payload(&self) -> &[u8] {
         &self.record[self.record.len() - self.header.stored_len as usize..]
+    }
+
+    /// The stored bytes, gathered into one buffer if the block is resolved.
+    fn contiguous(&self) -> Cow<'_, [u8]> {
+        if self.pieces.is_empty() {
+            return Cow::Borrowed(self.payload());
+        }
+        let mut all = Vec::with_capacity(self.header.stored_len as usize);
+        for (h, r) in &self.pieces {
+            all.extend_from_slice(&h.bytes[r.clone()]);
+        }
+        Cow::Owned(all)
+    }
+
+    /// Whether this is a resolved dedup block (its pages live in other blocks).
+    pub fn is_resolved(&self) -> bool {
+        self.sources.is_some()
+    }
+
+    /// For a resolved block: checks its data over its pieces where they lie
+    /// and gives them back for handing on without a copy.
+    pub fn into_pieces_checked(self) -> Result<Vec<(SharedBytes, Range<usize>)>> {
+        let mut check = xxhash_rust::xxh3::Xxh3::new();
+        let mut len = 0;
+        for (h, r) in &self.pieces {
+            check.update(&h.bytes[r.clone()]);
+            len += r.len();
+        }
+        if len != self.header.stored_raw_len() || check.digest() != self.header.data_check {
+            return Err(self.damaged("block data checksum mismatch".into()));
+        }
+        Ok(self.pieces.into_iter().map(|(h, r)| (h as SharedBytes, r)).collect())
+    }
+
+    fn damaged(&self, why: String) -> Error {
+        match &self.sources {
+            None => Error::corrupt(self.offset, why),
+            Some(from) => Error::corrupt(self.offset, format!("{why} after resolving its references into {from}")),
+        }
     }
 
     /// Decodes the whole block (zero pages rebuilt) into `out`, checking its data.
     pub fn decode(&self, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
-        dec.decode(&self.header, self.payload(), out).map_err(|e| Error::corrupt(self.offset, e))
+        dec.decode(&self.header, &self.contiguous(), out).map_err(|e| self.damaged(e))
     }
 
     /// Decodes only the stored pages (zero pages left out), checking their data.
     pub fn decode_stored(&self, dec: &mut Decoder, out: &mut Vec<u8>) -> Result<()> {
-        dec.decode_stored(&self.header, self.payload(), out).map_err(|e| Error::corrupt(self.offset, e))
+        dec.decode_stored(&self.header, &self.contiguous(), out).map_err(|e| self.damaged(e))
     }
 
     /// For a raw block: checks its data and gives back the record with the
     /// range of its payload, which is then the data itself (no copy).
     pub fn into_raw_checked(self, dec: &Decoder) -> Result<(Vec<u8>, std::ops::Range<usize>)> {
         debug_assert_eq!(self.header.codec, BlockCodec::Raw);
-        dec.check_raw(&self.header, self.payload()).map_err(|e| Error::corrupt(self.offset, e))?;
+        if self.is_resolved() {
+            let all = self.contiguous().into_owned();
+            dec.check_raw(&self.header, &all).map_err(|e| self.damaged(e))?;
+            let len = all.len();
+            return Ok((all, 0..len));
+        }
+        dec.check_raw(&self.header, self.payload()).map_err(|e| self.damaged(e))?;
         let start = self.record.len() - self.header.stored_len as usize;
         let end = self.record.len();
         Ok((self.record, start..end))
@@ -186,6 +240,9 @@ pub struct Archive {
     index: Index,
     /// Proven block headers and first-byte positions, by file id.
     blocks: Vec<Vec<(BlockHeader, u64)>>,
+    /// For each dedup block (file id, block), the pages its P record lists:
+    /// its literal pages must be exactly these (checked when it is decoded).
+    literal_counts: std::collections::HashMap<(u32, u32), u32>,
     /// The parents named by the C record (empty without parents).
     chain: Vec<ChainEntry>,
     /// The opened parents, in C record order (see `archive::parent`).
@@ -200,6 +257,12 @@ pub struct Archive {
 struct Holder {
     bytes: Vec<u8>,
     pages: Vec<Option<usize>>,
+}
+
+impl AsRef<[u8]> for Holder {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// Decoded holder blocks kept per archive for references to hit again: a
@@ -236,6 +299,7 @@ impl Archive {
         let mut records = CheckedRecords::new(inp, Payloads::None)?;
         let header = records.header().clone();
         let mut blocks: Vec<Vec<(BlockHeader, u64)>> = Vec::new();
+        let mut literal_counts = std::collections::HashMap::new();
         let mut chain = Vec::new();
         let index = loop {
             match records.next_record()? {
@@ -243,8 +307,14 @@ impl Archive {
                 Some((_, Checked::Block { header, raw_pos, .. })) => {
                     blocks[header.file_id as usize].push((header, raw_pos));
                 }
+                Some((_, Checked::Ids { file_id, count, .. })) => {
+                    let file = &blocks[file_id as usize];
+                    if file.last().is_some_and(|(h, _)| h.codec == BlockCodec::Dedup) {
+                        literal_counts.insert((file_id, file.len() as u32 - 1), count);
+                    }
+                }
                 Some((_, Checked::Chain(entries))) => chain = entries,
-                Some((_, Checked::FileEnd(_) | Checked::Ids { .. })) => {}
+                Some((_, Checked::FileEnd(_))) => {}
                 Some((_, Checked::Index(index))) => break index,
                 None => unreachable!("the index ends the records"),
             }
@@ -256,6 +326,7 @@ impl Archive {
             header,
             index,
             blocks,
+            literal_counts,
             chain,
             parents: OnceLock::new(),
             holders: Mutex::new(VecDeque::new()),
@@ -265,6 +336,16 @@ impl Archive {
     /// The parents this archive refers to, as its C record names them.
     pub fn chain(&self) -> &[ChainEntry] {
         &self.chain
+    }
+
+    /// The opened parents (empty until attached).
+    pub fn parents(&self) -> &[Arc<Archive>] {
+        self.parents.get().map(|p| p.as_slice()).unwrap_or(&[])
+    }
+
+    /// The archive's records from the start, checked again as they are read.
+    pub(crate) fn records(&self, payloads: Payloads) -> Result<CheckedRecords<StoreInput<'_>>> {
+        CheckedRecords::new(StoreInput::new(&*self.store), payloads)
     }
 
     /// Gives the archive its opened parents, in C record order; each must be
@@ -281,6 +362,12 @@ impl Archive {
     /// Reads block `i` of a file and checks it against the walk, without
     /// resolving references.
     fn read_block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
+        self.read_record(file_id, i, true)
+    }
+
+    /// Reads block `i` of a file, checks its header against the walk and,
+    /// with `payload_check`, its payload against its payload check.
+    fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
         let (proven, raw_pos) = &self.blocks[file_id as usize][i];
@@ -299,37 +386,75 @@ impl Archive {
                 format!("block {i} of {} changed after the archive was opened", entry.name),
             ));
         }
-        let block = CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos };
-        check_payload(&block.header, block.payload(), r.offset)?;
+        let block =
+            CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos, sources: None, pieces: Vec::new() };
+        if payload_check {
+            check_payload(&block.header, block.payload(), r.offset)?;
+        }
         Ok(Some(block))
     }
 
+    /// The extents and inner payload of dedup block `block` of a file, whose
+    /// literal pages must be the ones its P record listed.
+    fn dedup_payload<'b>(&self, file_id: u32, block: u32, b: &'b CheckedBlock) -> Result<(DedupPayload, &'b [u8])> {
+        let stored = b.header.pages() - b.header.zero_pages();
+        let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
+        if self.literal_counts.get(&(file_id, block)) != Some(&dp.literal_pages()) {
+            return Err(Error::corrupt(b.offset, "the page id record does not list the block's literal pages"));
+        }
+        Ok((dp, inner))
+    }
+
     /// The stored pages of block `block` of a file, for references into it.
+    ///
+    /// A holder is read without its payload check and decoded without its
+    /// data check: every byte taken from it ends up in a referring block
+    /// whose data check proves it (damage anywhere in a holder, including its
+    /// extents, can only make that check fail, and the error then names the
+    /// archives involved). Hashing the holders too would double the hashing
+    /// of a chain restore. Its structure is still checked: the header against
+    /// the walk, the extents, and the P count of a dedup block.
     fn holder(&self, file_id: u32, block: u32) -> Result<Arc<Holder>> {
         if let Some(h) = self.holders.lock().unwrap().iter().find(|h| (h.0, h.1) == (file_id, block)) {
             return Ok(h.2.clone());
         }
-        let b = self.read_block(file_id, block as usize)?.ok_or_else(|| {
+        let b = self.read_record(file_id, block as usize, false)?.ok_or_else(|| {
             Error::corrupt(0, format!("a reference points at block {block} of file {file_id}, which does not exist"))
         })?;
         let h = &b.header;
         let holder = if h.codec == BlockCodec::Dedup {
             let stored = h.pages() - h.zero_pages();
-            let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
-            let bytes = decompress_literal(&dp, inner, b.offset)?;
+            let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
+            // Raw literal pages (new random data, the usual case) are used
+            // where they lie in the record: they are the payload's tail.
+            let (bytes, base) = if dp.inner == BlockCodec::Raw {
+                let base = b.record.len() - inner.len();
+                (b.record, base)
+            } else {
+                (decompress_literal(&dp, inner, b.offset)?, 0)
+            };
             let (mut pages, mut lit) = (Vec::with_capacity(stored), 0);
             for e in &dp.extents {
                 for _ in 0..e.count {
                     pages.push(matches!(e.origin, Origin::Literal).then(|| {
                         lit += 1;
-                        (lit - 1) * PAGE_SIZE
+                        base + (lit - 1) * PAGE_SIZE
                     }));
                 }
             }
             Holder { bytes, pages }
+        } else if h.codec == BlockCodec::Raw {
+            if h.stored_len as usize != h.stored_raw_len() {
+                return Err(Error::corrupt(b.offset, "raw block payload has the wrong length"));
+            }
+            let base = b.record.len() - h.stored_len as usize;
+            let whole = h.stored_len as usize / PAGE_SIZE;
+            Holder { pages: (0..whole).map(|p| Some(base + p * PAGE_SIZE)).collect(), bytes: b.record }
         } else {
             let mut bytes = Vec::new();
-            DECODER.with(|d| b.decode_stored(&mut d.borrow_mut(), &mut bytes))?;
+            DECODER
+                .with(|d| d.borrow_mut().decompress(h.codec, b.payload(), h.stored_raw_len(), &mut bytes))
+                .map_err(|e| Error::corrupt(b.offset, e))?;
             let whole = bytes.len() / PAGE_SIZE;
             Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect() }
         };
@@ -344,17 +469,28 @@ impl Archive {
 
     /// Resolves a dedup block into the raw block of its stored pages; its
     /// data check (applied when it is decoded) then proves the result.
-    fn resolve(&self, b: CheckedBlock) -> Result<CheckedBlock> {
-        let stored = b.header.pages() - b.header.zero_pages();
-        let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
+    fn resolve(&self, file_id: u32, block: u32, b: CheckedBlock) -> Result<CheckedBlock> {
+        let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
         let literal = decompress_literal(&dp, inner, b.offset)?;
-        let mut out = Vec::with_capacity(stored * PAGE_SIZE);
-        let mut lit = 0;
+        let literal = Arc::new(Holder { bytes: literal, pages: Vec::new() });
+        let (mut lit, mut len) = (0, 0);
+        let mut pieces: Vec<(Arc<Holder>, Range<usize>)> = Vec::new();
+        let mut sources: Vec<&str> = Vec::new();
+        // The holder the last extent used: consecutive extents mostly point
+        // into the same block, and the cache takes a lock.
+        let mut last: Option<((u16, u32, u32), Arc<Holder>)> = None;
+        let mut push = |holder: &Arc<Holder>, range: Range<usize>| {
+            len += range.len();
+            match pieces.last_mut() {
+                Some((h, r)) if Arc::ptr_eq(h, holder) && r.end == range.start => r.end = range.end,
+                _ => pieces.push((holder.clone(), range)),
+            }
+        };
         for e in &dp.extents {
             let n = e.count as usize;
             match e.origin {
                 Origin::Literal => {
-                    out.extend_from_slice(&literal[lit..lit + n * PAGE_SIZE]);
+                    push(&literal, lit..lit + n * PAGE_SIZE);
                     lit += n * PAGE_SIZE;
                 }
                 Origin::Ref { source, file_id, block, first } => {
@@ -367,18 +503,36 @@ impl Archive {
                             .map(|a| &**a)
                             .ok_or_else(|| Error::corrupt(b.offset, format!("reference to unknown parent {k}")))?,
                     };
-                    let holder = target.holder(file_id, block).map_err(|e| e.context(target.label.clone()))?;
-                    for p in first as usize..first as usize + n {
-                        let at = holder.pages.get(p).copied().flatten().ok_or_else(|| {
-                            Error::corrupt(b.offset, "a reference points at a page that is not stored there")
-                        })?;
-                        out.extend_from_slice(&holder.bytes[at..at + PAGE_SIZE]);
+                    let holder = match &last {
+                        Some((key, h)) if *key == (source, file_id, block) => h.clone(),
+                        _ => {
+                            let h = target.holder(file_id, block).map_err(|e| e.context(target.label.clone()))?;
+                            if !sources.contains(&target.label.as_str()) {
+                                sources.push(&target.label);
+                            }
+                            last = Some(((source, file_id, block), h.clone()));
+                            h
+                        }
+                    };
+                    let missing = || Error::corrupt(b.offset, "a reference points at a page that is not stored there");
+                    let mut pages = holder.pages.get(first as usize..first as usize + n).ok_or_else(missing)?;
+                    // Runs of pages that lie back to back in the holder are one piece.
+                    while let Some(&start) = pages.first() {
+                        let start = start.ok_or_else(missing)?;
+                        let run = 1 + pages[1..]
+                            .iter()
+                            .enumerate()
+                            .take_while(|(k, at)| **at == Some(start + (k + 1) * PAGE_SIZE))
+                            .count();
+                        push(&holder, start..start + run * PAGE_SIZE);
+                        pages = &pages[run..];
                     }
                 }
             }
         }
-        let header = BlockHeader { codec: BlockCodec::Raw, stored_len: out.len() as u32, ..b.header };
-        Ok(CheckedBlock { header, record: out, offset: b.offset, raw_pos: b.raw_pos })
+        let header = BlockHeader { codec: BlockCodec::Raw, stored_len: len as u32, ..b.header };
+        let sources = Some(sources.join(", "));
+        Ok(CheckedBlock { header, record: Vec::new(), offset: b.offset, raw_pos: b.raw_pos, sources, pieces })
     }
 
     /// Opens an archive from a path, or from standard input for `-`: spooled
@@ -432,7 +586,7 @@ impl BlockSource for Archive {
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
         match self.read_block(file_id, i)? {
-            Some(b) if b.header.codec == BlockCodec::Dedup => self.resolve(b).map(Some),
+            Some(b) if b.header.codec == BlockCodec::Dedup => self.resolve(file_id, i as u32, b).map(Some),
             other => Ok(other),
         }
     }

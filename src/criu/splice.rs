@@ -1,8 +1,11 @@
 //! Handing bytes to CRIU's pipes.
 
 use crate::error::Result;
+use crate::io::SharedBytes;
 use std::io::Write;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 /// Writes to CRIU's pipe. CRIU closing its end early is its own business.
 pub fn write_pipe(pipe: &mut std::fs::File, data: &[u8]) -> Result<bool> {
@@ -13,16 +16,33 @@ pub fn write_pipe(pipe: &mut std::fs::File, data: &[u8]) -> Result<bool> {
     }
 }
 
-/// Bytes to send: a range of a buffer (a whole decoded block, or the payload
-/// of a raw block still inside its record, which saves a copy).
+/// Bytes to send, in order: ranges of buffers (a whole decoded block, the
+/// payload of a raw block still inside its record, or the pieces of decoded
+/// parent blocks a resolved incremental block is made of), never copied.
 pub struct Chunk {
-    pub buf: Vec<u8>,
-    pub range: std::ops::Range<usize>,
+    parts: Vec<(SharedBytes, Range<usize>)>,
 }
 
 impl Chunk {
     pub fn whole(buf: Vec<u8>) -> Self {
-        Chunk { range: 0..buf.len(), buf }
+        let len = buf.len();
+        Chunk::range(buf, 0..len)
+    }
+
+    pub fn range(buf: Vec<u8>, range: Range<usize>) -> Self {
+        Chunk { parts: vec![(Arc::new(buf), range)] }
+    }
+
+    pub fn parts(parts: Vec<(SharedBytes, Range<usize>)>) -> Self {
+        Chunk { parts }
+    }
+
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|(_, r)| r.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -32,10 +52,13 @@ impl Chunk {
 /// spun on that lock while we copied). The pipe reads our memory later, so a
 /// buffer is kept until the reader has consumed past it (bytes handed over
 /// minus FIONREAD), and `finish` waits for the pipe to drain.
+/// Iovecs per vmsplice call (the kernel's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+
 pub struct SplicePipe {
     pipe: std::fs::File,
     handed: u64,
-    in_flight: std::collections::VecDeque<(u64, Vec<u8>)>,
+    in_flight: std::collections::VecDeque<(u64, Chunk)>,
     closed: bool,
 }
 
@@ -66,13 +89,22 @@ impl SplicePipe {
         if self.closed {
             return Ok(false);
         }
-        let bytes = &chunk.buf[chunk.range.clone()];
-        let mut off = 0;
-        while off < bytes.len() {
-            let iov = libc::iovec { iov_base: bytes[off..].as_ptr() as *mut libc::c_void, iov_len: bytes.len() - off };
-            // SAFETY: the iovec points into `buf`, which we keep (in_flight)
-            // unchanged until the reader has consumed it.
-            let n = unsafe { libc::vmsplice(self.pipe.as_raw_fd(), &iov, 1, 0) };
+        let mut iovs: Vec<libc::iovec> = chunk
+            .parts
+            .iter()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(owner, r)| {
+                let bytes = &(**owner).as_ref()[r.clone()];
+                libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() }
+            })
+            .collect();
+        let total: usize = iovs.iter().map(|v| v.iov_len).sum();
+        let mut next = 0;
+        while next < iovs.len() {
+            let count = (iovs.len() - next).min(IOV_MAX);
+            // SAFETY: the iovecs point into the chunk's buffers, which we keep
+            // (in_flight) unchanged until the reader has consumed them.
+            let n = unsafe { libc::vmsplice(self.pipe.as_raw_fd(), iovs[next..].as_ptr(), count, 0) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
@@ -84,10 +116,22 @@ impl SplicePipe {
                     _ => return Err(e.into()),
                 }
             }
-            off += n as usize;
+            let mut n = n as usize;
+            while n > 0 {
+                let v = &mut iovs[next];
+                if n >= v.iov_len {
+                    n -= v.iov_len;
+                    next += 1;
+                } else {
+                    // SAFETY: still within the same buffer (n < iov_len).
+                    v.iov_base = unsafe { v.iov_base.add(n) };
+                    v.iov_len -= n;
+                    n = 0;
+                }
+            }
         }
-        self.handed += bytes.len() as u64;
-        self.in_flight.push_back((self.handed, chunk.buf));
+        self.handed += total as u64;
+        self.in_flight.push_back((self.handed, chunk));
         self.release_consumed()?;
         Ok(true)
     }

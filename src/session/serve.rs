@@ -170,10 +170,15 @@ fn prepare(dec: &mut Decoder, b: CheckedBlock, plan: Option<&ZeroPlan>) -> Resul
     let h = &b.header;
     let zeros = h.zero_pages();
     let stored_is_output = zeros == 0 || (0..h.pages()).filter(|&p| h.is_zero_page(p) && omit(p)).count() == zeros;
+    if stored_is_output && b.is_resolved() {
+        // Pages of parent blocks: check them where they are and hand them over.
+        let parts = b.into_pieces_checked()?;
+        return Ok(Chunk::parts(parts));
+    }
     if stored_is_output && h.codec == BlockCodec::Raw {
         // The payload is the output: check it and hand the record over as is.
         let (buf, range) = b.into_raw_checked(dec)?;
-        return Ok(Chunk { buf, range });
+        return Ok(Chunk::range(buf, range));
     }
     let mut stored = Vec::new();
     b.decode_stored(dec, &mut stored)?;
@@ -217,7 +222,7 @@ fn stream_pages(
     let mut out = SplicePipe::new(pipe);
     for r in results {
         match r.and_then(|chunk| {
-            let len = chunk.range.len() as u64;
+            let len = chunk.len() as u64;
             out.send(chunk).map(|more| more.then_some(len))
         }) {
             Ok(Some(len)) => written += len,

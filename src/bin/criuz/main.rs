@@ -501,7 +501,7 @@ fn print_inspect(rep: &offline::InspectReport) {
         rep.version,
         human(u64::from(rep.block_size)),
         rep.archive_id,
-        if rep.page_ids { ", with page ids" } else { "" }
+        if rep.page_ids { format!(", with page ids ({})", human(rep.page_id_bytes)) } else { String::new() }
     );
     for (i, p) in rep.chain.iter().enumerate() {
         let what = if i == 0 { "parent" } else { "ancestor" };
