@@ -72,7 +72,7 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
             )));
         }
     }
-    let mut parents = Vec::new();
+    let mut paths = Vec::new();
     for entry in archive.chain() {
         let path = find(entry, base, &given, &search.dirs).ok_or_else(|| {
             Error::NotFound(format!(
@@ -81,14 +81,41 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
                 base.join(&entry.hint).display()
             ))
         })?;
-        let parent = Archive::open(&path)?;
-        if parent.header().archive_id != entry.archive_id {
-            return Err(Error::Mismatch(format!("{}: changed while it was opened", path.display())));
-        }
-        parents.push(parent);
+        paths.push((path, entry.archive_id));
     }
+    // Every parent is walked before anything is served: on all cores, as
+    // that walk is the part of a restore's start that grows with the chain.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
+    let opened: Vec<Result<Arc<Archive>>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let paths = &paths;
+                scope.spawn(move || {
+                    paths
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|(path, id)| (path, open_as(path, id)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut by_worker: Vec<std::vec::IntoIter<_>> =
+            workers.into_iter().map(|w| w.join().expect("parent walk thread").into_iter()).collect();
+        (0..paths.len()).map(|i| by_worker[i % threads].next().expect("one result per parent").1).collect()
+    });
+    let parents = opened.into_iter().collect::<Result<Vec<_>>>()?;
     archive.attach_parents(parents)?;
     Ok(archive)
+}
+
+/// Opens (walks) the archive at `path`, which must have archive id `id`.
+fn open_as(path: &Path, id: &[u8; 16]) -> Result<Arc<Archive>> {
+    let parent = Archive::open(path)?;
+    if parent.header().archive_id != *id {
+        return Err(Error::Mismatch(format!("{}: changed while it was opened", path.display())));
+    }
+    Ok(parent)
 }
 
 fn chain_ids(a: &Archive) -> String {

@@ -68,7 +68,8 @@ impl RecordStore for Vec<u8> {
 }
 
 /// Reads a store front to back through a small buffer, so a header walk
-/// costs about one read per block.
+/// costs about one read per block; where the payloads skipped are small (the
+/// blocks of an incremental child), one read covers several records.
 pub(crate) struct StoreInput<'a> {
     store: &'a dyn RecordStore,
     len: u64,
@@ -76,14 +77,18 @@ pub(crate) struct StoreInput<'a> {
     buf: Vec<u8>,
     /// Store offset of `buf[0]`.
     buf_at: u64,
+    /// The last skip, which predicts how far the next record lies.
+    last_skip: u64,
 }
 
+/// Smallest and largest read of a walk.
 const WALK_BUF: usize = 4096;
+const WALK_BUF_MAX: usize = 64 << 10;
 
 impl<'a> StoreInput<'a> {
     /// An input over the whole store, from its start.
     pub(crate) fn new(store: &'a dyn RecordStore) -> Self {
-        StoreInput { store, len: store.size(), pos: 0, buf: Vec::new(), buf_at: 0 }
+        StoreInput { store, len: store.size(), pos: 0, buf: Vec::new(), buf_at: 0, last_skip: 0 }
     }
 }
 
@@ -93,7 +98,10 @@ impl Input for StoreInput<'_> {
         while got < out.len() && self.pos < self.len {
             let in_buf = self.pos >= self.buf_at && self.pos < self.buf_at + self.buf.len() as u64;
             if !in_buf {
-                let n = (self.len - self.pos).min(WALK_BUF.max(out.len() - got) as u64) as usize;
+                // Read past the next few records when the payloads between
+                // them are small; otherwise just the next header.
+                let ahead = if self.last_skip < WALK_BUF_MAX as u64 / 4 { WALK_BUF_MAX } else { WALK_BUF };
+                let n = (self.len - self.pos).min(ahead.max(out.len() - got) as u64) as usize;
                 self.buf.resize(n, 0);
                 self.store.read_exact_at(&mut self.buf, self.pos)?;
                 self.buf_at = self.pos;
@@ -109,6 +117,7 @@ impl Input for StoreInput<'_> {
     fn skip(&mut self, n: u64) -> io::Result<u64> {
         let n = n.min(self.len - self.pos);
         self.pos += n;
+        self.last_skip = n;
         Ok(n)
     }
 }
