@@ -162,6 +162,23 @@ impl CheckedBlock {
         self.sources.is_some()
     }
 
+    /// Whether handing on a resolved block's pieces keeps at most a few
+    /// times its own bytes alive: pieces pin the whole blocks they lie in
+    /// until the reader is done, which for a block whose pages were gathered
+    /// from many parent blocks (a heap that moved) would cost more memory
+    /// than copying them out.
+    pub fn shares_cheaply(&self) -> bool {
+        let mut pinned = 0;
+        let mut seen: Vec<*const Holder> = Vec::new();
+        for (h, _) in &self.pieces {
+            if !seen.contains(&Arc::as_ptr(h)) {
+                seen.push(Arc::as_ptr(h));
+                pinned += h.bytes.len();
+            }
+        }
+        pinned <= 4 * self.header.stored_len as usize
+    }
+
     /// For a resolved block: checks its data over its pieces where they lie
     /// and gives them back for handing on without a copy.
     pub fn into_pieces_checked(self) -> Result<Vec<(SharedBytes, Range<usize>)>> {

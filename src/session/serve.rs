@@ -170,7 +170,7 @@ fn prepare(dec: &mut Decoder, b: CheckedBlock, plan: Option<&ZeroPlan>) -> Resul
     let h = &b.header;
     let zeros = h.zero_pages();
     let stored_is_output = zeros == 0 || (0..h.pages()).filter(|&p| h.is_zero_page(p) && omit(p)).count() == zeros;
-    if stored_is_output && b.is_resolved() {
+    if stored_is_output && b.is_resolved() && b.shares_cheaply() {
         // Pages of parent blocks: check them where they are and hand them over.
         let parts = b.into_pieces_checked()?;
         return Ok(Chunk::parts(parts));
