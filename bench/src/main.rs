@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// generations restored against its flattened archive
     #[arg(long)]
     pub incremental: bool,
+    /// With --incremental: the shares P to rewrite, comma separated; 0 skips
+    /// the single-child rows (only the chain, when `mixed` is measured)
+    #[arg(long, value_delimiter = ',', value_name = "LIST", requires = "incremental")]
+    pub shares: Option<Vec<f64>>,
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
@@ -308,8 +312,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.incremental {
         let mut rows = Vec::new();
         for w in &plan.workloads {
-            let shares: &[f64] = if workload::PATTERNS.contains(&w.as_str()) { &[1.0, 5.0, 25.0] } else { &[5.0] };
-            for &p in shares {
+            let default: &[f64] = if workload::PATTERNS.contains(&w.as_str()) { &[1.0, 5.0, 25.0] } else { &[5.0] };
+            let shares = args.shares.as_deref().unwrap_or(default);
+            for &p in shares.iter().filter(|&&p| p > 0.0) {
                 eprintln!("bench: incremental: {w}, {p}% rewritten, {} MiB", plan.mib);
                 let row = incremental::measure(w, p, plan.mib, plan.runs, work.path(), &tools, &criuz)?;
                 if !row.intact {

@@ -275,7 +275,12 @@ pub struct Archive {
     parents: OnceLock<Vec<Arc<Archive>>>,
     /// Recently decoded blocks that references point into.
     holders: Mutex<VecDeque<(u32, u32, Arc<Holder>)>>,
+    /// The last read-ahead window: (offset, bytes).
+    window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
 }
+
+/// Bytes read at once for small records.
+const READ_AHEAD: usize = 256 << 10;
 
 /// The stored pages of a block that references may point at, and for each
 /// stored page its offset in `bytes` (`None`: the page is itself a reference,
@@ -356,6 +361,7 @@ impl Archive {
             chain,
             parents: OnceLock::new(),
             holders: Mutex::new(VecDeque::new()),
+            window: Mutex::new(None),
         })
     }
 
@@ -391,6 +397,41 @@ impl Archive {
         self.read_record(file_id, i, true)
     }
 
+    /// Fills `buf` from `offset`, small records through a read-ahead window:
+    /// the blocks of an incremental child are a few KiB each and are read in
+    /// order (each block of a chain restore reads one from every parent), so
+    /// one read serves many of them instead of a system call each.
+    fn read_ahead(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        if buf.len() > READ_AHEAD / 4 {
+            return self.store.read_exact_at(buf, offset);
+        }
+        let window = {
+            let cached = self.window.lock().unwrap();
+            match &*cached {
+                Some((at, w)) if *at <= offset && end <= at + w.len() as u64 => Some((*at, w.clone())),
+                _ => None,
+            }
+        };
+        let (at, w) = match window {
+            Some(hit) => hit,
+            None => {
+                let len = (self.store.size().saturating_sub(offset)).min(READ_AHEAD as u64) as usize;
+                if len < buf.len() {
+                    return self.store.read_exact_at(buf, offset);
+                }
+                let mut w = vec![0u8; len];
+                self.store.read_exact_at(&mut w, offset)?;
+                let w = Arc::new(w);
+                *self.window.lock().unwrap() = Some((offset, w.clone()));
+                (offset, w)
+            }
+        };
+        let start = (offset - at) as usize;
+        buf.copy_from_slice(&w[start..start + buf.len()]);
+        Ok(())
+    }
+
     /// Reads block `i` of a file, checks its header against the walk and,
     /// with `payload_check`, its payload against its payload check.
     fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
@@ -398,7 +439,7 @@ impl Archive {
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
         let (proven, raw_pos) = &self.blocks[file_id as usize][i];
         let mut record = vec![0u8; r.record_len as usize];
-        self.store.read_exact_at(&mut record, r.offset).map_err(|e| {
+        self.read_ahead(&mut record, r.offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::corrupt(r.offset, "archive was truncated after it was opened")
             } else {
