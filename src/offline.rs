@@ -19,24 +19,39 @@ use std::sync::Arc;
 /// (name, size) of each regular file of an images directory.
 pub type ImageFiles = Vec<(String, u64)>;
 
-/// Regular files of a CRIU images directory, sorted; other entries are skipped
-/// (returned so the caller can say so).
-pub fn image_files(dir: &Path) -> Result<(ImageFiles, Vec<String>)> {
+/// Regular files of a CRIU images directory, sorted, with their sizes; any
+/// other entry (a subdirectory, a link, a special file, a name an archive
+/// cannot carry) is an error, so nothing is left out unnoticed.
+pub fn image_files(dir: &Path) -> Result<ImageFiles> {
     let mut files = Vec::new();
-    let mut skipped = Vec::new();
     for e in std::fs::read_dir(dir).at(dir)? {
         let e = e.at(dir)?;
-        let name = e.file_name().to_string_lossy().into_owned();
+        let name = e.file_name().to_str().map(str::to_owned);
+        // Not followed: a link is refused, not packed as what it points at.
         let meta = e.metadata().at(e.path())?;
-        if meta.is_file() && check_entry_name(&name).is_ok() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else if meta.file_type().is_symlink() {
+            "a symbolic link"
+        } else if !meta.is_file() {
+            "not a regular file"
+        } else if let Some(Err(why)) = name.as_deref().map(check_entry_name) {
+            why
+        } else if let Some(name) = name {
             files.push((name, meta.len()));
+            continue;
         } else {
-            skipped.push(name);
-        }
+            "a name that is not UTF-8"
+        };
+        // Leaving it out would lose it without a word (a podman export keeps
+        // its images in a subdirectory): refuse the whole directory instead.
+        return Err(Error::Usage(format!(
+            "{}: {what}; criuz pack takes only the regular files of one CRIU images directory",
+            e.path().display()
+        )));
     }
     files.sort();
-    skipped.sort();
-    Ok((files, skipped))
+    Ok(files)
 }
 
 /// Packs every regular file of `dir` into an archive written to `out`.
@@ -47,7 +62,7 @@ pub fn pack_dir<W: Write + Send + 'static>(
     dedup: Option<Arc<DedupIndex>>,
     progress: &mut Progress,
 ) -> Result<PackStats> {
-    let (files, _) = image_files(dir)?;
+    let files = image_files(dir)?;
     let packer = Packer::start(out, opts, dedup)?;
     let mut done = 0u64;
     let fed = (|| -> Result<()> {

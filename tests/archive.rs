@@ -293,6 +293,36 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
 }
 
 #[test]
+fn pack_refuses_what_it_cannot_carry_and_writes_nothing() {
+    // A podman export keeps its images in a subdirectory; packing the rest
+    // and exiting 0 would lose the checkpoint without a word.
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("out.czr");
+    type Setup = fn(&Path);
+    let cases: [(&str, Setup, &str); 3] = [
+        ("checkpoint", |d| images_dir(&d.join("checkpoint")), "a directory"),
+        ("parent", |d| std::os::unix::fs::symlink("/tmp", d.join("parent")).unwrap(), "a symbolic link"),
+        ("fifo", |d| mkfifo(&d.join("fifo")), "not a regular file"),
+    ];
+    for (name, setup, want) in cases {
+        let dir = tmp.path().join(format!("img-{name}"));
+        images_dir(&dir);
+        setup(&dir);
+        let out = criuz(&["pack", dir.to_str().unwrap(), "-o", arc.to_str().unwrap()]);
+        let err = one_line_error(&out, &dir.join(name));
+        assert!(err.contains(want), "{name}: {err}");
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(!arc.exists(), "{name}: an archive was written");
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
 fn foreign_files_and_unknown_versions_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let good = small_archive(tmp.path());

@@ -302,10 +302,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Pack { dir, output, force, parent, codec } => {
             let opts = codec.options()?;
             let dedup = criuz::session::checkpoint::dedup_for(parent.as_deref(), &output)?;
-            let (files, skipped) = offline::image_files(&dir)?;
-            for s in &skipped {
-                eprintln!("criuz: skipping {} (not a regular file)", dir.join(s).display());
-            }
+            let files = offline::image_files(&dir)?;
             let total: u64 = files.iter().map(|f| f.1).sum();
             let out = Output::open(&output, force)?;
             let t = Instant::now();
