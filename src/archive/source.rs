@@ -276,7 +276,7 @@ pub struct Archive {
     /// Recently decoded blocks that references point into.
     holders: Mutex<VecDeque<(u32, u32, Arc<Holder>)>>,
     /// The last read-ahead window: (offset, bytes).
-    window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
+    window: Mutex<Option<(u64, Vec<u8>)>>,
 }
 
 /// Bytes read at once for small records.
@@ -401,35 +401,32 @@ impl Archive {
     /// the blocks of an incremental child are a few KiB each and are read in
     /// order (each block of a chain restore reads one from every parent), so
     /// one read serves many of them instead of a system call each.
-    fn read_ahead(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let end = offset + buf.len() as u64;
-        if buf.len() > READ_AHEAD / 4 {
-            return self.store.read_exact_at(buf, offset);
+    fn read_ahead(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let direct = || {
+            let mut buf = vec![0u8; len];
+            self.store.read_exact_at(&mut buf, offset).map(|()| buf)
+        };
+        if len > READ_AHEAD / 4 {
+            return direct();
         }
-        let window = {
-            let cached = self.window.lock().unwrap();
-            match &*cached {
-                Some((at, w)) if *at <= offset && end <= at + w.len() as u64 => Some((*at, w.clone())),
-                _ => None,
+        let end = offset + len as u64;
+        let mut cached = self.window.lock().unwrap();
+        let hit = matches!(&*cached, Some((at, w)) if *at <= offset && end <= at + w.len() as u64);
+        if !hit {
+            let want = (self.store.size().saturating_sub(offset)).min(READ_AHEAD as u64) as usize;
+            if want < len {
+                drop(cached);
+                return direct();
             }
-        };
-        let (at, w) = match window {
-            Some(hit) => hit,
-            None => {
-                let len = (self.store.size().saturating_sub(offset)).min(READ_AHEAD as u64) as usize;
-                if len < buf.len() {
-                    return self.store.read_exact_at(buf, offset);
-                }
-                let mut w = vec![0u8; len];
-                self.store.read_exact_at(&mut w, offset)?;
-                let w = Arc::new(w);
-                *self.window.lock().unwrap() = Some((offset, w.clone()));
-                (offset, w)
-            }
-        };
+            // The old window's memory is reused, not zeroed again.
+            let mut w = cached.take().map(|(_, w)| w).unwrap_or_default();
+            w.resize(want, 0);
+            self.store.read_exact_at(&mut w, offset)?;
+            *cached = Some((offset, w));
+        }
+        let (at, w) = cached.as_ref().expect("window filled");
         let start = (offset - at) as usize;
-        buf.copy_from_slice(&w[start..start + buf.len()]);
-        Ok(())
+        Ok(w[start..start + len].to_vec())
     }
 
     /// Reads block `i` of a file, checks its header against the walk and,
@@ -438,8 +435,7 @@ impl Archive {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
         let (proven, raw_pos) = &self.blocks[file_id as usize][i];
-        let mut record = vec![0u8; r.record_len as usize];
-        self.read_ahead(&mut record, r.offset).map_err(|e| {
+        let record = self.read_ahead(r.record_len as usize, r.offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::corrupt(r.offset, "archive was truncated after it was opened")
             } else {
