@@ -43,6 +43,13 @@ pub trait RecordStore: Send + Sync {
     fn size(&self) -> u64;
     /// Fills `buf` from `offset`; fails if the store is shorter.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// `len` bytes from `offset`, in a new buffer.
+    fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
 }
 
 impl RecordStore for File {
@@ -51,6 +58,34 @@ impl RecordStore for File {
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         FileExt::read_exact_at(self, buf, offset)
+    }
+
+    /// Reads straight into new memory: zeroing a block-sized buffer first
+    /// would cost as much as a fifth of decoding it.
+    fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        use std::os::fd::AsRawFd;
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        while buf.len() < len {
+            let got = buf.len();
+            let at = libc::off_t::try_from(offset + got as u64).map_err(|_| io::ErrorKind::InvalidInput)?;
+            // SAFETY: pread writes at most `len - got` bytes into the spare
+            // capacity after `got`, which `with_capacity(len)` guarantees.
+            let n = unsafe { libc::pread(self.as_raw_fd(), buf.as_mut_ptr().add(got).cast(), len - got, at) };
+            match n {
+                n if n > 0 => {
+                    // SAFETY: the kernel initialised `n` more bytes.
+                    unsafe { buf.set_len(got + n as usize) };
+                }
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(buf)
     }
 }
 
@@ -402,10 +437,7 @@ impl Archive {
     /// order (each block of a chain restore reads one from every parent), so
     /// one read serves many of them instead of a system call each.
     fn read_ahead(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
-        let direct = || {
-            let mut buf = vec![0u8; len];
-            self.store.read_exact_at(&mut buf, offset).map(|()| buf)
-        };
+        let direct = || self.store.read_vec(len, offset);
         if len > READ_AHEAD / 4 {
             return direct();
         }
