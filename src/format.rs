@@ -715,6 +715,18 @@ impl DedupPayload {
         self.literal_len / PAGE_SIZE as u32
     }
 
+    /// For each stored page in order: its index among the literal pages, or
+    /// `None` for a reference.
+    pub fn literal_slots(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        let mut next = 0;
+        self.extents.iter().flat_map(|e| std::iter::repeat_n(e.origin, e.count as usize)).map(move |o| {
+            (o == Origin::Literal).then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+    }
+
     /// Encodes the extents and inner header; the inner payload follows.
     pub fn encode_head(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());

@@ -16,7 +16,7 @@ use super::records::read_full;
 use super::source::{Archive, BlockSource};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{
-    page_id, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, Header, Origin, PageId, FLAG_IDS, HEADER_LEN,
+    page_id, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, Header, PageId, FLAG_IDS, HEADER_LEN,
     PAGE_SIZE,
 };
 use std::collections::HashMap;
@@ -86,25 +86,21 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
     // Every parent is walked before anything is served: on all cores, as
     // that walk is the part of a restore's start that grows with the chain.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
-    let opened: Vec<Result<Arc<Archive>>> = std::thread::scope(|scope| {
+    let mut opened: Vec<(usize, Result<Arc<Archive>>)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let paths = &paths;
                 scope.spawn(move || {
-                    paths
-                        .iter()
-                        .skip(t)
-                        .step_by(threads)
-                        .map(|(path, id)| (path, open_as(path, id)))
-                        .collect::<Vec<_>>()
+                    let mine = paths.iter().enumerate().skip(t).step_by(threads);
+                    mine.map(|(i, (path, id))| (i, open_as(path, id))).collect::<Vec<_>>()
                 })
             })
             .collect();
-        let mut by_worker: Vec<std::vec::IntoIter<_>> =
-            workers.into_iter().map(|w| w.join().expect("parent walk thread").into_iter()).collect();
-        (0..paths.len()).map(|i| by_worker[i % threads].next().expect("one result per parent").1).collect()
+        workers.into_iter().flat_map(|w| w.join().expect("parent walk thread")).collect()
     });
-    let parents = opened.into_iter().collect::<Result<Vec<_>>>()?;
+    // In chain order, so the first failure reported is the nearest parent's.
+    opened.sort_by_key(|(i, _)| *i);
+    let parents = opened.into_iter().map(|(_, p)| p).collect::<Result<Vec<_>>>()?;
     archive.attach_parents(parents)?;
     Ok(archive)
 }
@@ -239,15 +235,8 @@ fn stored_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)>>
                 let literal: Vec<u32> = if header.codec == BlockCodec::Dedup {
                     let payload = payload.expect("dedup payloads are read");
                     let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
-                    let mut at = 0u32;
-                    let mut literal = Vec::new();
-                    for e in &dp.extents {
-                        if e.origin == Origin::Literal {
-                            literal.extend(at..at + e.count);
-                        }
-                        at += e.count;
-                    }
-                    literal
+                    let slots = dp.literal_slots().enumerate();
+                    slots.filter_map(|(i, k)| k.map(|_| i as u32)).collect()
                 } else {
                     (0..stored as u32).collect()
                 };

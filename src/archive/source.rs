@@ -217,15 +217,8 @@ impl CheckedBlock {
     /// For a resolved block: checks its data over its pieces where they lie
     /// and gives them back for handing on without a copy.
     pub fn into_pieces_checked(self) -> Result<Vec<(SharedBytes, Range<usize>)>> {
-        let mut check = xxhash_rust::xxh3::Xxh3::new();
-        let mut len = 0;
-        for (h, r) in &self.pieces {
-            check.update(&h.bytes[r.clone()]);
-            len += r.len();
-        }
-        if len != self.header.stored_raw_len() || check.digest() != self.header.data_check {
-            return Err(self.damaged("block data checksum mismatch".into()));
-        }
+        let parts: Vec<&[u8]> = self.pieces.iter().map(|(h, r)| &h.bytes[r.clone()]).collect();
+        crate::codec::check_parts(&self.header, &parts).map_err(|e| self.damaged(e))?;
         Ok(self.pieces.into_iter().map(|(h, r)| (h as SharedBytes, r)).collect())
     }
 
@@ -518,7 +511,6 @@ impl Archive {
         })?;
         let h = &b.header;
         let holder = if h.codec == BlockCodec::Dedup {
-            let stored = h.pages() - h.zero_pages();
             let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
             // Raw literal pages (new random data, the usual case) are used
             // where they lie in the record: they are the payload's tail.
@@ -528,15 +520,7 @@ impl Archive {
             } else {
                 (decompress_literal(&dp, inner, b.offset)?, 0)
             };
-            let (mut pages, mut lit) = (Vec::with_capacity(stored), 0);
-            for e in &dp.extents {
-                for _ in 0..e.count {
-                    pages.push(matches!(e.origin, Origin::Literal).then(|| {
-                        lit += 1;
-                        base + (lit - 1) * PAGE_SIZE
-                    }));
-                }
-            }
+            let pages = dp.literal_slots().map(|k| k.map(|k| base + k * PAGE_SIZE)).collect();
             Holder { bytes, pages }
         } else if h.codec == BlockCodec::Raw {
             if h.stored_len as usize != h.stored_raw_len() {
