@@ -1,7 +1,8 @@
 //! Incremental checkpoints with real CRIU: a child archive stores only what
 //! changed since its parent; restores of a child and of a chain of three come
-//! back with the processes' own checksums; a missing, wrong, replaced or
-//! damaged parent fails before CRIU starts; flatten gives a self-contained
+//! back with the processes' own checksums; a missing, wrong or replaced
+//! parent fails before CRIU starts, a damaged or truncated one before any
+//! process runs; flatten gives a self-contained
 //! archive; identical pages across a process tree are stored once.
 
 mod common;
@@ -162,6 +163,17 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
     assert!(!w.alive(), "a process runs after a restore from a damaged parent");
     // CRIU got as far as forking the tree before the damaged block stopped
     // it; its dead children are ours (subreaper) to reap.
+    w.reap_original();
+
+    // Truncated: the parent's header (and id) is intact, so it is found
+    // before CRIU starts; its walk, which runs while CRIU starts, fails, and
+    // CRIU must be stopped before any process runs.
+    std::fs::write(&parent, &good[..good.len() - 100]).unwrap();
+    let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("full.czr"), "the error must name the truncated parent: {err}");
+    assert!(!w.alive(), "a process runs after a restore from a truncated parent");
     w.reap_original();
     std::fs::write(&parent, &good).unwrap();
 

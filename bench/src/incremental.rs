@@ -178,6 +178,7 @@ pub fn measure(
     let pids = proc::tree(app.pid);
     ctx.dump(app.pid, &child, Some(&base), false)?;
     reap_all(&pids)?;
+    proc::warm_guest_memory(crate::warm_bytes(mib_size));
     let (restore_s, usage) = ctx.restore(&child)?;
     let intact = app.fingerprint().map(|after| after == before).unwrap_or(false);
     let row = IncRow {
@@ -250,6 +251,7 @@ pub fn chain(
     for run in 0..runs.max(6) * 2 {
         let from_chain = matches!(run % 4, 0 | 3);
         std::thread::sleep(Duration::from_secs(1));
+        proc::warm_guest_memory(crate::warm_bytes(mib_size));
         let (s, u) = ctx.restore(if from_chain { &prev } else { &flat })?;
         intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
         if from_chain {

@@ -55,12 +55,66 @@ pub fn open(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Arc<Ar
 /// Finds and opens the parents `archive` names (hints relative to `base`)
 /// and attaches them.
 pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Result<Arc<Archive>> {
+    locate(archive, base, search)?.open()
+}
+
+/// Like [`open`], but only finds the parents and checks their archive ids
+/// (a header read each); [`Located::open`] then walks them. A restore finds
+/// a missing or foreign parent before CRIU starts and walks the parents
+/// while CRIU starts.
+pub fn locate_spec(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Located> {
+    let archive = Archive::open_spec(spec, spool_cap)?;
+    let base = if crate::io::is_stdio(spec) { PathBuf::from(".") } else { dir_of(spec) };
+    locate(archive, base.as_path(), search)
+}
+
+/// An opened archive whose parents have been found but not yet walked.
+pub struct Located {
+    archive: Arc<Archive>,
+    paths: Vec<(PathBuf, [u8; 16])>,
+}
+
+impl Located {
+    /// The archive itself (its own files read; references need [`Located::open`]).
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    /// Walks every parent, on all cores, and attaches them.
+    pub fn open(self) -> Result<Arc<Archive>> {
+        let Located { archive, paths } = self;
+        if paths.is_empty() {
+            return Ok(archive);
+        }
+        // The part of a restore's start that grows with the chain.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
+        let mut opened: Vec<(usize, Result<Arc<Archive>>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let paths = &paths;
+                    scope.spawn(move || {
+                        let mine = paths.iter().enumerate().skip(t).step_by(threads);
+                        mine.map(|(i, (path, id))| (i, open_as(path, id))).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().expect("parent walk thread")).collect()
+        });
+        // In chain order, so the first failure reported is the nearest parent's.
+        opened.sort_by_key(|(i, _)| *i);
+        let parents = opened.into_iter().map(|(_, p)| p).collect::<Result<Vec<_>>>()?;
+        archive.attach_parents(parents)?;
+        Ok(archive)
+    }
+}
+
+fn locate(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Result<Located> {
     let label = archive.label().to_string();
     if archive.chain().is_empty() {
         if let Some(f) = search.files.first() {
             return Err(Error::Usage(format!("{label}: has no parents, but --parent {} was given", f.display())));
         }
-        return Ok(archive);
+        return Ok(Located { archive, paths: Vec::new() });
     }
     let given: Vec<(PathBuf, Option<[u8; 16]>)> = search.files.iter().map(|f| (f.clone(), archive_id(f))).collect();
     for (f, id) in &given {
@@ -83,26 +137,7 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
         })?;
         paths.push((path, entry.archive_id));
     }
-    // Every parent is walked before anything is served: on all cores, as
-    // that walk is the part of a restore's start that grows with the chain.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(paths.len()).max(1);
-    let mut opened: Vec<(usize, Result<Arc<Archive>>)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let paths = &paths;
-                scope.spawn(move || {
-                    let mine = paths.iter().enumerate().skip(t).step_by(threads);
-                    mine.map(|(i, (path, id))| (i, open_as(path, id))).collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers.into_iter().flat_map(|w| w.join().expect("parent walk thread")).collect()
-    });
-    // In chain order, so the first failure reported is the nearest parent's.
-    opened.sort_by_key(|(i, _)| *i);
-    let parents = opened.into_iter().map(|(_, p)| p).collect::<Result<Vec<_>>>()?;
-    archive.attach_parents(parents)?;
-    Ok(archive)
+    Ok(Located { archive, paths })
 }
 
 /// Opens (walks) the archive at `path`, which must have archive id `id`.

@@ -167,11 +167,12 @@ pub struct CheckedBlock {
     pub offset: u64,
     /// Position of the block's first byte in its file.
     pub raw_pos: u64,
-    /// For a resolved dedup block: the archives its pages came from, named
-    /// when its data check fails (the damage may be in any of them).
-    sources: Option<String>,
+    /// Whether this is a resolved dedup block.
+    resolved: bool,
     /// For a resolved dedup block: its stored pages, as runs inside decoded
     /// blocks (its own literal pages and its parents'); `record` is empty.
+    /// Each holder names its archive, so a failed data check can name every
+    /// archive the pages came from (the damage may be in any of them).
     pieces: Vec<(Arc<Holder>, Range<usize>)>,
 }
 
@@ -194,7 +195,7 @@ impl CheckedBlock {
 
     /// Whether this is a resolved dedup block (its pages live in other blocks).
     pub fn is_resolved(&self) -> bool {
-        self.sources.is_some()
+        self.resolved
     }
 
     /// Whether handing on a resolved block's pieces keeps at most a few
@@ -223,10 +224,16 @@ impl CheckedBlock {
     }
 
     fn damaged(&self, why: String) -> Error {
-        match &self.sources {
-            None => Error::corrupt(self.offset, why),
-            Some(from) => Error::corrupt(self.offset, format!("{why} after resolving its references into {from}")),
+        if !self.resolved {
+            return Error::corrupt(self.offset, why);
         }
+        let mut from: Vec<&str> = Vec::new();
+        for (h, _) in &self.pieces {
+            if !from.contains(&&*h.archive) {
+                from.push(&h.archive);
+            }
+        }
+        Error::corrupt(self.offset, format!("{why} after resolving its references into {}", from.join(", ")))
     }
 
     /// Decodes the whole block (zero pages rebuilt) into `out`, checking its data.
@@ -289,14 +296,11 @@ pub trait BlockSource: Send + Sync {
 /// A seekable archive, proven whole when opened.
 pub struct Archive {
     store: Box<dyn RecordStore>,
-    label: String,
+    label: Arc<str>,
     header: Header,
     index: Index,
     /// Proven block headers and first-byte positions, by file id.
-    blocks: Vec<Vec<(BlockHeader, u64)>>,
-    /// For each dedup block (file id, block), the pages its P record lists:
-    /// its literal pages must be exactly these (checked when it is decoded).
-    literal_counts: std::collections::HashMap<(u32, u32), u32>,
+    blocks: Vec<Vec<ProvenBlock>>,
     /// The parents named by the C record (empty without parents).
     chain: Vec<ChainEntry>,
     /// The opened parents, in C record order (see `archive::parent`).
@@ -316,6 +320,18 @@ const READ_AHEAD: usize = 256 << 10;
 struct Holder {
     bytes: Vec<u8>,
     pages: Vec<Option<usize>>,
+    /// The archive's label (for messages).
+    archive: Arc<str>,
+}
+
+/// What the opening walk proved about a block.
+struct ProvenBlock {
+    header: BlockHeader,
+    /// Position of its first byte in its file.
+    raw_pos: u64,
+    /// For a dedup block, the pages its P record lists: its literal pages
+    /// must be exactly these (checked whenever it is decoded).
+    literal_pages: Option<u32>,
 }
 
 impl AsRef<[u8]> for Holder {
@@ -357,19 +373,18 @@ impl Archive {
         let inp = StoreInput::new(&*store);
         let mut records = CheckedRecords::new(inp, Payloads::None)?;
         let header = records.header().clone();
-        let mut blocks: Vec<Vec<(BlockHeader, u64)>> = Vec::new();
-        let mut literal_counts = std::collections::HashMap::new();
+        let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
         let mut chain = Vec::new();
         let index = loop {
             match records.next_record()? {
                 Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
                 Some((_, Checked::Block { header, raw_pos, .. })) => {
-                    blocks[header.file_id as usize].push((header, raw_pos));
+                    blocks[header.file_id as usize].push(ProvenBlock { header, raw_pos, literal_pages: None });
                 }
                 Some((_, Checked::Ids { file_id, count, .. })) => {
-                    let file = &blocks[file_id as usize];
-                    if file.last().is_some_and(|(h, _)| h.codec == BlockCodec::Dedup) {
-                        literal_counts.insert((file_id, file.len() as u32 - 1), count);
+                    if let Some(b) = blocks[file_id as usize].last_mut().filter(|b| b.header.codec == BlockCodec::Dedup)
+                    {
+                        b.literal_pages = Some(count);
                     }
                 }
                 Some((_, Checked::Chain(entries))) => chain = entries,
@@ -381,11 +396,10 @@ impl Archive {
         drop(records);
         Ok(Archive {
             store,
-            label,
+            label: label.into(),
             header,
             index,
             blocks,
-            literal_counts,
             chain,
             parents: OnceLock::new(),
             holders: Mutex::new(VecDeque::new()),
@@ -459,7 +473,7 @@ impl Archive {
     fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
-        let (proven, raw_pos) = &self.blocks[file_id as usize][i];
+        let ProvenBlock { header: proven, raw_pos, .. } = &self.blocks[file_id as usize][i];
         let record = self.read_ahead(r.record_len as usize, r.offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::corrupt(r.offset, "archive was truncated after it was opened")
@@ -475,7 +489,7 @@ impl Archive {
             ));
         }
         let block =
-            CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos, sources: None, pieces: Vec::new() };
+            CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos, resolved: false, pieces: Vec::new() };
         if payload_check {
             check_payload(&block.header, block.payload(), r.offset)?;
         }
@@ -487,7 +501,8 @@ impl Archive {
     fn dedup_payload<'b>(&self, file_id: u32, block: u32, b: &'b CheckedBlock) -> Result<(DedupPayload, &'b [u8])> {
         let stored = b.header.pages() - b.header.zero_pages();
         let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
-        if self.literal_counts.get(&(file_id, block)) != Some(&dp.literal_pages()) {
+        let listed = self.blocks[file_id as usize].get(block as usize).and_then(|b| b.literal_pages);
+        if listed != Some(dp.literal_pages()) {
             return Err(Error::corrupt(b.offset, "the page id record does not list the block's literal pages"));
         }
         Ok((dp, inner))
@@ -521,21 +536,25 @@ impl Archive {
                 (decompress_literal(&dp, inner, b.offset)?, 0)
             };
             let pages = dp.literal_slots().map(|k| k.map(|k| base + k * PAGE_SIZE)).collect();
-            Holder { bytes, pages }
+            Holder { bytes, pages, archive: self.label.clone() }
         } else if h.codec == BlockCodec::Raw {
             if h.stored_len as usize != h.stored_raw_len() {
                 return Err(Error::corrupt(b.offset, "raw block payload has the wrong length"));
             }
             let base = b.record.len() - h.stored_len as usize;
             let whole = h.stored_len as usize / PAGE_SIZE;
-            Holder { pages: (0..whole).map(|p| Some(base + p * PAGE_SIZE)).collect(), bytes: b.record }
+            Holder {
+                pages: (0..whole).map(|p| Some(base + p * PAGE_SIZE)).collect(),
+                bytes: b.record,
+                archive: self.label.clone(),
+            }
         } else {
             let mut bytes = Vec::new();
             DECODER
                 .with(|d| d.borrow_mut().decompress(h.codec, b.payload(), h.stored_raw_len(), &mut bytes))
                 .map_err(|e| Error::corrupt(b.offset, e))?;
             let whole = bytes.len() / PAGE_SIZE;
-            Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect() }
+            Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect(), archive: self.label.clone() }
         };
         let holder = Arc::new(holder);
         let mut cache = self.holders.lock().unwrap();
@@ -551,10 +570,9 @@ impl Archive {
     fn resolve(&self, file_id: u32, block: u32, b: CheckedBlock) -> Result<CheckedBlock> {
         let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
         let literal = decompress_literal(&dp, inner, b.offset)?;
-        let literal = Arc::new(Holder { bytes: literal, pages: Vec::new() });
+        let literal = Arc::new(Holder { bytes: literal, pages: Vec::new(), archive: self.label.clone() });
         let (mut lit, mut len) = (0, 0);
         let mut pieces: Vec<(Arc<Holder>, Range<usize>)> = Vec::new();
-        let mut sources: Vec<&str> = Vec::new();
         // The holder the last extent used: consecutive extents mostly point
         // into the same block, and the cache takes a lock.
         let mut last: Option<((u16, u32, u32), Arc<Holder>)> = None;
@@ -585,10 +603,7 @@ impl Archive {
                     let holder = match &last {
                         Some((key, h)) if *key == (source, file_id, block) => h.clone(),
                         _ => {
-                            let h = target.holder(file_id, block).map_err(|e| e.context(target.label.clone()))?;
-                            if !sources.contains(&target.label.as_str()) {
-                                sources.push(&target.label);
-                            }
+                            let h = target.holder(file_id, block).map_err(|e| e.context(target.label.to_string()))?;
                             last = Some(((source, file_id, block), h.clone()));
                             h
                         }
@@ -610,8 +625,7 @@ impl Archive {
             }
         }
         let header = BlockHeader { codec: BlockCodec::Raw, stored_len: len as u32, ..b.header };
-        let sources = Some(sources.join(", "));
-        Ok(CheckedBlock { header, record: Vec::new(), offset: b.offset, raw_pos: b.raw_pos, sources, pieces })
+        Ok(CheckedBlock { header, record: Vec::new(), offset: b.offset, raw_pos: b.raw_pos, resolved: true, pieces })
     }
 
     /// Opens an archive from a path, or from standard input for `-`: spooled
@@ -660,7 +674,7 @@ impl BlockSource for Archive {
     }
 
     fn block_header(&self, file_id: u32, i: usize) -> Option<(&BlockHeader, u64)> {
-        self.blocks.get(file_id as usize)?.get(i).map(|(h, p)| (h, *p))
+        self.blocks.get(file_id as usize)?.get(i).map(|b| (&b.header, b.raw_pos))
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {

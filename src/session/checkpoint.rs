@@ -297,8 +297,11 @@ pub struct RestoreReport {
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
-    let source: Arc<dyn BlockSource> = crate::archive::parent::open(&o.input, o.pipe_buffer, &o.parents)?;
-    check_pids_free(&*source)?;
+    // Missing or foreign parents are found here, before CRIU starts; the
+    // parents are walked while CRIU starts (for a deep chain, as long as a
+    // tenth of the restore), and CRIU's first request waits for that walk.
+    let located = crate::archive::parent::locate_spec(&o.input, o.pipe_buffer, &o.parents)?;
+    check_pids_free(located.archive())?;
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
@@ -317,7 +320,18 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     cmd.args(&o.extra);
 
     let (status, served) = std::thread::scope(|s| {
-        let srv = s.spawn(|| serve::serve(&listener, source, opts, &stop));
+        let srv = s.spawn(|| {
+            let source: Arc<dyn BlockSource> = match located.open() {
+                Ok(a) => a,
+                Err(e) => {
+                    // CRIU is waiting for its first answer: close the
+                    // connection so it aborts before any process runs.
+                    drop(listener.accept(&stop));
+                    return Err(e);
+                }
+            };
+            serve::serve(&listener, source, opts, &stop)
+        });
         let status = cmd.status();
         stop.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))
