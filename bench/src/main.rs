@@ -165,12 +165,6 @@ struct Ctx<'a> {
     cold: bool,
 }
 
-/// Guest memory warmed before a timed restore of an `mib` workload: its
-/// memory and CRIU's, with room to spare.
-pub fn warm_bytes(mib: u64) -> usize {
-    ((mib + mib / 4 + 256) << 20) as usize
-}
-
 /// One checkpoint and restore of a fresh workload; Ok only if the restored
 /// process answers exactly as it did before the dump.
 fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
@@ -210,7 +204,6 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     if ctx.cold {
         proc::drop_caches()?;
     }
-    proc::warm_guest_memory(warm_bytes(ctx.mib));
     let r = config::restore(cfg, ctx.env, &place)?;
     // CPU the restored processes spent being restored (CRIU fills their memory
     // from inside them).

@@ -417,10 +417,12 @@ pub fn pipeline(cmds: Vec<Command>, src: Src, dst: Dst, logs: &Path, step: &str)
 /// Touches `bytes` of fresh anonymous memory and frees it again, just before
 /// a timed restore. This VM hands free guest memory back to the host
 /// (virtio-balloon free page reporting, about 2 s after it is freed), and a
-/// restore that lands on such memory spent 2-3x as long in page faults as
-/// one that did not: consecutive restores of one archive varied 0.5-1.9 s.
-/// Warming memory first gives every configuration the same, host-backed
-/// start (0.46-0.53 s for the same restores), so ratios measure criuz.
+/// restore that lands on such memory spends 2-3x as long in page faults as
+/// one that does not: six consecutive restores of one 1 GiB archive took
+/// 0.60-1.95 s, and mostly 0.5-0.55 s when warmed first. Warming gives every
+/// configuration the same, host-backed start, so ratios measure criuz (it
+/// does not remove all noise: a warmed restore still lands at 1.0 s now and
+/// then).
 pub fn warm_guest_memory(bytes: usize) {
     const PAGE: usize = 4096;
     // In a child of its own: a process's peak RSS passes to the children it
