@@ -256,30 +256,7 @@ impl Decoder {
     pub fn check_raw(&self, header: &BlockHeader, payload: &[u8]) -> Result<(), String> {
         check_parts(header, &[payload])
     }
-}
 
-/// Checks a block's stored pages, given as consecutive parts (a raw payload,
-/// or the pieces a resolved dedup block is made of), against its data check.
-pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), String> {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    if len != header.stored_raw_len() {
-        return Err(format!("raw block holds {len} bytes, expected {}", header.stored_raw_len()));
-    }
-    let check = match parts {
-        [one] => xxh3_64(one),
-        _ => {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
-            parts.iter().for_each(|p| h.update(p));
-            h.digest()
-        }
-    };
-    if check != header.data_check {
-        return Err("block data checksum mismatch".into());
-    }
-    Ok(())
-}
-
-impl Decoder {
     /// Decodes only the stored pages of a block (zero pages left out) into
     /// `stored` and checks them against the block's data check.
     pub fn decode_stored(&mut self, header: &BlockHeader, payload: &[u8], stored: &mut Vec<u8>) -> Result<(), String> {
@@ -354,6 +331,27 @@ impl Decoder {
         }
         Ok(())
     }
+}
+
+/// Checks a block's stored pages, given as consecutive parts (a raw payload,
+/// or the pieces a resolved dedup block is made of), against its data check.
+pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), String> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len != header.stored_raw_len() {
+        return Err(format!("raw block holds {len} bytes, expected {}", header.stored_raw_len()));
+    }
+    let check = match parts {
+        [one] => xxh3_64(one),
+        _ => {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            parts.iter().for_each(|p| h.update(p));
+            h.digest()
+        }
+    };
+    if check != header.data_check {
+        return Err("block data checksum mismatch".into());
+    }
+    Ok(())
 }
 
 /// Rebuilds block bytes from its stored pages, leaving out the zero pages for

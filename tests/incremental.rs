@@ -155,26 +155,24 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
     let b = pages[pages.len() / 2];
     let mut bad = good.clone();
     bad[b.start + b.len - 17] ^= 0x10;
-    std::fs::write(&parent, &bad).unwrap();
-    let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("full.czr"), "the error must name the damaged parent: {err}");
-    assert!(!w.alive(), "a process runs after a restore from a damaged parent");
-    // CRIU got as far as forking the tree before the damaged block stopped
-    // it; its dead children are ours (subreaper) to reap.
-    w.reap_original();
+    // A restore with `parent` holding `bytes` must fail as damaged, name the
+    // parent and leave no process running. CRIU may have got as far as
+    // forking the tree; its dead children are ours (subreaper) to reap.
+    let fails_naming_parent = |w: &mut Workload, bytes: &[u8], what: &str| {
+        std::fs::write(&parent, bytes).unwrap();
+        let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: {err}");
+        assert!(err.contains("full.czr"), "the error must name the {what} parent: {err}");
+        assert!(!w.alive(), "a process runs after a restore from a {what} parent");
+        w.reap_original();
+    };
+    fails_naming_parent(&mut w, &bad, "damaged");
 
     // Truncated: the parent's header (and id) is intact, so it is found
     // before CRIU starts; its walk, which runs while CRIU starts, fails, and
     // CRIU must be stopped before any process runs.
-    std::fs::write(&parent, &good[..good.len() - 100]).unwrap();
-    let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("full.czr"), "the error must name the truncated parent: {err}");
-    assert!(!w.alive(), "a process runs after a restore from a truncated parent");
-    w.reap_original();
+    fails_naming_parent(&mut w, &good[..good.len() - 100], "truncated");
     std::fs::write(&parent, &good).unwrap();
 
     // Found through --parent-dir, and from a pipe.

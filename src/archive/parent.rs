@@ -47,9 +47,7 @@ fn hex(id: &[u8; 16]) -> String {
 /// Opens an archive (a path, or `-` for standard input, spooled up to
 /// `spool_cap` bytes) together with the parents its C record names.
 pub fn open(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Arc<Archive>> {
-    let archive = Archive::open_spec(spec, spool_cap)?;
-    let base = if crate::io::is_stdio(spec) { PathBuf::from(".") } else { dir_of(spec) };
-    attach(archive, &base, search)
+    locate_spec(spec, spool_cap, search)?.open()
 }
 
 /// Finds and opens the parents `archive` names (hints relative to `base`)
@@ -65,7 +63,7 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
 pub fn locate_spec(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Located> {
     let archive = Archive::open_spec(spec, spool_cap)?;
     let base = if crate::io::is_stdio(spec) { PathBuf::from(".") } else { dir_of(spec) };
-    locate(archive, base.as_path(), search)
+    locate(archive, &base, search)
 }
 
 /// An opened archive whose parents have been found but not yet walked.
