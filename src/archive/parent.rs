@@ -104,6 +104,30 @@ impl Located {
         archive.attach_parents(parents)?;
         Ok(archive)
     }
+
+    /// Like [`Located::open`], but gives the archive back at once and walks
+    /// the parents on a thread, whose result says whether they could be
+    /// opened. The archive's own files can be read meanwhile; a reader that
+    /// meets a reference waits for the walk, and fails as cancelled if the
+    /// walk failed. A restore answers CRIU's first requests (its metadata)
+    /// while the parents are walked.
+    pub fn open_behind(self) -> (Arc<Archive>, std::thread::JoinHandle<Result<()>>) {
+        let archive = self.archive.clone();
+        archive.expect_parents();
+        let walk = std::thread::spawn(move || {
+            /// Releases waiting readers however the walk ends (a no-op once
+            /// the parents are attached).
+            struct Release(Arc<Archive>);
+            impl Drop for Release {
+                fn drop(&mut self) {
+                    self.0.parents_failed();
+                }
+            }
+            let _release = Release(self.archive.clone());
+            self.open().map(drop)
+        });
+        (archive, walk)
+    }
 }
 
 fn locate(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Result<Located> {

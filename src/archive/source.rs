@@ -34,6 +34,7 @@ use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
 
@@ -303,8 +304,12 @@ pub struct Archive {
     blocks: Vec<Vec<ProvenBlock>>,
     /// The parents named by the C record (empty without parents).
     chain: Vec<ChainEntry>,
-    /// The opened parents, in C record order (see `archive::parent`).
-    parents: OnceLock<Vec<Arc<Archive>>>,
+    /// The opened parents, in C record order (see `archive::parent`), or
+    /// the news that they could not be opened.
+    parents: OnceLock<std::result::Result<Vec<Arc<Archive>>, ()>>,
+    /// Set while the parents are being walked: a reader that meets a
+    /// reference first waits for them instead of failing.
+    parents_coming: AtomicBool,
     /// Recently decoded blocks that references point into.
     holders: Mutex<VecDeque<(u32, u32, Arc<Holder>)>>,
     /// The last read-ahead window: (offset, bytes).
@@ -402,6 +407,7 @@ impl Archive {
             blocks,
             chain,
             parents: OnceLock::new(),
+            parents_coming: AtomicBool::new(false),
             holders: Mutex::new(VecDeque::new()),
             window: Mutex::new(None),
         })
@@ -414,7 +420,34 @@ impl Archive {
 
     /// The opened parents (empty until attached).
     pub fn parents(&self) -> &[Arc<Archive>] {
-        self.parents.get().map(|p| p.as_slice()).unwrap_or(&[])
+        match self.parents.get() {
+            Some(Ok(p)) => p,
+            _ => &[],
+        }
+    }
+
+    /// Says that the parents are being walked and will be attached (or
+    /// reported failed): readers that need them wait until then.
+    pub(crate) fn expect_parents(&self) {
+        self.parents_coming.store(true, Ordering::Release);
+    }
+
+    /// Says that the parents cannot be attached: waiting readers fail as
+    /// cancelled (whoever walked them reports why). A no-op once attached.
+    pub(crate) fn parents_failed(&self) {
+        let _ = self.parents.set(Err(()));
+    }
+
+    /// The parents, waiting for a walk under way to end.
+    fn attached_parents(&self) -> Result<&[Arc<Archive>]> {
+        let state = match self.parents.get() {
+            // A reference with no chain points at an unknown parent.
+            None if self.chain.is_empty() => return Ok(&[]),
+            Some(state) => state,
+            None if self.parents_coming.load(Ordering::Acquire) => self.parents.wait(),
+            None => return Err(Error::Usage(format!("{}: its parents were not opened", self.label))),
+        };
+        state.as_deref().map_err(|_| Error::Cancelled)
     }
 
     /// The archive's records from the start, checked again as they are read.
@@ -430,7 +463,7 @@ impl Archive {
         {
             return Err(Error::Usage(format!("{}: parents given do not match its chain", self.label)));
         }
-        self.parents.set(parents).map_err(|_| Error::Usage(format!("{}: parents already attached", self.label)))
+        self.parents.set(Ok(parents)).map_err(|_| Error::Usage(format!("{}: parents already attached", self.label)))
     }
 
     /// Reads block `i` of a file and checks it against the walk, without
@@ -594,9 +627,8 @@ impl Archive {
                     let target: &Archive = match source {
                         0 => self,
                         k => self
-                            .parents
-                            .get()
-                            .and_then(|p| p.get(k as usize - 1))
+                            .attached_parents()?
+                            .get(k as usize - 1)
                             .map(|a| &**a)
                             .ok_or_else(|| Error::corrupt(b.offset, format!("reference to unknown parent {k}")))?,
                     };
