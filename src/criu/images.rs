@@ -122,6 +122,38 @@ fn objects(img: &[u8], magic: u32) -> Option<Vec<&[u8]>> {
     Some(out)
 }
 
+/// A run of pages a pagemap lists: `nr` pages from `vaddr`, stored from
+/// page `first` of its pages image; `lazy` if CRIU may fetch them on demand
+/// (`PE_LAZY`: private anonymous memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRun {
+    pub vaddr: u64,
+    pub nr: u64,
+    pub first: u64,
+    pub lazy: bool,
+}
+
+/// The pages image id and the runs of a process's pagemap, in its order;
+/// `None` if anything is not as expected (entries in a parent, unknown flags).
+pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
+    let objs = objects(pagemap, PAGEMAP_MAGIC)?;
+    let head = PagemapHead::decode(*objs.first()?).ok()?;
+    let mut runs = Vec::new();
+    let mut first = 0u64;
+    for obj in &objs[1..] {
+        let e = PagemapEntry::decode(*obj).ok()?;
+        let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
+        let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { PE_PARENT } else { PE_PRESENT });
+        if flags & !(PE_PRESENT | PE_LAZY) != 0 || flags & PE_PRESENT == 0 {
+            return None;
+        }
+        e.vaddr.checked_add(nr.checked_mul(4096)?)?;
+        runs.push(PageRun { vaddr: e.vaddr, nr, first, lazy: flags & PE_LAZY != 0 });
+        first = first.checked_add(nr)?;
+    }
+    Some((head.pages_id, runs))
+}
+
 /// The pages image a pagemap refers to.
 pub fn pagemap_pages_id(pagemap: &[u8]) -> Option<u32> {
     let objs = objects(pagemap, PAGEMAP_MAGIC)?;

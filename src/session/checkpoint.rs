@@ -113,7 +113,7 @@ pub fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
 
 /// A private temporary images directory, always removed; CRIU's log is
 /// saved to [`log_dir`] when something failed.
-struct WorkDir(tempfile::TempDir);
+pub(crate) struct WorkDir(tempfile::TempDir);
 
 /// How many failure logs [`log_dir`] keeps.
 const KEPT_LOGS: usize = 8;
@@ -124,16 +124,16 @@ pub fn log_dir() -> PathBuf {
 }
 
 impl WorkDir {
-    fn new(prefix: &str) -> Result<Self> {
+    pub(crate) fn new(prefix: &str) -> Result<Self> {
         let base = std::env::temp_dir();
         Ok(WorkDir(tempfile::Builder::new().prefix(prefix).tempdir_in(&base).at(&base)?))
     }
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.0.path()
     }
     /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest
     /// saved logs beyond [`KEPT_LOGS`]; returns where it went.
-    fn save_log(&self, name: &str) -> PathBuf {
+    pub(crate) fn save_log(&self, name: &str) -> PathBuf {
         let src = self.path().join(name);
         let dir = log_dir();
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -158,7 +158,7 @@ impl WorkDir {
     }
 }
 
-fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
+pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
     let errs = criu::log_errors(log, 3).join(" | ");
     Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
 }
@@ -186,7 +186,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
 /// CRIU restores every process and thread under its old id; one still in use
 /// (often the dumped process itself, not yet reaped by its parent) would make
 /// CRIU fail with "Can't fork for PID: File exists".
-fn check_pids_free(source: &dyn BlockSource) -> Result<()> {
+pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<()> {
     let Some(entry) = source.find("pstree.img") else { return Ok(()) };
     let pids = images::pstree_pids(&source.read_file(entry)?);
     for pid in pids.unwrap_or_default() {
@@ -294,6 +294,22 @@ pub struct RestoreReport {
     pub criu_exit: i32,
 }
 
+/// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
+/// the user's options; the restored pid goes to `pidfile`.
+pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
+    let mut cmd = Command::new(&criu.path);
+    cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    if o.detach {
+        cmd.arg("--restore-detached");
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    }
+    if o.shell_job {
+        cmd.arg("--shell-job");
+    }
+    cmd.args(&o.extra);
+    cmd
+}
+
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
@@ -309,16 +325,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let stop = AtomicBool::new(false);
     let opts = ServeOptions { threads: archive.threads, prefetch_bytes: 16 << 20, skip_zero_pages: !o.keep_zero_pages };
 
-    let mut cmd = Command::new(&criu.path);
-    cmd.args(["restore", "--stream", "-o", "restore.log", "--pidfile"]).arg(&pidfile).arg("-D").arg(work.path());
-    if o.detach {
-        cmd.arg("--restore-detached");
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    }
-    if o.shell_job {
-        cmd.arg("--shell-job");
-    }
-    cmd.args(&o.extra);
+    let mut cmd = restore_command(criu, o, "--stream", work.path(), &pidfile);
 
     let (status, served) = std::thread::scope(|s| {
         let srv = s.spawn(|| {

@@ -1,8 +1,11 @@
 //! Sessions: what happens between CRIU and an archive. `capture` and `serve`
 //! speak for one side of CRIU's streamer protocol; `checkpoint` runs CRIU
 //! against them and owns the rules every command shares: when a dump is
-//! complete, what a failure leaves behind, where CRIU's log goes.
+//! complete, what a failure leaves behind, where CRIU's log goes. `lazy`
+//! restores with CRIU's lazy-pages daemon, criuz answering as its page
+//! server.
 
 pub mod capture;
 pub mod checkpoint;
+pub mod lazy;
 pub mod serve;

@@ -128,6 +128,9 @@ enum Cmd {
         /// Send CRIU every zero page (default: leave out those CRIU restores as zero anyway)
         #[arg(long)]
         keep_zero_pages: bool,
+        /// Run the process at once and fetch its memory on demand (criu lazy-pages, criuz as page server); returns when every page is in
+        #[arg(long, conflicts_with = "keep_zero_pages")]
+        lazy: bool,
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
@@ -407,6 +410,7 @@ fn run(cli: Cli) -> Result<()> {
             shell_job,
             pipe_buffer,
             keep_zero_pages,
+            lazy,
             json,
             parents,
             threads,
@@ -422,6 +426,27 @@ fn run(cli: Cli) -> Result<()> {
                 keep_zero_pages,
                 parents: parents.search(),
             };
+            if lazy {
+                let r = criuz::session::lazy::restore_lazy(&o, &c)?;
+                if json {
+                    out!("{}", serde_json::to_string_pretty(&r)?);
+                } else if let Some(pid) = r.pid {
+                    eprintln!(
+                        "restored {pid} lazily from {}: running after {:.2}s, every page in after {:.2}s \
+                         ({} pages restored by CRIU, {} fetched in {} requests)",
+                        o.input.display(),
+                        r.running_seconds,
+                        r.resident_seconds,
+                        r.eager_pages,
+                        r.lazy_pages,
+                        r.requests
+                    );
+                }
+                if !detach && r.criu_exit != 0 {
+                    std::process::exit(r.criu_exit.clamp(1, 255));
+                }
+                return Ok(());
+            }
             let r = criuz::session::checkpoint::restore(&o, &threads.options(), &c)?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&r)?);

@@ -1,0 +1,383 @@
+//! Lazy restore: the process runs at once, its memory arrives on demand.
+//!
+//! CRIU's lazy-pages daemon registers the restored process's private
+//! anonymous memory with userfaultfd and fetches each page on first touch,
+//! then every page left, from a page server; criuz is that page server,
+//! answering from the archive's checked blocks (`criu::pageserver`). CRIU
+//! cannot stream a lazy restore, so the metadata images go to a private
+//! work directory (0700), with each process's pages image holding only the
+//! pages CRIU restores itself (those not marked lazy; the lazy ones are
+//! holes in a sparse file, which CRIU skips). Shared memory and other page
+//! images are written whole.
+//!
+//! No silent zeros: a page the process never got reads as zero once the
+//! daemon is gone. So any failure after the process runs (a damaged block,
+//! an I/O error, the daemon failing) kills the restored tree before criuz's
+//! end of the page-server socket closes, and a watchdog process forked
+//! before the restore holds that socket too and kills the tree if criuz
+//! itself dies before all pages arrived.
+
+use crate::archive::{parent, BlockSource};
+use crate::codec::Decoder;
+use crate::criu::images::{self, PageRun};
+use crate::criu::pageserver::{self, Request, Wire};
+use crate::criu::Criu;
+use crate::error::{Error, IoContext, Result, ResultContext};
+use crate::format::{check_entry_name, FileKind, PAGE_SIZE};
+use crate::session::checkpoint::{check_pids_free, criu_failure, restore_command, RestoreOptions, WorkDir};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where the daemon listens for the restore (criu/uffd.c).
+const LAZY_SOCKET: &str = "lazy-pages.socket";
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LazyReport {
+    pub pid: Option<i32>,
+    /// Until `criu restore` returned: with `--restore-detached`, until the
+    /// tree runs.
+    pub running_seconds: f64,
+    /// Until the daemon had every page in place.
+    pub resident_seconds: f64,
+    /// Pages restored by CRIU itself (not lazy).
+    pub eager_pages: u64,
+    /// Pages the daemon fetched, and in how many requests.
+    pub lazy_pages: u64,
+    pub requests: u64,
+    pub criu_exit: i32,
+}
+
+/// One process's lazily served memory.
+struct Process {
+    pages_file: u32,
+    runs: Vec<PageRun>,
+}
+
+/// Reads pages of one pages image through its checked blocks, keeping the
+/// last decoded block (the daemon asks in address order after the first
+/// faults).
+struct PageReader {
+    source: Arc<dyn BlockSource>,
+    file_id: u32,
+    starts: Vec<u64>,
+    dec: Decoder,
+    cached: Option<(usize, Vec<u8>)>,
+}
+
+impl PageReader {
+    fn new(source: Arc<dyn BlockSource>, file_id: u32) -> Self {
+        let mut starts = Vec::new();
+        while let Some((_, raw_pos)) = source.block_header(file_id, starts.len()) {
+            starts.push(raw_pos);
+        }
+        PageReader { source, file_id, starts, dec: Decoder::new(), cached: None }
+    }
+
+    /// Up to `n` pages from page `page` of the image (fewer at a block end).
+    fn pages(&mut self, page: u64, n: u64) -> Result<&[u8]> {
+        let at = page * PAGE_SIZE as u64;
+        let i = self.starts.partition_point(|&s| s <= at).checked_sub(1);
+        let i = i.ok_or_else(|| Error::corrupt(0, format!("page {page} lies before the first block")))?;
+        if self.cached.as_ref().is_none_or(|(c, _)| *c != i) {
+            let b = self
+                .source
+                .block(self.file_id, i)?
+                .ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
+            let mut out = self.cached.take().map(|(_, v)| v).unwrap_or_default();
+            b.decode(&mut self.dec, &mut out)?;
+            self.cached = Some((i, out));
+        }
+        let (_, data) = self.cached.as_ref().expect("block decoded");
+        let start = (at - self.starts[i]) as usize;
+        let whole = data.len().saturating_sub(start) / PAGE_SIZE;
+        let take = (n as usize).min(whole);
+        if take == 0 {
+            return Err(Error::corrupt(0, format!("page {page} is not stored whole")));
+        }
+        Ok(&data[start..start + take * PAGE_SIZE])
+    }
+}
+
+/// Writes the archive's files into `dir` for CRIU: every plain file, and
+/// each pages image without the pages its process's pagemap marks lazy.
+/// Returns the lazily served processes by pid, and the eager page count.
+fn materialize(source: &Arc<dyn BlockSource>, dir: &Path) -> Result<(HashMap<u32, Process>, u64)> {
+    let label = source.label().to_string();
+    let files = source.index().files.clone();
+    let mut lazy_images: HashMap<u32, (u32, Vec<PageRun>)> = HashMap::new();
+    for f in files.iter().filter(|f| f.kind == FileKind::Plain) {
+        check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
+        let bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
+        if let Some(pid) = images::process_pagemap_pid(&f.name) {
+            let (pages_id, runs) = images::pagemap_runs(&bytes).ok_or_else(|| {
+                Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
+            })?;
+            let pid: u32 = pid.parse().map_err(|_| Error::corrupt(0, format!("{}: not a pid", f.name)))?;
+            lazy_images.insert(pages_id, (pid, runs));
+        }
+        let path = dir.join(&f.name);
+        std::fs::write(&path, &bytes).at(&path)?;
+    }
+    let mut processes = HashMap::new();
+    let mut eager = 0;
+    for f in files.iter().filter(|f| f.kind == FileKind::Pages) {
+        check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
+        let path = dir.join(&f.name);
+        let out = std::fs::File::create(&path).at(&path)?;
+        let mut reader = PageReader::new(source.clone(), f.file_id);
+        let lazy = images::pages_image_id(&f.name).and_then(|id| lazy_images.remove(&id));
+        let total_pages = f.raw_size.div_ceil(PAGE_SIZE as u64);
+        // Runs CRIU reads itself: all of a non-process image, the eager
+        // runs of a process's.
+        let eager_runs: Vec<(u64, u64)> = match &lazy {
+            Some((_, runs)) => runs.iter().filter(|r| !r.lazy).map(|r| (r.first, r.nr)).collect(),
+            None => vec![(0, total_pages)],
+        };
+        for (first, nr) in eager_runs {
+            let mut page = first;
+            while page < first + nr {
+                let data = reader.pages(page, first + nr - page).context(|| format!("{label}: {}", f.name))?;
+                out.write_all_at(data, page * PAGE_SIZE as u64).at(&path)?;
+                page += (data.len() / PAGE_SIZE) as u64;
+                eager += (data.len() / PAGE_SIZE) as u64;
+            }
+        }
+        out.set_len(f.raw_size).at(&path)?;
+        if let Some((pid, mut runs)) = lazy {
+            runs.sort_by_key(|r| r.vaddr);
+            processes.insert(pid, Process { pages_file: f.file_id, runs });
+        }
+    }
+    Ok((processes, eager))
+}
+
+/// Answers the daemon until it closes; returns (pages, requests).
+fn serve_pages(
+    source: &Arc<dyn BlockSource>,
+    processes: &HashMap<u32, Process>,
+    mut sock: &UnixStream,
+    wire: Wire,
+) -> Result<(u64, u64)> {
+    let label = source.label().to_string();
+    let mut readers: HashMap<u32, PageReader> = HashMap::new();
+    let (mut pages, mut requests) = (0u64, 0u64);
+    let proto = |e: pageserver::ProtocolError| Error::Protocol(e.to_string());
+    while let Some(req) = pageserver::read_request(&mut sock, wire).map_err(proto)? {
+        let (pid, vaddr, nr_pages) = match req {
+            Request::Close => {
+                pageserver::send_closed(&mut sock)?;
+                break;
+            }
+            Request::Get { pid, vaddr, nr_pages } => (pid, vaddr, nr_pages),
+        };
+        requests += 1;
+        let unknown =
+            || Error::Protocol(format!("the daemon asked for pages of {pid} at {vaddr:#x}, which it has not"));
+        let p = processes.get(&pid).ok_or_else(unknown)?;
+        let i = p.runs.partition_point(|r| r.vaddr <= vaddr).checked_sub(1).ok_or_else(unknown)?;
+        let run = p.runs[i];
+        let off = (vaddr - run.vaddr) / PAGE_SIZE as u64;
+        if vaddr % PAGE_SIZE as u64 != 0 || off >= run.nr || !run.lazy {
+            return Err(unknown());
+        }
+        let reader = readers.entry(pid).or_insert_with(|| PageReader::new(source.clone(), p.pages_file));
+        let data = reader.pages(run.first + off, nr_pages.min(run.nr - off)).context(|| label.clone())?;
+        pageserver::send_pages(&mut sock, wire, pid, vaddr, data)?;
+        pages += (data.len() / PAGE_SIZE) as u64;
+    }
+    Ok((pages, requests))
+}
+
+/// A process forked before the restore that kills the restored tree unless
+/// told that every page arrived. It holds a copy of every descriptor criuz
+/// had then, the page-server socket among them: if criuz dies, the daemon
+/// keeps waiting on that socket instead of leaving the process with holes,
+/// and the watchdog, seeing its pipe close, kills the tree first.
+struct Watchdog {
+    tell: Option<OwnedFd>,
+    pid: libc::pid_t,
+}
+
+impl Watchdog {
+    fn start(pids: &[i32]) -> Result<Watchdog> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array we pass.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let pids = pids.to_vec();
+        // SAFETY: the child calls only async-signal-safe functions (close,
+        // read, kill, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
+                libc::close(fds[1]);
+                let mut b = 0u8;
+                loop {
+                    let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                    if n == 1 && b == b'd' {
+                        libc::_exit(0);
+                    }
+                    if n < 0 && *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    break;
+                }
+                for &p in &pids {
+                    libc::kill(p, libc::SIGKILL);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: both descriptors are ours; the read end is the child's now.
+        unsafe { libc::close(fds[0]) };
+        let tell = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(Watchdog { tell: Some(tell), pid })
+    }
+
+    /// `d`: every page arrived, stand down; anything else: kill the tree.
+    fn end(&mut self, word: u8) {
+        if let Some(fd) = self.tell.take() {
+            // SAFETY: one byte from a local to our pipe.
+            unsafe { libc::write(fd.as_raw_fd(), (&word as *const u8).cast(), 1) };
+            drop(fd);
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.end(b'k');
+    }
+}
+
+fn kill_tree(pids: &[i32]) {
+    for &p in pids {
+        // SAFETY: the restored tree's pids, which are ours to end.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+}
+
+/// Restores lazily: see the module documentation.
+pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
+    let started = Instant::now();
+    let archive = parent::open(&o.input, o.pipe_buffer, &o.parents)?;
+    check_pids_free(&*archive)?;
+    let source: Arc<dyn BlockSource> = archive;
+    let pids: Vec<i32> = match source.find("pstree.img") {
+        Some(e) => images::pstree_pids(&source.read_file(e)?).unwrap_or_default(),
+        None => Vec::new(),
+    }
+    .into_iter()
+    .map(|p| p as i32)
+    .collect();
+    if pids.is_empty() {
+        return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
+    }
+    let work = WorkDir::new("criuz-lazy-")?;
+    let (processes, eager_pages) = materialize(&source, work.path())?;
+
+    let (ours, theirs) = UnixStream::pair()?;
+    let theirs_fd = theirs.as_raw_fd();
+    let mut daemon = Command::new(&criu.path);
+    daemon
+        .args(["lazy-pages", "--page-server", "--ps-socket", &theirs_fd.to_string(), "-o", "lazy-pages.log", "-D"])
+        .arg(work.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: fcntl is async-signal-safe; it lets the daemon inherit its end.
+    unsafe {
+        daemon.pre_exec(move || {
+            if libc::fcntl(theirs_fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut watchdog = Watchdog::start(&pids)?;
+    let mut daemon = daemon.spawn().map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
+    drop(theirs);
+    let waited = Instant::now();
+    while !work.path().join(LAZY_SOCKET).exists() {
+        if let Some(status) = daemon.try_wait()? {
+            return Err(criu_failure("criu lazy-pages", status, &work.save_log("lazy-pages.log")));
+        }
+        if waited.elapsed() > Duration::from_secs(30) {
+            let _ = daemon.kill();
+            return Err(Error::Criu("criu lazy-pages did not start listening within 30 s".into()));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+
+    let wire = Wire::for_version(&criu.version);
+    let pidfile = work.path().join("restored.pid");
+    let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
+
+    let (served, status, running) = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let r = serve_pages(&source, &processes, &ours, wire);
+            if r.is_err() {
+                // Before the daemon sees the socket end: it would leave
+                // the process with holes that read as zeros.
+                kill_tree(&pids);
+                // Ends the socket for every copy (the watchdog's too), so
+                // the daemon stops waiting.
+                let _ = ours.shutdown(std::net::Shutdown::Both);
+            }
+            r
+        });
+        let status = cmd.status();
+        let running = started.elapsed().as_secs_f64();
+        if status.as_ref().map_or(true, |s| !s.success()) {
+            // The restore failed: the daemon would wait for it forever.
+            let _ = daemon.kill();
+        }
+        (server.join().unwrap_or(Err(Error::Cancelled)), status, running)
+    });
+    let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
+    let daemon_status = daemon.wait()?;
+    let resident = started.elapsed().as_secs_f64();
+    let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
+    let (lazy_pages, requests) = match served {
+        Err(e) => {
+            kill_tree(&pids);
+            let log = work.save_log("lazy-pages.log");
+            return Err(e.context(format!("lazy restore failed, restored tree killed (daemon log: {})", log.display())));
+        }
+        Ok(n) => n,
+    };
+    if o.detach && !status.success() {
+        return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
+    }
+    if !daemon_status.success() {
+        kill_tree(&pids);
+        return Err(criu_failure(
+            "criu lazy-pages (restored tree killed)",
+            daemon_status,
+            &work.save_log("lazy-pages.log"),
+        ));
+    }
+    watchdog.end(b'd');
+    Ok(LazyReport {
+        pid,
+        running_seconds: running,
+        resident_seconds: resident,
+        eager_pages,
+        lazy_pages,
+        requests,
+        criu_exit: status.code().unwrap_or(-1),
+    })
+}
