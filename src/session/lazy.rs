@@ -245,7 +245,8 @@ impl Watchdog {
         Ok(Watchdog { tell: Some(tell), pid })
     }
 
-    /// `d`: every page arrived, stand down; anything else: kill the tree.
+    /// `d`: stand down; anything else, or the pipe closing because criuz
+    /// died, kills the tree.
     fn end(&mut self, word: u8) {
         if let Some(fd) = self.tell.take() {
             // SAFETY: one byte from a local to our pipe.
@@ -258,8 +259,11 @@ impl Watchdog {
 }
 
 impl Drop for Watchdog {
+    /// criuz is alive to drop it, so criuz itself killed the tree where that
+    /// was needed; killing the pids again could hit unrelated processes
+    /// (a restore that failed before the tree ran).
     fn drop(&mut self) {
-        self.end(b'k');
+        self.end(b'd');
     }
 }
 
@@ -307,7 +311,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
             Ok(())
         });
     }
-    let mut watchdog = Watchdog::start(&pids)?;
+    let watchdog = Watchdog::start(&pids)?;
     let mut daemon = daemon.spawn().map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
     drop(theirs);
     let waited = Instant::now();
@@ -353,7 +357,6 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let (lazy_pages, requests) = match served {
         Err(e) => {
-            kill_tree(&pids);
             let log = work.save_log("lazy-pages.log");
             return Err(e.context(format!("lazy restore failed, restored tree killed (daemon log: {})", log.display())));
         }
@@ -370,7 +373,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
             &work.save_log("lazy-pages.log"),
         ));
     }
-    watchdog.end(b'd');
+    drop(watchdog);
     Ok(LazyReport {
         pid,
         running_seconds: running,
