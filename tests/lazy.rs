@@ -65,10 +65,99 @@ fn a_damaged_block_found_after_the_process_runs_kills_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("one.czr") && err.contains("killed"), "{err}");
-    // The restored process must be gone (it is ours to reap: subreaper).
-    wait_for("the restored process to be killed", std::time::Duration::from_secs(10), || {
-        // SAFETY: non-blocking reap of zombies re-parented to us.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-        !w.alive()
+    assert_killed(&w, "the restored process to be killed");
+}
+
+/// The pid of the `criu lazy-pages` daemon running under criuz `criuz_pid`
+/// (its guard's child).
+fn lazy_daemon_of(criuz_pid: u32) -> Option<i32> {
+    let ppid = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let is_daemon = cmd.split(|&b| b == 0).any(|a| a == b"lazy-pages");
+        (is_daemon && ppid(ppid(pid)?)? == criuz_pid as i32).then_some(pid)
+    })
+}
+
+/// Starts a detached lazy restore of `arc` in the background; returns it once
+/// the restored tree runs (its pidfile is there), with every page not yet in.
+fn lazy_restore_until_running(arc: &Path, pidfile: &Path) -> std::process::Child {
+    let mut child = std::process::Command::new(CRIUZ)
+        .args(["restore", "--lazy", "-d", "--pidfile", pidfile.to_str().unwrap(), "-i", arc.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !pidfile.exists() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("criuz ended ({st}) before the tree ran");
+        }
+        assert!(t.elapsed().as_secs() < 120, "the restored tree never ran");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child
+}
+
+/// Waits for the restored process (ours to reap: subreaper) to end, and
+/// checks that it was killed, not crashed on a page that read as zeros.
+fn assert_killed(w: &Workload, why: &str) {
+    let mut st = 0;
+    wait_for(why, std::time::Duration::from_secs(10), || {
+        // SAFETY: non-blocking reap of our (re-parented) child.
+        unsafe { libc::waitpid(w.pid, &mut st, libc::WNOHANG) == w.pid }
     });
+    assert!(libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGKILL, "{why}: it ended with wait status {st:#x}");
+    // SAFETY: non-blocking reap of other zombies re-parented to us.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+/// A process whose memory arrives over half a second or more: random pages
+/// cannot be compressed, so the background fill takes a while.
+fn big_dumped(tmp: &Path, name: &str) -> (Workload, std::path::PathBuf) {
+    let arc = tmp.join(name);
+    let mut w = Workload::start(Spec { mib: 512, pattern: "random", ..Default::default() });
+    w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+    (w, arc)
+}
+
+#[test]
+fn criuz_killed_mid_fill_takes_the_tree_with_it() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (w, arc) = big_dumped(tmp.path(), "big.czr");
+    let pidfile = tmp.path().join("restored.pid");
+    let mut child = lazy_restore_until_running(&arc, &pidfile);
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    // Without the guard, the daemon would leave the process running with
+    // zeros where its pages had not arrived.
+    assert_killed(&w, "the guard to kill the restored process (had every page arrived already?)");
+    assert!(lazy_daemon_of(child.id()).is_none(), "the daemon outlived criuz and its guard");
+}
+
+#[test]
+fn a_daemon_killed_mid_fill_takes_the_tree_with_it() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (w, arc) = big_dumped(tmp.path(), "big.czr");
+    let pidfile = tmp.path().join("restored.pid");
+    let child = lazy_restore_until_running(&arc, &pidfile);
+    let daemon = lazy_daemon_of(child.id()).expect("criu lazy-pages under criuz's guard");
+    // SAFETY: the daemon our criuz started.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("lazy-pages") && err.contains("killed"), "{err}");
+    assert_killed(&w, "the guard to kill the restored process (had every page arrived already?)");
 }

@@ -282,6 +282,8 @@ pub struct RestoreOptions {
     pub keep_zero_pages: bool,
     /// Where to look for the parents of an incremental archive.
     pub parents: ParentSearch,
+    /// Written with the restored pid once the tree runs (with `detach`).
+    pub pidfile: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -292,6 +294,17 @@ pub struct RestoreReport {
     pub zero_pages_skipped: u64,
     pub files: usize,
     pub criu_exit: i32,
+}
+
+/// Copies CRIU's pidfile in `work` to the user's `to`, complete or not at
+/// all (written beside it, then renamed).
+pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
+    let Some(to) = to else { return Ok(()) };
+    let pid = std::fs::read_to_string(ours).at(ours)?;
+    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = to.with_file_name(format!(".{name}.criuz-tmp"));
+    std::fs::write(&tmp, format!("{}\n", pid.trim())).at(&tmp)?;
+    std::fs::rename(&tmp, to).at(to)
 }
 
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
@@ -362,6 +375,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     if !status.success() && (o.detach || pid.is_none()) {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
+    publish_pidfile(&pidfile, o.pidfile.as_deref())?;
     Ok(RestoreReport {
         pid,
         seconds: started.elapsed().as_secs_f64(),

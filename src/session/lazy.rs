@@ -11,11 +11,10 @@
 //! images are written whole.
 //!
 //! No silent zeros: a page the process never got reads as zero once the
-//! daemon is gone. So any failure after the process runs (a damaged block,
-//! an I/O error, the daemon failing) kills the restored tree before criuz's
-//! end of the page-server socket closes, and a watchdog process forked
-//! before the restore holds that socket too and kills the tree if criuz
-//! itself dies before all pages arrived.
+//! daemon is gone. A failure criuz finds (a damaged block, an I/O error)
+//! kills the restored tree before criuz's end of the page-server socket
+//! closes; the daemon runs under a guard process (`session::guard`) that
+//! kills the tree the moment the daemon fails, or criuz dies.
 
 use crate::archive::{parent, BlockSource};
 use crate::codec::Decoder;
@@ -24,14 +23,17 @@ use crate::criu::pageserver::{self, Request, Wire};
 use crate::criu::Criu;
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileKind, PAGE_SIZE};
-use crate::session::checkpoint::{check_pids_free, criu_failure, restore_command, RestoreOptions, WorkDir};
-use std::collections::HashMap;
+use crate::session::checkpoint::{
+    check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
+};
+use crate::session::guard::Guard;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -195,75 +197,53 @@ fn serve_pages(
     Ok((pages, requests))
 }
 
-/// A process forked before the restore that kills the restored tree unless
-/// told that every page arrived. It holds a copy of every descriptor criuz
-/// had then, the page-server socket among them: if criuz dies, the daemon
-/// keeps waiting on that socket instead of leaving the process with holes,
-/// and the watchdog, seeing its pipe close, kills the tree first.
-struct Watchdog {
-    tell: Option<OwnedFd>,
-    pid: libc::pid_t,
+/// Copies of the userfaultfds the daemon holds for the restored tree. While
+/// any copy is open, the kernel keeps the tree's lazy ranges registered:
+/// a thread faulting there after the daemon died waits (for the guard's
+/// kill) instead of getting a zero page.
+struct HeldUffds {
+    daemon: OwnedFd,
+    daemon_pid: i32,
+    seen: HashSet<i32>,
+    held: Vec<OwnedFd>,
 }
 
-impl Watchdog {
-    fn start(pids: &[i32]) -> Result<Watchdog> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two descriptors into the array we pass.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+impl HeldUffds {
+    fn new(daemon_pid: i32) -> Result<HeldUffds> {
+        // SAFETY: pidfd_open returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, daemon_pid, 0) } as i32;
+        if fd < 0 {
             return Err(std::io::Error::last_os_error().into());
         }
-        let pids = pids.to_vec();
-        // SAFETY: the child calls only async-signal-safe functions (close,
-        // read, kill, _exit) on memory prepared before the fork.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            unsafe {
-                libc::close(fds[1]);
-                let mut b = 0u8;
-                loop {
-                    let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
-                    if n == 1 && b == b'd' {
-                        libc::_exit(0);
-                    }
-                    if n < 0 && *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    break;
-                }
-                for &p in &pids {
-                    libc::kill(p, libc::SIGKILL);
-                }
-                libc::_exit(0);
+        // SAFETY: the descriptor is new and ours.
+        let daemon = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(HeldUffds { daemon, daemon_pid, seen: HashSet::new(), held: Vec::new() })
+    }
+
+    /// Takes a copy of every userfaultfd the daemon got since the last call.
+    fn collect(&mut self) -> Result<()> {
+        let dir = format!("/proc/{}/fd", self.daemon_pid);
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
+        for e in entries.flatten() {
+            let Some(n) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            if self.seen.contains(&n) {
+                continue;
             }
+            let is_uffd = std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]");
+            if !is_uffd {
+                continue;
+            }
+            // SAFETY: pidfd_getfd returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.daemon.as_raw_fd(), n, 0) } as i32;
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(Error::Criu(format!("cannot hold the restored tree's userfaultfd: {e}")));
+            }
+            self.seen.insert(n);
+            // SAFETY: the descriptor is new and ours.
+            self.held.push(unsafe { OwnedFd::from_raw_fd(fd) });
         }
-        // SAFETY: both descriptors are ours; the read end is the child's now.
-        unsafe { libc::close(fds[0]) };
-        let tell = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-        if pid < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        Ok(Watchdog { tell: Some(tell), pid })
-    }
-
-    /// `d`: stand down; anything else, or the pipe closing because criuz
-    /// died, kills the tree.
-    fn end(&mut self, word: u8) {
-        if let Some(fd) = self.tell.take() {
-            // SAFETY: one byte from a local to our pipe.
-            unsafe { libc::write(fd.as_raw_fd(), (&word as *const u8).cast(), 1) };
-            drop(fd);
-            // SAFETY: reaping our own child.
-            unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    /// criuz is alive to drop it, so criuz itself killed the tree where that
-    /// was needed; killing the pids again could hit unrelated processes
-    /// (a restore that failed before the tree ran).
-    fn drop(&mut self) {
-        self.end(b'd');
+        Ok(())
     }
 }
 
@@ -294,43 +274,29 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let (processes, eager_pages) = materialize(&source, work.path())?;
 
     let (ours, theirs) = UnixStream::pair()?;
-    let theirs_fd = theirs.as_raw_fd();
-    let mut daemon = Command::new(&criu.path);
-    daemon
-        .args(["lazy-pages", "--page-server", "--ps-socket", &theirs_fd.to_string(), "-o", "lazy-pages.log", "-D"])
-        .arg(work.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: fcntl is async-signal-safe; it lets the daemon inherit its end.
-    unsafe {
-        daemon.pre_exec(move || {
-            if libc::fcntl(theirs_fd, libc::F_SETFD, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let watchdog = Watchdog::start(&pids)?;
-    let mut daemon = daemon.spawn().map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
+    let fd = theirs.as_raw_fd().to_string();
+    let words = ["lazy-pages", "--page-server", "--ps-socket", &fd, "-o", "lazy-pages.log", "-D"];
+    let args: Vec<&OsStr> = words.iter().map(OsStr::new).chain([work.path().as_os_str()]).collect();
+    let mut guard = Guard::start(&criu.path, &args, theirs.as_raw_fd(), &pids)?;
     drop(theirs);
     let waited = Instant::now();
     while !work.path().join(LAZY_SOCKET).exists() {
-        if let Some(status) = daemon.try_wait()? {
+        if let Some(status) = guard.daemon_ended() {
             return Err(criu_failure("criu lazy-pages", status, &work.save_log("lazy-pages.log")));
         }
         if waited.elapsed() > Duration::from_secs(30) {
-            let _ = daemon.kill();
             return Err(Error::Criu("criu lazy-pages did not start listening within 30 s".into()));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
 
+    let mut uffds = HeldUffds::new(guard.daemon_pid)?;
+    let restoring = AtomicBool::new(true);
     let wire = Wire::for_version(&criu.version);
     let pidfile = work.path().join("restored.pid");
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
 
-    let (served, status, running) = std::thread::scope(|s| {
+    let (served, status, running, published) = std::thread::scope(|s| {
         let server = s.spawn(|| {
             let r = serve_pages(&source, &processes, &ours, wire);
             if r.is_err() {
@@ -343,16 +309,39 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
             }
             r
         });
+        // The daemon receives one userfaultfd per process while CRIU
+        // restores, before the tree resumes: collected every millisecond
+        // meanwhile, and once more when the tree runs.
+        let holder = s.spawn(|| {
+            while restoring.load(Ordering::Relaxed) {
+                uffds.collect()?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            uffds.collect()
+        });
         let status = cmd.status();
+        restoring.store(false, Ordering::Relaxed);
+        let held = holder.join().unwrap_or(Err(Error::Cancelled));
         let running = started.elapsed().as_secs_f64();
-        if status.as_ref().map_or(true, |s| !s.success()) {
-            // The restore failed: the daemon would wait for it forever.
-            let _ = daemon.kill();
+        let mut published = Ok(());
+        if status.as_ref().is_ok_and(|s| s.success()) {
+            // The tree runs while its pages still arrive.
+            published = publish_pidfile(&pidfile, o.pidfile.as_deref());
+        } else {
+            // The restore failed (or, without -d, the tree ended badly): the
+            // daemon would wait for it forever.
+            guard.stop_daemon();
         }
-        (server.join().unwrap_or(Err(Error::Cancelled)), status, running)
+        if held.is_err() {
+            // Without the copies a dead daemon would mean zeros: not run so.
+            kill_tree(&pids);
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+        }
+        (server.join().unwrap_or(Err(Error::Cancelled)), status, running, published.and(held))
     });
     let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
-    let daemon_status = daemon.wait()?;
+    let stopped = !status.success();
+    let daemon_status = guard.wait_daemon();
     let resident = started.elapsed().as_secs_f64();
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let (lazy_pages, requests) = match served {
@@ -365,15 +354,15 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     if o.detach && !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
-    if !daemon_status.success() {
-        kill_tree(&pids);
+    if !stopped && !daemon_status.success() {
+        // The guard killed the tree the moment the daemon ended.
         return Err(criu_failure(
             "criu lazy-pages (restored tree killed)",
             daemon_status,
             &work.save_log("lazy-pages.log"),
         ));
     }
-    drop(watchdog);
+    published?;
     Ok(LazyReport {
         pid,
         running_seconds: running,

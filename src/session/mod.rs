@@ -7,5 +7,6 @@
 
 pub mod capture;
 pub mod checkpoint;
+pub mod guard;
 pub mod lazy;
 pub mod serve;

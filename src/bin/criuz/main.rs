@@ -134,6 +134,9 @@ enum Cmd {
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
+        /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive)
+        #[arg(long, value_name = "FILE", requires = "detach")]
+        pidfile: Option<PathBuf>,
         #[command(flatten)]
         parents: ParentArgs,
         #[command(flatten)]
@@ -412,6 +415,7 @@ fn run(cli: Cli) -> Result<()> {
             keep_zero_pages,
             lazy,
             json,
+            pidfile,
             parents,
             threads,
             extra,
@@ -425,6 +429,7 @@ fn run(cli: Cli) -> Result<()> {
                 pipe_buffer: pipe_buffer as u64,
                 keep_zero_pages,
                 parents: parents.search(),
+                pidfile,
             };
             if lazy {
                 let r = criuz::session::lazy::restore_lazy(&o, &c)?;
