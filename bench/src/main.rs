@@ -9,6 +9,7 @@ mod codecs;
 mod config;
 mod error;
 mod incremental;
+mod lazy;
 mod plot;
 mod proc;
 mod report;
@@ -71,6 +72,11 @@ pub struct BenchArgs {
     /// the single-child rows (only the chain, when `mixed` is measured)
     #[arg(long, value_delimiter = ',', value_name = "LIST", requires = "incremental")]
     pub shares: Option<Vec<f64>>,
+    /// Instead of the comparison: lazy restore (criuz restore --lazy) against
+    /// plain restore of the same archive: time until the tree runs, until
+    /// every page is in, and a full read of memory right after the restore
+    #[arg(long, conflicts_with = "incremental")]
+    pub lazy: bool,
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
@@ -336,6 +342,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(path) = &args.json {
             let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
                                           "runs": plan.runs, "incremental": rows, "chains": chains });
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+        }
+        return Ok(());
+    }
+    if args.lazy {
+        let mut rows = Vec::new();
+        for w in &plan.workloads {
+            eprintln!("bench: lazy: {w}, {} MiB", plan.mib);
+            let row = lazy::measure(w, plan.mib, plan.runs, work.path(), &tools, &criuz)?;
+            if !row.intact {
+                return Err(Error::Invalid(format!("{w}: a restore is not intact")));
+            }
+            rows.push(row);
+        }
+        print!("{}", lazy::table(&rows));
+        if let Some(path) = &args.json {
+            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
+                                          "runs": plan.runs, "lazy": rows });
             let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
             std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
         }

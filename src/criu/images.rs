@@ -191,6 +191,13 @@ impl ZeroPlan {
 /// Plans the rewrite; `is_zero(p)` says whether page `p` of the pages image
 /// is all zero. `None` when anything is not as expected.
 pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<ZeroPlan> {
+    plan_runs(mm, pagemap, is_zero, 1)
+}
+
+/// As `plan`, leaving out only runs of at least `min_run` zero pages: a lazy
+/// restore fetches each gap-free range in requests of its own, so scattered
+/// holes would multiply the requests.
+pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_run: u64) -> Option<ZeroPlan> {
     let mm_objs = objects(mm, MM_MAGIC)?;
     let mm = MmEntry::decode(*mm_objs.first()?).ok()?;
     let anon: Vec<(u64, u64)> = mm
@@ -238,27 +245,41 @@ pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<
         }
         // Split the entry into runs of kept pages.
         let mut run: Option<(u64, u64)> = None;
-        for i in 0..nr {
+        let skippable = |i: u64| -> Option<bool> {
             let vaddr = e.vaddr.checked_add(i.checked_mul(4096)?)?;
-            let skip = is_zero(page) && in_anon(vaddr);
-            if skip {
-                let w = (page / 64) as usize;
-                if skipped.len() <= w {
-                    skipped.resize(w + 1, 0);
+            Some(is_zero(page + i) && in_anon(vaddr))
+        };
+        let mut i = 0;
+        while i < nr {
+            let mut end = i;
+            while end < nr && skippable(end)? {
+                end += 1;
+            }
+            if end > i && end - i >= min_run {
+                for p in page + i..page + end {
+                    let w = (p / 64) as usize;
+                    if skipped.len() <= w {
+                        skipped.resize(w + 1, 0);
+                    }
+                    skipped[w] |= 1 << (p % 64);
                 }
-                skipped[w] |= 1 << (page % 64);
-                skipped_pages += 1;
+                skipped_pages += end - i;
                 if let Some((start, n)) = run.take() {
                     push_entry(&mut out, &e, start, n);
                 }
-            } else {
-                run = match run {
-                    Some((start, n)) => Some((start, n + 1)),
-                    None => Some((vaddr, 1)),
-                };
+                i = end;
+                continue;
             }
-            page += 1;
+            // Kept: this page, and a run of zero pages too short to leave out.
+            let upto = end.max(i + 1);
+            let vaddr = e.vaddr.checked_add(i.checked_mul(4096)?)?;
+            run = match run {
+                Some((start, n)) => Some((start, n + (upto - i))),
+                None => Some((vaddr, upto - i)),
+            };
+            i = upto;
         }
+        page += nr;
         if let Some((start, n)) = run {
             push_entry(&mut out, &e, start, n);
         }
@@ -336,6 +357,34 @@ mod tests {
         let entries: Vec<(u64, u32)> =
             objs[1..].iter().map(|o| PagemapEntry::decode(*o).unwrap()).map(|e| (e.vaddr, e.nr_pages)).collect();
         assert_eq!(entries, vec![(0x10000, 1), (0x13000, 1), (0x20000, 4)]);
+    }
+
+    #[test]
+    fn only_long_zero_runs_are_left_out_when_asked() {
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let mm = MmEntry { vmas: vec![vma(0x100000, 0x100000 + 40 * 4096, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
+        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+        let e = PagemapEntry {
+            vaddr: 0x100000,
+            nr_pages: 40,
+            in_parent: None,
+            flags: Some(PE_PRESENT | PE_LAZY),
+            nr_pages64: None,
+        };
+        let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 3 }.encode_to_vec(), e.encode_to_vec()]);
+        // Zero: 2..5 (too short to leave out), 10..30 (long), 39 (short, at the end).
+        let zero = |p: u64| (2..5).contains(&p) || (10..30).contains(&p) || p == 39;
+        let plan = plan_runs(&mm, &pm, &zero, 16).unwrap();
+        assert_eq!(plan.skipped_pages, 20);
+        assert!((0..40).all(|p| plan.is_skipped(p) == (10..30).contains(&p)));
+        let objs = objects(&plan.pagemap, PAGEMAP_MAGIC).unwrap();
+        let entries: Vec<(u64, u32, Option<u32>)> = objs[1..]
+            .iter()
+            .map(|o| PagemapEntry::decode(*o).unwrap())
+            .map(|e| (e.vaddr, e.nr_pages, e.flags))
+            .collect();
+        let lazy = Some(PE_PRESENT | PE_LAZY);
+        assert_eq!(entries, vec![(0x100000, 10, lazy), (0x100000 + 30 * 4096, 10, lazy)]);
     }
 
     #[test]

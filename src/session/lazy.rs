@@ -27,6 +27,7 @@ use crate::session::checkpoint::{
     check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
 };
 use crate::session::guard::Guard;
+use crate::session::serve::zero_plan;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -62,67 +63,219 @@ struct Process {
     runs: Vec<PageRun>,
 }
 
-/// Reads pages of one pages image through its checked blocks, keeping the
-/// last decoded block (the daemon asks in address order after the first
-/// faults).
-struct PageReader {
-    source: Arc<dyn BlockSource>,
-    file_id: u32,
-    starts: Vec<u64>,
-    dec: Decoder,
-    cached: Option<(usize, Vec<u8>)>,
+/// Decoded blocks kept for the page server: the daemon's background fill
+/// asks in address order while faults ask anywhere, so one cached block
+/// would be decoded again at every switch. Bounded in bytes; least
+/// recently used first out.
+const CACHE_BYTES: usize = 24 << 20;
+/// Blocks a decoder thread prepares beyond the last one asked for.
+const DECODE_AHEAD: usize = 8;
+
+type Key = (u32, usize);
+
+#[derive(Default)]
+struct Cache {
+    blocks: HashMap<Key, Arc<Vec<u8>>>,
+    order: std::collections::VecDeque<Key>,
+    bytes: usize,
+    /// The last block asked for, and whether the decoder should stop.
+    cursor: Option<Key>,
+    done: bool,
 }
 
-impl PageReader {
-    fn new(source: Arc<dyn BlockSource>, file_id: u32) -> Self {
-        let mut starts = Vec::new();
-        while let Some((_, raw_pos)) = source.block_header(file_id, starts.len()) {
-            starts.push(raw_pos);
+impl Cache {
+    fn get(&mut self, k: Key) -> Option<Arc<Vec<u8>>> {
+        let b = self.blocks.get(&k)?.clone();
+        if let Some(i) = self.order.iter().position(|o| *o == k) {
+            self.order.remove(i);
+            self.order.push_back(k);
         }
-        PageReader { source, file_id, starts, dec: Decoder::new(), cached: None }
+        Some(b)
     }
 
-    /// Up to `n` pages from page `page` of the image (fewer at a block end).
-    fn pages(&mut self, page: u64, n: u64) -> Result<&[u8]> {
-        let at = page * PAGE_SIZE as u64;
-        let i = self.starts.partition_point(|&s| s <= at).checked_sub(1);
-        let i = i.ok_or_else(|| Error::corrupt(0, format!("page {page} lies before the first block")))?;
-        if self.cached.as_ref().is_none_or(|(c, _)| *c != i) {
-            let b = self
-                .source
-                .block(self.file_id, i)?
-                .ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
-            let mut out = self.cached.take().map(|(_, v)| v).unwrap_or_default();
-            b.decode(&mut self.dec, &mut out)?;
-            self.cached = Some((i, out));
+    fn put(&mut self, k: Key, b: Arc<Vec<u8>>) {
+        if self.blocks.contains_key(&k) {
+            return;
         }
-        let (_, data) = self.cached.as_ref().expect("block decoded");
-        let start = (at - self.starts[i]) as usize;
+        self.bytes += b.len();
+        self.blocks.insert(k, b);
+        self.order.push_back(k);
+        while self.bytes > CACHE_BYTES && self.order.len() > 1 {
+            let old = self.order.pop_front().expect("non-empty");
+            if let Some(b) = self.blocks.remove(&old) {
+                self.bytes -= b.len();
+            }
+        }
+    }
+}
+
+/// The pages of an archive's pages images through their checked blocks.
+struct Blocks {
+    source: Arc<dyn BlockSource>,
+    starts: std::sync::Mutex<HashMap<u32, Arc<Vec<u64>>>>,
+    cache: std::sync::Mutex<Cache>,
+    wake: std::sync::Condvar,
+}
+
+impl Blocks {
+    fn new(source: Arc<dyn BlockSource>) -> Blocks {
+        Blocks { source, starts: Default::default(), cache: Default::default(), wake: Default::default() }
+    }
+
+    /// Where each block of image `file_id` starts (raw bytes).
+    fn starts(&self, file_id: u32) -> Arc<Vec<u64>> {
+        let mut m = self.starts.lock().expect("starts lock");
+        m.entry(file_id)
+            .or_insert_with(|| {
+                let mut v = Vec::new();
+                while let Some((_, raw_pos)) = self.source.block_header(file_id, v.len()) {
+                    v.push(raw_pos);
+                }
+                Arc::new(v)
+            })
+            .clone()
+    }
+
+    fn decode(&self, dec: &mut Decoder, k: Key) -> Result<Arc<Vec<u8>>> {
+        let b = self.source.block(k.0, k.1)?.ok_or_else(|| Error::corrupt(0, format!("block {} is missing", k.1)))?;
+        let mut out = Vec::new();
+        b.decode(dec, &mut out)?;
+        Ok(Arc::new(out))
+    }
+
+    /// Up to `n` pages from page `page` of image `file_id` (fewer at a block
+    /// end): the decoded block and the byte range in it.
+    fn pages(
+        &self,
+        dec: &mut Decoder,
+        file_id: u32,
+        page: u64,
+        n: u64,
+    ) -> Result<(Arc<Vec<u8>>, std::ops::Range<usize>)> {
+        let starts = self.starts(file_id);
+        let at = page * PAGE_SIZE as u64;
+        let i = starts.partition_point(|&s| s <= at).checked_sub(1);
+        let i = i.ok_or_else(|| Error::corrupt(0, format!("page {page} lies before the first block")))?;
+        let k = (file_id, i);
+        let cached = {
+            let mut c = self.cache.lock().expect("cache lock");
+            c.cursor = Some(k);
+            c.get(k)
+        };
+        self.wake.notify_one();
+        let data = match cached {
+            Some(d) => d,
+            None => {
+                let d = self.decode(dec, k)?;
+                self.cache.lock().expect("cache lock").put(k, d.clone());
+                d
+            }
+        };
+        let start = (at - starts[i]) as usize;
         let whole = data.len().saturating_sub(start) / PAGE_SIZE;
         let take = (n as usize).min(whole);
         if take == 0 {
             return Err(Error::corrupt(0, format!("page {page} is not stored whole")));
         }
-        Ok(&data[start..start + take * PAGE_SIZE])
+        Ok((data, start..start + take * PAGE_SIZE))
+    }
+
+    /// Decodes the blocks after the last one asked for until `finish`. A
+    /// block that fails is left to the request that needs it, which reports
+    /// the failure.
+    fn decode_ahead(&self) {
+        let mut dec = Decoder::new();
+        let mut c = self.cache.lock().expect("cache lock");
+        loop {
+            if c.done {
+                return;
+            }
+            let Some((file, i)) = c.cursor else {
+                c = self.wake.wait(c).expect("cache lock");
+                continue;
+            };
+            let n = self.starts(file).len();
+            let next = (i + 1..(i + 1 + DECODE_AHEAD).min(n)).find(|&j| !c.blocks.contains_key(&(file, j)));
+            let Some(j) = next else {
+                c = self.wake.wait(c).expect("cache lock");
+                continue;
+            };
+            drop(c);
+            let got = self.decode(&mut dec, (file, j));
+            c = self.cache.lock().expect("cache lock");
+            match got {
+                Ok(d) => c.put((file, j), d),
+                // Leave it to the request path; wait for the next request.
+                Err(_) => c = self.wake.wait(c).expect("cache lock"),
+            }
+        }
+    }
+
+    fn finish(&self) {
+        self.cache.lock().expect("cache lock").done = true;
+        self.wake.notify_all();
     }
 }
 
-/// Writes the archive's files into `dir` for CRIU: every plain file, and
-/// each pages image without the pages its process's pagemap marks lazy.
-/// Returns the lazily served processes by pid, and the eager page count.
-fn materialize(source: &Arc<dyn BlockSource>, dir: &Path) -> Result<(HashMap<u32, Process>, u64)> {
+/// Zero runs shorter than this stay in a lazy pagemap (sent as zeros): the
+/// daemon fetches each gap-free range apart, so leaving out scattered zero
+/// pages would multiply its requests. 16 pages is its smallest transfer.
+const LAZY_MIN_ZERO_RUN: u64 = 16;
+
+/// A process's pagemap as written for a lazy restore: its runs with their
+/// pages' positions in the archive's image (`first`), and where CRIU finds
+/// each run in the pages image written for it.
+struct LazyPagemap {
+    pid: u32,
+    pages_id: u32,
+    runs: Vec<(PageRun, u64)>,
+    image_pages: u64,
+}
+
+/// Rewrites a process's pagemap without its long zero runs (those read as
+/// zero anyway); `None` if CRIU's pagemap is not one criuz can rewrite.
+fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
+    let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
+    let plan = zero_plan(source, pid, pagemap, LAZY_MIN_ZERO_RUN)?;
+    let written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
+    let Some((_, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
+    let mut by_vaddr = original.clone();
+    by_vaddr.sort_by_key(|r| r.vaddr);
+    let mut runs = Vec::with_capacity(kept.len());
+    for k in kept {
+        // Each kept run lies inside one original entry: its pages sit
+        // together in the archive's image.
+        let i = by_vaddr.partition_point(|r| r.vaddr <= k.vaddr).checked_sub(1);
+        let o = i.map(|i| by_vaddr[i]).filter(|o| (k.vaddr - o.vaddr) / PAGE_SIZE as u64 + k.nr <= o.nr);
+        let Some(o) = o else { return Ok(None) };
+        let at = PageRun { first: o.first + (k.vaddr - o.vaddr) / PAGE_SIZE as u64, ..k };
+        runs.push((at, k.first));
+    }
+    let image_pages = runs.iter().map(|(r, _)| r.nr).sum();
+    let pid = pid.parse().map_err(|_| Error::corrupt(0, format!("pagemap-{pid}.img: not a pid")))?;
+    Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages })))
+}
+
+/// Writes the archive's files into `dir` for CRIU: every plain file, each
+/// process's pagemap without long zero runs, and its pages image with only
+/// the pages that pagemap does not mark lazy. Returns the lazily served
+/// processes by pid, and the eager page count.
+fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, Process>, u64)> {
+    let source = &blocks.source;
+    let mut dec = Decoder::new();
     let label = source.label().to_string();
     let files = source.index().files.clone();
-    let mut lazy_images: HashMap<u32, (u32, Vec<PageRun>)> = HashMap::new();
+    let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
     for f in files.iter().filter(|f| f.kind == FileKind::Plain) {
         check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
-        let bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
+        let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            let (pages_id, runs) = images::pagemap_runs(&bytes).ok_or_else(|| {
-                Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
-            })?;
-            let pid: u32 = pid.parse().map_err(|_| Error::corrupt(0, format!("{}: not a pid", f.name)))?;
-            lazy_images.insert(pages_id, (pid, runs));
+            let (written, lazy) =
+                lazy_pagemap(&**source, pid, &bytes).context(|| format!("{label}: {}", f.name))?.ok_or_else(|| {
+                    Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
+                })?;
+            bytes = written;
+            lazy_images.insert(lazy.pages_id, lazy);
         }
         let path = dir.join(&f.name);
         std::fs::write(&path, &bytes).at(&path)?;
@@ -133,28 +286,31 @@ fn materialize(source: &Arc<dyn BlockSource>, dir: &Path) -> Result<(HashMap<u32
         check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let path = dir.join(&f.name);
         let out = std::fs::File::create(&path).at(&path)?;
-        let mut reader = PageReader::new(source.clone(), f.file_id);
         let lazy = images::pages_image_id(&f.name).and_then(|id| lazy_images.remove(&id));
         let total_pages = f.raw_size.div_ceil(PAGE_SIZE as u64);
-        // Runs CRIU reads itself: all of a non-process image, the eager
-        // runs of a process's.
-        let eager_runs: Vec<(u64, u64)> = match &lazy {
-            Some((_, runs)) => runs.iter().filter(|r| !r.lazy).map(|r| (r.first, r.nr)).collect(),
-            None => vec![(0, total_pages)],
+        // Runs CRIU reads itself, (archive page, image page, pages): all of
+        // a non-process image, the eager runs of a process's.
+        let eager_runs: Vec<(u64, u64, u64)> = match &lazy {
+            Some(l) => l.runs.iter().filter(|(r, _)| !r.lazy).map(|(r, at)| (r.first, *at, r.nr)).collect(),
+            None => vec![(0, 0, total_pages)],
         };
-        for (first, nr) in eager_runs {
-            let mut page = first;
-            while page < first + nr {
-                let data = reader.pages(page, first + nr - page).context(|| format!("{label}: {}", f.name))?;
-                out.write_all_at(data, page * PAGE_SIZE as u64).at(&path)?;
-                page += (data.len() / PAGE_SIZE) as u64;
-                eager += (data.len() / PAGE_SIZE) as u64;
+        for (first, at, nr) in eager_runs {
+            let mut done = 0;
+            while done < nr {
+                let (block, range) = blocks
+                    .pages(&mut dec, f.file_id, first + done, nr - done)
+                    .context(|| format!("{label}: {}", f.name))?;
+                out.write_all_at(&block[range.clone()], (at + done) * PAGE_SIZE as u64).at(&path)?;
+                done += (range.len() / PAGE_SIZE) as u64;
             }
+            eager += nr;
         }
-        out.set_len(f.raw_size).at(&path)?;
-        if let Some((pid, mut runs)) = lazy {
+        let image_len = lazy.as_ref().map_or(f.raw_size, |l| l.image_pages * PAGE_SIZE as u64);
+        out.set_len(image_len).at(&path)?;
+        if let Some(l) = lazy {
+            let mut runs: Vec<PageRun> = l.runs.into_iter().map(|(r, _)| r).collect();
             runs.sort_by_key(|r| r.vaddr);
-            processes.insert(pid, Process { pages_file: f.file_id, runs });
+            processes.insert(l.pid, Process { pages_file: f.file_id, runs });
         }
     }
     Ok((processes, eager))
@@ -162,13 +318,13 @@ fn materialize(source: &Arc<dyn BlockSource>, dir: &Path) -> Result<(HashMap<u32
 
 /// Answers the daemon until it closes; returns (pages, requests).
 fn serve_pages(
-    source: &Arc<dyn BlockSource>,
+    blocks: &Blocks,
     processes: &HashMap<u32, Process>,
     mut sock: &UnixStream,
     wire: Wire,
 ) -> Result<(u64, u64)> {
-    let label = source.label().to_string();
-    let mut readers: HashMap<u32, PageReader> = HashMap::new();
+    let label = blocks.source.label().to_string();
+    let mut dec = Decoder::new();
     let (mut pages, mut requests) = (0u64, 0u64);
     let proto = |e: pageserver::ProtocolError| Error::Protocol(e.to_string());
     while let Some(req) = pageserver::read_request(&mut sock, wire).map_err(proto)? {
@@ -189,10 +345,11 @@ fn serve_pages(
         if vaddr % PAGE_SIZE as u64 != 0 || off >= run.nr || !run.lazy {
             return Err(unknown());
         }
-        let reader = readers.entry(pid).or_insert_with(|| PageReader::new(source.clone(), p.pages_file));
-        let data = reader.pages(run.first + off, nr_pages.min(run.nr - off)).context(|| label.clone())?;
-        pageserver::send_pages(&mut sock, wire, pid, vaddr, data)?;
-        pages += (data.len() / PAGE_SIZE) as u64;
+        let (block, range) = blocks
+            .pages(&mut dec, p.pages_file, run.first + off, nr_pages.min(run.nr - off))
+            .context(|| label.clone())?;
+        pageserver::send_pages(&mut sock, wire, pid, vaddr, &block[range.clone()])?;
+        pages += (range.len() / PAGE_SIZE) as u64;
     }
     Ok((pages, requests))
 }
@@ -271,7 +428,9 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
     }
     let work = WorkDir::new("criuz-lazy-")?;
-    let (processes, eager_pages) = materialize(&source, work.path())?;
+    let blocks = Blocks::new(source.clone());
+    let (processes, eager_pages) = materialize(&blocks, work.path())?;
+    blocks.cache.lock().expect("cache lock").cursor = None;
 
     let (ours, theirs) = UnixStream::pair()?;
     let fd = theirs.as_raw_fd().to_string();
@@ -297,8 +456,10 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
 
     let (served, status, running, published) = std::thread::scope(|s| {
+        s.spawn(|| blocks.decode_ahead());
         let server = s.spawn(|| {
-            let r = serve_pages(&source, &processes, &ours, wire);
+            let r = serve_pages(&blocks, &processes, &ours, wire);
+            blocks.finish();
             if r.is_err() {
                 // Before the daemon sees the socket end: it would leave
                 // the process with holes that read as zeros.

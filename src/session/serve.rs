@@ -77,7 +77,7 @@ pub fn serve(
             let mut plan = None;
             if opts.skip_zero_pages {
                 if let (Some(pid), Some(pagemap)) = (images::process_pagemap_pid(&name), whole.as_ref()) {
-                    if let Some(p) = zero_plan(&*source, pid, pagemap).context(|| format!("{label}: {name}"))? {
+                    if let Some(p) = zero_plan(&*source, pid, pagemap, 1).context(|| format!("{label}: {name}"))? {
                         whole = Some(p.pagemap.clone());
                         plans.insert(p.pages_id, Arc::new(p));
                     }
@@ -127,8 +127,9 @@ pub fn serve(
 }
 
 /// Plans the zero-page rewrite for process `pid`: needs its mm image and the
-/// proven block headers of the pages image its pagemap names.
-fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<ZeroPlan>> {
+/// proven block headers of the pages image its pagemap names. Only runs of at
+/// least `min_run` zero pages are left out.
+pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min_run: u64) -> Result<Option<ZeroPlan>> {
     let Some(pages_id) = images::pagemap_pages_id(pagemap) else { return Ok(None) };
     let (Some(mm), Some(pages)) =
         (source.find(&format!("mm-{pid}.img")), source.find(&format!("pages-{pages_id}.img")))
@@ -159,7 +160,7 @@ fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Opti
         i += 1;
     }
     let is_zero = |p: u64| zero.get((p / 64) as usize).is_some_and(|w| w & (1 << (p % 64)) != 0);
-    Ok(images::plan(&mm, pagemap, &is_zero))
+    Ok(images::plan_runs(&mm, pagemap, &is_zero, min_run))
 }
 
 /// One block made ready for CRIU's pipe: the bytes CRIU must read, without

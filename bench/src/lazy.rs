@@ -1,0 +1,210 @@
+//! `criuz-bench --lazy`: lazy restore against plain restore of one archive.
+//!
+//! Per workload: one `criuz dump`, then rounds of three restores in
+//! rotating order, each after the same pause and guest-memory warm-up:
+//! - plain: `criuz restore -d`, then the workload's own full read of its
+//!   memory (its fingerprint): restore time, and restore + read time;
+//! - lazy: `criuz restore --lazy -d --pidfile`: time until the pidfile
+//!   appears (the tree runs) and until criuz exits (every page in), with
+//!   criuz's peak RSS (criuz, CRIU and the daemon, as wait4 reports them);
+//! - lazy + read: the same, with the full read sent the moment the tree
+//!   runs: time until the read's answer.
+//!
+//! Every restore is checked by the workload's fingerprint.
+
+use crate::error::{Error, Result};
+use crate::proc::{self, Dst, Src, Usage};
+use crate::workload::{Running, Tools};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LazyRow {
+    pub workload: String,
+    pub raw_bytes: u64,
+    pub archive_bytes: u64,
+    /// Medians over the rounds, seconds.
+    pub plain_restore_s: f64,
+    pub plain_restore_read_s: f64,
+    pub lazy_running_s: f64,
+    pub lazy_resident_s: f64,
+    pub lazy_running_read_s: f64,
+    /// Peak RSS of `criuz restore` (with its children), MiB.
+    pub plain_rss_mib: f64,
+    pub lazy_rss_mib: f64,
+    /// From criuz's report of the last lazy restore.
+    pub lazy_pages: u64,
+    pub requests: u64,
+    pub intact: bool,
+}
+
+fn median(v: &[f64]) -> f64 {
+    crate::report::median(v).unwrap_or(f64::NAN)
+}
+
+/// Runs `criuz args` in the background; `on_running` is called once the
+/// pidfile appears, with the time since the start. Returns the time until
+/// criuz exited, its usage, and its standard output.
+fn lazy_restore(
+    criuz: &Path,
+    arc: &Path,
+    pidfile: &Path,
+    logs: &Path,
+    mut on_running: impl FnMut(f64) -> Result<()>,
+) -> Result<(f64, Usage, Vec<u8>)> {
+    let _ = std::fs::remove_file(pidfile);
+    let mut cmd = Command::new(criuz);
+    cmd.args(["restore", "--lazy", "-d", "--json", "--pidfile"]).arg(pidfile).arg("-i").arg(arc);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let run = s.spawn(|| proc::pipeline(vec![cmd], Src::Null, Dst::Capture, logs, "lazy-restore"));
+        while !pidfile.exists() {
+            if run.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        if pidfile.exists() {
+            on_running(t.elapsed().as_secs_f64())?;
+        }
+        let f = run.join().map_err(|_| Error::Invalid("the lazy restore thread panicked".into()))??;
+        Ok((t.elapsed().as_secs_f64(), f.usage, f.stdout))
+    })
+}
+
+fn settle(mib: u64) {
+    std::thread::sleep(Duration::from_secs(1));
+    proc::warm_guest_memory(((mib + mib / 4 + 256) << 20) as usize);
+}
+
+pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, criuz: &Path) -> Result<LazyRow> {
+    let dir = work.join(format!("lazy-{name}"));
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
+    let mut app = Running::start(name, mib, &dir.join("app"), tools)?;
+    let arc = dir.join("archive.czr");
+    let before = app.fingerprint()?;
+    let pids = proc::tree(app.pid);
+    let pid = app.pid.to_string();
+    let dump = Command::new(criuz).args(["dump", "-t", &pid, "-o"]).arg(&arc).output()?;
+    if !dump.status.success() {
+        return Err(Error::Invalid(format!("criuz dump: {}", String::from_utf8_lossy(&dump.stderr).trim())));
+    }
+    for &p in &pids {
+        proc::reap(p, Duration::from_secs(60))?;
+    }
+    proc::reap_zombies();
+    let pidfile = dir.join("restored.pid");
+    let (mut plain, mut plain_read, mut running, mut resident, mut running_read) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_rss, mut lazy_rss, mut report) = (0u64, 0u64, serde_json::Value::Null);
+    let mut intact = true;
+    let end = |app: &mut Running, intact: &mut bool| {
+        *intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+        proc::kill_tree(&proc::tree(app.pid));
+        proc::reap_zombies();
+    };
+    for round in 0..runs.max(3) {
+        for step in 0..3 {
+            settle(mib);
+            match (round + step) % 3 {
+                0 => {
+                    let mut cmd = Command::new(criuz);
+                    cmd.args(["restore", "-d", "-i"]).arg(&arc);
+                    let t = Instant::now();
+                    let f = proc::pipeline(vec![cmd], Src::Null, Dst::Null, &logs, "restore")?;
+                    plain.push(t.elapsed().as_secs_f64());
+                    plain_rss = plain_rss.max(f.usage.maxrss_kib);
+                    intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+                    plain_read.push(t.elapsed().as_secs_f64());
+                    proc::kill_tree(&proc::tree(app.pid));
+                    proc::reap_zombies();
+                }
+                1 => {
+                    let (all, usage, out) = lazy_restore(criuz, &arc, &pidfile, &logs, |t| {
+                        running.push(t);
+                        Ok(())
+                    })?;
+                    resident.push(all);
+                    lazy_rss = lazy_rss.max(usage.maxrss_kib);
+                    report = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
+                    end(&mut app, &mut intact);
+                }
+                _ => {
+                    let mut read = None;
+                    lazy_restore(criuz, &arc, &pidfile, &logs, |t0| {
+                        let t = Instant::now();
+                        intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+                        read = Some(t0 + t.elapsed().as_secs_f64());
+                        Ok(())
+                    })?;
+                    running_read.push(read.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?);
+                    end(&mut app, &mut intact);
+                }
+            }
+        }
+    }
+    let raw_bytes = {
+        use criuz::archive::BlockSource;
+        let a = criuz::archive::Archive::open(&arc)?;
+        a.index().files.iter().map(|f| f.raw_size).sum()
+    };
+    let row = LazyRow {
+        workload: name.to_string(),
+        raw_bytes,
+        archive_bytes: proc::file_bytes(&arc),
+        plain_restore_s: median(&plain),
+        plain_restore_read_s: median(&plain_read),
+        lazy_running_s: median(&running),
+        lazy_resident_s: median(&resident),
+        lazy_running_read_s: median(&running_read),
+        plain_rss_mib: plain_rss as f64 / 1024.0,
+        lazy_rss_mib: lazy_rss as f64 / 1024.0,
+        lazy_pages: report["lazy_pages"].as_u64().unwrap_or(0),
+        requests: report["requests"].as_u64().unwrap_or(0),
+        intact,
+    };
+    drop(app);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(row)
+}
+
+/// The table, with each lazy time as a ratio of the plain restore.
+pub fn table(rows: &[LazyRow]) -> String {
+    let mut s = format!(
+        "{:<8} {:>8} {:>9} {:>10} {:>10} {:>14} {:>15} {:>15} {:>9} {:>9} {:>7}\n",
+        "workload",
+        "raw MiB",
+        "plain s",
+        "plain+rd s",
+        "running s",
+        "resident s",
+        "lazy+read s",
+        "lazy pages/req",
+        "RSS MiB",
+        "lazy RSS",
+        "intact"
+    );
+    for r in rows {
+        let x = |v: f64, of: f64| format!("{v:.2} ({:.2}x)", v / of);
+        s.push_str(&format!(
+            "{:<8} {:>8.1} {:>9.2} {:>10.2} {:>10} {:>14} {:>15} {:>15} {:>9.1} {:>9.1} {:>7}\n",
+            r.workload,
+            r.raw_bytes as f64 / (1 << 20) as f64,
+            r.plain_restore_s,
+            r.plain_restore_read_s,
+            x(r.lazy_running_s, r.plain_restore_s),
+            x(r.lazy_resident_s, r.plain_restore_s),
+            x(r.lazy_running_read_s, r.plain_restore_read_s),
+            format!("{}/{}", r.lazy_pages, r.requests),
+            r.plain_rss_mib,
+            r.lazy_rss_mib,
+            if r.intact { "yes" } else { "NO" }
+        ));
+    }
+    s.push_str(
+        "running/resident: x plain restore; lazy+read: full read sent when the tree runs, x (plain restore + read)\n",
+    );
+    s
+}
