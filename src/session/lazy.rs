@@ -157,12 +157,19 @@ impl Blocks {
         let i = starts.partition_point(|&s| s <= at).checked_sub(1);
         let i = i.ok_or_else(|| Error::corrupt(0, format!("page {page} lies before the first block")))?;
         let k = (file_id, i);
+        // Only the daemon's background fill (several pages a request, in
+        // address order) moves the decoder: a fault asks for one page
+        // anywhere, and decoding after it would take CPU from the fill.
         let cached = {
             let mut c = self.cache.lock().expect("cache lock");
-            c.cursor = Some(k);
+            if n > 1 {
+                c.cursor = Some(k);
+            }
             c.get(k)
         };
-        self.wake.notify_one();
+        if n > 1 {
+            self.wake.notify_one();
+        }
         let data = match cached {
             Some(d) => d,
             None => {
