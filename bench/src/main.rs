@@ -149,6 +149,18 @@ impl Plan {
     }
 }
 
+/// A table run's JSON: the machine, the size and runs, and `rows` (an object
+/// whose fields are added to the document).
+fn write_table_json(path: &Path, criu_version: &str, plan: &Plan, rows: serde_json::Value) -> Result<()> {
+    let mut doc =
+        serde_json::json!({ "machine": Machine::probe(criu_version), "size_mib": plan.mib, "runs": plan.runs });
+    if let (Some(d), serde_json::Value::Object(r)) = (doc.as_object_mut(), rows) {
+        d.extend(r);
+    }
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+    std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))
+}
+
 /// Removes a directory when the run ends, however it ends.
 struct Scratch(PathBuf);
 
@@ -340,10 +352,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", incremental::table(&rows, &chains));
         if let Some(path) = &args.json {
-            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
-                                          "runs": plan.runs, "incremental": rows, "chains": chains });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "incremental": rows, "chains": chains }))?;
         }
         return Ok(());
     }
@@ -359,10 +368,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", lazy::table(&rows));
         if let Some(path) = &args.json {
-            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
-                                          "runs": plan.runs, "lazy": rows });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "lazy": rows }))?;
         }
         return Ok(());
     }
@@ -374,10 +380,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", codecs::table(&rows));
         if let Some(path) = &args.json {
-            let doc = serde_json::json!({ "machine": Machine::probe(&criu.version), "size_mib": plan.mib,
-                                          "runs": plan.runs, "codec_table": rows });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-            std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "codec_table": rows }))?;
         }
         return Ok(());
     }
