@@ -1,8 +1,10 @@
 //! Lazy restore with real CRIU (`criu lazy-pages`, criuz as its page
 //! server): a process tree restored lazily comes back with every process's
-//! own checksum; a damaged block deep inside the archive, found only after
-//! the process runs, kills the restored tree (no silent zeros) and fails as
-//! damaged.
+//! own checksum, from a file and from a pipe; a damaged block deep inside
+//! the archive, found only after the process runs, kills the restored tree
+//! (no silent zeros) and fails as damaged; criuz or the daemon killed while
+//! pages still arrive ends in the tree's SIGKILL, not in a process running
+//! (or crashing) on zeros.
 
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
@@ -160,4 +162,30 @@ fn a_daemon_killed_mid_fill_takes_the_tree_with_it() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("lazy-pages") && err.contains("killed"), "{err}");
     assert_killed(&w, "the guard to kill the restored process (had every page arrived already?)");
+}
+
+#[test]
+fn a_lazy_restore_reads_its_archive_from_a_pipe() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("piped.czr");
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", ..Default::default() });
+    let before = w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+
+    // A real pipe (a file on stdin would be read in place).
+    let mut cat = std::process::Command::new("cat").arg(&arc).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let out = std::process::Command::new(CRIUZ)
+        .args(["restore", "--lazy", "-d", "--json", "-i", "-"])
+        .stdin(cat.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    cat.wait().unwrap();
+    assert!(out.status.success(), "lazy restore from a pipe: {}", String::from_utf8_lossy(&out.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rep["lazy_pages"].as_u64().unwrap() > (32 << 20) / 4096 / 2, "{rep}");
+    assert_eq!(w.sums(), before, "a process restored lazily from a pipe sees other memory");
+    w.stop();
 }
