@@ -189,3 +189,38 @@ fn a_lazy_restore_reads_its_archive_from_a_pipe() {
     assert_eq!(w.sums(), before, "a process restored lazily from a pipe sees other memory");
     w.stop();
 }
+
+#[test]
+fn the_pages_a_lazy_restore_saw_faulted_come_eagerly_the_next_time() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ws.czr");
+    let mut w = Workload::start(Spec { mib: 256, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+
+    // Read all memory while its pages still arrive: faults get recorded.
+    let pidfile = tmp.path().join("restored.pid");
+    let child = lazy_restore_until_running(&arc, &pidfile);
+    assert_eq!(w.sums(), before, "first lazy restore");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let touch = tmp.path().join("ws.czr.touch");
+    let meta = std::fs::metadata(&touch).expect("a working set recorded beside the archive");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
+    let recorded = std::fs::read_to_string(&touch).unwrap().lines().count() - 1;
+    assert!(recorded > 0, "no fault recorded");
+    w.stop();
+    wait_for("the restored process to be gone", std::time::Duration::from_secs(10), || {
+        !Path::new(&format!("/proc/{}", w.pid)).exists()
+    });
+
+    let out = criuz(&["restore", "--lazy", "-d", "--json", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "second lazy restore: {}", String::from_utf8_lossy(&out.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["working_set_pages"].as_u64().unwrap(), recorded as u64, "{rep}");
+    assert_eq!(w.sums(), before, "a process restored with its working set eager sees other memory");
+    w.stop();
+}

@@ -51,6 +51,12 @@ pub struct LazyReport {
     pub resident_seconds: f64,
     /// Pages restored by CRIU itself (not lazy).
     pub eager_pages: u64,
+    /// Of those, pages made eager as the working set recorded beside the
+    /// archive (`<archive>.touch`) by an earlier lazy restore.
+    pub working_set_pages: u64,
+    /// Where this restore's faults were recorded (none if there were no new
+    /// ones, the archive came from a pipe, or its directory is read-only).
+    pub working_set_file: Option<String>,
     /// Pages the daemon fetched, and in how many requests.
     pub lazy_pages: u64,
     pub requests: u64,
@@ -237,14 +243,21 @@ struct LazyPagemap {
     pages_id: u32,
     runs: Vec<(PageRun, u64)>,
     image_pages: u64,
+    /// Pages made eager because the last lazy restore saw them faulted.
+    working_set: u64,
 }
 
 /// Rewrites a process's pagemap without its long zero runs (those read as
 /// zero anyway); `None` if CRIU's pagemap is not one criuz can rewrite.
-fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
+fn lazy_pagemap(
+    source: &dyn BlockSource,
+    pid: &str,
+    pagemap: &[u8],
+    hot: Option<&HashSet<u64>>,
+) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
     let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
     let plan = zero_plan(source, pid, pagemap, LAZY_MIN_ZERO_RUN)?;
-    let written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
+    let mut written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
     let Some((_, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
     let mut by_vaddr = original.clone();
     by_vaddr.sort_by_key(|r| r.vaddr);
@@ -258,30 +271,62 @@ fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<O
         let at = PageRun { first: o.first + (k.vaddr - o.vaddr) / PAGE_SIZE as u64, ..k };
         runs.push((at, k.first));
     }
+    let mut working_set = 0;
+    if let Some(hot) = hot.filter(|h| !h.is_empty()) {
+        // The pages the last lazy restore saw faulted become eager: CRIU
+        // restores them before the process runs.
+        let mut split = Vec::with_capacity(runs.len());
+        for (r, at) in runs {
+            let is_hot = |j: u64| r.lazy && hot.contains(&(r.vaddr + j * PAGE_SIZE as u64));
+            let mut j = 0;
+            while j < r.nr {
+                let h = is_hot(j);
+                let mut end = j + 1;
+                while end < r.nr && is_hot(end) == h {
+                    end += 1;
+                }
+                let piece = PageRun {
+                    vaddr: r.vaddr + j * PAGE_SIZE as u64,
+                    nr: end - j,
+                    first: r.first + j,
+                    lazy: r.lazy && !h,
+                };
+                working_set += if h { end - j } else { 0 };
+                split.push((piece, at + j));
+                j = end;
+            }
+        }
+        runs = split;
+        let in_image: Vec<PageRun> = runs.iter().map(|&(r, at)| PageRun { first: at, ..r }).collect();
+        written = images::pagemap_of_runs(pages_id, &in_image);
+    }
     let image_pages = runs.iter().map(|(r, _)| r.nr).sum();
     let pid = pid.parse().map_err(|_| Error::corrupt(0, format!("pagemap-{pid}.img: not a pid")))?;
-    Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages })))
+    Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages, working_set })))
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
 /// process's pagemap without long zero runs, and its pages image with only
 /// the pages that pagemap does not mark lazy. Returns the lazily served
 /// processes by pid, and the eager page count.
-fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, Process>, u64)> {
+fn materialize(blocks: &Blocks, dir: &Path, hot: &WorkingSet) -> Result<(HashMap<u32, Process>, u64, u64)> {
     let source = &blocks.source;
     let mut dec = Decoder::new();
     let label = source.label().to_string();
     let files = source.index().files.clone();
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
+    let mut working_set = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain) {
         check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
+            let pid_hot = pid.parse().ok().and_then(|p: u32| hot.get(&p));
             let (written, lazy) =
-                lazy_pagemap(&**source, pid, &bytes).context(|| format!("{label}: {}", f.name))?.ok_or_else(|| {
-                    Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
-                })?;
+                lazy_pagemap(&**source, pid, &bytes, pid_hot).context(|| format!("{label}: {}", f.name))?.ok_or_else(
+                    || Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name)),
+                )?;
             bytes = written;
+            working_set += lazy.working_set;
             lazy_images.insert(lazy.pages_id, lazy);
         }
         let path = dir.join(&f.name);
@@ -320,7 +365,7 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, Process>, u6
             processes.insert(l.pid, Process { pages_file: f.file_id, runs });
         }
     }
-    Ok((processes, eager))
+    Ok((processes, eager, working_set))
 }
 
 /// Answers the daemon until it closes; returns (pages, requests).
@@ -329,6 +374,7 @@ fn serve_pages(
     processes: &HashMap<u32, Process>,
     mut sock: &UnixStream,
     wire: Wire,
+    faults: &mut Vec<(u32, u64)>,
 ) -> Result<(u64, u64)> {
     let label = blocks.source.label().to_string();
     let mut dec = Decoder::new();
@@ -343,6 +389,10 @@ fn serve_pages(
             Request::Get { pid, vaddr, nr_pages } => (pid, vaddr, nr_pages),
         };
         requests += 1;
+        // The daemon asks for a faulted page alone; its fill asks for more.
+        if nr_pages == 1 && faults.len() < WORKING_SET_MAX {
+            faults.push((pid, vaddr));
+        }
         let unknown =
             || Error::Protocol(format!("the daemon asked for pages of {pid} at {vaddr:#x}, which it has not"));
         let p = processes.get(&pid).ok_or_else(unknown)?;
@@ -411,6 +461,62 @@ impl HeldUffds {
     }
 }
 
+/// Pages by pid that a lazy restore saw faulted (first touches, in order),
+/// kept beside the archive as `<archive>.touch`: the next lazy restore
+/// makes them eager, so the working set is in place before the process
+/// runs (stock CRIU fetches in its own order; this is the order we can set).
+/// Only a hint: a wrong one changes which pages come eagerly, never their
+/// bytes, which always come from checked blocks.
+type WorkingSet = HashMap<u32, HashSet<u64>>;
+
+const WORKING_SET_MAX: usize = 1 << 20;
+const TOUCH_HEADER: &str = "criuz working set 1";
+
+fn touch_path(input: &Path) -> Option<std::path::PathBuf> {
+    (input != Path::new("-")).then(|| {
+        let mut p = input.as_os_str().to_owned();
+        p.push(".touch");
+        p.into()
+    })
+}
+
+/// The recorded faults, in order; empty if there is no usable record.
+fn load_touches(path: Option<&Path>) -> Vec<(u32, u64)> {
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
+    let mut lines = text.lines();
+    if lines.next() != Some(TOUCH_HEADER) {
+        return Vec::new();
+    }
+    lines
+        .filter_map(|l| {
+            let (pid, vaddr) = l.split_once(' ')?;
+            Some((pid.parse().ok()?, u64::from_str_radix(vaddr, 16).ok()?))
+        })
+        .take(WORKING_SET_MAX)
+        .collect()
+}
+
+/// Writes the old record followed by the new faults (complete or not at all,
+/// 0600: it maps the process's memory).
+fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<()> {
+    let mut seen = HashSet::new();
+    let mut text = format!("{TOUCH_HEADER}\n");
+    for &(pid, vaddr) in old.iter().chain(new).take(WORKING_SET_MAX) {
+        if seen.insert((pid, vaddr)) {
+            text.push_str(&format!("{pid} {vaddr:x}\n"));
+        }
+    }
+    let tmp = path.with_extension("touch.criuz-tmp");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).at(&tmp)?;
+        f.write_all(text.as_bytes()).at(&tmp)?;
+    }
+    std::fs::rename(&tmp, path).at(path)
+}
+
 fn kill_tree(pids: &[i32]) {
     for &p in pids {
         // SAFETY: the restored tree's pids, which are ours to end.
@@ -436,7 +542,14 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     }
     let work = WorkDir::new("criuz-lazy-")?;
     let blocks = Blocks::new(source.clone());
-    let (processes, eager_pages) = materialize(&blocks, work.path())?;
+    let touch = touch_path(&o.input);
+    let recorded = load_touches(touch.as_deref());
+    let mut hot = WorkingSet::new();
+    for &(pid, vaddr) in &recorded {
+        hot.entry(pid).or_default().insert(vaddr);
+    }
+    let (processes, eager_pages, working_set_pages) = materialize(&blocks, work.path(), &hot)?;
+    let mut faults = Vec::new();
     blocks.cache.lock().expect("cache lock").cursor = None;
 
     let (ours, theirs) = UnixStream::pair()?;
@@ -465,7 +578,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let (served, status, running, published) = std::thread::scope(|s| {
         s.spawn(|| blocks.decode_ahead());
         let server = s.spawn(|| {
-            let r = serve_pages(&blocks, &processes, &ours, wire);
+            let r = serve_pages(&blocks, &processes, &ours, wire, &mut faults);
             blocks.finish();
             if r.is_err() {
                 // Before the daemon sees the socket end: it would leave
@@ -531,11 +644,18 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         ));
     }
     published?;
+    // Beside the archive, where the archive's directory allows it: a
+    // read-only place costs the next restore its head start, not this one.
+    let new_faults = faults.iter().any(|f| !hot.get(&f.0).is_some_and(|h| h.contains(&f.1)));
+    let working_set_file =
+        touch.filter(|t| new_faults && save_touches(t, &recorded, &faults).is_ok()).map(|t| t.display().to_string());
     Ok(LazyReport {
         pid,
         running_seconds: running,
         resident_seconds: resident,
         eager_pages,
+        working_set_pages,
+        working_set_file,
         lazy_pages,
         requests,
         criu_exit: status.code().unwrap_or(-1),
