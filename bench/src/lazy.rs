@@ -10,7 +10,12 @@
 //! - lazy + read: the same, with the full read sent the moment the tree
 //!   runs: time until the read's answer.
 //!
-//! Every restore is checked by the workload's fingerprint.
+//! - with the working set: one lazy restore + read records the pages it saw
+//!   faulted (`<archive>.touch`); then rounds of lazy + read restoring from
+//!   that record (those pages eager).
+//!
+//! The plain lazy rounds remove the record first. Every restore is checked
+//! by the workload's fingerprint.
 
 use crate::error::{Error, Result};
 use crate::proc::{self, Dst, Src, Usage};
@@ -30,6 +35,11 @@ pub struct LazyRow {
     pub lazy_running_s: f64,
     pub lazy_resident_s: f64,
     pub lazy_running_read_s: f64,
+    /// With the working set a first lazy restore + read recorded
+    /// (`<archive>.touch`): until running, and the full read.
+    pub ws_running_s: f64,
+    pub ws_running_read_s: f64,
+    pub working_set_pages: u64,
     /// Peak RSS of `criuz restore` (with its children), MiB.
     pub plain_rss_mib: f64,
     pub lazy_rss_mib: f64,
@@ -96,6 +106,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     }
     proc::reap_zombies();
     let pidfile = dir.join("restored.pid");
+    let touch = dir.join("archive.czr.touch");
     let (mut plain, mut plain_read, mut running, mut resident, mut running_read) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_rss, mut lazy_rss, mut report) = (0u64, 0u64, serde_json::Value::Null);
@@ -122,6 +133,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
                     proc::reap_zombies();
                 }
                 1 => {
+                    let _ = std::fs::remove_file(&touch);
                     let (all, usage, out) = lazy_restore(criuz, &arc, &pidfile, &logs, |t| {
                         running.push(t);
                         Ok(())
@@ -132,6 +144,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
                     end(&mut app, &mut intact);
                 }
                 _ => {
+                    let _ = std::fs::remove_file(&touch);
                     let mut read = None;
                     lazy_restore(criuz, &arc, &pidfile, &logs, |t0| {
                         let t = Instant::now();
@@ -144,6 +157,33 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
                 }
             }
         }
+    }
+    // The working set: recorded by one lazy restore + read, then restored
+    // from that same record each round.
+    let _ = std::fs::remove_file(&touch);
+    lazy_restore(criuz, &arc, &pidfile, &logs, |_| {
+        intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+        Ok(())
+    })?;
+    end(&mut app, &mut intact);
+    let record = dir.join("working-set");
+    std::fs::copy(&touch, &record).map_err(|e| Error::file(&touch, e))?;
+    let (mut ws_running, mut ws_read, mut ws_pages) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..runs.max(3) {
+        std::fs::copy(&record, &touch).map_err(|e| Error::file(&record, e))?;
+        settle(mib);
+        let mut read = None;
+        let (_, _, out) = lazy_restore(criuz, &arc, &pidfile, &logs, |t0| {
+            ws_running.push(t0);
+            let t = Instant::now();
+            intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+            read = Some(t0 + t.elapsed().as_secs_f64());
+            Ok(())
+        })?;
+        ws_read.push(read.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?);
+        let rep: serde_json::Value = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
+        ws_pages = rep["working_set_pages"].as_u64().unwrap_or(0);
+        end(&mut app, &mut intact);
     }
     let raw_bytes = {
         use criuz::archive::BlockSource;
@@ -159,6 +199,9 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
         lazy_running_s: median(&running),
         lazy_resident_s: median(&resident),
         lazy_running_read_s: median(&running_read),
+        ws_running_s: median(&ws_running),
+        ws_running_read_s: median(&ws_read),
+        working_set_pages: ws_pages,
         plain_rss_mib: plain_rss as f64 / 1024.0,
         lazy_rss_mib: lazy_rss as f64 / 1024.0,
         lazy_pages: report["lazy_pages"].as_u64().unwrap_or(0),
@@ -201,6 +244,17 @@ pub fn table(rows: &[LazyRow]) -> String {
             r.plain_rss_mib,
             r.lazy_rss_mib,
             if r.intact { "yes" } else { "NO" }
+        ));
+    }
+    for r in rows {
+        s.push_str(&format!(
+            "{}: with the recorded working set ({} pages eager): running {:.2}s ({:.2}x), lazy+read {:.2}s ({:.2}x)\n",
+            r.workload,
+            r.working_set_pages,
+            r.ws_running_s,
+            r.ws_running_s / r.plain_restore_s,
+            r.ws_running_read_s,
+            r.ws_running_read_s / r.plain_restore_read_s
         ));
     }
     s.push_str(
