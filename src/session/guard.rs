@@ -189,9 +189,12 @@ struct GuardFds {
     not_ours: [RawFd; 2],
 }
 
-unsafe fn kill_all(tree: &[i32]) {
+/// SIGKILLs every pid of a restored tree. Only kill(2): async-signal-safe,
+/// so the guard uses it too.
+pub(crate) fn kill_tree(tree: &[i32]) {
     for &p in tree {
-        libc::kill(p, libc::SIGKILL);
+        // SAFETY: the restored tree's pids, which are ours to end.
+        unsafe { libc::kill(p, libc::SIGKILL) };
     }
 }
 
@@ -242,7 +245,7 @@ unsafe fn guard_main(path: &CString, argv: &[*const libc::c_char], f: GuardFds, 
         if n == 2 && fds[1].revents != 0 {
             libc::waitpid(daemon, &mut st, 0);
             if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
-                kill_all(tree);
+                kill_tree(tree);
             }
             report(st);
         }
@@ -253,7 +256,7 @@ unsafe fn guard_main(path: &CString, argv: &[*const libc::c_char], f: GuardFds, 
                 continue;
             }
             if !(r == 1 && b == QUIT) {
-                kill_all(tree);
+                kill_tree(tree);
             }
             libc::kill(daemon, libc::SIGKILL);
             libc::waitpid(daemon, &mut st, 0);

@@ -26,7 +26,7 @@ use crate::format::{check_entry_name, FileKind, PAGE_SIZE};
 use crate::session::checkpoint::{
     check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
 };
-use crate::session::guard::Guard;
+use crate::session::guard::{kill_tree, Guard};
 use crate::session::serve::zero_plan;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -517,13 +517,6 @@ fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<(
     std::fs::rename(&tmp, path).at(path)
 }
 
-fn kill_tree(pids: &[i32]) {
-    for &p in pids {
-        // SAFETY: the restored tree's pids, which are ours to end.
-        unsafe { libc::kill(p, libc::SIGKILL) };
-    }
-}
-
 /// Restores lazily: see the module documentation.
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let started = Instant::now();
@@ -575,18 +568,20 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let pidfile = work.path().join("restored.pid");
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
 
-    let (served, status, running, published) = std::thread::scope(|s| {
+    // Kills the tree before the daemon sees the socket end (it would leave
+    // the process with holes that read as zeros), then ends the socket for
+    // every copy (the guard's too), so the daemon stops waiting.
+    let abort = || {
+        kill_tree(&pids);
+        let _ = ours.shutdown(std::net::Shutdown::Both);
+    };
+    let (served, held, status, running, published) = std::thread::scope(|s| {
         s.spawn(|| blocks.decode_ahead());
         let server = s.spawn(|| {
             let r = serve_pages(&blocks, &processes, &ours, wire, &mut faults);
             blocks.finish();
             if r.is_err() {
-                // Before the daemon sees the socket end: it would leave
-                // the process with holes that read as zeros.
-                kill_tree(&pids);
-                // Ends the socket for every copy (the watchdog's too), so
-                // the daemon stops waiting.
-                let _ = ours.shutdown(std::net::Shutdown::Both);
+                abort();
             }
             r
         });
@@ -615,10 +610,9 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         }
         if held.is_err() {
             // Without the copies a dead daemon would mean zeros: not run so.
-            kill_tree(&pids);
-            let _ = ours.shutdown(std::net::Shutdown::Both);
+            abort();
         }
-        (server.join().unwrap_or(Err(Error::Cancelled)), status, running, published.and(held))
+        (server.join().unwrap_or(Err(Error::Cancelled)), held, status, running, published)
     });
     let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
     let stopped = !status.success();
@@ -632,6 +626,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         }
         Ok(n) => n,
     };
+    held.map_err(|e| e.context("restored tree killed".to_string()))?;
     if o.detach && !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
