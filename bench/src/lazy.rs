@@ -6,13 +6,13 @@
 //!   memory (its fingerprint): restore time, and restore + read time;
 //! - lazy: `criuz restore --lazy -d --pidfile`: time until the pidfile
 //!   appears (the tree runs) and until criuz exits (every page in), with
-//!   criuz's peak RSS (criuz, CRIU and the daemon, as wait4 reports them);
+//!   criuz's peak RSS (criuz with its guard, and CRIU, as wait4 reports them);
 //! - lazy + read: the same, with the full read sent the moment the tree
 //!   runs: time until the read's answer.
 //!
 //! - with the working set: one lazy restore + read records the pages it saw
 //!   faulted (`<archive>.touch`); then rounds of lazy + read restoring from
-//!   that record (those pages eager).
+//!   that record (the fill brings those pages' blocks first).
 //!
 //! The plain lazy rounds remove the record first. Every restore is checked
 //! by the workload's fingerprint.
@@ -39,13 +39,15 @@ pub struct LazyRow {
     /// (`<archive>.touch`): until running, and the full read.
     pub ws_running_s: f64,
     pub ws_running_read_s: f64,
+    /// Until the working set was in place (criuz's report).
+    pub ws_in_s: f64,
     pub working_set_pages: u64,
     /// Peak RSS of `criuz restore` (with its children), MiB.
     pub plain_rss_mib: f64,
     pub lazy_rss_mib: f64,
     /// From criuz's report of the last lazy restore.
     pub lazy_pages: u64,
-    pub requests: u64,
+    pub faults: u64,
     pub intact: bool,
 }
 
@@ -168,7 +170,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     end(&mut app, &mut intact);
     let record = dir.join("working-set");
     std::fs::copy(&touch, &record).map_err(|e| Error::file(&touch, e))?;
-    let (mut ws_running, mut ws_read, mut ws_pages) = (Vec::new(), Vec::new(), 0);
+    let (mut ws_running, mut ws_read, mut ws_in, mut ws_pages) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for _ in 0..runs.max(3) {
         std::fs::copy(&record, &touch).map_err(|e| Error::file(&record, e))?;
         settle(mib);
@@ -183,6 +185,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
         ws_read.push(read.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?);
         let rep: serde_json::Value = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
         ws_pages = rep["working_set_pages"].as_u64().unwrap_or(0);
+        ws_in.push(rep["working_set_seconds"].as_f64().unwrap_or(f64::NAN));
         end(&mut app, &mut intact);
     }
     let raw_bytes = {
@@ -201,11 +204,12 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
         lazy_running_read_s: median(&running_read),
         ws_running_s: median(&ws_running),
         ws_running_read_s: median(&ws_read),
+        ws_in_s: median(&ws_in),
         working_set_pages: ws_pages,
         plain_rss_mib: plain_rss as f64 / 1024.0,
         lazy_rss_mib: lazy_rss as f64 / 1024.0,
         lazy_pages: report["lazy_pages"].as_u64().unwrap_or(0),
-        requests: report["requests"].as_u64().unwrap_or(0),
+        faults: report["faults"].as_u64().unwrap_or(0),
         intact,
     };
     drop(app);
@@ -224,7 +228,7 @@ pub fn table(rows: &[LazyRow]) -> String {
         "running s",
         "resident s",
         "lazy+read s",
-        "lazy pages/req",
+        "lazy pages/faults",
         "RSS MiB",
         "lazy RSS",
         "intact"
@@ -240,7 +244,7 @@ pub fn table(rows: &[LazyRow]) -> String {
             x(r.lazy_running_s, r.plain_restore_s),
             x(r.lazy_resident_s, r.plain_restore_s),
             x(r.lazy_running_read_s, r.plain_restore_read_s),
-            format!("{}/{}", r.lazy_pages, r.requests),
+            format!("{}/{}", r.lazy_pages, r.faults),
             r.plain_rss_mib,
             r.lazy_rss_mib,
             if r.intact { "yes" } else { "NO" }
@@ -248,9 +252,11 @@ pub fn table(rows: &[LazyRow]) -> String {
     }
     for r in rows {
         s.push_str(&format!(
-            "{}: with the recorded working set ({} pages eager): running {:.2}s ({:.2}x), lazy+read {:.2}s ({:.2}x)\n",
+            "{}: with the recorded working set ({} pages first, in after {:.2}s): running {:.2}s ({:.2}x), \
+             lazy+read {:.2}s ({:.2}x)\n",
             r.workload,
             r.working_set_pages,
+            r.ws_in_s,
             r.ws_running_s,
             r.ws_running_s / r.plain_restore_s,
             r.ws_running_read_s,

@@ -154,25 +154,6 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
     Some((head.pages_id, runs))
 }
 
-/// A process pagemap image of `runs` (in pages-image order) for pages image
-/// `pages_id`: lazy runs marked `PE_PRESENT | PE_LAZY`, the others present.
-pub fn pagemap_of_runs(pages_id: u32, runs: &[PageRun]) -> Vec<u8> {
-    let mut out = IMG_COMMON_MAGIC.to_ne_bytes().to_vec();
-    out.extend_from_slice(&PAGEMAP_MAGIC.to_ne_bytes());
-    push_object(&mut out, &PagemapHead { pages_id }.encode_to_vec());
-    for r in runs {
-        let like = PagemapEntry {
-            vaddr: r.vaddr,
-            nr_pages: 0,
-            in_parent: None,
-            flags: Some(if r.lazy { PE_PRESENT | PE_LAZY } else { PE_PRESENT }),
-            nr_pages64: (r.nr > u64::from(u32::MAX)).then_some(r.nr),
-        };
-        push_entry(&mut out, &like, r.vaddr, r.nr);
-    }
-    out
-}
-
 /// The pages image a pagemap refers to.
 pub fn pagemap_pages_id(pagemap: &[u8]) -> Option<u32> {
     let objs = objects(pagemap, PAGEMAP_MAGIC)?;
@@ -404,16 +385,6 @@ mod tests {
             .collect();
         let lazy = Some(PE_PRESENT | PE_LAZY);
         assert_eq!(entries, vec![(0x100000, 10, lazy), (0x100000 + 30 * 4096, 10, lazy)]);
-    }
-
-    #[test]
-    fn a_pagemap_written_from_runs_reads_back_as_those_runs() {
-        let runs = vec![
-            PageRun { vaddr: 0x10000, nr: 3, first: 0, lazy: false },
-            PageRun { vaddr: 0x13000, nr: 5, first: 3, lazy: true },
-            PageRun { vaddr: 0x40000, nr: 1, first: 8, lazy: false },
-        ];
-        assert_eq!(pagemap_runs(&pagemap_of_runs(9, &runs)), Some((9, runs)));
     }
 
     #[test]

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod images;
-pub mod pageserver;
 pub mod splice;
 pub mod streamer;
+pub mod uffd;
 
 pub const MIN_MAJOR: u32 = 4;
 /// Versions `scripts/setup.sh` may have built into the cache, newest first.

@@ -1,51 +1,38 @@
-//! The guard of a lazy restore: a process forked from criuz that runs CRIU's
-//! lazy-pages daemon as its own child and kills the restored tree the moment
-//! either of them fails.
+//! The guard of a lazy restore: a process forked from criuz that kills the
+//! restored tree if criuz dies before every page is in place.
 //!
-//! A lazily restored process reads zeros wherever a page had not arrived
-//! when the daemon's userfaultfd closed, so the tree must die before that
-//! can matter:
-//! - the daemon dies abnormally (crash, signal, error exit): the guard is its
-//!   parent and learns of it from a pidfd at once, kills the tree, and
-//!   reports the wait status to criuz;
-//! - criuz dies: the guard holds a copy of criuz's end of the page-server
-//!   socket, so the daemon keeps waiting for pages instead of leaving holes,
-//!   and the guard, seeing its command pipe close, kills the tree, then the
-//!   daemon;
-//! - criuz finds a damaged block: criuz kills the tree itself before it
-//!   closes the socket.
+//! criuz serves the tree's page faults itself (`session::lazy`) through the
+//! userfaultfds CRIU hands it. Were criuz to die, those descriptors would
+//! close, the kernel would unregister the lazy ranges, and every page not
+//! yet copied would read as zero: silent data loss. So criuz passes a copy
+//! of each userfaultfd to the guard as it gets it. With the guard's copies
+//! open, a thread faulting after criuz died waits instead of reading zeros,
+//! and the guard, seeing its command pipe close, kills the tree first and
+//! only then exits (releasing the copies). Once kill(2) has queued SIGKILL
+//! for a process, none of its threads returns to user space from a fault,
+//! so nothing can read a zero page after that.
+//!
+//! The guard ignores SIGINT, SIGHUP and SIGTERM: a Ctrl-C that reaches the
+//! whole group and kills criuz must still end in the tree's kill.
 //!
 //! The guard is a fork of a threaded process, so it calls only
-//! async-signal-safe functions (poll, read, write, kill, waitpid, fork,
-//! execv, signal, _exit) on memory prepared before the fork. It reports the
-//! daemon's pid first, so criuz can hold copies of the tree's userfaultfds
-//! (`session::lazy`): with those open, a dead daemon leaves faulting threads
-//! blocked, not reading zeros, until the guard's kill lands.
+//! async-signal-safe functions (poll, read, recvmsg, kill, signal, close,
+//! _exit) on memory prepared before the fork.
 
+use crate::criu::uffd;
 use crate::error::{Error, Result};
-use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
-use std::process::ExitStatus;
+use std::os::unix::net::UnixStream;
 
-/// Command from criuz: stop the daemon and leave the tree alone (the restore
-/// failed before the tree ran, or criuz already killed it). Any other byte,
-/// or the pipe closing, kills the tree.
+/// Command from criuz: exit and leave the tree alone (its pages are all in
+/// place, the restore failed before it ran, or criuz killed it already). Any
+/// other byte, or the pipe closing, kills the tree.
 const QUIT: u8 = b'q';
 
 pub struct Guard {
     tell: Option<OwnedFd>,
-    status: OwnedFd,
+    fds: UnixStream,
     pid: libc::pid_t,
-    /// The daemon's pid, as the guard reported it first.
-    pub daemon_pid: libc::pid_t,
-    daemon: Option<ExitStatus>,
-}
-
-fn cstring(s: &OsStr) -> Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| Error::Usage(format!("{}: contains a NUL byte", s.to_string_lossy())))
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {
@@ -59,112 +46,44 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl Guard {
-    /// Forks the guard, which runs `program args` (the daemon) with
-    /// `inherit` left open across exec and standard streams on /dev/null,
-    /// and guards `tree`.
-    pub fn start(program: &Path, args: &[&OsStr], inherit: RawFd, tree: &[i32]) -> Result<Guard> {
-        let path = cstring(program.as_os_str())?;
-        let mut argv_owned = vec![path.clone()];
-        for a in args {
-            argv_owned.push(cstring(a)?);
-        }
-        let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
-        let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    /// Forks the guard of `tree`.
+    pub fn start(tree: &[i32]) -> Result<Guard> {
         let (tell_r, tell_w) = pipe()?;
-        let (status_r, status_w) = pipe()?;
+        let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
         let fds = GuardFds {
-            inherit,
-            devnull: devnull.as_raw_fd(),
             tell: tell_r.as_raw_fd(),
-            status: status_w.as_raw_fd(),
-            not_ours: [tell_w.as_raw_fd(), status_r.as_raw_fd()],
+            fds: theirs.as_raw_fd(),
+            not_ours: [tell_w.as_raw_fd(), ours.as_raw_fd()],
         };
-
         // SAFETY: the child runs only async-signal-safe calls on memory
         // prepared above (see the module documentation), and never returns.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            unsafe { guard_main(&path, &argv, fds, &tree) }
+            unsafe { guard_main(fds, &tree) }
         }
         if pid < 0 {
             return Err(std::io::Error::last_os_error().into());
         }
-        // The guard's ends (tell_r, status_w) and /dev/null close here.
-        drop((tell_r, status_w, devnull));
-        let mut g = Guard { tell: Some(tell_w), status: status_r, pid, daemon_pid: 0, daemon: None };
-        match g.read_i32() {
-            Some(d) if d > 0 => g.daemon_pid = d,
-            _ => {
-                g.read_status();
-                return Err(Error::Criu(format!("cannot run {}", program.display())));
-            }
-        }
-        Ok(g)
+        drop((tell_r, theirs));
+        Ok(Guard { tell: Some(tell_w), fds: ours, pid })
     }
 
-    /// The daemon's exit status, if it has ended (without waiting).
-    pub fn daemon_ended(&mut self) -> Option<ExitStatus> {
-        if self.daemon.is_none() {
-            let mut p = libc::pollfd { fd: self.status.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one pollfd of ours, no wait.
-            if unsafe { libc::poll(&mut p, 1, 0) } == 1 {
-                self.read_status();
-            }
-        }
-        self.daemon
+    /// Gives the guard a copy of a userfaultfd of the tree.
+    pub fn hold(&self, fd: RawFd) -> Result<()> {
+        uffd::send_fd(&self.fds, fd)
+            .map_err(|e| Error::Criu(format!("cannot pass the restored tree's userfaultfd to the guard: {e}")))
     }
 
-    /// Waits for the daemon to end.
-    pub fn wait_daemon(&mut self) -> ExitStatus {
-        if self.daemon.is_none() {
-            self.read_status();
-        }
-        self.daemon.expect("status read")
-    }
-
-    /// Stops the daemon, leaving the tree alone.
-    pub fn stop_daemon(&mut self) {
-        self.tell(QUIT);
-        self.wait_daemon();
-    }
-
-    fn tell(&mut self, word: u8) {
+    /// Lets the guard exit without touching the tree.
+    pub fn release(&mut self) {
         if let Some(fd) = self.tell.take() {
             // SAFETY: one byte from a local to our pipe; a guard already gone
             // gives EPIPE (SIGPIPE is ignored in Rust programs).
-            unsafe { libc::write(fd.as_raw_fd(), (&word as *const u8).cast(), 1) };
+            unsafe { libc::write(fd.as_raw_fd(), (&QUIT as *const u8).cast(), 1) };
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
         }
-    }
-
-    fn read_i32(&mut self) -> Option<i32> {
-        let mut v: i32 = 0;
-        let mut got = 0usize;
-        while got < 4 {
-            // SAFETY: reading into the bytes of a local i32.
-            let n = unsafe {
-                libc::read(self.status.as_raw_fd(), (&mut v as *mut i32).cast::<u8>().add(got).cast(), 4 - got)
-            };
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n <= 0 {
-                return None;
-            }
-            got += n as usize;
-        }
-        Some(v)
-    }
-
-    fn read_status(&mut self) {
-        // A guard that died without a word counts as a killed daemon.
-        let st = self.read_i32().unwrap_or(libc::SIGKILL);
-        self.daemon = Some(ExitStatus::from_raw(st));
-        // The guard exits once it has reported.
-        // SAFETY: reaping our own child.
-        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
-        self.tell = None;
     }
 }
 
@@ -173,19 +92,15 @@ impl Drop for Guard {
     /// was needed; killing the pids again could hit unrelated processes (a
     /// restore that failed before the tree ran).
     fn drop(&mut self) {
-        if self.daemon.is_none() {
-            self.stop_daemon();
-        }
+        self.release();
     }
 }
 
 /// Descriptors the guard works with, and criuz's ends it must close.
 #[derive(Clone, Copy)]
 struct GuardFds {
-    inherit: RawFd,
-    devnull: RawFd,
     tell: RawFd,
-    status: RawFd,
+    fds: RawFd,
     not_ours: [RawFd; 2],
 }
 
@@ -200,67 +115,48 @@ pub(crate) fn kill_tree(tree: &[i32]) {
 
 /// The guard process (see the module documentation): only async-signal-safe
 /// calls, on memory prepared before the fork.
-unsafe fn guard_main(path: &CString, argv: &[*const libc::c_char], f: GuardFds, tree: &[i32]) -> ! {
-    // criuz's end of the command pipe must close when criuz dies.
+unsafe fn guard_main(f: GuardFds, tree: &[i32]) -> ! {
+    // criuz's ends must close when criuz dies.
     for fd in f.not_ours {
         libc::close(fd);
     }
-    let (tell, status) = (f.tell, f.status);
-    // A Ctrl-C reaches the whole group: the guard must outlive criuz to kill
-    // the tree, and the daemon (inheriting this) must keep serving until then.
     libc::signal(libc::SIGINT, libc::SIG_IGN);
     libc::signal(libc::SIGHUP, libc::SIG_IGN);
     libc::signal(libc::SIGTERM, libc::SIG_IGN);
-    let daemon = libc::fork();
-    if daemon == 0 {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        libc::dup2(f.devnull, 0);
-        libc::dup2(f.devnull, 1);
-        libc::dup2(f.devnull, 2);
-        libc::fcntl(f.inherit, libc::F_SETFD, 0);
-        libc::execv(path.as_ptr(), argv.as_ptr());
-        libc::_exit(127);
-    }
-    let report = |st: i32| -> ! {
-        libc::write(status, (&st as *const i32).cast(), 4);
-        libc::_exit(0)
-    };
-    // The daemon's pid first (-1: no daemon), its wait status when it ends.
-    libc::write(status, (&daemon as *const i32).cast(), 4);
-    if daemon < 0 {
-        report(127 << 8);
-    }
-    let pidfd = libc::syscall(libc::SYS_pidfd_open, daemon, 0) as libc::c_int;
     let mut fds = [
-        libc::pollfd { fd: tell, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: f.tell, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: f.fds, events: libc::POLLIN, revents: 0 },
     ];
-    // Without a pidfd (kernel < 5.3) only criuz's word ends the wait.
-    let n = if pidfd < 0 { 1 } else { 2 };
     loop {
-        if libc::poll(fds.as_mut_ptr(), n, -1) < 0 {
+        if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
             continue;
         }
-        let mut st = 0;
-        if n == 2 && fds[1].revents != 0 {
-            libc::waitpid(daemon, &mut st, 0);
-            if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
-                kill_tree(tree);
+        if fds[1].revents != 0 {
+            // A userfaultfd to hold: receiving it is holding it (never closed
+            // until the guard exits).
+            let mut byte = 0u8;
+            let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+            let mut control = [0u64; 8];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&control) as _;
+            if libc::recvmsg(f.fds, &mut msg, 0) <= 0 {
+                // criuz's end closed: the command pipe says what to do.
+                fds[1].fd = -1;
             }
-            report(st);
         }
         if fds[0].revents != 0 {
             let mut b = 0u8;
-            let r = libc::read(tell, (&mut b as *mut u8).cast(), 1);
+            let r = libc::read(f.tell, (&mut b as *mut u8).cast(), 1);
             if r < 0 && *libc::__errno_location() == libc::EINTR {
                 continue;
             }
             if !(r == 1 && b == QUIT) {
                 kill_tree(tree);
             }
-            libc::kill(daemon, libc::SIGKILL);
-            libc::waitpid(daemon, &mut st, 0);
-            report(st);
+            libc::_exit(0);
         }
     }
 }

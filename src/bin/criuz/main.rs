@@ -438,13 +438,13 @@ fn run(cli: Cli) -> Result<()> {
                 } else if let Some(pid) = r.pid {
                     eprintln!(
                         "restored {pid} lazily from {}: running after {:.2}s, every page in after {:.2}s \
-                         ({} pages restored by CRIU, {} fetched in {} requests)",
+                         ({} pages restored by CRIU, {} copied in lazily, {} faults)",
                         o.input.display(),
                         r.running_seconds,
                         r.resident_seconds,
                         r.eager_pages,
                         r.lazy_pages,
-                        r.requests
+                        r.faults
                     );
                 }
                 if !detach && r.criu_exit != 0 {

@@ -1,0 +1,293 @@
+//! The lazy-pages side of `criu restore --lazy-pages`: the socket on which
+//! CRIU hands over each restored process's userfaultfd, and the userfaultfd
+//! calls that put pages in place (criu/uffd.c, linux/userfaultfd.h).
+//!
+//! CRIU connects to `lazy-pages.socket` in its work directory and sends, for
+//! every process of the tree, its pid as a native `i32` (negative for a
+//! zombie, which has no memory) and then, for a live one, the userfaultfd as
+//! `SCM_RIGHTS` on a one-byte message. When the tree is restored it sends
+//! [`RESTORE_FINISHED`] in the same `i32` slot; from then on the lazy ranges
+//! are registered and pages may be copied in.
+//!
+//! The userfaultfd ABI is written out here (five ioctls, one 32-byte message)
+//! rather than taken from the `userfaultfd` crate, whose `-sys` half runs
+//! bindgen, so libclang, at build time.
+
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+/// The socket CRIU connects to, in its work directory.
+pub const LAZY_SOCKET: &str = "lazy-pages.socket";
+/// "ReSTore Finished" (criu/uffd.c): the tree runs, its ranges are registered.
+pub const RESTORE_FINISHED: i32 = 0x5253_5446;
+
+/// What CRIU sends on the lazy-pages socket.
+#[derive(Debug)]
+pub enum Handover {
+    /// A restored process and its userfaultfd.
+    Process {
+        pid: i32,
+        uffd: Uffd,
+    },
+    /// A zombie: nothing to serve.
+    Zombie {
+        pid: i32,
+    },
+    Finished,
+}
+
+/// Binds the lazy-pages socket in `dir`, owner-only like every criuz socket.
+pub fn listen(dir: &Path) -> io::Result<UnixListener> {
+    let path = dir.join(LAZY_SOCKET);
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Reads the next handover from CRIU's connection; `None` at its end.
+pub fn read_handover(sock: &mut UnixStream) -> io::Result<Option<Handover>> {
+    let mut word = [0u8; 4];
+    match sock.read_exact(&mut word) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        r => r?,
+    }
+    let pid = i32::from_ne_bytes(word);
+    if pid == RESTORE_FINISHED {
+        return Ok(Some(Handover::Finished));
+    }
+    if pid < 0 {
+        return Ok(Some(Handover::Zombie { pid: -pid }));
+    }
+    let fd = receive_fd(sock)?;
+    Ok(Some(Handover::Process { pid, uffd: Uffd(fd) }))
+}
+
+/// One descriptor sent as `SCM_RIGHTS` on a one-byte message.
+pub fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!(RawFd);
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut got = None;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel just installed this descriptor for us.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                got.get_or_insert(owned);
+            }
+        }
+    }
+    got.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no descriptor where CRIU sends a userfaultfd"))
+}
+
+/// Sends `fd` as `SCM_RIGHTS` on a one-byte message.
+pub fn send_fd(sock: &UnixStream, fd: RawFd) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds = [fd];
+    let iov = [io::IoSlice::new(b"u")];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)?;
+    Ok(())
+}
+
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+const UFFD_EVENT_FORK: u8 = 0x13;
+const UFFD_EVENT_REMAP: u8 = 0x14;
+const UFFD_EVENT_REMOVE: u8 = 0x15;
+const UFFD_EVENT_UNMAP: u8 = 0x16;
+
+/// `_IOC(dir, 0xAA, nr, size)` from linux/userfaultfd.h.
+const fn uffd_ioctl(dir: u64, nr: u64, size: u64) -> u64 {
+    (dir << 30) | (size << 16) | (0xAA << 8) | nr
+}
+const IOC_READ: u64 = 2;
+const IOC_READ_WRITE: u64 = 3;
+const UFFDIO_UNREGISTER: u64 = uffd_ioctl(IOC_READ, 0x01, 16);
+const UFFDIO_WAKE: u64 = uffd_ioctl(IOC_READ, 0x02, 16);
+const UFFDIO_COPY: u64 = uffd_ioctl(IOC_READ_WRITE, 0x03, 40);
+const UFFDIO_ZEROPAGE: u64 = uffd_ioctl(IOC_READ_WRITE, 0x04, 32);
+
+#[repr(C)]
+struct Range {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct Copy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct ZeroPage {
+    range: Range,
+    mode: u64,
+    zeropage: i64,
+}
+
+/// A message read from a userfaultfd.
+#[derive(Debug)]
+pub enum Event {
+    Fault {
+        addr: u64,
+    },
+    /// The process forked: the child's memory has its own userfaultfd.
+    Fork {
+        child: Uffd,
+    },
+    Remap {
+        from: u64,
+        to: u64,
+        len: u64,
+    },
+    /// `MADV_DONTNEED` and the like: the range reads as zero from now on.
+    Remove {
+        start: u64,
+        end: u64,
+    },
+    Unmap {
+        start: u64,
+        end: u64,
+    },
+}
+
+/// How a copy ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Copied {
+    /// `n` bytes from the start are in place (all of them, unless the next
+    /// page was already there or is no longer registered).
+    Bytes(u64),
+    /// The address space is changing (an event is waiting to be read):
+    /// nothing more was copied; read the events, then try again.
+    Changing(u64),
+    /// The process has exited.
+    Gone,
+}
+
+/// A userfaultfd: a process's lazily restored memory.
+#[derive(Debug)]
+pub struct Uffd(pub OwnedFd);
+
+impl Uffd {
+    fn ioctl<T>(&self, request: u64, arg: &mut T) -> io::Result<()> {
+        // SAFETY: `arg` is the repr(C) struct the kernel expects for
+        // `request`, living across the call.
+        let r = unsafe { libc::ioctl(self.0.as_raw_fd(), request as _, arg as *mut T) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The next message, if one is waiting (CRIU opens the descriptor
+    /// non-blocking).
+    pub fn read_event(&self) -> io::Result<Option<Event>> {
+        let mut msg = [0u8; 32];
+        // SAFETY: reading at most 32 bytes into a 32-byte buffer.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), msg.as_mut_ptr().cast(), msg.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+        }
+        if n != 32 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("userfaultfd message of {n} bytes")));
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(msg[o..o + 8].try_into().expect("8 bytes"));
+        Ok(Some(match msg[0] {
+            UFFD_EVENT_PAGEFAULT => Event::Fault { addr: u64_at(16) },
+            UFFD_EVENT_FORK => {
+                let fd = u32::from_ne_bytes(msg[8..12].try_into().expect("4 bytes")) as RawFd;
+                // SAFETY: the kernel installed the child's descriptor for us.
+                Event::Fork { child: Uffd(unsafe { OwnedFd::from_raw_fd(fd) }) }
+            }
+            UFFD_EVENT_REMAP => Event::Remap { from: u64_at(8), to: u64_at(16), len: u64_at(24) },
+            UFFD_EVENT_REMOVE => Event::Remove { start: u64_at(8), end: u64_at(16) },
+            UFFD_EVENT_UNMAP => Event::Unmap { start: u64_at(8), end: u64_at(16) },
+            other => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown userfaultfd event {other:#x}")))
+            }
+        }))
+    }
+
+    /// Copies `src` to `dst` in the process and wakes threads waiting there.
+    /// A page already in place ends the copy before it (`Bytes`); so does a
+    /// range no longer registered or spanning two mappings (the caller goes
+    /// on page by page).
+    pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<Copied> {
+        let mut c = Copy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
+        match self.ioctl(UFFDIO_COPY, &mut c) {
+            Ok(()) => Ok(Copied::Bytes(src.len() as u64)),
+            // Partly copied (the count is in `copy`), or an event pending.
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                Ok(if c.copy > 0 { Copied::Bytes(c.copy as u64) } else { Copied::Changing(0) })
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOENT | libc::EINVAL)) => {
+                Ok(Copied::Bytes(0))
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC)) => Ok(Copied::Gone),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Maps the zero page at `page` (a fault outside every lazy range).
+    pub fn zero_page(&self, page: u64, len: u64) -> io::Result<Copied> {
+        let mut z = ZeroPage { range: Range { start: page, len }, mode: 0, zeropage: 0 };
+        match self.ioctl(UFFDIO_ZEROPAGE, &mut z) {
+            Ok(()) => Ok(Copied::Bytes(len)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Copied::Changing(0)),
+            // Already there (another thread's fault): wake whoever waits.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                self.wake(page, len)?;
+                Ok(Copied::Bytes(len))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Copied::Bytes(0)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC)) => Ok(Copied::Gone),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut r = Range { start, len };
+        match self.ioctl(UFFDIO_WAKE, &mut r) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC | libc::ENOENT)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops handling faults in a removed range: they get the kernel's zero
+    /// page, as `MADV_DONTNEED` promises.
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut r = Range { start, len };
+        match self.ioctl(UFFDIO_UNREGISTER, &mut r) {
+            // The process is gone, or the range is no longer mapped.
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::ESRCH | libc::EINVAL | libc::ENOENT)) => {
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_kernel_headers() {
+        // Values of UFFDIO_* on x86_64 and arm64 (linux/userfaultfd.h).
+        assert_eq!(UFFDIO_UNREGISTER, 0x8010_aa01);
+        assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
+        assert_eq!(UFFDIO_COPY, 0xc028_aa03);
+        assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
+        assert_eq!(std::mem::size_of::<Copy>(), 40);
+        assert_eq!(std::mem::size_of::<ZeroPage>(), 32);
+    }
+}

@@ -1,0 +1,433 @@
+//! The pager of a lazy restore: criuz in the place of CRIU's lazy-pages
+//! daemon, putting pages into the restored tree through the userfaultfds
+//! CRIU hands over (`criu::uffd`).
+//!
+//! Why not CRIU's daemon with criuz as its page server: the daemon asks for a
+//! faulted page alone and fills in the background only while no request is
+//! in flight, so a process that keeps faulting (a JVM walking its heap)
+//! starves the fill and pays a round trip per page (a full read of 1 GiB took
+//! over a minute). Here one thread does both, in turn: every waiting fault
+//! first, each answered with the rest of its block still missing (up to 64
+//! pages for one decode), then one block of the fill: first around the pages
+//! an earlier lazy restore saw faulted (the working set, in that order),
+//! then in address order. A fault waits for at most one block copy, and the
+//! fill never stops.
+//!
+//! Only this thread changes the address spaces' bookkeeping, and it reads a
+//! space's events before copying into it again, so a copy never lands in a
+//! range the process has since dropped or moved (the kernel refuses copies,
+//! `EAGAIN`, while an event is unread). Every page comes from a checked
+//! block; a block that fails ends the pager with the error, and the caller
+//! kills the tree before any copy of the userfaultfds closes.
+
+use crate::codec::Decoder;
+use crate::criu::images::PageRun;
+use crate::criu::uffd::{self, Copied, Event, Handover, Uffd};
+use crate::error::{Error, Result, ResultContext};
+use crate::format::PAGE_SIZE;
+use crate::session::blocks::Blocks;
+use crate::session::guard::Guard;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Instant;
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// One process's lazily restored memory as the archive has it.
+pub(crate) struct LazyProcess {
+    /// The pages image its lazy pages are in.
+    pub pages_file: u32,
+    /// Its pagemap runs, sorted by address; `first` is the run's first page
+    /// in the archive's pages image.
+    pub runs: Vec<PageRun>,
+}
+
+/// An address space being filled: a restored process, or a child it forked
+/// before every page was in place (which misses the same pages).
+struct Space {
+    pid: u32,
+    uffd: Uffd,
+    file: u32,
+    /// Lazy pages not in place yet: first address -> (end address, the
+    /// first one's page in the archive's image).
+    missing: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Space {
+    /// The missing range holding `addr`.
+    fn missing_at(&self, addr: u64) -> Option<(u64, u64, u64)> {
+        let (&start, &(end, page)) = self.missing.range(..=addr).next_back()?;
+        (addr < end).then_some((start, end, page))
+    }
+
+    /// Takes `[from, to)` out of the missing ranges.
+    fn drop_range(&mut self, from: u64, to: u64) {
+        let hit: Vec<(u64, u64, u64)> = self
+            .missing
+            .range(..to)
+            .rev()
+            .take_while(|(_, &(end, _))| end > from)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        for (start, end, page) in hit {
+            self.missing.remove(&start);
+            if start < from {
+                self.missing.insert(start, (from, page));
+            }
+            if end > to {
+                self.missing.insert(to, (end, page + (to - start) / PAGE));
+            }
+        }
+    }
+
+    /// `mremap` moved `[from, from + len)` to `to`.
+    fn remap(&mut self, from: u64, to: u64, len: u64) {
+        let end = from + len;
+        let moved: Vec<(u64, u64, u64)> = self
+            .missing
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > from)
+            .map(|(&s, &(e, p))| {
+                let (s2, e2) = (s.max(from), e.min(end));
+                (s2, e2, p + (s2 - s) / PAGE)
+            })
+            .collect();
+        self.drop_range(from, end);
+        for (s, e, p) in moved {
+            self.missing.insert(s - from + to, (e - from + to, p));
+        }
+    }
+}
+
+/// What the pager did.
+#[derive(Default)]
+pub(crate) struct PagerReport {
+    /// Pages copied in, and faults served.
+    pub pages: u64,
+    pub faults: u64,
+    /// Faulted pages (first touches), in order, for the working set.
+    pub touched: Vec<(u32, u64)>,
+    /// When the last lazy page was in place (`None`: stopped before).
+    pub resident: Option<Instant>,
+    /// When the recorded working set was in place (`None`: there was none,
+    /// or the pager stopped before).
+    pub working_set_in: Option<Instant>,
+}
+
+/// How many faulted pages are kept for the working set record.
+pub(crate) const TOUCHED_MAX: usize = 1 << 20;
+
+pub(crate) struct Pager<'a> {
+    blocks: &'a Blocks,
+    lazy: &'a HashMap<u32, LazyProcess>,
+    guard: &'a Guard,
+    spaces: Vec<Space>,
+    faults: VecDeque<(usize, u64)>,
+    /// Pages a lazy restore of this archive saw faulted before, in order:
+    /// the fill brings their blocks first.
+    working_set: VecDeque<(u32, u64)>,
+    had_working_set: bool,
+    dec: Decoder,
+    finished: bool,
+    fill_next: usize,
+    report: PagerReport,
+}
+
+/// Whether a copy or a whole step got through.
+enum Step {
+    Done,
+    /// An event waits on this space: read it first.
+    Changing,
+}
+
+impl<'a> Pager<'a> {
+    pub(crate) fn new(
+        blocks: &'a Blocks,
+        lazy: &'a HashMap<u32, LazyProcess>,
+        guard: &'a Guard,
+        working_set: &[(u32, u64)],
+    ) -> Pager<'a> {
+        Pager {
+            blocks,
+            lazy,
+            guard,
+            spaces: Vec::new(),
+            faults: VecDeque::new(),
+            working_set: working_set.iter().map(|&(pid, addr)| (pid, addr & !(PAGE - 1))).collect(),
+            had_working_set: !working_set.is_empty(),
+            dec: Decoder::new(),
+            finished: false,
+            fill_next: 0,
+            report: PagerReport::default(),
+        }
+    }
+
+    /// Serves the tree until every lazy page is in place, or `stop` becomes
+    /// readable (the restore failed: nothing will come). The report, also
+    /// on error, says how far it got.
+    pub(crate) fn run(&mut self, listener: &UnixListener, stop: &UnixStream) -> Result<()> {
+        let mut criu: Option<UnixStream> = None;
+        loop {
+            let busy = !self.faults.is_empty() || (self.finished && self.spaces.iter().any(|s| !s.missing.is_empty()));
+            if self.finished && !busy {
+                self.report.resident = Some(Instant::now());
+                if self.had_working_set {
+                    self.report.working_set_in.get_or_insert(Instant::now());
+                }
+                return Ok(());
+            }
+            let mut fds = vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let conn_at = fds.len();
+            fds.push(libc::pollfd {
+                fd: criu.as_ref().map_or(listener.as_raw_fd(), |c| c.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            if self.finished && criu.is_none() {
+                fds[conn_at].fd = -1;
+            }
+            let spaces_at = fds.len();
+            for s in &self.spaces {
+                fds.push(libc::pollfd { fd: s.uffd.0.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
+            // SAFETY: a vector of pollfds we own, its length with it.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, if busy { 0 } else { -1 }) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+            if fds[conn_at].revents != 0 {
+                match criu.as_mut() {
+                    None => {
+                        let (c, _) = listener.accept()?;
+                        criu = Some(c);
+                    }
+                    Some(c) => {
+                        let got = uffd::read_handover(c).map_err(|e| Error::Criu(format!("lazy-pages socket: {e}")))?;
+                        match got {
+                            Some(h) => self.take(h)?,
+                            // The restore ended without finishing; its exit
+                            // status tells why, and `stop` follows.
+                            None => criu = None,
+                        }
+                    }
+                }
+            }
+            for i in 0..self.spaces.len() {
+                if fds.get(spaces_at + i).is_some_and(|f| f.revents != 0) {
+                    self.read_events(i)?;
+                }
+            }
+            self.serve_faults()?;
+            if self.faults.is_empty() && self.finished {
+                self.fill_one()?;
+            }
+        }
+    }
+
+    pub(crate) fn into_report(self) -> PagerReport {
+        self.report
+    }
+
+    fn take(&mut self, h: Handover) -> Result<()> {
+        match h {
+            Handover::Finished => self.finished = true,
+            Handover::Zombie { .. } => {}
+            Handover::Process { pid, uffd } => {
+                self.guard.hold(uffd.0.as_raw_fd())?;
+                let pid = pid as u32;
+                let mut missing = BTreeMap::new();
+                let mut file = 0;
+                if let Some(p) = self.lazy.get(&pid) {
+                    file = p.pages_file;
+                    for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
+                        missing.insert(r.vaddr, (r.vaddr + r.nr * PAGE, r.first));
+                    }
+                }
+                self.spaces.push(Space { pid, uffd, file, missing });
+            }
+        }
+        Ok(())
+    }
+
+    fn read_events(&mut self, i: usize) -> Result<()> {
+        let pid = self.spaces[i].pid;
+        let failed = |e: std::io::Error| Error::Criu(format!("userfaultfd of restored process {pid}: {e}"));
+        while let Some(ev) = self.spaces[i].uffd.read_event().map_err(failed)? {
+            let s = &mut self.spaces[i];
+            match ev {
+                Event::Fault { addr } => self.faults.push_back((i, addr & !(PAGE - 1))),
+                Event::Fork { child } => {
+                    self.guard.hold(child.0.as_raw_fd())?;
+                    let (pid, file, missing) = (s.pid, s.file, s.missing.clone());
+                    self.spaces.push(Space { pid, uffd: child, file, missing });
+                }
+                Event::Remap { from, to, len } => s.remap(from, to, len),
+                Event::Remove { start, end } => {
+                    // Faults there must get zeros, not the archive's pages.
+                    s.uffd.unregister(start, end - start).map_err(failed)?;
+                    s.drop_range(start, end);
+                }
+                Event::Unmap { start, end } => s.drop_range(start, end),
+            }
+        }
+        Ok(())
+    }
+
+    fn serve_faults(&mut self) -> Result<()> {
+        while let Some((i, addr)) = self.faults.pop_front() {
+            let s = &self.spaces[i];
+            let step = match s.missing_at(addr) {
+                // Not lazy (a zero page), or already copied for another
+                // thread's fault: the zero page, or a wake-up.
+                None => match s.uffd.zero_page(addr, PAGE).map_err(|e| self.uffd_failed(i, e))? {
+                    Copied::Changing(_) => Step::Changing,
+                    _ => Step::Done,
+                },
+                Some(range) => {
+                    self.report.faults += 1;
+                    if self.report.touched.len() < TOUCHED_MAX {
+                        self.report.touched.push((s.pid, addr));
+                    }
+                    self.put_block_around(i, addr, range)?
+                }
+            };
+            if let Step::Changing = step {
+                self.faults.push_front((i, addr));
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the missing rest of the block that holds `addr`, which lies in
+    /// the missing range `(start, end, page)`.
+    fn put_block_around(&mut self, i: usize, addr: u64, (start, end, page): (u64, u64, u64)) -> Result<Step> {
+        let at = page + (addr - start) / PAGE;
+        let (block, first) = self.block(i, at, false)?;
+        let before = (at * PAGE - first) / PAGE;
+        let after = (block.len() as u64 - (at * PAGE - first)) / PAGE;
+        let from = start.max(addr - before * PAGE);
+        let to = end.min(addr + after * PAGE);
+        let off = (at * PAGE - first) as usize - (addr - from) as usize;
+        self.put(i, from, &block[off..off + (to - from) as usize])
+    }
+
+    /// Copies one block's worth: around the next page of the recorded
+    /// working set still missing, else of the first missing range of the
+    /// next space that has one.
+    fn fill_one(&mut self) -> Result<()> {
+        while let Some((pid, addr)) = self.working_set.pop_front() {
+            let Some(i) = self.spaces.iter().position(|s| s.pid == pid) else { continue };
+            if let Some(range) = self.spaces[i].missing_at(addr) {
+                if let Step::Changing = self.put_block_around(i, addr, range)? {
+                    self.working_set.push_front((pid, addr));
+                }
+                return Ok(());
+            }
+        }
+        if self.report.working_set_in.is_none() && self.had_working_set {
+            self.report.working_set_in = Some(Instant::now());
+        }
+        let n = self.spaces.len();
+        for k in 0..n {
+            let i = (self.fill_next + k) % n;
+            let Some((&start, &(end, page))) = self.spaces[i].missing.iter().next() else { continue };
+            self.fill_next = i;
+            let (block, first) = self.block(i, page, true)?;
+            let off = (page * PAGE - first) as usize;
+            let pages = ((block.len() - off) as u64 / PAGE).min((end - start) / PAGE);
+            self.put(i, start, &block[off..off + (pages * PAGE) as usize])?;
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    fn block(&mut self, i: usize, page: u64, fill: bool) -> Result<(std::sync::Arc<Vec<u8>>, u64)> {
+        let s = &self.spaces[i];
+        let label = self.blocks.source.label();
+        self.blocks
+            .block_at(&mut self.dec, s.file, page, fill)
+            .context(|| format!("{label}: pages of restored process {}", s.pid))
+    }
+
+    fn uffd_failed(&self, i: usize, e: std::io::Error) -> Error {
+        Error::Criu(format!("userfaultfd of restored process {}: {e}", self.spaces[i].pid))
+    }
+
+    /// Copies `data` to `dst` in space `i`, page by page where a page is
+    /// already there or not registered, and marks it all in place.
+    fn put(&mut self, i: usize, dst: u64, data: &[u8]) -> Result<Step> {
+        let len = data.len() as u64;
+        let mut done = 0u64;
+        let mut single = false;
+        while done < len {
+            let n = if single { PAGE } else { len - done };
+            let got = self.spaces[i]
+                .uffd
+                .copy(dst + done, &data[done as usize..(done + n) as usize])
+                .map_err(|e| self.uffd_failed(i, e))?;
+            match got {
+                Copied::Bytes(0) if !single && n > PAGE => single = true,
+                // There already, or no longer registered: nothing to put.
+                Copied::Bytes(0) => {
+                    done += PAGE;
+                    single = false;
+                }
+                Copied::Bytes(b) => {
+                    done += b;
+                    self.report.pages += b / PAGE;
+                    single = false;
+                }
+                Copied::Changing(_) => {
+                    self.spaces[i].drop_range(dst, dst + done);
+                    return Ok(Step::Changing);
+                }
+                Copied::Gone => {
+                    self.spaces[i].missing.clear();
+                    return Ok(Step::Done);
+                }
+            }
+        }
+        self.spaces[i].drop_range(dst, dst + len);
+        Ok(Step::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(ranges: &[(u64, u64, u64)]) -> BTreeMap<u64, (u64, u64)> {
+        ranges.iter().map(|&(s, e, p)| (s * PAGE, (e * PAGE, p))).collect()
+    }
+
+    fn with(missing: BTreeMap<u64, (u64, u64)>) -> Space {
+        let fd = std::fs::File::open("/dev/null").expect("/dev/null");
+        Space { pid: 1, uffd: Uffd(fd.into()), file: 0, missing }
+    }
+
+    #[test]
+    fn dropping_splits_and_keeps_archive_pages() {
+        let mut s = with(space(&[(10, 20, 100), (30, 40, 200)]));
+        s.drop_range(12 * PAGE, 35 * PAGE);
+        assert_eq!(s.missing, space(&[(10, 12, 100), (35, 40, 205)]));
+        assert_eq!(s.missing_at(36 * PAGE), Some((35 * PAGE, 40 * PAGE, 205)));
+        assert_eq!(s.missing_at(12 * PAGE), None);
+    }
+
+    #[test]
+    fn remapping_moves_pages_with_their_source() {
+        let mut s = with(space(&[(10, 20, 100)]));
+        s.remap(15 * PAGE, 50 * PAGE, 10 * PAGE);
+        assert_eq!(s.missing, space(&[(10, 15, 100), (50, 55, 105)]));
+    }
+}
