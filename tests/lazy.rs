@@ -93,14 +93,19 @@ fn lazy_restore_until_running(arc: &Path, pidfile: &Path) -> std::process::Child
 /// Waits for the restored process (ours to reap: subreaper) to end, and
 /// checks that it was killed, not crashed on a page that read as zeros.
 fn assert_killed(w: &Workload, why: &str) {
+    assert_sigkilled(w.pid, why);
+    // SAFETY: non-blocking reap of other zombies re-parented to us.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+/// Reaps `pid` (ours, or re-parented to us) and checks it died of SIGKILL.
+fn assert_sigkilled(pid: i32, why: &str) {
     let mut st = 0;
     wait_for(why, std::time::Duration::from_secs(10), || {
         // SAFETY: non-blocking reap of our (re-parented) child.
-        unsafe { libc::waitpid(w.pid, &mut st, libc::WNOHANG) == w.pid }
+        unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) == pid }
     });
     assert!(libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGKILL, "{why}: it ended with wait status {st:#x}");
-    // SAFETY: non-blocking reap of other zombies re-parented to us.
-    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
 }
 
 /// A process whose memory arrives over half a second or more: random pages
@@ -114,14 +119,19 @@ fn big_dumped(tmp: &Path, name: &str) -> (Workload, std::path::PathBuf) {
     (w, arc)
 }
 
+/// `big_dumped`, restored lazily in the background: running, pages arriving.
+fn big_restored_lazily(tmp: &Path) -> (Workload, std::process::Child) {
+    let (w, arc) = big_dumped(tmp, "big.czr");
+    let child = lazy_restore_until_running(&arc, &tmp.join("restored.pid"));
+    (w, child)
+}
+
 #[test]
 fn criuz_killed_mid_fill_takes_the_tree_with_it() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let (w, arc) = big_dumped(tmp.path(), "big.czr");
-    let pidfile = tmp.path().join("restored.pid");
-    let mut child = lazy_restore_until_running(&arc, &pidfile);
+    let (w, mut child) = big_restored_lazily(tmp.path());
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
@@ -135,15 +145,43 @@ fn criuz_interrupted_mid_fill_takes_the_tree_with_it() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let (w, arc) = big_dumped(tmp.path(), "big.czr");
-    let pidfile = tmp.path().join("restored.pid");
-    let child = lazy_restore_until_running(&arc, &pidfile);
+    let (w, child) = big_restored_lazily(tmp.path());
     // Ctrl-C: criuz ends at once; its guard ignores SIGINT and kills the tree.
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success(), "criuz finished despite SIGINT: {}", String::from_utf8_lossy(&out.stderr));
     assert_killed(&w, "the guard to kill the restored process (had every page arrived already?)");
+}
+
+#[test]
+fn a_child_forked_while_pages_arrive_dies_with_the_tree() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (w, mut child) = big_restored_lazily(tmp.path());
+    // The restored process forks; the child reads all the memory it shares.
+    std::fs::write(w.dir.path().join("rewrite"), "fork").unwrap();
+    // SAFETY: signalling the restored workload, ours.
+    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+    let late = w.dir.path().join("late-pid");
+    wait_for("the restored process to fork", std::time::Duration::from_secs(10), || late.exists());
+    let late: i32 = std::fs::read_to_string(&late).unwrap().trim().parse().unwrap();
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    // The fork is no restored pid: the guard must find it among the tree's
+    // descendants, or it would go on with zeros for the pages it missed.
+    assert_sigkilled(late, "the guard to kill the forked child");
+    // Had it read all its memory before the kill, it saw the dumped bytes.
+    let sum = |role: &str| {
+        let text = std::fs::read_to_string(w.dir.path().join(format!("sum-{role}"))).ok()?;
+        text.split_whitespace().find(|w| w.starts_with("sum=")).map(String::from)
+    };
+    if let Some(late) = sum("late") {
+        assert_eq!(Some(late), sum("root"), "the fork read other memory");
+    }
+    assert_killed(&w, "the guard to kill the restored process");
 }
 
 #[test]

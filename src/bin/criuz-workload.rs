@@ -13,8 +13,9 @@
 //! DIR/sum-<role> ("root", "child1", ...); on SIGUSR2 every process rewrites
 //! the share of its pages that DIR/rewrite names ("P" percent, or "P SEED")
 //! in place with random bytes, then writes DIR/rewrote-<role> (the page
-//! count): what an incremental checkpoint then has to store; SIGTERM ends the
-//! tree.
+//! count): what an incremental checkpoint then has to store; if DIR/rewrite
+//! says "fork", the root forks a child instead (see `fork_late`); SIGTERM
+//! ends the tree.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -435,6 +436,10 @@ fn serve_signals(
             }
         } else if sig == libc::SIGUSR2 {
             let spec = std::fs::read_to_string(dir.join("rewrite")).unwrap_or_default();
+            if spec.trim() == "fork" && role == "root" {
+                fork_late(set, dir, buf, file_fd);
+                continue;
+            }
             let mut words = spec.split_whitespace();
             let percent: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
             let seed: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
@@ -452,6 +457,19 @@ fn serve_signals(
             }
             std::process::exit(0);
         }
+    }
+}
+
+/// Forks a child ("late") that writes DIR/late-pid, then its checksum of the
+/// memory it inherited (DIR/sum-late), then serves signals like the others:
+/// a process forked after a restore, while its memory may still arrive.
+fn fork_late(set: &libc::sigset_t, dir: &Path, buf: &mut [u8], file_fd: Option<i32>) {
+    // SAFETY: fork in a single-threaded process (single and tree modes).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        write_atomic(&dir.join("late-pid"), &format!("{}\n", std::process::id()));
+        write_atomic(&dir.join("sum-late"), &report(buf, file_fd));
+        serve_signals(set, dir, "late", buf, file_fd, &[]);
     }
 }
 

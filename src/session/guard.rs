@@ -12,12 +12,16 @@
 //! for a process, none of its threads returns to user space from a fault,
 //! so nothing can read a zero page after that.
 //!
+//! The tree is its restored pids and everything they forked since (a child
+//! forked while pages still arrive misses pages too): `kill_tree` finds the
+//! descendants through /proc before it kills.
+//!
 //! The guard ignores SIGINT, SIGHUP and SIGTERM: a Ctrl-C that reaches the
 //! whole group and kills criuz must still end in the tree's kill.
 //!
 //! The guard is a fork of a threaded process, so it calls only
-//! async-signal-safe functions (poll, read, recvmsg, kill, signal, close,
-//! _exit) on memory prepared before the fork.
+//! async-signal-safe functions (poll, read, recvmsg, open, getdents64,
+//! kill, signal, close, _exit) on memory prepared before the fork.
 
 use crate::criu::uffd;
 use crate::error::{Error, Result};
@@ -104,13 +108,118 @@ struct GuardFds {
     not_ours: [RawFd; 2],
 }
 
-/// SIGKILLs every pid of a restored tree. Only kill(2): async-signal-safe,
+/// Most processes `kill_tree` finds and kills (pids on the stack: the guard
+/// cannot allocate).
+const MAX_TREE: usize = 4096;
+
+/// SIGKILLs every pid of a restored tree and every descendant they have
+/// now: a process the tree forked while its pages still arrived misses
+/// pages too. Descendants are found first (killing a parent would re-parent
+/// its children out of reach), through `/proc/PID/task/TID/children`.
+/// Async-signal-safe (open, read, getdents64, close, kill on stack memory),
 /// so the guard uses it too.
 pub(crate) fn kill_tree(tree: &[i32]) {
-    for &p in tree {
-        // SAFETY: the restored tree's pids, which are ours to end.
+    let mut pids = [0i32; MAX_TREE];
+    let mut n = 0;
+    for &p in tree.iter().take(MAX_TREE) {
+        pids[n] = p;
+        n += 1;
+    }
+    let mut i = 0;
+    while i < n {
+        // SAFETY: only system calls on stack buffers we own.
+        n = unsafe { add_children(pids[i], &mut pids, n) };
+        i += 1;
+    }
+    for &p in pids[..n].iter().rev() {
+        // SAFETY: the restored tree and what it forked, ours to end.
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
+}
+
+/// Writes `parts` (text, and numbers in decimal) and a NUL into `buf`.
+fn proc_path<'a>(buf: &'a mut [u8; 64], parts: &[Result<&[u8], i64>]) -> &'a [u8] {
+    let mut at = 0;
+    for part in parts {
+        let mut digits = [0u8; 20];
+        let bytes: &[u8] = match part {
+            Ok(b) => b,
+            Err(v) => {
+                let (mut v, mut k) = (*v, digits.len());
+                loop {
+                    k -= 1;
+                    digits[k] = b'0' + (v % 10) as u8;
+                    v /= 10;
+                    if v == 0 {
+                        break;
+                    }
+                }
+                &digits[k..]
+            }
+        };
+        let end = (at + bytes.len()).min(buf.len() - 1);
+        buf[at..end].copy_from_slice(&bytes[..end - at]);
+        at = end;
+    }
+    buf[at] = 0;
+    &buf[..=at]
+}
+
+/// Appends the children of every thread of `pid` not yet in `pids[..n]`;
+/// returns the new count.
+unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> usize {
+    let mut path = [0u8; 64];
+    let task = proc_path(&mut path, &[Ok(b"/proc/"), Err(pid as i64), Ok(b"/task")]);
+    let dir = libc::open(task.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
+    if dir < 0 {
+        return n;
+    }
+    let mut entries = [0u8; 2048];
+    loop {
+        let got = libc::syscall(libc::SYS_getdents64, dir, entries.as_mut_ptr(), entries.len());
+        if got <= 0 {
+            break;
+        }
+        let mut at = 0usize;
+        while at + 19 < got as usize {
+            // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
+            let reclen = u16::from_ne_bytes([entries[at + 16], entries[at + 17]]) as usize;
+            let name = &entries[at + 19..at + reclen.max(19)];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            at += reclen.max(1);
+            if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
+                continue;
+            }
+            let mut path = [0u8; 64];
+            let tid = name.iter().fold(0i64, |v, d| v * 10 + i64::from(d - b'0'));
+            let children =
+                proc_path(&mut path, &[Ok(b"/proc/"), Err(pid as i64), Ok(b"/task/"), Err(tid), Ok(b"/children")]);
+            let fd = libc::open(children.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                continue;
+            }
+            let mut text = [0u8; 4096];
+            let len = libc::read(fd, text.as_mut_ptr().cast(), text.len());
+            libc::close(fd);
+            let mut child = 0i32;
+            let mut in_number = false;
+            for &b in text[..len.max(0) as usize].iter().chain(b" ") {
+                if b.is_ascii_digit() {
+                    child = child * 10 + i32::from(b - b'0');
+                    in_number = true;
+                } else if in_number {
+                    if n < MAX_TREE && !pids[..n].contains(&child) {
+                        pids[n] = child;
+                        n += 1;
+                    }
+                    child = 0;
+                    in_number = false;
+                }
+            }
+        }
+    }
+    libc::close(dir);
+    n
 }
 
 /// The guard process (see the module documentation): only async-signal-safe
