@@ -161,12 +161,9 @@ fn a_child_forked_while_pages_arrive_dies_with_the_tree() {
     let tmp = tempfile::tempdir().unwrap();
     let (w, mut child) = big_restored_lazily(tmp.path());
     // The restored process forks; the child reads all the memory it shares.
-    std::fs::write(w.dir.path().join("rewrite"), "fork").unwrap();
-    // SAFETY: signalling the restored workload, ours.
-    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
-    let late = w.dir.path().join("late-pid");
-    wait_for("the restored process to fork", std::time::Duration::from_secs(10), || late.exists());
-    let late: i32 = std::fs::read_to_string(&late).unwrap().trim().parse().unwrap();
+    command(&w, "fork", "late-pid");
+    let late = std::fs::read_to_string(w.dir.path().join("late-pid")).unwrap();
+    let late: i32 = late.trim().parse().unwrap();
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
@@ -174,14 +171,48 @@ fn a_child_forked_while_pages_arrive_dies_with_the_tree() {
     // descendants, or it would go on with zeros for the pages it missed.
     assert_sigkilled(late, "the guard to kill the forked child");
     // Had it read all its memory before the kill, it saw the dumped bytes.
-    let sum = |role: &str| {
-        let text = std::fs::read_to_string(w.dir.path().join(format!("sum-{role}"))).ok()?;
-        text.split_whitespace().find(|w| w.starts_with("sum=")).map(String::from)
-    };
+    let sum = |role: &str| std::fs::read_to_string(w.dir.path().join(format!("sum-{role}"))).ok();
     if let Some(late) = sum("late") {
-        assert_eq!(Some(late), sum("root"), "the fork read other memory");
+        assert_eq!(memory_sum(&late), memory_sum(&sum("root").unwrap()), "the fork read other memory");
     }
     assert_killed(&w, "the guard to kill the restored process");
+}
+
+/// Sends the workload a command through DIR/rewrite and SIGUSR2, and waits
+/// for the file that says it is done.
+fn command(w: &Workload, what: &str, done: &str) {
+    let done = w.dir.path().join(done);
+    let _ = std::fs::remove_file(&done);
+    std::fs::write(w.dir.path().join("rewrite"), what).unwrap();
+    // SAFETY: signalling our own workload.
+    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+    wait_for(&format!("the workload to {what}"), std::time::Duration::from_secs(30), || done.exists());
+}
+
+/// The `sum=` word of a checksum report (the rest names the process).
+fn memory_sum(report: &str) -> String {
+    report.split_whitespace().find(|w| w.starts_with("sum=")).unwrap_or_default().to_string()
+}
+
+#[test]
+fn memory_discarded_while_pages_arrive_reads_as_zero() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut w, child) = big_restored_lazily(tmp.path());
+    // Half the memory discarded before its pages arrived: it must read as
+    // zero, not as the archive's pages copied in afterwards.
+    command(&w, "dontneed", "dontneed-root");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let restored = memory_sum(&w.sums()["root"]);
+    w.stop();
+    // The same process, never checkpointed, doing the same.
+    let mut fresh = Workload::start(Spec { mib: 512, pattern: "random", ..Default::default() });
+    command(&fresh, "dontneed", "dontneed-root");
+    let expected = memory_sum(&fresh.sums()["root"]);
+    fresh.stop();
+    assert_eq!(restored, expected, "discarded memory came back after a lazy restore");
 }
 
 #[test]

@@ -14,8 +14,9 @@
 //! the share of its pages that DIR/rewrite names ("P" percent, or "P SEED")
 //! in place with random bytes, then writes DIR/rewrote-<role> (the page
 //! count): what an incremental checkpoint then has to store; if DIR/rewrite
-//! says "fork", the root forks a child instead (see `fork_late`); SIGTERM
-//! ends the tree.
+//! says "fork", the root forks a child instead (see `fork_late`), and
+//! "dontneed" discards the second half of the memory (MADV_DONTNEED: it then
+//! reads as zero) and writes DIR/dontneed-<role>; SIGTERM ends the tree.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -438,6 +439,14 @@ fn serve_signals(
             let spec = std::fs::read_to_string(dir.join("rewrite")).unwrap_or_default();
             if spec.trim() == "fork" && role == "root" {
                 fork_late(set, dir, buf, file_fd);
+                continue;
+            }
+            if spec.trim() == "dontneed" {
+                // The second half reads as zero from now on.
+                let half = (buf.len() / 2) & !(PAGE - 1);
+                // SAFETY: advice on our own mapping; it only discards pages.
+                unsafe { libc::madvise(buf[half..].as_mut_ptr().cast(), buf.len() - half, libc::MADV_DONTNEED) };
+                write_atomic(&dir.join(format!("dontneed-{role}")), "done\n");
                 continue;
             }
             let mut words = spec.split_whitespace();
