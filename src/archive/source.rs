@@ -210,7 +210,7 @@ impl CheckedBlock {
         for (h, _) in &self.pieces {
             if !seen.contains(&Arc::as_ptr(h)) {
                 seen.push(Arc::as_ptr(h));
-                pinned += h.bytes.len();
+                pinned += h.pinned;
             }
         }
         pinned <= 4 * self.header.stored_len as usize
@@ -312,8 +312,9 @@ pub struct Archive {
     parents_coming: AtomicBool,
     /// Recently decoded blocks that references point into.
     holders: Mutex<VecDeque<(u32, u32, Arc<Holder>)>>,
-    /// The last read-ahead window: (offset, bytes).
-    window: Mutex<Option<(u64, Vec<u8>)>>,
+    /// The last read-ahead window: (offset, bytes). Holders keep a share
+    /// of it instead of copying their record out.
+    window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
 }
 
 /// Bytes read at once for small records.
@@ -323,10 +324,25 @@ const READ_AHEAD: usize = 256 << 10;
 /// stored page its offset in `bytes` (`None`: the page is itself a reference,
 /// which no reference may point at).
 struct Holder {
-    bytes: Vec<u8>,
+    /// The buffer its pages lie in: its own decoded bytes, or the record as
+    /// read (possibly inside a read-ahead window shared with other records).
+    bytes: Arc<Vec<u8>>,
     pages: Vec<Option<usize>>,
+    /// Bytes it keeps alive on its own account (its record, not the whole
+    /// window: the window's other records are other holders' share).
+    pinned: usize,
     /// The archive's label (for messages).
     archive: Arc<str>,
+}
+
+/// A record as read: the buffer it lies in (its own, or a shared read-ahead
+/// window), its range there, its header (checked against the walk) and its
+/// offset in the archive.
+struct Fetched {
+    buf: Arc<Vec<u8>>,
+    range: Range<usize>,
+    header: BlockHeader,
+    offset: u64,
 }
 
 /// What the opening walk proved about a block.
@@ -472,12 +488,13 @@ impl Archive {
         self.read_record(file_id, i, true)
     }
 
-    /// Fills `buf` from `offset`, small records through a read-ahead window:
-    /// the blocks of an incremental child are a few KiB each and are read in
-    /// order (each block of a chain restore reads one from every parent), so
-    /// one read serves many of them instead of a system call each.
-    fn read_ahead(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
-        let direct = || self.store.read_vec(len, offset);
+    /// The `len` bytes at `offset`, small records through a read-ahead
+    /// window: the blocks of an incremental child are a few KiB each and are
+    /// read in order (each block of a chain restore reads one from every
+    /// parent), so one read serves many of them instead of a system call
+    /// each. Returns the buffer they lie in and where they start there.
+    fn read_ahead(&self, len: usize, offset: u64) -> io::Result<(Arc<Vec<u8>>, usize)> {
+        let direct = || self.store.read_vec(len, offset).map(|v| (Arc::new(v), 0));
         if len > READ_AHEAD / 4 {
             return direct();
         }
@@ -490,53 +507,72 @@ impl Archive {
                 drop(cached);
                 return direct();
             }
-            // The old window's memory is reused, not zeroed again.
-            let mut w = cached.take().map(|(_, w)| w).unwrap_or_default();
+            // The old window's memory is reused (not zeroed again) unless a
+            // holder still keeps a share of it.
+            let mut w = cached.take().and_then(|(_, w)| Arc::try_unwrap(w).ok()).unwrap_or_default();
             w.resize(want, 0);
             self.store.read_exact_at(&mut w, offset)?;
-            *cached = Some((offset, w));
+            *cached = Some((offset, Arc::new(w)));
         }
         let (at, w) = cached.as_ref().expect("window filled");
-        let start = (offset - at) as usize;
-        Ok(w[start..start + len].to_vec())
+        Ok((w.clone(), (offset - at) as usize))
     }
 
-    /// Reads block `i` of a file, checks its header against the walk and,
-    /// with `payload_check`, its payload against its payload check.
-    fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
+    /// Reads record `i` of a file and checks its header against the walk.
+    fn fetch(&self, file_id: u32, i: usize) -> Result<Option<Fetched>> {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
-        let ProvenBlock { header: proven, raw_pos, .. } = &self.blocks[file_id as usize][i];
-        let record = self.read_ahead(r.record_len as usize, r.offset).map_err(|e| {
+        let proven = &self.blocks[file_id as usize][i].header;
+        let (buf, start) = self.read_ahead(r.record_len as usize, r.offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::corrupt(r.offset, "archive was truncated after it was opened")
             } else {
                 Error::Io(e)
             }
         })?;
-        let (header, header_len) = decode_block_header(&record, r.offset)?;
-        if header != *proven || header_len + header.stored_len as usize != record.len() {
+        let range = start..start + r.record_len as usize;
+        let (header, header_len) = decode_block_header(&buf[range.clone()], r.offset)?;
+        if header != *proven || header_len + header.stored_len as usize != range.len() {
             return Err(Error::corrupt(
                 r.offset,
                 format!("block {i} of {} changed after the archive was opened", entry.name),
             ));
         }
-        let block =
-            CheckedBlock { header, record, offset: r.offset, raw_pos: *raw_pos, resolved: false, pieces: Vec::new() };
+        Ok(Some(Fetched { buf, range, header, offset: r.offset }))
+    }
+
+    /// Reads block `i` of a file, checks its header against the walk and,
+    /// with `payload_check`, its payload against its payload check.
+    fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
+        let Some(Fetched { buf, range, header, offset }) = self.fetch(file_id, i)? else { return Ok(None) };
+        let record = match Arc::try_unwrap(buf) {
+            Ok(v) if range == (0..v.len()) => v,
+            Ok(v) => v[range].to_vec(),
+            Err(shared) => shared[range].to_vec(),
+        };
+        let raw_pos = self.blocks[file_id as usize][i].raw_pos;
+        let block = CheckedBlock { header, record, offset, raw_pos, resolved: false, pieces: Vec::new() };
         if payload_check {
-            check_payload(&block.header, block.payload(), r.offset)?;
+            check_payload(&block.header, block.payload(), offset)?;
         }
         Ok(Some(block))
     }
 
     /// The extents and inner payload of dedup block `block` of a file, whose
     /// literal pages must be the ones its P record listed.
-    fn dedup_payload<'b>(&self, file_id: u32, block: u32, b: &'b CheckedBlock) -> Result<(DedupPayload, &'b [u8])> {
-        let stored = b.header.pages() - b.header.zero_pages();
-        let (dp, inner) = DedupPayload::decode(b.payload(), stored, b.offset)?;
+    fn dedup_payload<'b>(
+        &self,
+        file_id: u32,
+        block: u32,
+        header: &BlockHeader,
+        payload: &'b [u8],
+        offset: u64,
+    ) -> Result<(DedupPayload, &'b [u8])> {
+        let stored = header.pages() - header.zero_pages();
+        let (dp, inner) = DedupPayload::decode(payload, stored, offset)?;
         let listed = self.blocks[file_id as usize].get(block as usize).and_then(|b| b.literal_pages);
         if listed != Some(dp.literal_pages()) {
-            return Err(Error::corrupt(b.offset, "the page id record does not list the block's literal pages"));
+            return Err(Error::corrupt(offset, "the page id record does not list the block's literal pages"));
         }
         Ok((dp, inner))
     }
@@ -554,40 +590,39 @@ impl Archive {
         if let Some(h) = self.holders.lock().unwrap().iter().find(|h| (h.0, h.1) == (file_id, block)) {
             return Ok(h.2.clone());
         }
-        let b = self.read_record(file_id, block as usize, false)?.ok_or_else(|| {
+        let Fetched { buf, range, header: h, offset } = self.fetch(file_id, block as usize)?.ok_or_else(|| {
             Error::corrupt(0, format!("a reference points at block {block} of file {file_id}, which does not exist"))
         })?;
-        let h = &b.header;
+        let payload = &buf[range.end - h.stored_len as usize..range.end];
+        let label = self.label.clone();
         let holder = if h.codec == BlockCodec::Dedup {
-            let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
-            // Raw literal pages (new random data, the usual case) are used
-            // where they lie in the record: they are the payload's tail.
-            let (bytes, base) = if dp.inner == BlockCodec::Raw {
-                let base = b.record.len() - inner.len();
-                (b.record, base)
+            let (dp, inner) = self.dedup_payload(file_id, block, &h, payload, offset)?;
+            if dp.inner == BlockCodec::Raw {
+                // Raw literal pages (new random data, the usual case) are used
+                // where they lie in the record: they are the payload's tail.
+                let base = range.end - inner.len();
+                let pages = dp.literal_slots().map(|k| k.map(|k| base + k * PAGE_SIZE)).collect();
+                Holder { pages, pinned: range.len(), bytes: buf.clone(), archive: label }
             } else {
-                (decompress_literal(&dp, inner, b.offset)?, 0)
-            };
-            let pages = dp.literal_slots().map(|k| k.map(|k| base + k * PAGE_SIZE)).collect();
-            Holder { bytes, pages, archive: self.label.clone() }
+                let bytes = decompress_literal(&dp, inner, offset)?;
+                let pages = dp.literal_slots().map(|k| k.map(|k| k * PAGE_SIZE)).collect();
+                Holder { pages, pinned: bytes.len(), bytes: Arc::new(bytes), archive: label }
+            }
         } else if h.codec == BlockCodec::Raw {
             if h.stored_len as usize != h.stored_raw_len() {
-                return Err(Error::corrupt(b.offset, "raw block payload has the wrong length"));
+                return Err(Error::corrupt(offset, "raw block payload has the wrong length"));
             }
-            let base = b.record.len() - h.stored_len as usize;
+            let base = range.end - h.stored_len as usize;
             let whole = h.stored_len as usize / PAGE_SIZE;
-            Holder {
-                pages: (0..whole).map(|p| Some(base + p * PAGE_SIZE)).collect(),
-                bytes: b.record,
-                archive: self.label.clone(),
-            }
+            let pages = (0..whole).map(|p| Some(base + p * PAGE_SIZE)).collect();
+            Holder { pages, pinned: range.len(), bytes: buf.clone(), archive: label }
         } else {
             let mut bytes = Vec::new();
             DECODER
-                .with(|d| d.borrow_mut().decompress(h.codec, b.payload(), h.stored_raw_len(), &mut bytes))
-                .map_err(|e| Error::corrupt(b.offset, e))?;
-            let whole = bytes.len() / PAGE_SIZE;
-            Holder { bytes, pages: (0..whole).map(|p| Some(p * PAGE_SIZE)).collect(), archive: self.label.clone() }
+                .with(|d| d.borrow_mut().decompress(h.codec, payload, h.stored_raw_len(), &mut bytes))
+                .map_err(|e| Error::corrupt(offset, e))?;
+            let pages = (0..bytes.len() / PAGE_SIZE).map(|p| Some(p * PAGE_SIZE)).collect();
+            Holder { pages, pinned: bytes.len(), bytes: Arc::new(bytes), archive: label }
         };
         let holder = Arc::new(holder);
         let mut cache = self.holders.lock().unwrap();
@@ -601,9 +636,11 @@ impl Archive {
     /// Resolves a dedup block into the raw block of its stored pages; its
     /// data check (applied when it is decoded) then proves the result.
     fn resolve(&self, file_id: u32, block: u32, b: CheckedBlock) -> Result<CheckedBlock> {
-        let (dp, inner) = self.dedup_payload(file_id, block, &b)?;
+        let (dp, inner) = self.dedup_payload(file_id, block, &b.header, b.payload(), b.offset)?;
         let literal = decompress_literal(&dp, inner, b.offset)?;
-        let literal = Arc::new(Holder { bytes: literal, pages: Vec::new(), archive: self.label.clone() });
+        let pinned = literal.len();
+        let literal =
+            Arc::new(Holder { bytes: Arc::new(literal), pages: Vec::new(), pinned, archive: self.label.clone() });
         let (mut lit, mut len) = (0, 0);
         let mut pieces: Vec<(Arc<Holder>, Range<usize>)> = Vec::new();
         // The holder the last extent used: consecutive extents mostly point
