@@ -1,10 +1,11 @@
 //! Lazy restore with real CRIU (`criu restore --lazy-pages`, criuz serving
-//! the faults): a process tree restored lazily comes back with every process's
-//! own checksum, from a file and from a pipe; a damaged block deep inside
-//! the archive, found only after the process runs, kills the restored tree
-//! (no silent zeros) and fails as damaged; criuz killed or interrupted while
-//! pages still arrive ends in the tree's SIGKILL, not in a process running
-//! (or crashing) on zeros.
+//! the faults): a process tree restored lazily comes back with every
+//! process's own checksum, from a file, from a pipe and from an incremental
+//! child; a damaged block deep inside the archive, found only after the
+//! process runs, kills the restored tree (no silent zeros) and fails as
+//! damaged; criuz killed or interrupted while pages still arrive ends in the
+//! tree's SIGKILL (and that of a child it forked meanwhile), not in a process
+//! running (or crashing) on zeros; memory discarded meanwhile reads as zero.
 
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
@@ -213,6 +214,31 @@ fn memory_discarded_while_pages_arrive_reads_as_zero() {
     let expected = memory_sum(&fresh.sums()["root"]);
     fresh.stop();
     assert_eq!(restored, expected, "discarded memory came back after a lazy restore");
+}
+
+#[test]
+fn an_incremental_child_restores_lazily_through_its_parent() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, child) = (tmp.path().join("full.czr"), tmp.path().join("child.czr"));
+    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
+    let pid = w.pid.to_string();
+    let out = criuz(&["dump", "--leave-running", "--ids", "-t", &pid, "-o", full.to_str().unwrap()]);
+    assert!(out.status.success(), "full dump: {}", String::from_utf8_lossy(&out.stderr));
+    w.rewrite(5.0, 1);
+    let before = w.sums();
+    let out = criuz(&["dump", "-t", &pid, "--parent", full.to_str().unwrap(), "-o", child.to_str().unwrap()]);
+    assert!(out.status.success(), "child dump: {}", String::from_utf8_lossy(&out.stderr));
+    w.reap_original();
+
+    // Most pages live in the parent: the pager gets them through references.
+    let out = criuz(&["restore", "--lazy", "-d", "--json", "-i", child.to_str().unwrap()]);
+    assert!(out.status.success(), "lazy restore: {}", String::from_utf8_lossy(&out.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rep["lazy_pages"].as_u64().unwrap() > (48 << 20) / 4096 / 2, "{rep}");
+    assert_eq!(w.sums(), before, "a child restored lazily through its parent sees other memory");
+    w.stop();
 }
 
 #[test]
