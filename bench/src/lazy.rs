@@ -85,6 +85,29 @@ fn lazy_restore(
     })
 }
 
+/// A lazy restore with the workload's full read (its fingerprint, checked
+/// against `before`) sent the moment the tree runs: the time until it ran,
+/// until the read's answer, and criuz's report.
+fn restore_and_read(
+    criuz: &Path,
+    arc: &Path,
+    pidfile: &Path,
+    logs: &Path,
+    app: &mut Running,
+    before: &str,
+    intact: &mut bool,
+) -> Result<(f64, f64, Vec<u8>)> {
+    let mut times = None;
+    let (_, _, out) = lazy_restore(criuz, arc, pidfile, logs, |t0| {
+        let t = Instant::now();
+        *intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+        times = Some((t0, t0 + t.elapsed().as_secs_f64()));
+        Ok(())
+    })?;
+    let (running, read) = times.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?;
+    Ok((running, read, out))
+}
+
 fn settle(mib: u64) {
     std::thread::sleep(Duration::from_secs(1));
     proc::warm_guest_memory(((mib + mib / 4 + 256) << 20) as usize);
@@ -147,14 +170,8 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
                 }
                 _ => {
                     let _ = std::fs::remove_file(&touch);
-                    let mut read = None;
-                    lazy_restore(criuz, &arc, &pidfile, &logs, |t0| {
-                        let t = Instant::now();
-                        intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
-                        read = Some(t0 + t.elapsed().as_secs_f64());
-                        Ok(())
-                    })?;
-                    running_read.push(read.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?);
+                    let (_, read, _) = restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
+                    running_read.push(read);
                     end(&mut app, &mut intact);
                 }
             }
@@ -163,10 +180,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     // The working set: recorded by one lazy restore + read, then restored
     // from that same record each round.
     let _ = std::fs::remove_file(&touch);
-    lazy_restore(criuz, &arc, &pidfile, &logs, |_| {
-        intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
-        Ok(())
-    })?;
+    restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
     end(&mut app, &mut intact);
     let record = dir.join("working-set");
     std::fs::copy(&touch, &record).map_err(|e| Error::file(&touch, e))?;
@@ -174,15 +188,9 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     for _ in 0..runs.max(3) {
         std::fs::copy(&record, &touch).map_err(|e| Error::file(&record, e))?;
         settle(mib);
-        let mut read = None;
-        let (_, _, out) = lazy_restore(criuz, &arc, &pidfile, &logs, |t0| {
-            ws_running.push(t0);
-            let t = Instant::now();
-            intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
-            read = Some(t0 + t.elapsed().as_secs_f64());
-            Ok(())
-        })?;
-        ws_read.push(read.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?);
+        let (running, read, out) = restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
+        ws_running.push(running);
+        ws_read.push(read);
         let rep: serde_json::Value = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
         ws_pages = rep["working_set_pages"].as_u64().unwrap_or(0);
         ws_in.push(rep["working_set_seconds"].as_f64().unwrap_or(f64::NAN));

@@ -18,7 +18,7 @@
 use crate::error::{Error, Result};
 use prost::Message;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -124,37 +124,6 @@ pub fn send_reply(sock: &mut UnixStream, exists: bool) -> Result<()> {
     msg.extend_from_slice(&body);
     sock.write_all(&msg)?;
     Ok(())
-}
-
-/// Receives the pipe end CRIU passes (one dummy byte carries it).
-pub fn recv_fd(sock: &UnixStream) -> Result<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(RawFd);
-    let msg = nix::sys::socket::recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| Error::Protocol(format!("receiving the pipe from CRIU: {e}")))?;
-    if msg.bytes == 0 {
-        return Err(Error::Protocol("connection closed before CRIU passed the pipe".into()));
-    }
-    for c in msg.cmsgs().map_err(|e| Error::Protocol(format!("bad control message: {e}")))? {
-        if let nix::sys::socket::ControlMessageOwned::ScmRights(fds) = c {
-            if let Some(&fd) = fds.first() {
-                // SAFETY: the kernel just installed this descriptor for us.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                for &extra in &fds[1..] {
-                    // SAFETY: likewise; we did not ask for them.
-                    drop(unsafe { OwnedFd::from_raw_fd(extra) });
-                }
-                return Ok(owned);
-            }
-        }
-    }
-    Err(Error::Protocol("CRIU sent no pipe with its request".into()))
 }
 
 pub fn grow_pipe(fd: &OwnedFd) {

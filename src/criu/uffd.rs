@@ -4,8 +4,8 @@
 //!
 //! CRIU connects to `lazy-pages.socket` in its work directory and sends, for
 //! every process of the tree, its pid as a native `i32` (negative for a
-//! zombie, which has no memory) and then, for a live one, the userfaultfd as
-//! `SCM_RIGHTS` on a one-byte message. When the tree is restored it sends
+//! zombie, which has no memory) and then, for a live one, the userfaultfd
+//! (`criu::scm`). When the tree is restored it sends
 //! [`RESTORE_FINISHED`] in the same `i32` slot; from then on the lazy ranges
 //! are registered and pages may be copied in.
 //!
@@ -13,6 +13,8 @@
 //! rather than taken from the `userfaultfd` crate, whose `-sys` half runs
 //! bindgen, so libclang, at build time.
 
+use crate::criu::scm;
+use crate::error::{Error, Result};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -47,11 +49,11 @@ pub fn listen(dir: &Path) -> io::Result<UnixListener> {
 }
 
 /// Reads the next handover from CRIU's connection; `None` at its end.
-pub fn read_handover(sock: &mut UnixStream) -> io::Result<Option<Handover>> {
+pub fn read_handover(sock: &mut UnixStream) -> Result<Option<Handover>> {
     let mut word = [0u8; 4];
     match sock.read_exact(&mut word) {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        r => r?,
+        r => r.map_err(|e| Error::Protocol(format!("lazy-pages socket: {e}")))?,
     }
     let pid = i32::from_ne_bytes(word);
     if pid == RESTORE_FINISHED {
@@ -60,37 +62,8 @@ pub fn read_handover(sock: &mut UnixStream) -> io::Result<Option<Handover>> {
     if pid < 0 {
         return Ok(Some(Handover::Zombie { pid: -pid }));
     }
-    let fd = receive_fd(sock)?;
+    let fd = scm::recv_fd(sock, &format!("the userfaultfd of process {pid}"))?;
     Ok(Some(Handover::Process { pid, uffd: Uffd(fd) }))
-}
-
-/// One descriptor sent as `SCM_RIGHTS` on a one-byte message.
-pub fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut byte = [0u8; 1];
-    let mut iov = [io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(RawFd);
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    let mut got = None;
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for fd in fds {
-                // SAFETY: the kernel just installed this descriptor for us.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                got.get_or_insert(owned);
-            }
-        }
-    }
-    got.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no descriptor where CRIU sends a userfaultfd"))
-}
-
-/// Sends `fd` as `SCM_RIGHTS` on a one-byte message.
-pub fn send_fd(sock: &UnixStream, fd: RawFd) -> io::Result<()> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let fds = [fd];
-    let iov = [io::IoSlice::new(b"u")];
-    sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)?;
-    Ok(())
 }
 
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
@@ -166,7 +139,7 @@ pub enum Copied {
     Bytes(u64),
     /// The address space is changing (an event is waiting to be read):
     /// nothing more was copied; read the events, then try again.
-    Changing(u64),
+    Changing,
     /// The process has exited.
     Gone,
 }
@@ -227,7 +200,7 @@ impl Uffd {
             Ok(()) => Ok(Copied::Bytes(src.len() as u64)),
             // Partly copied (the count is in `copy`), or an event pending.
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                Ok(if c.copy > 0 { Copied::Bytes(c.copy as u64) } else { Copied::Changing(0) })
+                Ok(if c.copy > 0 { Copied::Bytes(c.copy as u64) } else { Copied::Changing })
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOENT | libc::EINVAL)) => {
                 Ok(Copied::Bytes(0))
@@ -242,7 +215,7 @@ impl Uffd {
         let mut z = ZeroPage { range: Range { start: page, len }, mode: 0, zeropage: 0 };
         match self.ioctl(UFFDIO_ZEROPAGE, &mut z) {
             Ok(()) => Ok(Copied::Bytes(len)),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Copied::Changing(0)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Copied::Changing),
             // Already there (another thread's fault): wake whoever waits.
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 self.wake(page, len)?;

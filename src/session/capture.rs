@@ -6,7 +6,8 @@
 //! status 0 first, which a standalone `criuz capture` cannot see.
 
 use crate::archive::Packer;
-use crate::criu::streamer::{grow_pipe, read_request, recv_fd, Listener};
+use crate::criu::scm;
+use crate::criu::streamer::{grow_pipe, read_request, Listener};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,7 @@ pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Resul
     let mut readers = Vec::new();
     let result = (|| -> Result<()> {
         while let Some(name) = read_request(&mut sock)? {
-            let fd = recv_fd(&sock)?;
+            let fd = scm::recv_fd(&sock, "the pipe")?;
             grow_pipe(&fd);
             let mut sink = packer.begin_file(&name)?;
             report.files.push(name.clone());

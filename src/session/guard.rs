@@ -23,7 +23,7 @@
 //! async-signal-safe functions (poll, read, recvmsg, open, getdents64,
 //! kill, signal, close, _exit) on memory prepared before the fork.
 
-use crate::criu::uffd;
+use crate::criu::scm;
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -75,7 +75,7 @@ impl Guard {
 
     /// Gives the guard a copy of a userfaultfd of the tree.
     pub fn hold(&self, fd: RawFd) -> Result<()> {
-        uffd::send_fd(&self.fds, fd)
+        scm::send_fd(&self.fds, fd)
             .map_err(|e| Error::Criu(format!("cannot pass the restored tree's userfaultfd to the guard: {e}")))
     }
 
@@ -137,15 +137,21 @@ pub(crate) fn kill_tree(tree: &[i32]) {
     }
 }
 
-/// Writes `parts` (text, and numbers in decimal) and a NUL into `buf`.
-fn proc_path<'a>(buf: &'a mut [u8; 64], parts: &[Result<&[u8], i64>]) -> &'a [u8] {
+/// A piece of a /proc path: text, or a number written in decimal.
+enum Part<'a> {
+    Text(&'a [u8]),
+    Num(i64),
+}
+
+/// Writes `parts` and a NUL into `buf` (no allocation: the guard uses it).
+fn proc_path<'a>(buf: &'a mut [u8; 64], parts: &[Part]) -> &'a [u8] {
     let mut at = 0;
     for part in parts {
         let mut digits = [0u8; 20];
-        let bytes: &[u8] = match part {
-            Ok(b) => b,
-            Err(v) => {
-                let (mut v, mut k) = (*v, digits.len());
+        let bytes: &[u8] = match *part {
+            Part::Text(b) => b,
+            Part::Num(mut v) => {
+                let mut k = digits.len();
                 loop {
                     k -= 1;
                     digits[k] = b'0' + (v % 10) as u8;
@@ -169,7 +175,7 @@ fn proc_path<'a>(buf: &'a mut [u8; 64], parts: &[Result<&[u8], i64>]) -> &'a [u8
 /// returns the new count.
 unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> usize {
     let mut path = [0u8; 64];
-    let task = proc_path(&mut path, &[Ok(b"/proc/"), Err(pid as i64), Ok(b"/task")]);
+    let task = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/task")]);
     let dir = libc::open(task.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
     if dir < 0 {
         return n;
@@ -192,8 +198,16 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
             }
             let mut path = [0u8; 64];
             let tid = name.iter().fold(0i64, |v, d| v * 10 + i64::from(d - b'0'));
-            let children =
-                proc_path(&mut path, &[Ok(b"/proc/"), Err(pid as i64), Ok(b"/task/"), Err(tid), Ok(b"/children")]);
+            let children = proc_path(
+                &mut path,
+                &[
+                    Part::Text(b"/proc/"),
+                    Part::Num(pid.into()),
+                    Part::Text(b"/task/"),
+                    Part::Num(tid),
+                    Part::Text(b"/children"),
+                ],
+            );
             let fd = libc::open(children.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
             if fd < 0 {
                 continue;

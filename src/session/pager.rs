@@ -61,8 +61,9 @@ impl Space {
         (addr < end).then_some((start, end, page))
     }
 
-    /// Takes `[from, to)` out of the missing ranges.
-    fn drop_range(&mut self, from: u64, to: u64) {
+    /// Takes `[from, to)` out of the missing ranges; returns the pieces
+    /// that were inside, as (start, end, archive page of start).
+    fn take_range(&mut self, from: u64, to: u64) -> Vec<(u64, u64, u64)> {
         let hit: Vec<(u64, u64, u64)> = self
             .missing
             .range(..to)
@@ -70,6 +71,7 @@ impl Space {
             .take_while(|(_, &(end, _))| end > from)
             .map(|(&s, &(e, p))| (s, e, p))
             .collect();
+        let mut inside = Vec::with_capacity(hit.len());
         for (start, end, page) in hit {
             self.missing.remove(&start);
             if start < from {
@@ -78,24 +80,19 @@ impl Space {
             if end > to {
                 self.missing.insert(to, (end, page + (to - start) / PAGE));
             }
+            let (s, e) = (start.max(from), end.min(to));
+            inside.push((s, e, page + (s - start) / PAGE));
         }
+        inside
+    }
+
+    fn drop_range(&mut self, from: u64, to: u64) {
+        self.take_range(from, to);
     }
 
     /// `mremap` moved `[from, from + len)` to `to`.
     fn remap(&mut self, from: u64, to: u64, len: u64) {
-        let end = from + len;
-        let moved: Vec<(u64, u64, u64)> = self
-            .missing
-            .range(..end)
-            .rev()
-            .take_while(|(_, &(e, _))| e > from)
-            .map(|(&s, &(e, p))| {
-                let (s2, e2) = (s.max(from), e.min(end));
-                (s2, e2, p + (s2 - s) / PAGE)
-            })
-            .collect();
-        self.drop_range(from, end);
-        for (s, e, p) in moved {
+        for (s, e, p) in self.take_range(from, from + len) {
             self.missing.insert(s - from + to, (e - from + to, p));
         }
     }
@@ -289,7 +286,7 @@ impl<'a> Pager<'a> {
                 // Not lazy (a zero page), or already copied for another
                 // thread's fault: the zero page, or a wake-up.
                 None => match s.uffd.zero_page(addr, PAGE).map_err(|e| self.uffd_failed(i, e))? {
-                    Copied::Changing(_) => Step::Changing,
+                    Copied::Changing => Step::Changing,
                     _ => Step::Done,
                 },
                 Some(range) => {
@@ -387,7 +384,7 @@ impl<'a> Pager<'a> {
                     self.report.pages += b / PAGE;
                     single = false;
                 }
-                Copied::Changing(_) => {
+                Copied::Changing => {
                     self.spaces[i].drop_range(dst, dst + done);
                     return Ok(Step::Changing);
                 }

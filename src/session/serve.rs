@@ -17,8 +17,9 @@
 use crate::archive::{BlockSource, CheckedBlock};
 use crate::codec::Decoder;
 use crate::criu::images::{self, ZeroPlan};
+use crate::criu::scm;
 use crate::criu::splice::{write_pipe, Chunk, SplicePipe};
-use crate::criu::streamer::{grow_pipe, read_request, recv_fd, send_reply, Listener};
+use crate::criu::streamer::{grow_pipe, read_request, send_reply, Listener};
 use crate::engine;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{BlockCodec, FileEntry, FileKind, PAGE_SIZE};
@@ -90,7 +91,7 @@ pub fn serve(
                 }
             }
             send_reply(&mut sock, true)?;
-            let fd = recv_fd(&sock)?;
+            let fd = scm::recv_fd(&sock, "the pipe")?;
             grow_pipe(&fd);
             report.served.push(name.clone());
             let (failed, bytes, source) = (failed.clone(), bytes.clone(), source.clone());
