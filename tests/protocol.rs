@@ -224,8 +224,16 @@ fn serve_refuses_crafted_archives_before_anything_is_served() {
 
     // A damaged payload deep in the pages image: structure intact, so serving
     // starts; the pages image must stop short and serve must fail as damaged.
+    // The block is one of the pages image's (the file with most blocks) with
+    // a payload to damage: the archive's block order depends on how capture
+    // interleaved the files, and a zero block's record is all header.
+    let file_of = |b: &(usize, usize)| good[b.0 + 4..b.0 + 8].to_vec();
+    let pages_file =
+        blocks.iter().map(file_of).max_by_key(|f| blocks.iter().filter(|b| file_of(b) == *f).count()).unwrap();
+    let stored = |b: &(usize, usize)| u32::from_le_bytes(good[b.0 + 12..b.0 + 16].try_into().unwrap());
+    let payloads: Vec<_> = blocks.iter().filter(|b| file_of(b) == pages_file && stored(b) >= 16).collect();
     let mut bad = good.clone();
-    let (b, len) = blocks[blocks.len() / 2];
+    let &(b, len) = payloads[payloads.len() / 2];
     bad[b + len - 10] ^= 0x20;
     std::fs::write(&bad_path, &bad).unwrap();
     let child = spawn(&["serve", "-D", tmp.path().to_str().unwrap(), "-i", bad_path.to_str().unwrap()]);
