@@ -185,23 +185,45 @@ fn check_dumpable(pid: i32) -> Result<()> {
 
 /// CRIU restores every process and thread under its old id; one still in use
 /// (often the dumped process itself, not yet reaped by its parent) would make
-/// CRIU fail with "Can't fork for PID: File exists".
-pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<()> {
-    let Some(entry) = source.find("pstree.img") else { return Ok(()) };
-    let pids = images::pstree_pids(&source.read_file(entry)?);
-    for pid in pids.unwrap_or_default() {
+/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids.
+pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
+    let Some(entry) = source.find("pstree.img") else { return Ok(Vec::new()) };
+    let pids: Vec<i32> =
+        images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
+    for &pid in &pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
         if let Ok(stat) = stat {
             let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
-            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-            let why = if zombie { "a zombie its parent has not reaped yet" } else { "running" };
+            let why = if is_zombie(&stat) { "a zombie its parent has not reaped yet" } else { "running" };
             return Err(Error::Criu(format!(
                 "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
                  a dumped process keeps its pid until its parent reaps it"
             )));
         }
     }
-    Ok(())
+    Ok(pids)
+}
+
+fn is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+}
+
+/// After an aborted restore: CRIU kills the tree it had begun but does not
+/// wait for it, so criuz waits until none of the tree's pids (free before
+/// the restore) runs, killing what is still running after a second.
+/// "Exit 3, nothing runs" then holds when criuz returns.
+pub(crate) fn end_aborted_tree(pids: &[i32]) {
+    let running = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !is_zombie(&s));
+    let t = Instant::now();
+    while pids.iter().any(running) {
+        if t.elapsed() > std::time::Duration::from_secs(1) {
+            crate::session::guard::kill_tree(pids);
+        }
+        if t.elapsed() > std::time::Duration::from_secs(5) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
@@ -331,7 +353,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     // (ten parents of a 1 GiB process: 0.03-0.05 s, a tenth of the
     // restore), and the first page that needs them waits for that walk.
     let located = crate::archive::parent::locate_spec(&o.input, o.pipe_buffer, &o.parents)?;
-    check_pids_free(located.archive())?;
+    let tree = check_pids_free(located.archive())?;
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
@@ -361,6 +383,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let report = match served {
         Err(e) => {
+            end_aborted_tree(&tree);
             let log = work.save_log("restore.log");
             return Err(e.context(format!("restore aborted (CRIU log: {})", log.display())));
         }

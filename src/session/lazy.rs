@@ -24,7 +24,7 @@ use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileKind, PAGE_SIZE};
 use crate::session::blocks::Blocks;
 use crate::session::checkpoint::{
-    check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
+    check_pids_free, criu_failure, end_aborted_tree, publish_pidfile, restore_command, RestoreOptions, WorkDir,
 };
 use crate::session::guard::{kill_tree, Guard};
 use crate::session::pager::{LazyProcess, Pager, TOUCHED_MAX};
@@ -218,15 +218,8 @@ fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<(
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let started = Instant::now();
     let archive = parent::open(&o.input, o.pipe_buffer, &o.parents)?;
-    check_pids_free(&*archive)?;
+    let pids = check_pids_free(&*archive)?;
     let source: Arc<dyn BlockSource> = archive;
-    let pids: Vec<i32> = match source.find("pstree.img") {
-        Some(e) => images::pstree_pids(&source.read_file(e)?).unwrap_or_default(),
-        None => Vec::new(),
-    }
-    .into_iter()
-    .map(|p| p as i32)
-    .collect();
     if pids.is_empty() {
         return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
     }
@@ -272,6 +265,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         // existed at the first kill, and it must be dead before the pager's
         // and the guard's copies of its userfaultfds close.
         kill_tree(&pids);
+        end_aborted_tree(&pids);
     }
     let report = pager.into_report();
     guard.release();
