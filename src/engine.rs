@@ -63,6 +63,19 @@ pub struct Collector<R> {
     workers: Vec<JoinHandle<()>>,
 }
 
+impl<R> Collector<R> {
+    /// The next result in submission order if it is ready, without waiting.
+    pub fn try_next(&mut self) -> Option<R> {
+        while let Ok((seq, r)) = self.results.try_recv() {
+            self.pending.insert(seq, r);
+        }
+        let r = self.pending.remove(&self.next)?;
+        self.next += 1;
+        let _ = self.tokens.recv();
+        Some(r)
+    }
+}
+
 impl<R> Iterator for Collector<R> {
     type Item = R;
 

@@ -482,12 +482,6 @@ impl Archive {
         self.parents.set(Ok(parents)).map_err(|_| Error::Usage(format!("{}: parents already attached", self.label)))
     }
 
-    /// Reads block `i` of a file and checks it against the walk, without
-    /// resolving references.
-    fn read_block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
-        self.read_record(file_id, i, true)
-    }
-
     /// The `len` bytes at `offset`, small records through a read-ahead
     /// window: the blocks of an incremental child are a few KiB each and are
     /// read in order (each block of a chain restore reads one from every
@@ -507,11 +501,17 @@ impl Archive {
                 drop(cached);
                 return direct();
             }
-            // The old window's memory is reused (not zeroed again) unless a
-            // holder still keeps a share of it.
-            let mut w = cached.take().and_then(|(_, w)| Arc::try_unwrap(w).ok()).unwrap_or_default();
-            w.resize(want, 0);
-            self.store.read_exact_at(&mut w, offset)?;
+            // The old window's memory is reused unless a holder still keeps a
+            // share of it; a new one is read into unzeroed memory (zeroing
+            // the windows of a chain's children cost a tenth of its decoding).
+            let w = match cached.take().and_then(|(_, w)| Arc::try_unwrap(w).ok()) {
+                Some(mut w) => {
+                    w.resize(want, 0);
+                    self.store.read_exact_at(&mut w, offset)?;
+                    w
+                }
+                None => self.store.read_vec(want, offset)?,
+            };
             *cached = Some((offset, Arc::new(w)));
         }
         let (at, w) = cached.as_ref().expect("window filled");
@@ -541,10 +541,10 @@ impl Archive {
         Ok(Some(Fetched { buf, range, header, offset: r.offset }))
     }
 
-    /// Reads block `i` of a file, checks its header against the walk and,
-    /// with `payload_check`, its payload against its payload check.
-    fn read_record(&self, file_id: u32, i: usize, payload_check: bool) -> Result<Option<CheckedBlock>> {
-        let Some(Fetched { buf, range, header, offset }) = self.fetch(file_id, i)? else { return Ok(None) };
+    /// Record `i` of a file as fetched, as a block of its own, its payload
+    /// checked against its payload check.
+    fn checked(&self, file_id: u32, i: usize, f: Fetched) -> Result<CheckedBlock> {
+        let Fetched { buf, range, header, offset } = f;
         let record = match Arc::try_unwrap(buf) {
             Ok(v) if range == (0..v.len()) => v,
             Ok(v) => v[range].to_vec(),
@@ -552,10 +552,8 @@ impl Archive {
         };
         let raw_pos = self.blocks[file_id as usize][i].raw_pos;
         let block = CheckedBlock { header, record, offset, raw_pos, resolved: false, pieces: Vec::new() };
-        if payload_check {
-            check_payload(&block.header, block.payload(), offset)?;
-        }
-        Ok(Some(block))
+        check_payload(&block.header, block.payload(), offset)?;
+        Ok(block)
     }
 
     /// The extents and inner payload of dedup block `block` of a file, whose
@@ -635,13 +633,22 @@ impl Archive {
 
     /// Resolves a dedup block into the raw block of its stored pages; its
     /// data check (applied when it is decoded) then proves the result.
-    fn resolve(&self, file_id: u32, block: u32, b: CheckedBlock) -> Result<CheckedBlock> {
-        let (dp, inner) = self.dedup_payload(file_id, block, &b.header, b.payload(), b.offset)?;
-        let literal = decompress_literal(&dp, inner, b.offset)?;
-        let pinned = literal.len();
-        let literal =
-            Arc::new(Holder { bytes: Arc::new(literal), pages: Vec::new(), pinned, archive: self.label.clone() });
-        let (mut lit, mut len) = (0, 0);
+    fn resolve(&self, file_id: u32, block: u32, f: Fetched) -> Result<CheckedBlock> {
+        let Fetched { buf, range, header, offset } = f;
+        let payload = &buf[range.end - header.stored_len as usize..range.end];
+        check_payload(&header, payload, offset)?;
+        let (dp, inner) = self.dedup_payload(file_id, block, &header, payload, offset)?;
+        let archive = self.label.clone();
+        // Raw literal pages are used where they lie, as for holders.
+        let (literal, mut lit) = if dp.inner == BlockCodec::Raw {
+            let base = range.end - inner.len();
+            (Holder { bytes: buf.clone(), pages: Vec::new(), pinned: range.len(), archive }, base)
+        } else {
+            let bytes = decompress_literal(&dp, inner, offset)?;
+            (Holder { pinned: bytes.len(), bytes: Arc::new(bytes), pages: Vec::new(), archive }, 0)
+        };
+        let literal = Arc::new(literal);
+        let mut len = 0;
         let mut pieces: Vec<(Arc<Holder>, Range<usize>)> = Vec::new();
         // The holder the last extent used: consecutive extents mostly point
         // into the same block, and the cache takes a lock.
@@ -667,7 +674,7 @@ impl Archive {
                             .attached_parents()?
                             .get(k as usize - 1)
                             .map(|a| &**a)
-                            .ok_or_else(|| Error::corrupt(b.offset, format!("reference to unknown parent {k}")))?,
+                            .ok_or_else(|| Error::corrupt(offset, format!("reference to unknown parent {k}")))?,
                     };
                     let holder = match &last {
                         Some((key, h)) if *key == (source, file_id, block) => h.clone(),
@@ -677,7 +684,7 @@ impl Archive {
                             h
                         }
                     };
-                    let missing = || Error::corrupt(b.offset, "a reference points at a page that is not stored there");
+                    let missing = || Error::corrupt(offset, "a reference points at a page that is not stored there");
                     let mut pages = holder.pages.get(first as usize..first as usize + n).ok_or_else(missing)?;
                     // Runs of pages that lie back to back in the holder are one piece.
                     while let Some(&start) = pages.first() {
@@ -693,8 +700,9 @@ impl Archive {
                 }
             }
         }
-        let header = BlockHeader { codec: BlockCodec::Raw, stored_len: len as u32, ..b.header };
-        Ok(CheckedBlock { header, record: Vec::new(), offset: b.offset, raw_pos: b.raw_pos, resolved: true, pieces })
+        let header = BlockHeader { codec: BlockCodec::Raw, stored_len: len as u32, ..header };
+        let raw_pos = self.blocks[file_id as usize][block as usize].raw_pos;
+        Ok(CheckedBlock { header, record: Vec::new(), offset, raw_pos, resolved: true, pieces })
     }
 
     /// Opens an archive from a path, or from standard input for `-`: spooled
@@ -747,9 +755,10 @@ impl BlockSource for Archive {
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
-        match self.read_block(file_id, i)? {
-            Some(b) if b.header.codec == BlockCodec::Dedup => self.resolve(file_id, i as u32, b).map(Some),
-            other => Ok(other),
+        match self.fetch(file_id, i)? {
+            Some(f) if f.header.codec == BlockCodec::Dedup => self.resolve(file_id, i as u32, f).map(Some),
+            Some(f) => self.checked(file_id, i, f).map(Some),
+            None => Ok(None),
         }
     }
 }

@@ -50,21 +50,55 @@ impl Chunk {
 /// instead of copying them, which halves the memory traffic of a restore and
 /// keeps the pipe's lock held only briefly (with plain writes, CRIU's reads
 /// spun on that lock while we copied). The pipe reads our memory later, so a
-/// buffer is kept until the reader has consumed past it (bytes handed over
-/// minus FIONREAD), and `finish` waits for the pipe to drain.
-/// Iovecs per vmsplice call (the kernel's UIO_MAXIOV).
-const IOV_MAX: usize = 1024;
-
+/// buffer is kept until the reader must have consumed past it: each pipe
+/// slot holds at most a page, so at most the pipe's size of what was handed
+/// over can be unread. `finish` waits for the pipe to drain.
+///
+/// CRIU's read holds the pipe's lock while it copies everything the pipe
+/// holds into fresh memory; a vmsplice arriving meanwhile spins on that lock
+/// (a fifth of a restore's CPU, on two cores taken from the decoders). So
+/// chunks are queued and handed over in batches that fill the pipe, and a
+/// full pipe is waited on with poll: the kernel wakes a writer of a full pipe
+/// only once the read has ended and let go of the lock.
 pub struct SplicePipe {
     pipe: std::fs::File,
+    /// Bytes handed to the pipe so far.
     handed: u64,
+    /// Chunks handed (their end in `handed`), kept until read.
     in_flight: std::collections::VecDeque<(u64, Chunk)>,
+    /// Chunks not handed yet, and how far into the first one we are.
+    queued: std::collections::VecDeque<Chunk>,
+    queued_bytes: usize,
+    first_done: usize,
+    /// The pipe's size: at most this much of what was handed is unread.
+    capacity: u64,
     closed: bool,
 }
 
+/// Iovecs per vmsplice call (the kernel's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+
+/// The pipe size asked for (see `streamer::grow_pipe`), and the most worth
+/// gathering before handing over. CRIU never resizes the pipes it passes.
+pub const PIPE_BYTES: usize = 1 << 20;
+
 impl SplicePipe {
     pub fn new(pipe: std::fs::File) -> Self {
-        SplicePipe { pipe, handed: 0, in_flight: Default::default(), closed: false }
+        // SAFETY: F_GETPIPE_SZ on a descriptor we own; it returns the size.
+        let size = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        // Unknown (not a pipe): rely on FIONREAD in `finish` only, and keep
+        // everything until then.
+        let capacity = if size > 0 { size as u64 } else { u64::MAX };
+        SplicePipe {
+            pipe,
+            handed: 0,
+            in_flight: Default::default(),
+            queued: Default::default(),
+            queued_bytes: 0,
+            first_done: 0,
+            capacity,
+            closed: false,
+        }
     }
 
     fn unread(&self) -> std::io::Result<u64> {
@@ -76,35 +110,51 @@ impl SplicePipe {
         Ok(n.max(0) as u64)
     }
 
+    /// Drops the chunks the reader has consumed, by the pipe's own count
+    /// (FIONREAD takes the pipe's lock, and spins while CRIU reads: only
+    /// for `finish`).
     fn release_consumed(&mut self) -> std::io::Result<()> {
         let consumed = self.handed - self.unread()?;
-        while self.in_flight.front().is_some_and(|(end, _)| *end <= consumed) {
-            self.in_flight.pop_front();
-        }
+        self.release_before(consumed);
         Ok(())
     }
 
-    /// Returns false once CRIU has closed its end (it wants no more).
-    pub fn send(&mut self, chunk: Chunk) -> Result<bool> {
-        if self.closed {
-            return Ok(false);
+    /// Drops the chunks that end at or before `consumed`.
+    fn release_before(&mut self, consumed: u64) {
+        while self.in_flight.front().is_some_and(|(end, _)| *end <= consumed) {
+            self.in_flight.pop_front();
         }
-        let mut iovs: Vec<libc::iovec> = chunk
-            .parts
-            .iter()
-            .filter(|(_, r)| !r.is_empty())
-            .map(|(owner, r)| {
-                let bytes = &(**owner).as_ref()[r.clone()];
-                libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() }
-            })
-            .collect();
-        let total: usize = iovs.iter().map(|v| v.iov_len).sum();
-        let mut next = 0;
-        while next < iovs.len() {
-            let count = (iovs.len() - next).min(IOV_MAX);
-            // SAFETY: the iovecs point into the chunk's buffers, which we keep
-            // (in_flight) unchanged until the reader has consumed them.
-            let n = unsafe { libc::vmsplice(self.pipe.as_raw_fd(), iovs[next..].as_ptr(), count, 0) };
+    }
+
+    /// Queues a chunk; nothing is handed over before [`SplicePipe::flush`].
+    pub fn queue(&mut self, chunk: Chunk) {
+        self.queued_bytes += chunk.len();
+        self.queued.push_back(chunk);
+    }
+
+    /// Whether enough is queued to fill the pipe.
+    pub fn has_pipe_full(&self) -> bool {
+        self.queued_bytes >= PIPE_BYTES
+    }
+
+    /// Hands every queued chunk to the pipe, waiting while it is full.
+    /// Returns false once CRIU has closed its end (it wants no more).
+    pub fn flush(&mut self) -> Result<bool> {
+        while !self.queued.is_empty() {
+            if self.closed {
+                return Ok(false);
+            }
+            let iovs = self.queued_iovecs();
+            if iovs.is_empty() {
+                // Only empty chunks are left.
+                self.advance(0);
+                continue;
+            }
+            let want: usize = iovs.iter().map(|v| v.iov_len).sum();
+            // SAFETY: the iovecs point into queued chunks' buffers, which are
+            // kept (queued, then in_flight) unchanged until the reader has
+            // consumed them.
+            let n = unsafe { libc::vmsplice(self.pipe.as_raw_fd(), iovs.as_ptr(), iovs.len(), 0) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
@@ -116,28 +166,81 @@ impl SplicePipe {
                     _ => return Err(e.into()),
                 }
             }
-            let mut n = n as usize;
-            while n > 0 {
-                let v = &mut iovs[next];
-                if n >= v.iov_len {
-                    n -= v.iov_len;
-                    next += 1;
-                } else {
-                    // SAFETY: still within the same buffer (n < iov_len).
-                    v.iov_base = unsafe { v.iov_base.add(n) };
-                    v.iov_len -= n;
-                    n = 0;
-                }
+            self.advance(n as usize);
+            self.release_before(self.handed.saturating_sub(self.capacity));
+            if (n as usize) < want && !self.queued.is_empty() {
+                self.wait_writable()?;
             }
         }
-        self.handed += total as u64;
-        self.in_flight.push_back((self.handed, chunk));
-        self.release_consumed()?;
         Ok(true)
     }
 
-    /// Waits until CRIU has read everything (or closed the pipe), so no
-    /// buffer is freed while the pipe still refers to it.
+    /// Iovecs for what is queued, up to IOV_MAX.
+    fn queued_iovecs(&self) -> Vec<libc::iovec> {
+        let mut skip = self.first_done;
+        let mut iovs = Vec::new();
+        'chunks: for chunk in &self.queued {
+            for (owner, r) in &chunk.parts {
+                let bytes = &(**owner).as_ref()[r.clone()];
+                if skip >= bytes.len() {
+                    skip -= bytes.len();
+                    continue;
+                }
+                let bytes = &bytes[skip..];
+                skip = 0;
+                iovs.push(libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() });
+                if iovs.len() == IOV_MAX {
+                    break 'chunks;
+                }
+            }
+        }
+        iovs
+    }
+
+    /// Moves `n` handed bytes from the queue to `in_flight`.
+    fn advance(&mut self, n: usize) {
+        self.handed += n as u64;
+        self.queued_bytes -= n;
+        let mut left = self.first_done + n;
+        while let Some(front) = self.queued.front() {
+            let len = front.len();
+            if left < len {
+                break;
+            }
+            left -= len;
+            let chunk = self.queued.pop_front().expect("front exists");
+            let end = self.handed - left as u64;
+            self.in_flight.push_back((end, chunk));
+        }
+        self.first_done = left;
+    }
+
+    /// Sleeps until the full pipe has room (the reader's read has ended).
+    fn wait_writable(&mut self) -> Result<()> {
+        loop {
+            let mut pfd = libc::pollfd { fd: self.pipe.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+            // SAFETY: one pollfd of ours.
+            let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                self.closed = true;
+                return Ok(());
+            }
+            if pfd.revents & libc::POLLOUT != 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits until CRIU has read everything handed over (or closed the
+    /// pipe), so no buffer is freed while the pipe still refers to it. What
+    /// is still queued (a serve that failed) is never handed over.
     pub fn finish(mut self) -> Result<()> {
         while !self.closed && !self.in_flight.is_empty() {
             let mut pfd = libc::pollfd { fd: self.pipe.as_raw_fd(), events: 0, revents: 0 };

@@ -28,10 +28,6 @@ use std::time::Duration;
 pub const CAPTURE_SOCKET: &str = "streamer-capture.sock";
 pub const SERVE_SOCKET: &str = "streamer-serve.sock";
 
-/// Pipe buffer we ask for: fewer wake-ups than the default 64 KiB. 1 MiB is
-/// the unprivileged maximum by default (/proc/sys/fs/pipe-max-size).
-const PIPE_SIZE: i32 = 1 << 20;
-
 /// Our own minimal copies of CRIU's images/img-streamer.proto messages.
 #[derive(Clone, PartialEq, Message)]
 struct ImgStreamerRequestEntry {
@@ -126,7 +122,10 @@ pub fn send_reply(sock: &mut UnixStream, exists: bool) -> Result<()> {
     Ok(())
 }
 
+/// Asks for a pipe of `splice::PIPE_BYTES`: fewer wake-ups than the default
+/// 64 KiB. 1 MiB is the unprivileged maximum by default
+/// (/proc/sys/fs/pipe-max-size).
 pub fn grow_pipe(fd: &OwnedFd) {
     // SAFETY: fcntl on a descriptor we own; failure just keeps the default size.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, crate::criu::splice::PIPE_BYTES as libc::c_int) };
 }

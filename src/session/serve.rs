@@ -205,7 +205,7 @@ fn stream_pages(
     let block_size = source.header().block_size as usize;
     let window = (opts.prefetch_bytes / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
     let file_id = entry.file_id;
-    let (sub, results) =
+    let (sub, mut results) =
         engine::start(opts.threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
             let b = source.block(file_id, i)?.ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
             prepare(dec, b, plan.as_deref())
@@ -219,23 +219,30 @@ fn stream_pages(
             }
         }
     });
-    let mut written = 0u64;
-    let mut result = Ok(());
     let mut out = SplicePipe::new(pipe);
-    for r in results {
-        match r.and_then(|chunk| {
-            let len = chunk.len() as u64;
-            out.send(chunk).map(|more| more.then_some(len))
-        }) {
-            Ok(Some(len)) => written += len,
-            Ok(None) => break,
-            Err(e) => {
-                result = Err(e);
+    // Ready chunks are gathered up to a pipe's worth and handed over together
+    // (see `SplicePipe`); the writer waits for the next one only when none is
+    // ready.
+    let result = (|| -> Result<u64> {
+        let mut written = 0u64;
+        while let Some(first) = results.next() {
+            let mut next = Some(first);
+            while let Some(r) = next.take() {
+                let chunk = r?;
+                written += chunk.len() as u64;
+                out.queue(chunk);
+                if !out.has_pipe_full() {
+                    next = results.try_next();
+                }
+            }
+            if !out.flush()? {
                 break;
             }
         }
-    }
+        Ok(written)
+    })();
     stop.store(true, Ordering::Relaxed);
     let drained = out.finish();
-    result.and(drained).map(|_| written)
+    let written = result?;
+    drained.map(|_| written)
 }
