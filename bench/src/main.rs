@@ -13,6 +13,7 @@ mod lazy;
 mod plot;
 mod proc;
 mod report;
+mod s3;
 mod workload;
 
 use crate::error::{Error, Result};
@@ -30,8 +31,9 @@ pub struct BenchArgs {
     /// redis,jvm,python (applications)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all]: criu-dir,criu-tmpfs,criu+lz4,criu+zstd,
-    /// criuz-pack,criuz-lz4,criuz-zstd
+    /// Configurations, comma separated [default: all but the S3 ones]: criu-dir,criu-tmpfs,
+    /// criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a local
+    /// SeaweedFS `weed mini` in the work dir serves them)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub configs: Option<Vec<String>>,
     /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
@@ -131,7 +133,7 @@ impl Plan {
             Some(list) => {
                 for c in list {
                     let cfg = Config::parse(c.trim()).ok_or_else(|| {
-                        let known: Vec<&str> = Config::ALL.iter().map(|c| c.name()).collect();
+                        let known: Vec<&str> = Config::ALL.iter().chain(&Config::S3).map(|c| c.name()).collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
                     })?;
                     if !configs.contains(&cfg) {
@@ -197,7 +199,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     };
     let _store = Scratch(store.clone());
     mkdir(&store)?;
-    let place = Place { store, logs };
+    let place = Place { store, logs, key: format!("run-{id}.czr") };
 
     let mut app = Running::start(w, ctx.mib, &dir.join("app"), ctx.tools)
         .map_err(|e| Error::Invalid(format!("starting {w}: {e}")))?;
@@ -311,6 +313,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let tmp = work.path().join("tmp");
     mkdir(&tmp)?;
+    let s3_server = match plan.configs.iter().find(|c| c.uses_s3()) {
+        Some(c) if !unavailable.iter().any(|(n, _)| n == c.name()) => Some(s3::Server::start(&work.path().join("s3"))?),
+        _ => None,
+    };
     // Private copies of our binaries: CRIU refuses to restore a process whose
     // executable changed size since the dump, as a rebuild during a long run
     // would do; and every run then measures the same criuz.
@@ -455,6 +461,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     drop(tmpfs);
+    drop(s3_server);
     drop(work);
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();

@@ -260,7 +260,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     });
     let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
     if !status.success() {
-        packer.abort();
+        // CRIU stopped because the archive could not be written (a full
+        // disk, a dead object store): that is the cause to report.
+        if let Some(e) = packer.abort() {
+            let log = work.save_log("dump.log");
+            return Err(
+                e.context(format!("criu dump stopped: the archive could not be written (log: {})", log.display()))
+            );
+        }
         return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
     }
     let (packer, _) = capture::settle(packer, captured)

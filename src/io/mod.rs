@@ -1,18 +1,24 @@
-//! Where archive bytes go and come from, and the one rule for `-` (standard
-//! input or output).
+//! Where archive bytes go and come from: files, `-` (standard input or
+//! output) and `s3://bucket/key` objects ([`s3`]).
 //!
 //! An [`Output`] is published only by [`Output::commit`]: a file is written
 //! under a temporary name beside the target (mode 0600, since archives hold
 //! process memory), fsynced, then renamed into place; dropped uncommitted, the
 //! temporary file is removed. Standard output cannot be taken back, so a
 //! writer that fails must stop short of the trailer (see `archive::write`):
-//! the reader then sees a truncated archive.
+//! the reader then sees a truncated archive. An object is a multipart
+//! upload that only `commit` completes.
 
 use crate::error::{Error, IoContext, Result};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+pub mod s3;
+mod store;
+
+pub use store::RecordStore;
 
 /// Bytes shared between a reader and the pipe they are handed to: kept
 /// alive (and unchanged) until the other side has read them.
@@ -119,10 +125,11 @@ impl Write for EarlyWriteback {
     }
 }
 
-/// An archive destination: a file (atomic) or standard output.
+/// An archive destination: a file (atomic), standard output, or an object.
 pub enum Output {
     File(AtomicFile),
     Stdout,
+    Object(s3::Upload),
 }
 
 /// `-` names standard input or output.
@@ -130,10 +137,15 @@ pub fn is_stdio(spec: &Path) -> bool {
     spec == Path::new("-")
 }
 
-/// Opens an archive to read front to back: a file, or standard input for `-`.
+/// Opens an archive to read front to back: a file, an object, or standard
+/// input for `-`.
 pub fn open_input(spec: &Path) -> Result<Box<dyn std::io::Read + Send>> {
     if is_stdio(spec) {
         return Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())));
+    }
+    if s3::is_url(spec) {
+        let url = s3::ObjectUrl::parse(spec)?;
+        return Ok(Box::new(s3::Download::start(&url)?.reader()));
     }
     let f = File::open(spec).at(spec)?;
     Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))
@@ -143,6 +155,8 @@ impl Output {
     pub fn open(spec: &Path, force: bool) -> Result<Self> {
         if is_stdio(spec) {
             Ok(Output::Stdout)
+        } else if s3::is_url(spec) {
+            Ok(Output::Object(s3::Upload::start(s3::ObjectUrl::parse(spec)?, force)?))
         } else {
             Ok(Output::File(AtomicFile::create(spec, force)?))
         }
@@ -152,6 +166,8 @@ impl Output {
         Ok(match self {
             Output::File(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, EarlyWriteback::new(f.writer()?))),
             Output::Stdout => Box::new(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
+            // Gathers whole parts itself.
+            Output::Object(u) => Box::new(u.writer()),
         })
     }
 
@@ -159,6 +175,18 @@ impl Output {
         match self {
             Output::File(f) => f.commit(),
             Output::Stdout => Ok(std::io::stdout().flush()?),
+            Output::Object(u) => u.commit(),
         }
     }
+}
+
+/// Random access to an archive that is not a pipe: a file, or an object
+/// being fetched (reads wait for the bytes they need); with its label.
+pub fn open_store(spec: &Path) -> Result<(Box<dyn RecordStore>, String)> {
+    if s3::is_url(spec) {
+        let url = s3::ObjectUrl::parse(spec)?;
+        return Ok((Box::new(s3::Download::start(&url)?), url.to_string()));
+    }
+    let file = File::open(spec).at(spec)?;
+    Ok((Box::new(file), spec.display().to_string()))
 }

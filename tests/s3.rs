@@ -1,0 +1,268 @@
+//! Archives in S3 with real CRIU, against moto's S3 server on 127.0.0.1: a
+//! dump to an object restores intact; inspect, verify and unpack read
+//! objects; a missing bucket, wrong credentials, an existing key, a garbage
+//! or damaged object each give one line and the exit status of their kind; a
+//! dump that fails leaves neither an object nor an open multipart upload; the
+//! server dying mid-upload leaves the process running and mid-restore starts
+//! nothing. And migration: `dump -o - | restore -i -` through a pipe.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const BUCKET: &str = "ckpt";
+
+/// A moto S3 server of our own on a free loopback port, killed on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    /// `auth`: check credentials (moto accepts any by default).
+    fn start(auth: bool) -> Moto {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut cmd = Command::new("moto_server");
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
+        if auth {
+            cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        // As for CRIU: a root or CI run must have the server (setup installs it).
+        let child = cmd.spawn().expect("moto_server must be installed (scripts/setup.sh installs it)");
+        let m = Moto { child, port };
+        wait_for("moto_server to listen", Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        m
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A raw, unsigned request (moto does not check signatures unless told
+    /// to): the test's own view of the bucket, independent of criuz.
+    fn http(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.port,
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let status = reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, reply)
+    }
+
+    fn create_bucket(&self, name: &str) {
+        let (status, reply) = self.http("PUT", &format!("/{name}"), b"");
+        assert_eq!(status, 200, "create bucket: {reply}");
+    }
+
+    /// Keys in the bucket and multipart uploads still open.
+    fn keys_and_uploads(&self) -> (Vec<String>, usize) {
+        let (_, list) = self.http("GET", &format!("/{BUCKET}?list-type=2"), b"");
+        let keys = list.split("<Key>").skip(1).filter_map(|k| k.split("</Key>").next()).map(String::from).collect();
+        let (_, uploads) = self.http("GET", &format!("/{BUCKET}?uploads"), b"");
+        (keys, uploads.matches("<Upload>").count())
+    }
+
+    fn criuz(&self, args: &[&str]) -> std::process::Output {
+        run(&mut self.command(args))
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(CRIUZ);
+        c.args(args)
+            .env("AWS_ENDPOINT_URL", self.endpoint())
+            .env("AWS_ACCESS_KEY_ID", "criuz-test")
+            .env("AWS_SECRET_ACCESS_KEY", "criuz-test-secret")
+            .env("AWS_REGION", "us-east-1");
+        c
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ok(out: std::process::Output, what: &str) -> std::process::Output {
+    assert!(out.status.success(), "{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Exit status `code` and a single line of error naming `url` (besides
+/// the line that says which CRIU is used).
+fn fails(out: &std::process::Output, code: i32, url: &str, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{what}: {err}");
+    one_error_line(&err, url, what);
+    err
+}
+
+fn one_error_line(err: &str, url: &str, what: &str) {
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("criuz: using CRIU")).collect();
+    assert_eq!(lines.len(), 1, "{what}: one line expected: {err}");
+    assert!(lines[0].contains(url), "{what}: the error must name {url}: {err}");
+}
+
+#[test]
+fn dump_to_and_restore_from_s3_with_faults() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let url = format!("s3://{BUCKET}/ckpt/mixed.czr");
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", mode: "tree", ..Default::default() });
+    let before = w.sums();
+
+    // A dump that CRIU fails (an option it does not know): the upload had
+    // begun, and must be gone.
+    let pid = w.pid.to_string();
+    let out = moto.criuz(&["dump", "-t", &pid, "-o", &url, "--leave-running", "--", "--no-such-criu-option"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(moto.keys_and_uploads(), (vec![], 0), "a failed dump must leave no object and no open upload");
+    assert!(w.alive());
+
+    ok(moto.criuz(&["dump", "-t", &pid, "-o", &url]), "dump to S3");
+    assert_eq!(moto.keys_and_uploads(), (vec!["ckpt/mixed.czr".to_string()], 0));
+    w.reap_original();
+
+    // Readers take the object.
+    let rep = ok(moto.criuz(&["inspect", "--json", &url]), "inspect");
+    let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    assert!(rep["total"]["raw_bytes"].as_u64().unwrap() > 32 << 20, "{rep}");
+    ok(moto.criuz(&["verify", &url]), "verify");
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    ok(moto.criuz(&["unpack", &url, "--dir", img.to_str().unwrap()]), "unpack");
+    assert!(img.join("inventory.img").exists());
+
+    // An existing key is kept unless --force.
+    let out = moto.criuz(&["pack", img.to_str().unwrap(), "-o", &url]);
+    fails(&out, 2, &url, "pack over an existing object");
+    let copy = format!("s3://{BUCKET}/ckpt/copy.czr");
+    ok(moto.criuz(&["pack", img.to_str().unwrap(), "-o", &copy]), "pack to S3");
+
+    ok(moto.criuz(&["restore", "-d", "-i", &url]), "restore from S3");
+    assert_eq!(w.sums(), before, "memory restored from S3 differs");
+    w.stop();
+    w.reap_original();
+
+    // Garbage, and a real archive with one byte changed: exit 3, nothing runs.
+    let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/garbage.czr"), &[0x5a; 100_000]);
+    assert_eq!(status, 200, "{reply}");
+    let garbage = format!("s3://{BUCKET}/garbage.czr");
+    fails(&moto.criuz(&["restore", "-d", "-i", &garbage]), 3, &garbage, "restore of garbage");
+    let packed = tmp.path().join("packed.czr");
+    ok(moto.criuz(&["pack", img.to_str().unwrap(), "-o", packed.to_str().unwrap()]), "pack");
+    let mut bytes = std::fs::read(&packed).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/damaged.czr"), &bytes);
+    assert_eq!(status, 200, "{reply}");
+    let damaged = format!("s3://{BUCKET}/damaged.czr");
+    fails(&moto.criuz(&["restore", "-d", "-i", &damaged]), 3, &damaged, "restore of a damaged object");
+    assert!(!w.alive(), "nothing may run from a damaged archive");
+
+    // Missing key, missing bucket.
+    let missing = format!("s3://{BUCKET}/nope.czr");
+    let err = fails(&moto.criuz(&["restore", "-d", "-i", &missing]), 1, &missing, "missing key");
+    assert!(err.contains("no such object"), "{err}");
+    let nobucket = "s3://no-such-bucket/x.czr";
+    let err = fails(&moto.criuz(&["inspect", nobucket]), 1, nobucket, "missing bucket");
+    assert!(err.contains("no such bucket"), "{err}");
+    let err = fails(&moto.criuz(&["pack", img.to_str().unwrap(), "-o", nobucket]), 1, nobucket, "missing bucket");
+    assert!(err.contains("NoSuchBucket"), "{err}");
+
+    // Wrong credentials, on a server that checks them.
+    let strict = Moto::start(true);
+    let err = fails(&strict.criuz(&["inspect", &url]), 1, &url, "wrong credentials");
+    assert!(err.contains("access denied"), "{err}");
+    let err = fails(&strict.criuz(&["pack", img.to_str().unwrap(), "-o", &url]), 1, &url, "wrong credentials");
+    assert!(err.contains("access denied"), "{err}");
+}
+
+/// Runs `cmd`, stops the server once `when` returns, and expects `cmd` to
+/// fail with exit status 1; gives its stderr.
+fn stop_server_during(moto: Moto, mut cmd: Command, when: impl FnOnce(&Moto)) -> String {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    when(&moto);
+    drop(moto);
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(1), "with the server gone: {err}");
+    err
+}
+
+#[test]
+fn server_dying_mid_upload_keeps_the_process_and_mid_restore_starts_nothing() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    // Random pages do not compress: the upload, not CRIU, sets the pace.
+    let mut w = Workload::start(Spec { mib: 256, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    let url = format!("s3://{BUCKET}/big.czr");
+    let pid = w.pid.to_string();
+
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let dump = moto.command(&["dump", "-t", &pid, "-o", &url]);
+    let err = stop_server_during(moto, dump, |m| {
+        wait_for("the upload to begin", Duration::from_secs(30), || m.keys_and_uploads().1 == 1);
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    one_error_line(&err, &url, "dump with the server gone");
+    assert!(w.alive(), "CRIU had not finished: the process must still run");
+    assert_eq!(w.sums(), before, "the process's memory changed");
+
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    ok(moto.criuz(&["dump", "-t", &pid, "-o", &url]), "dump to S3");
+    w.reap_original();
+    let restore = moto.command(&["restore", "-d", "-i", &url]);
+    let err = stop_server_during(moto, restore, |_| std::thread::sleep(Duration::from_millis(400)));
+    one_error_line(&err, &url, "restore with the server gone");
+    assert!(!w.alive(), "nothing may run from a partly fetched archive");
+}
+
+/// Live migration's shape: the dump's stdout is the restore's stdin (ssh in
+/// real life). The relay keeps the restore's stdin open until the original
+/// is reaped, as on another host its pid would be free.
+#[test]
+fn migration_through_a_pipe() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 64, pattern: "mixed", mode: "tree", ..Default::default() });
+    let before = w.sums();
+    let pid = w.pid.to_string();
+    let mut dump = Command::new(CRIUZ).args(["dump", "-t", &pid, "-o", "-"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut restore = Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut from, mut to) = (dump.stdout.take().unwrap(), restore.stdin.take().unwrap());
+    let relay = std::thread::spawn(move || {
+        std::io::copy(&mut from, &mut to).unwrap();
+        to
+    });
+    assert!(dump.wait().unwrap().success(), "dump to stdout");
+    let to = relay.join().unwrap();
+    w.reap_original();
+    drop(to);
+    let mut err = String::new();
+    restore.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(restore.wait().unwrap().success(), "restore from stdin: {err}");
+    assert_eq!(w.sums(), before, "memory migrated through the pipe differs");
+    w.stop();
+}
