@@ -314,7 +314,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let tmp = work.path().join("tmp");
     mkdir(&tmp)?;
     let s3_server = match plan.configs.iter().find(|c| c.uses_s3()) {
-        Some(c) if !unavailable.iter().any(|(n, _)| n == c.name()) => Some(s3::Server::start(&work.path().join("s3"))?),
+        Some(c) if !unavailable.iter().any(|(n, _)| n == c.name()) => {
+            Some(s3::Server::start(&work.path().join("s3"), args.link)?)
+        }
         _ => None,
     };
     // Private copies of our binaries: CRIU refuses to restore a process whose

