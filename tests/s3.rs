@@ -4,7 +4,8 @@
 //! or damaged object each give one line and the exit status of their kind; a
 //! dump that fails leaves neither an object nor an open multipart upload; the
 //! server dying mid-upload leaves the process running and mid-restore starts
-//! nothing. And migration: `dump -o - | restore -i -` through a pipe.
+//! nothing; an incremental child and its parent both in S3. And migration:
+//! `dump -o - | restore -i -` through a pipe.
 
 mod common;
 
@@ -264,5 +265,34 @@ fn migration_through_a_pipe() {
     restore.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(restore.wait().unwrap().success(), "restore from stdin: {err}");
     assert_eq!(w.sums(), before, "memory migrated through the pipe differs");
+    w.stop();
+}
+
+/// An incremental chain kept in S3: the child names its parent's key, and a
+/// restore from the child's URL finds the parent there.
+#[test]
+fn incremental_child_and_parent_in_s3() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let (full, child) = (format!("s3://{BUCKET}/inc/full.czr"), format!("s3://{BUCKET}/inc/child.czr"));
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", ..Default::default() });
+    let pid = w.pid.to_string();
+    ok(moto.criuz(&["dump", "-t", &pid, "-o", &full, "--leave-running"]), "full dump to S3");
+    w.rewrite(5.0, 7);
+    let before = w.sums();
+    ok(moto.criuz(&["dump", "-t", &pid, "-o", &child, "--parent", &full]), "incremental dump to S3");
+    w.reap_original();
+
+    let rep = ok(moto.criuz(&["inspect", "--json", &child]), "inspect");
+    let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    assert_eq!(rep["chain"][0]["hint"], "full.czr", "{rep}");
+    let stored = rep["archive_bytes"].as_u64().unwrap();
+    let rewritten = (32u64 << 20) / 20;
+    assert!(stored < rewritten * 11 / 10 + (1 << 20), "the child stores {stored} bytes");
+    ok(moto.criuz(&["verify", &child]), "verify of the child with its parent in S3");
+    ok(moto.criuz(&["restore", "-d", "-i", &child]), "restore of the child from S3");
+    assert_eq!(w.sums(), before, "memory restored from the chain in S3 differs");
     w.stop();
 }

@@ -12,7 +12,6 @@
 
 use super::check::{Checked, Payloads};
 use super::dedup::{DedupIndex, Location};
-use super::records::read_full;
 use super::source::{Archive, BlockSource};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{
@@ -32,11 +31,10 @@ pub struct ParentSearch {
     pub dirs: Vec<PathBuf>,
 }
 
-/// The archive id of a file, from its header; `None` if it is not an archive.
+/// The archive id of a file or object, from its header; `None` if it is not
+/// an archive.
 fn archive_id(path: &Path) -> Option<[u8; 16]> {
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut b = [0u8; HEADER_LEN];
-    (read_full(&mut f, &mut b).ok()? == HEADER_LEN).then_some(())?;
+    let b: [u8; HEADER_LEN] = crate::io::read_head(path, HEADER_LEN)?.try_into().ok()?;
     Header::decode(&b).ok().map(|h| h.archive_id)
 }
 

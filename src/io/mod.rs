@@ -190,3 +190,14 @@ pub fn open_store(spec: &Path) -> Result<(Box<dyn RecordStore>, String)> {
     let file = File::open(spec).at(spec)?;
     Ok((Box::new(file), spec.display().to_string()))
 }
+
+/// The first `len` bytes of a file or object (`None` if it is shorter or
+/// cannot be read): enough to tell what an archive is without fetching it.
+pub fn read_head(spec: &Path, len: usize) -> Option<Vec<u8>> {
+    if s3::is_url(spec) {
+        return s3::read_head(&s3::ObjectUrl::parse(spec).ok()?, len).ok();
+    }
+    let mut b = vec![0u8; len];
+    std::io::Read::read_exact(&mut File::open(spec).ok()?, &mut b).ok()?;
+    Some(b)
+}

@@ -418,6 +418,17 @@ impl RecordStore for Download {
     }
 }
 
+/// The first `len` bytes of an object, by one ranged GET.
+pub fn read_head(url: &ObjectUrl, len: usize) -> Result<Vec<u8>> {
+    let store = client(url)?;
+    let got = runtime().block_on(store.get_range(&url.path(), 0..len as u64));
+    let bytes = got.map_err(|e| url.error("reading its header", e))?;
+    if bytes.len() != len {
+        return Err(Error::corrupt(0, format!("{url}: shorter than an archive header")));
+    }
+    Ok(bytes.to_vec())
+}
+
 /// A HEAD's 404 does not say whether the bucket or the key is missing; a
 /// listing of the key does.
 fn missing(url: &ObjectUrl, store: &AmazonS3) -> Error {
