@@ -26,7 +26,8 @@ rm -rf "$crashes"
 if [ "$(id -u)" -eq 0 ]; then
   out=$(mktemp -d)
   if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png" &&
-    ./target/release/criuz-bench --quick --incremental --workloads mixed,redis --json "$out/incremental.json"; then
+    ./target/release/criuz-bench --quick --incremental --workloads mixed,redis --json "$out/incremental.json" &&
+    ./target/release/criuz-bench --quick --workloads mixed --configs criuz-s3,criuz+boto3 --json "$out/s3.json"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
