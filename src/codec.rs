@@ -288,6 +288,20 @@ impl Decoder {
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
         out.clear();
+        self.decompress_after(codec, payload, expect, out)
+    }
+
+    /// As [`decompress`](Self::decompress), appending to what `out` holds
+    /// (without moving it when its capacity suffices: a caller can decode
+    /// onto a page boundary it chose).
+    pub fn decompress_after(
+        &mut self,
+        codec: BlockCodec,
+        payload: &[u8],
+        expect: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let at = out.len();
         match codec {
             BlockCodec::Dedup => return Err("a dedup block must be resolved by its archive first".into()),
             BlockCodec::Raw => {
@@ -299,12 +313,13 @@ impl Decoder {
             BlockCodec::Lz4 => {
                 out.reserve(expect);
                 // SAFETY: LZ4_decompress_safe reads `payload.len()` bytes and
-                // writes at most `expect` bytes into `out`'s capacity; it
-                // returns the count written, or a negative value on bad input.
+                // writes at most `expect` bytes into `out`'s spare capacity
+                // (at least `expect` after `reserve`); it returns the count
+                // written, or a negative value on bad input.
                 let n = unsafe {
                     lz4::liblz4::LZ4_decompress_safe(
                         payload.as_ptr().cast(),
-                        out.as_mut_ptr().cast(),
+                        out.as_mut_ptr().add(at).cast(),
                         payload.len() as i32,
                         expect as i32,
                     )
@@ -312,17 +327,19 @@ impl Decoder {
                 if n < 0 {
                     return Err("LZ4 block does not decompress".to_string());
                 }
-                // SAFETY: LZ4 initialised the first `n` (<= expect) bytes.
-                unsafe { out.set_len(n as usize) };
+                // SAFETY: LZ4 initialised the `n` (<= expect) bytes after `at`.
+                unsafe { out.set_len(at + n as usize) };
                 if n as usize != expect {
                     return Err(format!("LZ4 block decompresses to {n} bytes, expected {expect}"));
                 }
             }
             BlockCodec::Zstd => {
                 out.reserve(expect);
+                let mut after = std::io::Cursor::new(&mut *out);
+                after.set_position(at as u64);
                 let n = self
                     .zstd
-                    .decompress_to_buffer(payload, out)
+                    .decompress_to_buffer(payload, &mut after)
                     .map_err(|e| format!("zstd block does not decompress: {e}"))?;
                 if n != expect {
                     return Err(format!("zstd block decompresses to {n} bytes, expected {expect}"));
