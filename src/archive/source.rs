@@ -321,20 +321,25 @@ fn page_aligned(len: usize) -> (Vec<u8>, usize) {
     (v, start)
 }
 
-/// `bytes` copied onto a page boundary; see [`page_aligned`].
-fn page_aligned_copy(bytes: &[u8]) -> (Vec<u8>, usize) {
-    let (mut v, start) = page_aligned(bytes.len());
-    v.extend_from_slice(bytes);
-    (v, start)
+/// `buf[range]` where it lies if that is on a page boundary (a record read
+/// on its own), else copied onto one (a record in a read-ahead window: a
+/// few KiB); see [`page_aligned`].
+fn page_aligned_share(buf: &Arc<Vec<u8>>, range: Range<usize>) -> (Arc<Vec<u8>>, usize) {
+    if (buf.as_ptr() as usize + range.start) % PAGE_SIZE == 0 {
+        return (buf.clone(), range.start);
+    }
+    let (mut v, start) = page_aligned(range.len());
+    v.extend_from_slice(&buf[range]);
+    (Arc::new(v), start)
 }
 
 /// Decodes `payload` (`expect` bytes once decoded) onto a page boundary.
-fn decode_aligned(codec: BlockCodec, payload: &[u8], expect: usize, offset: u64) -> Result<(Vec<u8>, usize)> {
+fn decode_aligned(codec: BlockCodec, payload: &[u8], expect: usize, offset: u64) -> Result<(Arc<Vec<u8>>, usize)> {
     let (mut v, start) = page_aligned(expect);
     DECODER
         .with(|d| d.borrow_mut().decompress_after(codec, payload, expect, &mut v))
         .map_err(|e| Error::corrupt(offset, e))?;
-    Ok((v, start))
+    Ok((Arc::new(v), start))
 }
 
 impl Archive {
@@ -442,8 +447,22 @@ impl Archive {
     /// read in order (each block of a chain restore reads one from every
     /// parent), so one read serves many of them instead of a system call
     /// each. Returns the buffer they lie in and where they start there.
-    fn read_ahead(&self, len: usize, offset: u64) -> io::Result<(Arc<Vec<u8>>, usize)> {
-        let direct = || self.store.read_vec(len, offset).map(|v| (Arc::new(v), 0));
+    ///
+    /// With `end_aligned`, a record read on its own ends on a page boundary:
+    /// its stored pages, the payload's tail (raw literal pages, a raw
+    /// block's pages), then lie on page boundaries and are pieced into the
+    /// blocks handed to CRIU where they lie (see [`page_aligned`]). A block
+    /// served whole needs no such care (one slot more per block).
+    fn read_ahead(&self, len: usize, offset: u64, end_aligned: bool) -> io::Result<(Arc<Vec<u8>>, usize)> {
+        let direct = || {
+            if !end_aligned {
+                return self.store.read_vec(len, offset).map(|v| (Arc::new(v), 0));
+            }
+            let (mut v, start) = page_aligned(len + PAGE_SIZE);
+            let start = start + (PAGE_SIZE - len % PAGE_SIZE) % PAGE_SIZE;
+            v.resize(start, 0);
+            self.store.read_append(&mut v, len, offset).map(|()| (Arc::new(v), start))
+        };
         if len > READ_AHEAD / 4 {
             return direct();
         }
@@ -473,12 +492,14 @@ impl Archive {
         Ok((w.clone(), (offset - at) as usize))
     }
 
-    /// Reads record `i` of a file and checks its header against the walk.
-    fn fetch(&self, file_id: u32, i: usize) -> Result<Option<Fetched>> {
+    /// Reads record `i` of a file and checks its header against the walk;
+    /// `pieced`: its pages will be pieced into other blocks (a holder).
+    fn fetch(&self, file_id: u32, i: usize, pieced: bool) -> Result<Option<Fetched>> {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(r) = entry.blocks.get(i) else { return Ok(None) };
         let proven = &self.blocks[file_id as usize][i].header;
-        let (buf, start) = self.read_ahead(r.record_len as usize, r.offset).map_err(|e| {
+        let end_aligned = pieced || proven.codec == BlockCodec::Dedup;
+        let (buf, start) = self.read_ahead(r.record_len as usize, r.offset, end_aligned).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 Error::corrupt(r.offset, "archive was truncated after it was opened")
             } else {
@@ -543,31 +564,35 @@ impl Archive {
         if let Some(h) = self.holders.lock().unwrap().iter().find(|h| (h.0, h.1) == (file_id, block)) {
             return Ok(h.2.clone());
         }
-        let Fetched { buf, range, header: h, offset } = self.fetch(file_id, block as usize)?.ok_or_else(|| {
-            Error::corrupt(0, format!("a reference points at block {block} of file {file_id}, which does not exist"))
-        })?;
+        let Fetched { buf, range, header: h, offset } =
+            self.fetch(file_id, block as usize, true)?.ok_or_else(|| {
+                Error::corrupt(
+                    0,
+                    format!("a reference points at block {block} of file {file_id}, which does not exist"),
+                )
+            })?;
         let payload = &buf[range.end - h.stored_len as usize..range.end];
         let label = self.label.clone();
         let holder = if h.codec == BlockCodec::Dedup {
             let (dp, inner) = self.dedup_payload(file_id, block, &h, payload, offset)?;
-            // Raw literal pages (new random data, the usual case) are
-            // copied out of the record onto a page boundary.
+            // Raw literal pages (new random data, the usual case) are the
+            // payload's tail.
             let (bytes, start) = match dp.inner {
-                BlockCodec::Raw => page_aligned_copy(inner),
+                BlockCodec::Raw => page_aligned_share(&buf, range.end - inner.len()..range.end),
                 codec => decode_aligned(codec, inner, dp.literal_len as usize, offset)?,
             };
             let pages = dp.literal_slots().map(|k| k.map(|k| start + k * PAGE_SIZE)).collect();
-            Holder { pages, pinned: bytes.len(), bytes: Arc::new(bytes), archive: label }
+            Holder { pages, pinned: range.len().max(dp.literal_len as usize), bytes, archive: label }
         } else {
             if h.codec == BlockCodec::Raw && h.stored_len as usize != h.stored_raw_len() {
                 return Err(Error::corrupt(offset, "raw block payload has the wrong length"));
             }
             let (bytes, start) = match h.codec {
-                BlockCodec::Raw => page_aligned_copy(payload),
+                BlockCodec::Raw => page_aligned_share(&buf, range.end - payload.len()..range.end),
                 codec => decode_aligned(codec, payload, h.stored_raw_len(), offset)?,
             };
-            let pages = (0..(bytes.len() - start) / PAGE_SIZE).map(|p| Some(start + p * PAGE_SIZE)).collect();
-            Holder { pages, pinned: bytes.len(), bytes: Arc::new(bytes), archive: label }
+            let pages = (0..h.stored_raw_len() / PAGE_SIZE).map(|p| Some(start + p * PAGE_SIZE)).collect();
+            Holder { pages, pinned: range.len().max(h.stored_raw_len()), bytes, archive: label }
         };
         let holder = Arc::new(holder);
         let mut cache = self.holders.lock().unwrap();
@@ -586,12 +611,12 @@ impl Archive {
         check_payload(&header, payload, offset)?;
         let (dp, inner) = self.dedup_payload(file_id, block, &header, payload, offset)?;
         let archive = self.label.clone();
-        // Literal pages onto a page boundary, as for holders.
+        // Literal pages on a page boundary, as for holders.
         let (bytes, mut lit) = match dp.inner {
-            BlockCodec::Raw => page_aligned_copy(inner),
+            BlockCodec::Raw => page_aligned_share(&buf, range.end - inner.len()..range.end),
             codec => decode_aligned(codec, inner, dp.literal_len as usize, offset)?,
         };
-        let literal = Holder { pinned: bytes.len(), bytes: Arc::new(bytes), pages: Vec::new(), archive };
+        let literal = Holder { pinned: range.len().max(dp.literal_len as usize), bytes, pages: Vec::new(), archive };
         let literal = Arc::new(literal);
         let mut len = 0;
         let mut pieces: Vec<(Arc<Holder>, Range<usize>)> = Vec::new();
@@ -700,7 +725,7 @@ impl BlockSource for Archive {
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
-        match self.fetch(file_id, i)? {
+        match self.fetch(file_id, i, false)? {
             Some(f) if f.header.codec == BlockCodec::Dedup => self.resolve(file_id, i as u32, f).map(Some),
             Some(f) => self.checked(file_id, i, f).map(Some),
             None => Ok(None),

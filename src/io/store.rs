@@ -15,9 +15,17 @@ pub trait RecordStore: Send + Sync {
 
     /// `len` bytes from `offset`, in a new buffer.
     fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        self.read_exact_at(&mut buf, offset)?;
+        let mut buf = Vec::with_capacity(len);
+        self.read_append(&mut buf, len, offset)?;
         Ok(buf)
+    }
+
+    /// Appends `len` bytes from `offset` to `buf` (in place when its
+    /// capacity suffices).
+    fn read_append(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> io::Result<()> {
+        let at = buf.len();
+        buf.resize(at + len, 0);
+        self.read_exact_at(&mut buf[at..], offset)
     }
 }
 
@@ -29,21 +37,22 @@ impl RecordStore for File {
         FileExt::read_exact_at(self, buf, offset)
     }
 
-    /// Reads straight into new memory: zeroing a block-sized buffer first
-    /// would cost as much as a fifth of decoding it.
-    fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+    /// Reads straight into the spare capacity: zeroing a block-sized buffer
+    /// first would cost as much as a fifth of decoding it.
+    fn read_append(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        let mut buf: Vec<u8> = Vec::with_capacity(len);
-        while buf.len() < len {
-            let got = buf.len();
-            let at = libc::off_t::try_from(offset + got as u64).map_err(|_| io::ErrorKind::InvalidInput)?;
+        buf.reserve(len);
+        let (at, end) = (buf.len(), buf.len() + len);
+        while buf.len() < end {
+            let got = buf.len() - at;
+            let pos = libc::off_t::try_from(offset + got as u64).map_err(|_| io::ErrorKind::InvalidInput)?;
             // SAFETY: pread writes at most `len - got` bytes into the spare
-            // capacity after `got`, which `with_capacity(len)` guarantees.
-            let n = unsafe { libc::pread(self.as_raw_fd(), buf.as_mut_ptr().add(got).cast(), len - got, at) };
+            // capacity after `buf.len()`, which `reserve(len)` guarantees.
+            let n = unsafe { libc::pread(self.as_raw_fd(), buf.as_mut_ptr().add(buf.len()).cast(), len - got, pos) };
             match n {
                 n if n > 0 => {
                     // SAFETY: the kernel initialised `n` more bytes.
-                    unsafe { buf.set_len(got + n as usize) };
+                    unsafe { buf.set_len(buf.len() + n as usize) };
                 }
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
                 _ => {
@@ -54,7 +63,7 @@ impl RecordStore for File {
                 }
             }
         }
-        Ok(buf)
+        Ok(())
     }
 }
 
