@@ -203,7 +203,11 @@ fn stream_pages(
 ) -> Result<u64> {
     let n = entry.blocks.len();
     let block_size = source.header().block_size as usize;
-    let window = (opts.prefetch_bytes / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
+    // A resolved block of an incremental archive may keep up to four times
+    // its size alive (its pieces' blocks, see `CheckedBlock::shares_cheaply`):
+    // fewer of them ahead keeps the restore's memory near a full archive's.
+    let pinning = if source.header().flags & crate::format::FLAG_PARENT != 0 { 4 } else { 1 };
+    let window = (opts.prefetch_bytes / pinning / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
     let file_id = entry.file_id;
     let (sub, mut results) =
         engine::start(opts.threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
