@@ -4,7 +4,8 @@
 //! or damaged object each give one line and the exit status of their kind; a
 //! dump that fails leaves neither an object nor an open multipart upload; the
 //! server dying mid-upload leaves the process running and mid-restore starts
-//! nothing; an incremental child and its parent both in S3. And migration:
+//! nothing; an incremental child and its parent both in S3; a lazy restore
+//! from an object. And migration:
 //! `dump -o - | restore -i -` through a pipe.
 
 mod common;
@@ -294,5 +295,22 @@ fn incremental_child_and_parent_in_s3() {
     ok(moto.criuz(&["verify", &child]), "verify of the child with its parent in S3");
     ok(moto.criuz(&["restore", "-d", "-i", &child]), "restore of the child from S3");
     assert_eq!(w.sums(), before, "memory restored from the chain in S3 differs");
+    w.stop();
+}
+
+/// A lazy restore from an object: the process runs, then its pages arrive.
+#[test]
+fn lazy_restore_from_s3() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let url = format!("s3://{BUCKET}/lazy.czr");
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", mode: "tree", ..Default::default() });
+    let before = w.sums();
+    ok(moto.criuz(&["dump", "-t", &w.pid.to_string(), "-o", &url]), "dump to S3");
+    w.reap_original();
+    ok(moto.criuz(&["restore", "--lazy", "-d", "-i", &url]), "lazy restore from S3");
+    assert_eq!(w.sums(), before, "memory restored lazily from S3 differs");
     w.stop();
 }
