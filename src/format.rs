@@ -132,6 +132,11 @@ pub struct Header {
 }
 
 impl Header {
+    /// Whether its page images may hold dedup blocks (only with `IDS`).
+    pub fn may_hold_dedup(&self) -> bool {
+        self.flags & FLAG_IDS != 0
+    }
+
     pub fn new(block_size: usize) -> Self {
         Self::with_id(block_size, random_id())
     }

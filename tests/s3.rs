@@ -40,6 +40,13 @@ impl Moto {
         m
     }
 
+    /// A server that accepts any credentials, with the tests' bucket.
+    fn with_bucket() -> Moto {
+        let m = Moto::start(false);
+        m.create_bucket(BUCKET);
+        m
+    }
+
     fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -120,8 +127,7 @@ fn one_error_line(err: &str, url: &str, what: &str) {
 fn dump_to_and_restore_from_s3_with_faults() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let moto = Moto::start(false);
-    moto.create_bucket(BUCKET);
+    let moto = Moto::with_bucket();
     let url = format!("s3://{BUCKET}/ckpt/mixed.czr");
     let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", mode: "tree", ..Default::default() });
     let before = w.sums();
@@ -215,8 +221,7 @@ fn server_dying_mid_upload_keeps_the_process_and_mid_restore_starts_nothing() {
     let url = format!("s3://{BUCKET}/big.czr");
     let pid = w.pid.to_string();
 
-    let moto = Moto::start(false);
-    moto.create_bucket(BUCKET);
+    let moto = Moto::with_bucket();
     let dump = moto.command(&["dump", "-t", &pid, "-o", &url]);
     let err = stop_server_during(moto, dump, |m| {
         wait_for("the upload to begin", Duration::from_secs(30), || m.keys_and_uploads().1 == 1);
@@ -226,8 +231,7 @@ fn server_dying_mid_upload_keeps_the_process_and_mid_restore_starts_nothing() {
     assert!(w.alive(), "CRIU had not finished: the process must still run");
     assert_eq!(w.sums(), before, "the process's memory changed");
 
-    let moto = Moto::start(false);
-    moto.create_bucket(BUCKET);
+    let moto = Moto::with_bucket();
     ok(moto.criuz(&["dump", "-t", &pid, "-o", &url]), "dump to S3");
     w.reap_original();
     let restore = moto.command(&["restore", "-d", "-i", &url]);
@@ -275,8 +279,7 @@ fn migration_through_a_pipe() {
 fn incremental_child_and_parent_in_s3() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let moto = Moto::start(false);
-    moto.create_bucket(BUCKET);
+    let moto = Moto::with_bucket();
     let (full, child) = (format!("s3://{BUCKET}/inc/full.czr"), format!("s3://{BUCKET}/inc/child.czr"));
     let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", ..Default::default() });
     let pid = w.pid.to_string();
@@ -303,8 +306,7 @@ fn incremental_child_and_parent_in_s3() {
 fn lazy_restore_from_s3() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let moto = Moto::start(false);
-    moto.create_bucket(BUCKET);
+    let moto = Moto::with_bucket();
     let url = format!("s3://{BUCKET}/lazy.czr");
     let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", mode: "tree", ..Default::default() });
     let before = w.sums();

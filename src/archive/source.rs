@@ -15,9 +15,9 @@
 //! first and it is written last, so a restore cannot start before the stream
 //! has ended anyway, and this keeps one read path and bounded memory.
 //!
-//! [`RecordStore`] is the seam for where bytes come from (a file now; an
-//! object store later), [`BlockSource`] the seam for what readers consume
-//! (one archive now; a parent chain later).
+//! [`RecordStore`] (in `io`) is the seam for where bytes come from (a file,
+//! memory, an object being fetched), [`BlockSource`] the seam for what
+//! readers consume (one archive, with the parents it refers to).
 
 use super::check::{check_payload, Checked, CheckedRecords, Payloads};
 use super::records::Input;
@@ -38,6 +38,11 @@ use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
 
 pub use crate::io::RecordStore;
+
+/// The most a resolved block handed on by its pieces keeps alive, as a
+/// multiple of its own size (beyond it, its pages are copied out): what a
+/// reader sizes its read-ahead by for archives that may hold dedup blocks.
+pub const PIN_FACTOR: usize = 4;
 
 /// Reads a store front to back through a small buffer, so a header walk
 /// costs about one read per block; where the payloads skipped are small (the
@@ -135,8 +140,8 @@ impl CheckedBlock {
         self.resolved
     }
 
-    /// Whether handing on a resolved block's pieces keeps at most a few
-    /// times its own bytes alive: pieces pin the whole blocks they lie in
+    /// Whether handing on a resolved block's pieces keeps at most
+    /// [`PIN_FACTOR`] times its own bytes alive: pieces pin the whole blocks they lie in
     /// until the reader is done, which for a block whose pages were gathered
     /// from many parent blocks (a heap that moved) would cost more memory
     /// than copying them out.
@@ -149,7 +154,7 @@ impl CheckedBlock {
                 pinned += h.pinned;
             }
         }
-        pinned <= 4 * self.header.stored_len as usize
+        pinned <= PIN_FACTOR * self.header.stored_len as usize
     }
 
     /// For a resolved block: checks its data over its pieces where they lie

@@ -145,7 +145,7 @@ pub fn open_input(spec: &Path) -> Result<Box<dyn std::io::Read + Send>> {
     }
     if s3::is_url(spec) {
         let url = s3::ObjectUrl::parse(spec)?;
-        return Ok(Box::new(s3::Download::start(&url)?.reader()));
+        return Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, s3::Download::start(&url)?.reader())));
     }
     let f = File::open(spec).at(spec)?;
     Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))

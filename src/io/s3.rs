@@ -477,9 +477,17 @@ impl Fetcher {
                     let file = file.map_err(|e| format!("the temporary copy: {e}"))?;
                     let got = store.get_opts(&path, options).await.map_err(|e| fetch_error(at, e))?;
                     let mut body = got.into_stream();
-                    let mut end = at;
+                    let (mut end, limit) = (at, range.end);
                     while let Some(piece) = body.next().await {
                         let piece = piece.map_err(|e| fetch_error(at, e))?;
+                        // Never past the range: a server that sends more must
+                        // not overwrite ranges that other reads have proven.
+                        if end + piece.len() as u64 > limit {
+                            return Err(format!(
+                                "offset {at}: the server sent more than the {} bytes asked for",
+                                limit - at
+                            ));
+                        }
                         file.write_all_at(&piece, end).map_err(|e| format!("writing the temporary copy: {e}"))?;
                         end += piece.len() as u64;
                     }

@@ -203,10 +203,10 @@ fn stream_pages(
 ) -> Result<u64> {
     let n = entry.blocks.len();
     let block_size = source.header().block_size as usize;
-    // A resolved block of an incremental archive may keep up to four times
-    // its size alive (its pieces' blocks, see `CheckedBlock::shares_cheaply`):
-    // fewer of them ahead keeps the restore's memory near a full archive's.
-    let pinning = if source.header().flags & crate::format::FLAG_PARENT != 0 { 4 } else { 1 };
+    // A resolved dedup block may keep up to PIN_FACTOR times its size alive
+    // (the blocks its pieces lie in): fewer of them ahead keeps the
+    // restore's memory near a full archive's.
+    let pinning = if source.header().may_hold_dedup() { crate::archive::source::PIN_FACTOR } else { 1 };
     let window = (opts.prefetch_bytes / pinning / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
     let file_id = entry.file_id;
     let (sub, mut results) =
