@@ -110,6 +110,30 @@ impl Error {
         }
     }
 
+    /// A copy with the same kind and text, for a failure several readers
+    /// must each report (an I/O cause keeps its kind and message).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Corrupt { offset, what } => Error::Corrupt { offset: *offset, what: what.clone() },
+            Error::Unsupported { offset, what } => Error::Unsupported { offset: *offset, what: what.clone() },
+            Error::File { path, err } => {
+                Error::File { path: path.clone(), err: io::Error::new(err.kind(), err.to_string()) }
+            }
+            Error::Io(err) => Error::Io(io::Error::new(err.kind(), err.to_string())),
+            Error::Mismatch(s) => Error::Mismatch(s.clone()),
+            Error::NotFound(s) => Error::NotFound(s.clone()),
+            Error::Exists(p) => Error::Exists(p.clone()),
+            Error::Usage(s) => Error::Usage(s.clone()),
+            Error::Protocol(s) => Error::Protocol(s.clone()),
+            Error::Remote(s) => Error::Remote(s.clone()),
+            Error::Criu(s) => Error::Criu(s.clone()),
+            Error::Cancelled => Error::Cancelled,
+            Error::Context { context, inner } => {
+                Error::Context { context: context.clone(), inner: Box::new(inner.duplicate()) }
+            }
+        }
+    }
+
     /// True when this is only a consequence of another failure.
     pub fn is_cancelled(&self) -> bool {
         matches!(self.root(), Error::Cancelled)

@@ -44,7 +44,10 @@ const REC_IDS: u8 = b'P';
 pub const FLAG_PARENT: u16 = 1;
 /// Header flag: a P record of page ids follows every block of a page image.
 pub const FLAG_IDS: u16 = 2;
-const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS;
+/// Header flag: the index carries a copy of every block's header (and its P
+/// count), so a reader can open the archive from its index alone.
+pub const FLAG_TABLE: u16 = 4;
+const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE;
 /// Bytes of a page id: BLAKE3 of the page, truncated.
 pub const PAGE_ID_LEN: usize = 16;
 pub type PageId = [u8; PAGE_ID_LEN];
@@ -302,6 +305,15 @@ pub struct BlockRef {
     pub record_len: u32,
 }
 
+/// What the block table (`FLAG_TABLE`) says of one block: its header as its
+/// B record holds it, and with `FLAG_IDS` the page count of its P record (0
+/// for blocks of plain files).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableEntry {
+    pub header: BlockHeader,
+    pub ids: u32,
+}
+
 /// Index entry of one file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileEntry {
@@ -313,6 +325,8 @@ pub struct FileEntry {
     pub file_check: u64,
     pub record_offset: u64,
     pub blocks: Vec<BlockRef>,
+    /// With `FLAG_TABLE`, one entry per block, else empty.
+    pub table: Vec<TableEntry>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -325,8 +339,9 @@ impl Index {
         self.files.iter().find(|f| f.name == name)
     }
 
-    fn encode_body(&self) -> Vec<u8> {
+    fn encode_body(&self, flags: u16) -> Vec<u8> {
         let mut b = Vec::new();
+        let table = flags & FLAG_TABLE != 0;
         for f in &self.files {
             b.extend_from_slice(&f.file_id.to_le_bytes());
             b.push(f.kind as u8);
@@ -337,17 +352,28 @@ impl Index {
             b.extend_from_slice(&f.file_check.to_le_bytes());
             b.extend_from_slice(&f.record_offset.to_le_bytes());
             b.extend_from_slice(&(f.blocks.len() as u32).to_le_bytes());
-            for blk in &f.blocks {
+            for (i, blk) in f.blocks.iter().enumerate() {
                 b.extend_from_slice(&blk.offset.to_le_bytes());
                 b.extend_from_slice(&blk.raw_len.to_le_bytes());
                 b.extend_from_slice(&blk.record_len.to_le_bytes());
+                if table {
+                    let t = &f.table[i];
+                    t.header.encode(&mut b);
+                    if flags & FLAG_IDS != 0 {
+                        b.extend_from_slice(&t.ids.to_le_bytes());
+                    }
+                }
             }
         }
         b
     }
 
-    fn decode_body(body: &[u8], count: u32, base: u64) -> Result<Self> {
+    fn decode_body(body: &[u8], count: u32, base: u64, flags: u16) -> Result<Self> {
         let mut c = Cursor { buf: body, pos: 0, base };
+        let table = flags & FLAG_TABLE != 0;
+        // A block's entry: its reference, and with the table its header
+        // (at least the fixed part and seal) and P count.
+        let min_entry = 16 + if table { BLOCK_FIXED + 4 + 4 * usize::from(flags & FLAG_IDS != 0) } else { 0 };
         let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
         for _ in 0..count {
             let file_id = c.u32()?;
@@ -363,14 +389,29 @@ impl Index {
             let file_check = c.u64()?;
             let record_offset = c.u64()?;
             let nblocks = c.u32()? as usize;
-            if nblocks > c.remaining() / 16 {
+            if nblocks > c.remaining() / min_entry {
                 return Err(Error::corrupt(c.offset() - 4, "index block count exceeds index size"));
             }
             let mut blocks = Vec::with_capacity(nblocks);
+            let mut entries = Vec::with_capacity(if table { nblocks } else { 0 });
             for _ in 0..nblocks {
                 blocks.push(BlockRef { offset: c.u64()?, raw_len: c.u32()?, record_len: c.u32()? });
+                if table {
+                    let at = c.offset();
+                    let rest = &c.buf[c.pos..];
+                    if rest.len() < BLOCK_FIXED {
+                        return Err(Error::corrupt(at, "index entry runs past the end of the index"));
+                    }
+                    let len = block_header_len(rest, at)? + 4;
+                    let (header, _) = decode_block_header(c.take(len)?, at).map_err(|e| match e {
+                        Error::Corrupt { what, .. } => Error::corrupt(at, format!("block table: {what}")),
+                        e => e,
+                    })?;
+                    let ids = if flags & FLAG_IDS != 0 { c.u32()? } else { 0 };
+                    entries.push(TableEntry { header, ids });
+                }
             }
-            files.push(FileEntry { file_id, name, kind, raw_size, file_check, record_offset, blocks });
+            files.push(FileEntry { file_id, name, kind, raw_size, file_check, record_offset, blocks, table: entries });
         }
         if c.remaining() != 0 {
             return Err(Error::corrupt(c.offset(), "trailing bytes in index"));
@@ -505,8 +546,8 @@ pub fn decode_end_record(rec: &[u8; END_LEN], offset: u64) -> Result<FileEnd> {
 
 /// Encodes the I record and the trailer that ends the archive, for an index
 /// record starting at `index_offset`.
-pub fn encode_index_and_trailer(index: &Index, index_offset: u64) -> Vec<u8> {
-    let body = index.encode_body();
+pub fn encode_index_and_trailer(index: &Index, index_offset: u64, flags: u16) -> Vec<u8> {
+    let body = index.encode_body(flags);
     let mut rec = Vec::with_capacity(body.len() + 64);
     rec.push(REC_INDEX);
     rec.extend_from_slice(&[0, 0, 0]);
@@ -541,12 +582,13 @@ pub fn decode_index_fixed(rec: &[u8; INDEX_FIXED], offset: u64) -> Result<(u32, 
     Ok((u32le(&rec[4..]), body_len))
 }
 
-/// Decodes an index body and checks it against its stored check.
-pub fn decode_index_body(body: &[u8], check: u64, count: u32, body_offset: u64) -> Result<Index> {
+/// Decodes an index body (of an archive with header flags `flags`) and
+/// checks it against its stored check.
+pub fn decode_index_body(body: &[u8], check: u64, count: u32, body_offset: u64, flags: u16) -> Result<Index> {
     if xxh3_64(body) != check {
         return Err(Error::corrupt(body_offset, "index checksum mismatch"));
     }
-    Index::decode_body(body, count, body_offset)
+    Index::decode_body(body, count, body_offset, flags)
 }
 
 /// The type byte that starts each record.

@@ -7,7 +7,10 @@ use crate::archive::parent::{self, ParentSearch};
 use crate::archive::records::{read_full, StreamInput};
 use crate::archive::{read_sequential, read_source, Archive, BlockSource, Options, PackStats, Packer, SeqSink};
 use crate::error::{Error, IoContext, Result};
-use crate::format::{check_entry_name, BlockCodec, DedupPayload, FileKind, Header, Origin, HEADER_LEN, PAGE_SIZE};
+use crate::format::{
+    check_entry_name, BlockCodec, DedupPayload, FileKind, Header, Origin, FLAG_IDS, FLAG_PARENT, FLAG_TABLE,
+    HEADER_LEN, PAGE_SIZE,
+};
 use crate::io::sync_parent;
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
@@ -144,7 +147,8 @@ impl Reading {
         let n = read_full(&mut inp, &mut head).map_err(|e| Error::from(e).context(label.clone()))?;
         head.truncate(n);
         let v2 = head.len() == HEADER_LEN
-            && Header::decode(head[..].try_into().expect("header")).is_ok_and(|h| h.flags != 0);
+            && Header::decode(head[..].try_into().expect("header"))
+                .is_ok_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0);
         let whole: Box<dyn Read + Send> = Box::new(std::io::Cursor::new(head).chain(inp));
         if !v2 {
             if !search.files.is_empty() {
@@ -328,6 +332,9 @@ pub struct InspectReport {
     pub archive_bytes: u64,
     /// Whether the archive carries page ids (it can be a parent cheaply).
     pub page_ids: bool,
+    /// Whether the index carries the block table (a restore from an object
+    /// store can start from the index).
+    pub block_table: bool,
     /// Bytes of P records (ids of the pages this archive stores).
     pub page_id_bytes: u64,
     /// Parents, the direct parent first (empty for a full archive).
@@ -355,7 +362,8 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
     let hex = |id: &[u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let mut rep = InspectReport {
         version: if r.header().flags == 0 { crate::format::VERSION_PLAIN } else { crate::format::VERSION },
-        page_ids: r.header().flags & crate::format::FLAG_IDS != 0,
+        page_ids: r.header().flags & FLAG_IDS != 0,
+        block_table: r.header().flags & FLAG_TABLE != 0,
         block_size: r.header().block_size,
         archive_id: hex(&r.header().archive_id),
         ..Default::default()

@@ -1,7 +1,9 @@
 //! Archives in S3 with real CRIU, against moto's S3 server on 127.0.0.1: a
 //! dump to an object restores intact; inspect, verify and unpack read
 //! objects; a missing bucket, wrong credentials, an existing key, a garbage
-//! or damaged object each give one line and the exit status of their kind; a
+//! or damaged object, or a forged index that only the walk behind a restore
+//! started from the index can tell, each give one line and the exit status of
+//! their kind; a
 //! dump that fails leaves neither an object nor an open multipart upload; the
 //! server dying mid-upload leaves the process running and mid-restore starts
 //! nothing; an incremental child and its parent both in S3; a lazy restore
@@ -180,6 +182,21 @@ fn dump_to_and_restore_from_s3_with_faults() {
     let damaged = format!("s3://{BUCKET}/damaged.czr");
     fails(&moto.criuz(&["restore", "-d", "-i", &damaged]), 3, &damaged, "restore of a damaged object");
     assert!(!w.alive(), "nothing may run from a damaged archive");
+    // CRIU may have begun the tree (it starts from the index): its dead
+    // tasks are re-parented to this test, which must reap them.
+    w.reap_original();
+
+    // A forged index (two pages blocks swapped, every check recomputed): the
+    // restore starts CRIU from the index, so only the walk behind it can
+    // tell, and CRIU must be stopped before the process runs.
+    let forged = forge_index(&std::fs::read(&packed).unwrap(), swap_indexed_blocks);
+    let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/forged.czr"), &forged);
+    assert_eq!(status, 200, "{reply}");
+    let forged = format!("s3://{BUCKET}/forged.czr");
+    let err = fails(&moto.criuz(&["restore", "-d", "-i", &forged]), 3, &forged, "restore of a forged index");
+    assert!(err.contains("restore aborted") && err.contains("does not match"), "CRIU had started: {err}");
+    assert!(!w.alive(), "nothing may run from a forged index");
+    w.reap_original();
 
     // Missing key, missing bucket.
     let missing = format!("s3://{BUCKET}/nope.czr");
@@ -190,6 +207,16 @@ fn dump_to_and_restore_from_s3_with_faults() {
     assert!(err.contains("no such bucket"), "{err}");
     let err = fails(&moto.criuz(&["pack", img.to_str().unwrap(), "-o", nobucket]), 1, nobucket, "missing bucket");
     assert!(err.contains("NoSuchBucket"), "{err}");
+
+    // No room in $TMPDIR for the download: said before anything is fetched.
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&small));
+    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let out = run(moto.command(&["restore", "-d", "-i", &url]).env("TMPDIR", &small));
+    let _ = Command::new("umount").arg(&small).status();
+    let err = fails(&out, 1, &url, "a download with no room");
+    assert!(err.contains("no room") && err.contains(small.to_str().unwrap()), "{err}");
 
     // Wrong credentials, on a server that checks them.
     let strict = Moto::start(true);

@@ -111,9 +111,10 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
     let h = xxh3_64(&a[..56]);
     a[56..64].copy_from_slice(&h.to_le_bytes());
     let recs = records(a);
+    let (_, with_ids) = table_flags(a);
     // Per file id: (raw size, data checks) as the stream has them.
     let mut files = StreamFiles::new();
-    for r in &recs {
+    for (k, r) in recs.iter().enumerate() {
         match r.kind {
             b'F' | b'C' => seal_at(a, r.start, r.len - 4),
             b'P' => {
@@ -125,10 +126,16 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
                 seal_at(a, r.start, r.header_len);
                 let id = u32le(a, r.start + 4) as u32;
                 let raw = u32le(a, r.start + 8) as u32;
+                let mut entry = a[r.start..r.start + r.header_len + 4].to_vec();
+                if with_ids {
+                    let next = recs.get(k + 1).filter(|n| n.kind == b'P');
+                    let count = next.map_or(0, |n| u32le(a, n.start + 8) as u32);
+                    entry.extend_from_slice(&count.to_le_bytes());
+                }
                 let f = files.entry(id).or_default();
                 f.0 += u64::from(raw);
                 f.1.extend_from_slice(&a[r.start + 16..r.start + 24]);
-                f.2.push((r.start as u64, raw, r.len as u32));
+                f.2.push((r.start as u64, raw, r.len as u32, entry));
             }
             b'E' => {
                 if how == Reseal::All {
@@ -157,7 +164,33 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
     }
 }
 
-type StreamFiles = BTreeMap<u32, (u64, Vec<u8>, Vec<(u64, u32, u32)>)>;
+/// Per file id: raw size, data checks, and per block (offset, raw_len,
+/// record_len, its block-table entry: header bytes with seal, then the P
+/// count when the archive has page ids).
+type StreamFiles = BTreeMap<u32, (u64, Vec<u8>, Vec<(u64, u32, u32, Vec<u8>)>)>;
+
+/// (block table, page ids) flags of the archive's header.
+fn table_flags(a: &[u8]) -> (bool, bool) {
+    if a.len() < 12 {
+        return (false, false);
+    }
+    let flags = u16le(a, 10);
+    (flags & 4 != 0, flags & 2 != 0)
+}
+
+/// Length of the block-table entry at `at` (0 without a table).
+fn table_entry_len(a: &[u8], at: usize, end: usize) -> usize {
+    let (table, ids) = table_flags(a);
+    if !table {
+        return 0;
+    }
+    if at + 28 > end {
+        return end - at.min(end);
+    }
+    let raw = u32le(a, at + 8);
+    let m = if u16le(a, at + 2) & 1 != 0 { raw.div_ceil(4096).div_ceil(8) } else { 0 };
+    32 + m + if ids { 4 } else { 0 }
+}
 
 /// Rewrites the block lists, sizes and checks of the index entries as the
 /// stream has them (names and kinds stay).
@@ -176,18 +209,27 @@ fn rebuild_index(a: &mut Vec<u8>, r: &Rec, files: &StreamFiles) {
             return;
         }
         let nb = u32le(&body, p + 8 + n + 24);
+        let mut next = p + 8 + n + 28;
+        for _ in 0..nb {
+            let step = 16 + table_entry_len(a, r.start + 20 + next + 16, r.start + r.len - 8);
+            next = (next + step).min(body.len());
+        }
         out.extend_from_slice(&body[p..p + 8 + n]);
         let (size, checks, blocks) = files.get(&id).cloned().unwrap_or_default();
         out.extend_from_slice(&size.to_le_bytes());
         out.extend_from_slice(&xxh3_64(&checks).to_le_bytes());
         out.extend_from_slice(&body[p + 8 + n + 16..p + 8 + n + 24]);
         out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-        for (off, raw, len) in blocks {
+        let table = table_flags(a).0;
+        for (off, raw, len, entry) in blocks {
             out.extend_from_slice(&off.to_le_bytes());
             out.extend_from_slice(&raw.to_le_bytes());
             out.extend_from_slice(&len.to_le_bytes());
+            if table {
+                out.extend_from_slice(&entry);
+            }
         }
-        p += 8 + n + 28 + nb * 16;
+        p = next;
     }
     let mut rec = a[r.start..r.start + 8].to_vec();
     rec.extend_from_slice(&(out.len() as u64).to_le_bytes());
@@ -218,8 +260,15 @@ fn fix_trailer(a: &mut [u8], index_start: usize) {
 }
 
 /// Byte offsets of the index's block references: (entry file id, position
-/// of the 16-byte reference in the archive).
+/// of the 16-byte reference in the archive); with a block table, the
+/// block's table entry follows its reference (see [`index_entries`]).
 pub fn index_refs(a: &[u8]) -> Vec<(u32, usize)> {
+    index_entries(a).into_iter().map(|(id, at, _)| (id, at)).collect()
+}
+
+/// Like [`index_refs`], with the length of each whole entry (16, plus the
+/// table entry when the archive has a block table).
+pub fn index_entries(a: &[u8]) -> Vec<(u32, usize, usize)> {
     let Some(r) = records(a).into_iter().find(|r| r.kind == b'I') else { return Vec::new() };
     let count = u32le(a, r.start + 4);
     let (body, end) = (r.start + 20, r.start + r.len - 8);
@@ -235,13 +284,15 @@ pub fn index_refs(a: &[u8]) -> Vec<(u32, usize)> {
             break;
         }
         let nb = u32le(a, p + 8 + n + 24);
-        let first = p + 8 + n + 28;
-        for k in 0..nb {
-            if first + k * 16 + 16 <= end {
-                refs.push((id, first + k * 16));
+        p += 8 + n + 28;
+        for _ in 0..nb {
+            let len = 16 + table_entry_len(a, p + 16, end);
+            if p + len > end {
+                return refs;
             }
+            refs.push((id, p, len));
+            p += len;
         }
-        p = first + nb * 16;
     }
     refs
 }
@@ -316,8 +367,8 @@ pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
         }
         7 | 8 => {
             // Re-point an index reference at another block (of any file).
-            let refs = index_refs(a);
-            let (Some(&(_, at)), Some(y)) = (refs.get(rng.below(refs.len())), pick(rng, &blocks)) else {
+            let refs = index_entries(a);
+            let (Some(&(_, at, len)), Some(y)) = (refs.get(rng.below(refs.len())), pick(rng, &blocks)) else {
                 return "none";
             };
             a[at..at + 8].copy_from_slice(&(y.start as u64).to_le_bytes());
@@ -325,20 +376,27 @@ pub fn mutate(a: &mut Vec<u8>, other: &[u8], rng: &mut Rng) -> &'static str {
                 let raw = u32le(a, y.start + 8) as u32;
                 a[at + 8..at + 12].copy_from_slice(&raw.to_le_bytes());
                 a[at + 12..at + 16].copy_from_slice(&(y.len as u32).to_le_bytes());
+                // With a block table: its entry too, when it fits.
+                if len > 16 && y.header_len + 4 <= len - 16 {
+                    let header = a[y.start..y.start + y.header_len + 4].to_vec();
+                    a[at + 16..at + 16 + header.len()].copy_from_slice(&header);
+                }
             }
             "repoint-index"
         }
         9 => {
             // Swap two index references.
-            let refs = index_refs(a);
+            let refs = index_entries(a);
             if refs.len() < 2 {
                 return "none";
             }
-            let (i, j) = (refs[rng.below(refs.len())].1, refs[rng.below(refs.len())].1);
-            let ri = a[i..i + 16].to_vec();
-            let rj = a[j..j + 16].to_vec();
-            a[i..i + 16].copy_from_slice(&rj);
-            a[j..j + 16].copy_from_slice(&ri);
+            let ((_, i, li), (_, j, lj)) = (refs[rng.below(refs.len())], refs[rng.below(refs.len())]);
+            // Whole entries (reference and table entry) when they are of a size.
+            let n = if li == lj && rng.below(2) == 0 { li } else { 16 };
+            let ri = a[i..i + n].to_vec();
+            let rj = a[j..j + n].to_vec();
+            a[i..i + n].copy_from_slice(&rj);
+            a[j..j + n].copy_from_slice(&ri);
             "swap-index-refs"
         }
         10 => {

@@ -29,7 +29,8 @@ use super::records::{Input, Record, SeqReader};
 use crate::error::{Error, Result};
 use crate::format::{
     check_entry_name, decode_ids_body, BlockCodec, BlockHeader, BlockRef, ChainEntry, DedupPayload, FileEnd, FileEntry,
-    FileKind, Header, Index, PageId, FLAG_IDS, FLAG_PARENT, PAGE_SIZE,
+    FileKind, Header, Index, PageId, TableEntry, BLOCK_FIXED, FILE_FIXED, FLAG_IDS, FLAG_PARENT, FLAG_TABLE,
+    HEADER_LEN, IDS_FIXED, PAGE_ID_LEN, PAGE_SIZE,
 };
 use std::collections::HashSet;
 
@@ -147,7 +148,11 @@ impl StreamCheck {
     }
 
     pub fn ids(&mut self, offset: u64, file_id: u32, count: u32) -> Result<()> {
-        self.next_record(offset, false, Some((file_id, count)))
+        self.next_record(offset, false, Some((file_id, count)))?;
+        if let Some(t) = self.files.get_mut(file_id as usize).and_then(|f| f.entry.table.last_mut()) {
+            t.ids = count;
+        }
+        Ok(())
     }
 
     pub fn file_begin(&mut self, offset: u64, file_id: u32, name: &str, kind: FileKind) -> Result<()> {
@@ -167,6 +172,7 @@ impl StreamCheck {
             file_check: 0,
             record_offset: offset,
             blocks: Vec::new(),
+            table: Vec::new(),
         };
         self.files.push(SeenFile { entry, check: Default::default(), ended: false });
         Ok(())
@@ -179,6 +185,7 @@ impl StreamCheck {
             return Err(Error::corrupt(offset, "block is larger than the archive's block size"));
         }
         let with_ids = self.header.flags & FLAG_IDS != 0;
+        let with_table = self.header.flags & FLAG_TABLE != 0;
         let f = self.open_file(header.file_id, offset)?;
         let pages = f.entry.kind == FileKind::Pages;
         if header.codec == BlockCodec::Dedup
@@ -192,6 +199,9 @@ impl StreamCheck {
         let record_len =
             u32::try_from(record_len).map_err(|_| Error::corrupt(offset, "block record is impossibly long"))?;
         f.entry.blocks.push(BlockRef { offset, raw_len: header.raw_len, record_len });
+        if with_table {
+            f.entry.table.push(TableEntry { header: header.clone(), ids: 0 });
+        }
         if pages && with_ids {
             let stored = (header.pages() - header.zero_pages()) as u32;
             let exact = header.codec != BlockCodec::Dedup;
@@ -337,4 +347,65 @@ pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Resul
         return Ok(Some(dp.literal_pages()));
     }
     Ok(None)
+}
+
+/// The rules for an archive opened from its index alone (`FLAG_TABLE`, see
+/// `source::Archive::open_indexed`): the index and its block table must pass
+/// every stream rule as if the records lay where the index places them, file
+/// after file, and the records it places (F, B, and with page ids P) must lie
+/// between the header (and C record) and the index without overlapping, so
+/// no two entries can name the same bytes. What this cannot see, the records
+/// themselves (E records, page ids, anything between), is proven by the full
+/// walk that runs behind such an open; each block read is still checked
+/// against its table entry, its payload check and its data check.
+pub fn check_table(
+    header: &Header,
+    chain: &[ChainEntry],
+    data_start: u64,
+    index: &Index,
+    index_offset: u64,
+) -> Result<()> {
+    let corrupt = |why: &str| Error::corrupt(index_offset, format!("index: {why}"));
+    if header.flags & FLAG_TABLE == 0 {
+        return Err(corrupt("the archive has no block table"));
+    }
+    let mut check = StreamCheck::new(header);
+    if header.flags & FLAG_PARENT != 0 {
+        check.chain(HEADER_LEN as u64, chain)?;
+    }
+    let with_ids = header.flags & FLAG_IDS != 0;
+    // (offset, length) of every record the index places.
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for f in &index.files {
+        check.file_begin(f.record_offset, f.file_id, &f.name, f.kind)?;
+        spans.push((f.record_offset, (FILE_FIXED + f.name.len() + 4) as u64));
+        if f.table.len() != f.blocks.len() {
+            return Err(corrupt("the block table does not list every block"));
+        }
+        for (r, t) in f.blocks.iter().zip(&f.table) {
+            let header_len = (BLOCK_FIXED + t.header.zero_bitmap.len() + 4) as u64;
+            check.block(r.offset, &t.header, header_len + u64::from(t.header.stored_len))?;
+            spans.push((r.offset, u64::from(r.record_len)));
+            if with_ids && f.kind == FileKind::Pages {
+                let at = r.offset + u64::from(r.record_len);
+                check.ids(at, f.file_id, t.ids)?;
+                spans.push((at, (IDS_FIXED + PAGE_ID_LEN * t.ids as usize + 8) as u64));
+            }
+        }
+        let end = FileEnd { file_id: f.file_id, raw_size: f.raw_size, file_check: f.file_check };
+        check.file_end(index_offset, &end)?;
+    }
+    check.index(index_offset, index)?;
+    spans.sort_unstable();
+    let mut end = data_start;
+    for (at, len) in spans {
+        if at < end {
+            return Err(corrupt(&format!("two entries place records over the same bytes at offset {at}")));
+        }
+        end = at.checked_add(len).ok_or_else(|| corrupt("a record lies past any archive's end"))?;
+    }
+    if end > index_offset {
+        return Err(corrupt("a record it places overlaps the index"));
+    }
+    Ok(())
 }

@@ -45,7 +45,7 @@ fn hex(id: &[u8; 16]) -> String {
 /// Opens an archive (a path, or `-` for standard input, spooled up to
 /// `spool_cap` bytes) together with the parents its C record names.
 pub fn open(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Arc<Archive>> {
-    locate_spec(spec, spool_cap, search)?.open()
+    locate_spec(spec, spool_cap, search, false)?.open()
 }
 
 /// Finds and opens the parents `archive` names (hints relative to `base`)
@@ -57,9 +57,11 @@ pub fn attach(archive: Arc<Archive>, base: &Path, search: &ParentSearch) -> Resu
 /// Like [`open`], but only finds the parents and checks their archive ids
 /// (a header read each); [`Located::open`] then walks them. A restore finds
 /// a missing or foreign parent before CRIU starts and walks the parents
-/// while CRIU starts.
-pub fn locate_spec(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Located> {
-    let archive = Archive::open_spec(spec, spool_cap)?;
+/// while CRIU starts. With `early`, an object still arriving is opened from
+/// its index and proven behind ([`Archive::open_indexed`]): the reader must
+/// then wait for [`BlockSource::proven`] before its point of no return.
+pub fn locate_spec(spec: &Path, spool_cap: u64, search: &ParentSearch, early: bool) -> Result<Located> {
+    let archive = if early { Archive::open_early(spec, spool_cap)? } else { Archive::open_spec(spec, spool_cap)? };
     let base = if crate::io::is_stdio(spec) { PathBuf::from(".") } else { dir_of(spec) };
     locate(archive, &base, search)
 }

@@ -14,7 +14,7 @@ use super::Options;
 use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
-use crate::format::{FileKind, Index, MAX_BLOCK, MIN_BLOCK};
+use crate::format::{FileKind, Index, FLAG_IDS, FLAG_PARENT, MAX_BLOCK, MIN_BLOCK};
 use std::io::Read;
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ enum Decoded {
 /// checking everything. Returns the proven index.
 pub fn read_sequential<R: Read + Send + 'static>(inp: R, opts: &Options, sink: &mut dyn SeqSink) -> Result<Index> {
     let mut records = CheckedRecords::new(StreamInput(inp), Payloads::All)?;
-    if records.header().flags != 0 {
+    if records.header().flags & (FLAG_PARENT | FLAG_IDS) != 0 {
         return Err(Error::unsupported(
             10,
             "a version 2 archive (incremental, or with page ids) is read through its block source",

@@ -13,8 +13,8 @@ use crate::format::{
     block_header_len, chain_body_len, decode_block_header, decode_chain_record, decode_end_record, decode_file_record,
     decode_ids_fixed, decode_index_body, decode_index_fixed, decode_trailer, encode_chain_record, encode_end_record,
     encode_file_record, encode_ids_record, encode_index_and_trailer, file_record_name_len, BlockHeader, BlockRef,
-    ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, PageId, RecordType, BLOCK_FIXED, CHAIN_FIXED, END_LEN,
-    FILE_FIXED, HEADER_LEN, IDS_FIXED, INDEX_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
+    ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, PageId, RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED,
+    END_LEN, FILE_FIXED, FLAG_TABLE, HEADER_LEN, IDS_FIXED, INDEX_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
 use std::io::{self, Read, Write};
 
@@ -28,6 +28,8 @@ pub struct ArchiveWriter<W: Write> {
     offset: u64,
     files: Vec<OpenFile>,
     scratch: Vec<u8>,
+    /// The header's flags: whether the index carries the block table.
+    flags: u16,
 }
 
 struct OpenFile {
@@ -47,11 +49,14 @@ impl<W: Write> ArchiveWriter<W> {
             out.write_all(&rec)?;
             offset += rec.len() as u64;
         }
-        Ok(ArchiveWriter { out, offset, files: Vec::new(), scratch: Vec::new() })
+        Ok(ArchiveWriter { out, offset, files: Vec::new(), scratch: Vec::new(), flags: header.flags })
     }
 
     /// The P record for the block just written: ids of its stored pages.
     pub fn write_ids(&mut self, file_id: u32, ids: &[PageId]) -> Result<()> {
+        if let Some(t) = self.files.get_mut(file_id as usize).and_then(|f| f.entry.table.last_mut()) {
+            t.ids = ids.len() as u32;
+        }
         self.scratch.clear();
         encode_ids_record(file_id, ids, &mut self.scratch);
         self.flush_scratch()
@@ -72,6 +77,7 @@ impl<W: Write> ArchiveWriter<W> {
             file_check: 0,
             record_offset: self.offset,
             blocks: Vec::new(),
+            table: Vec::new(),
         };
         self.files.push(OpenFile { entry, check: xxhash_rust::xxh3::Xxh3::new(), ended: false });
         self.flush_scratch()?;
@@ -85,6 +91,9 @@ impl<W: Write> ArchiveWriter<W> {
         header.encode(&mut self.scratch);
         let record_len = (self.scratch.len() + payload.len()) as u32;
         file.entry.blocks.push(BlockRef { offset: self.offset, raw_len: header.raw_len, record_len });
+        if self.flags & FLAG_TABLE != 0 {
+            file.entry.table.push(TableEntry { header: header.clone(), ids: 0 });
+        }
         file.entry.raw_size += u64::from(header.raw_len);
         file.check.update(&header.data_check.to_le_bytes());
         self.flush_scratch()?;
@@ -110,7 +119,7 @@ impl<W: Write> ArchiveWriter<W> {
             return Err(Error::Usage(format!("image file {} was never completed", f.entry.name)));
         }
         let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
-        let tail = encode_index_and_trailer(&index, self.offset);
+        let tail = encode_index_and_trailer(&index, self.offset, self.flags);
         self.out.write_all(&tail)?;
         self.offset += tail.len() as u64;
         self.out.flush()?;
@@ -311,7 +320,7 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut body, "the index")?;
                 let mut c = [0u8; 8];
                 self.exact(&mut c, "the index")?;
-                let index = decode_index_body(&body, u64::from_le_bytes(c), count, body_off)?;
+                let index = decode_index_body(&body, u64::from_le_bytes(c), count, body_off, self.header.flags)?;
                 let record_len = self.offset - start;
                 let mut t = [0u8; TRAILER_LEN];
                 self.exact(&mut t, "the trailer")?;

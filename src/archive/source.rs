@@ -10,6 +10,16 @@
 //! proves its data. What a [`CheckedBlock`] holds has therefore been proven to
 //! be the block the index says, at the position it says, of the file it says.
 //!
+//! [`Archive::open_indexed`] is the one exception, for a restore from an
+//! object still arriving: it opens from header, C record and index alone
+//! (every archive criuz writes carries a copy of each block header in its
+//! index), after `check::check_table`; blocks read are checked against the
+//! table as against a walk, and the walk itself runs on a thread behind.
+//! Until [`BlockSource::proven`] says it passed, what was read is each the
+//! block its index entry says, but the index itself may be a forgery with
+//! every check recomputed: a reader waits for the proof before its point of
+//! no return (the serve session, before the last block of each page image).
+//!
 //! Archives arriving on a pipe are spooled to a private unnamed temporary
 //! file first and then opened like any other: CRIU asks for `inventory.img`
 //! first and it is written last, so a restore cannot start before the stream
@@ -19,12 +29,14 @@
 //! memory, an object being fetched), [`BlockSource`] the seam for what
 //! readers consume (one archive, with the parents it refers to).
 
-use super::check::{check_payload, Checked, CheckedRecords, Payloads};
+use super::check::{check_payload, check_table, Checked, CheckedRecords, Payloads};
 use super::records::Input;
 use crate::codec::Decoder;
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
-    decode_block_header, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileEntry, Header, Index, Origin, PAGE_SIZE,
+    decode_block_header, decode_index_body, decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry,
+    DedupPayload, FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, INDEX_FIXED, PAGE_SIZE,
+    TRAILER_LEN,
 };
 use crate::io::SharedBytes;
 use std::borrow::Cow;
@@ -35,7 +47,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 pub use crate::io::RecordStore;
 
@@ -218,6 +230,14 @@ pub trait BlockSource: Send + Sync {
     /// Block `i` of a file, read and checked; `None` past the file's end.
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>>;
 
+    /// Waits until the whole archive is proven (at once unless it was opened
+    /// from its index, see [`Archive::open_indexed`]). A reader must call it
+    /// before it hands on what can no longer be taken back (the last block
+    /// of a page image: CRIU cannot finish a process without it).
+    fn proven(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn find(&self, name: &str) -> Option<&FileEntry> {
         self.index().find(name)
     }
@@ -256,6 +276,9 @@ pub struct Archive {
     /// The last read-ahead window: (offset, bytes). Holders keep a share
     /// of it instead of copying their record out.
     window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
+    /// Whether the full walk has proven the archive (`None` while it runs).
+    proof: Mutex<Option<std::result::Result<(), Error>>>,
+    proof_done: Condvar,
 }
 
 /// Bytes read at once for small records.
@@ -380,7 +403,21 @@ impl Archive {
             }
         };
         drop(records);
-        Ok(Archive {
+        Ok(Archive::assemble(store, label, header, index, blocks, chain, true))
+    }
+
+    /// An archive from what its opening proved; `proven`: the whole of it
+    /// (else the walk behind will say).
+    fn assemble(
+        store: Box<dyn RecordStore>,
+        label: String,
+        header: Header,
+        index: Index,
+        blocks: Vec<Vec<ProvenBlock>>,
+        chain: Vec<ChainEntry>,
+        proven: bool,
+    ) -> Archive {
+        Archive {
             store,
             label: label.into(),
             header,
@@ -391,7 +428,85 @@ impl Archive {
             parents_coming: AtomicBool::new(false),
             holders: Mutex::new(VecDeque::new()),
             window: Mutex::new(None),
-        })
+            proof: Mutex::new(proven.then_some(Ok(()))),
+            proof_done: Condvar::new(),
+        }
+    }
+
+    /// Opens an archive for a reader that should not wait for all of it (a
+    /// restore from an object still arriving): from its header, C record and
+    /// index alone when it has a block table (`FLAG_TABLE`). The index must
+    /// pass `check::check_table`, each block read is checked against its
+    /// table entry as against a walk, and the full walk runs on a thread
+    /// behind: [`BlockSource::proven`] waits for it. An archive without a
+    /// table is walked first, as by [`Archive::from_store`].
+    pub fn open_indexed(store: Box<dyn RecordStore>, label: String) -> Result<Arc<Archive>> {
+        let mut records = CheckedRecords::new(StoreInput::new(&*store), Payloads::None)?;
+        let header = records.header().clone();
+        if header.flags & FLAG_TABLE == 0 {
+            drop(records);
+            return Ok(Arc::new(Archive::from_store(store, label)?));
+        }
+        let (chain, data_start) = if header.flags & FLAG_PARENT != 0 {
+            match records.next_record()? {
+                Some((_, Checked::Chain(chain))) => (chain, records.offset()),
+                _ => unreachable!("the checks let only the chain record come first"),
+            }
+        } else {
+            (Vec::new(), HEADER_LEN as u64)
+        };
+        drop(records);
+        let (index, index_offset) = read_index(&*store, &header)?;
+        check_table(&header, &chain, data_start, &index, index_offset)?;
+        let blocks = index
+            .files
+            .iter()
+            .map(|f| {
+                let mut raw_pos = 0;
+                f.table
+                    .iter()
+                    .map(|t| {
+                        let literal_pages = (t.header.codec == BlockCodec::Dedup).then_some(t.ids);
+                        let b = ProvenBlock { header: t.header.clone(), raw_pos, literal_pages };
+                        raw_pos += u64::from(t.header.raw_len);
+                        b
+                    })
+                    .collect()
+            })
+            .collect();
+        let archive = Arc::new(Archive::assemble(store, label, header, index, blocks, chain, false));
+        let behind = archive.clone();
+        std::thread::Builder::new()
+            .name("criuz-proof".into())
+            .spawn(move || {
+                // Readers wait for this result: it must be set however the walk ends.
+                let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| behind.walk_matches()));
+                let r = walked.unwrap_or(Err(Error::Cancelled)).map_err(|e| e.context(behind.label.to_string()));
+                *behind.proof.lock().unwrap() = Some(r);
+                behind.proof_done.notify_all();
+            })
+            .map_err(Error::Io)?;
+        Ok(archive)
+    }
+
+    /// The full walk of an archive opened from its index: every record
+    /// through the checks, and the index it ends with must be the one opened.
+    fn walk_matches(&self) -> Result<()> {
+        let mut records = self.records(Payloads::None)?;
+        let mut chain = Vec::new();
+        loop {
+            match records.next_record()? {
+                Some((_, Checked::Chain(c))) => chain = c,
+                Some((offset, Checked::Index(index))) => {
+                    if *records.header() != self.header || chain != self.chain || index != self.index {
+                        return Err(Error::corrupt(offset, "the archive's records disagree with its index"));
+                    }
+                    return Ok(());
+                }
+                Some(_) => {}
+                None => unreachable!("the index ends the records"),
+            }
+        }
     }
 
     /// The parents this archive refers to, as its C record names them.
@@ -689,12 +804,53 @@ impl Archive {
         Ok(Arc::new(Archive::from_reader(std::io::stdin().lock(), spool_cap, "stdin")?))
     }
 
+    /// Like [`Archive::open_spec`], but an object still arriving is opened
+    /// from its index ([`Archive::open_indexed`]): a file or a spooled pipe
+    /// is walked in milliseconds, a download only once it has all arrived.
+    pub fn open_early(spec: &Path, spool_cap: u64) -> Result<Arc<Archive>> {
+        if crate::io::is_stdio(spec) {
+            return Archive::open_spec(spec, spool_cap);
+        }
+        let (store, label) = crate::io::open_store(spec)?;
+        if !store.arriving() {
+            return Ok(Arc::new(Archive::from_store(store, label.clone()).context(|| label)?));
+        }
+        Archive::open_indexed(store, label.clone()).context(|| label)
+    }
+
     /// An archive arriving front to back (a pipe): spooled to an unnamed
     /// private temporary file of at most `spool_cap` bytes, then opened.
     pub fn from_reader(inp: impl Read, spool_cap: u64, label: &str) -> Result<Archive> {
         let file = spool(inp, spool_cap).context(|| label.to_string())?;
         Archive::from_store(Box::new(file), label.to_string()).context(|| label.to_string())
     }
+}
+
+/// Reads and checks the trailer and the index it points at; returns the
+/// index and its offset.
+fn read_index(store: &dyn RecordStore, header: &Header) -> Result<(Index, u64)> {
+    let size = store.size();
+    let truncated = || Error::corrupt(size, "archive is truncated (no trailer)");
+    if size < (HEADER_LEN + TRAILER_LEN) as u64 {
+        return Err(truncated());
+    }
+    let at = size - TRAILER_LEN as u64;
+    let trailer: [u8; TRAILER_LEN] = store.read_vec(TRAILER_LEN, at)?.try_into().expect("trailer length");
+    let (offset, len) = decode_trailer(&trailer, at)?;
+    // The format bounds the index body below 4 GiB, so a damaged trailer
+    // cannot make this read more.
+    if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
+        return Err(Error::corrupt(at, "trailer does not point at the index"));
+    }
+    let rec = store.read_vec(len as usize, offset)?;
+    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
+    if body_len + (INDEX_FIXED + 8) as u64 != len {
+        return Err(Error::corrupt(at, "trailer does not point at the index"));
+    }
+    let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
+    let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().expect("index check"));
+    let index = decode_index_body(body, check, count, offset + INDEX_FIXED as u64, header.flags)?;
+    Ok((index, offset))
 }
 
 /// Copies an archive arriving on a pipe into an unnamed temporary file
@@ -727,6 +883,17 @@ impl BlockSource for Archive {
 
     fn block_header(&self, file_id: u32, i: usize) -> Option<(&BlockHeader, u64)> {
         self.blocks.get(file_id as usize)?.get(i).map(|b| (&b.header, b.raw_pos))
+    }
+
+    fn proven(&self) -> Result<()> {
+        let mut state = self.proof.lock().unwrap();
+        loop {
+            match &*state {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => return Err(e.duplicate()),
+                None => state = self.proof_done.wait(state).unwrap(),
+            }
+        }
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {

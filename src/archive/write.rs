@@ -14,7 +14,7 @@ use crate::archive::records::ArchiveWriter;
 use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
-use crate::format::{BlockCodec, DedupPayload, FileKind, Header, Index, FLAG_IDS, FLAG_PARENT};
+use crate::format::{BlockCodec, DedupPayload, FileKind, Header, Index, FLAG_IDS, FLAG_PARENT, FLAG_TABLE};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +53,10 @@ impl Packer {
         let codec = opts.codec;
         let dedup = dedup.or_else(|| opts.ids.then(|| Arc::new(DedupIndex::new(Vec::new(), HashMap::new()))));
         let mut header = Header::new(opts.block_size);
+        // The block table lets a reader start from the index (a restore from
+        // an object store starts before the object has arrived); it costs
+        // about 60 bytes per block, a fortieth of a percent at 256 KiB.
+        header.flags |= FLAG_TABLE;
         let chain = dedup.as_ref().map(|d| d.chain.clone()).unwrap_or_default();
         if dedup.is_some() {
             header.flags |= FLAG_IDS;

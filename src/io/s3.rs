@@ -13,19 +13,21 @@
 //! a drop) aborts it, and an aborted multipart upload leaves no object.
 //!
 //! Reading: a [`Download`] learns the object's size and ETag, then fetches
-//! it front to back in parallel ranged GETs (each pinned to that ETag, so an
-//! object replaced meanwhile fails instead of mixing two archives) into a
-//! private unnamed temporary file. It is a [`RecordStore`]: a read waits
-//! only for the ranges it needs, so the archive's checks walk it while the
-//! rest still arrives. Memory: the chunks in flight.
+//! it in parallel 8 MiB ranged GETs (each pinned to that ETag, so an object
+//! replaced meanwhile fails instead of mixing two archives) into a private
+//! unnamed temporary file: the last chunk first (trailer and index), then
+//! the chunks readers wait for, then the rest in order. It is a
+//! [`RecordStore`]: a read waits only for the chunks it needs, so a restore
+//! opens the archive from its index and CRIU reads while the rest arrives
+//! (`archive::source::Archive::open_indexed`). Memory: the chunks in flight.
 //!
-//! Trade-off: a restore proves the whole archive before CRIU starts (the
-//! block source's rule), so it cannot overlap CRIU with the download; an
-//! index-first open with per-block proofs would (see docs/FORMAT.md's
-//! index), and is left for later.
+//! Trade-off: a chunk a reader asks for is fetched when one of the GETs in
+//! flight ends (up to one chunk's time late), not at once; cancelling a GET
+//! mid-body would waste what it had fetched.
 
 use super::RecordStore;
 use crate::error::{Error, Result};
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
@@ -165,9 +167,22 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// A client for `bucket` from the `AWS_*` variables. A dead server must
-/// fail within seconds, not minutes: few retries, short timeouts.
+/// A client for `bucket` from the `AWS_*` variables, one per bucket for the
+/// process (a restore of a chain in one bucket opens every archive of it
+/// with one connection pool). A dead server must fail within seconds, not
+/// minutes: few retries, short timeouts.
 fn client(url: &ObjectUrl) -> Result<Arc<AmazonS3>> {
+    static CLIENTS: Mutex<Vec<(String, Arc<AmazonS3>)>> = Mutex::new(Vec::new());
+    let mut clients = CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, c)) = clients.iter().find(|(bucket, _)| *bucket == url.bucket) {
+        return Ok(c.clone());
+    }
+    let c = new_client(url)?;
+    clients.push((url.bucket.clone(), c.clone()));
+    Ok(c)
+}
+
+fn new_client(url: &ObjectUrl) -> Result<Arc<AmazonS3>> {
     let endpoint = std::env::var("AWS_ENDPOINT_URL_S3").or_else(|_| std::env::var("AWS_ENDPOINT_URL")).ok();
     let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(RetryConfig {
         backoff: BackoffConfig::default(),
@@ -350,10 +365,39 @@ struct Fetched {
     cancelled: AtomicBool,
 }
 
+/// Which chunks (`CHUNK` bytes each, the last shorter) are where.
 struct FetchState {
-    /// Bytes from the start that are in the file.
-    have: u64,
+    /// Asked for (or fetched).
+    started: Vec<bool>,
+    /// In the file.
+    done: Vec<bool>,
+    /// Chunks a reader waits for that are not yet asked for, oldest first.
+    wanted: VecDeque<usize>,
+    /// The first chunk from which to look for the next in order.
+    next: usize,
     failed: Option<String>,
+}
+
+impl FetchState {
+    /// The chunk to ask for next: the last (the trailer and index, which an
+    /// archive is opened from), then what readers wait for, then in order.
+    fn pick(&mut self) -> Option<usize> {
+        let last = self.started.len().checked_sub(1)?;
+        let chosen = if !self.started[last] {
+            Some(last)
+        } else if let Some(c) = std::iter::from_fn(|| self.wanted.pop_front()).find(|&c| !self.started[c]) {
+            Some(c)
+        } else {
+            while self.next < self.started.len() && self.started[self.next] {
+                self.next += 1;
+            }
+            (self.next < self.started.len()).then_some(self.next)
+        };
+        if let Some(c) = chosen {
+            self.started[c] = true;
+        }
+        chosen
+    }
 }
 
 impl Download {
@@ -366,13 +410,24 @@ impl Download {
             e => url.error("looking up the object", e),
         })?;
         let dir = std::env::temp_dir();
+        let (size, etag) = (meta.size, meta.e_tag);
+        if let Some(free) = free_bytes(&dir).filter(|&free| free < size) {
+            let why = format!("no room for {url} ({size} bytes, {free} free); set TMPDIR to a larger file system");
+            return Err(Error::file(&dir, io::Error::new(io::ErrorKind::StorageFull, why)));
+        }
         let file = tempfile::tempfile_in(&dir).map_err(|e| Error::file(&dir, e))?;
+        let chunks = size.div_ceil(CHUNK) as usize;
         let progress = Arc::new(Fetched {
-            state: Mutex::new(FetchState { have: 0, failed: None }),
+            state: Mutex::new(FetchState {
+                started: vec![false; chunks],
+                done: vec![false; chunks],
+                wanted: VecDeque::new(),
+                next: 0,
+                failed: None,
+            }),
             changed: Condvar::new(),
             cancelled: AtomicBool::new(false),
         });
-        let (size, etag) = (meta.size, meta.e_tag);
         let fetcher = Fetcher { store, path, etag, size, file: file.try_clone().map_err(Error::Io)? };
         let p = progress.clone();
         std::thread::Builder::new().name("criuz-s3-get".into()).spawn(move || fetcher.run(&p)).map_err(Error::Io)?;
@@ -384,11 +439,18 @@ impl Download {
         DownloadReader { download: self, pos: 0 }
     }
 
-    /// Waits until the first `end` bytes are in the file.
-    fn wait_for(&self, end: u64) -> io::Result<()> {
+    /// Waits until bytes `start..end` (not empty) are in the file, asking
+    /// for the chunks they lie in first if they are not yet on their way.
+    fn wait_for(&self, start: u64, end: u64) -> io::Result<()> {
+        let chunks = (start / CHUNK) as usize..=((end - 1) / CHUNK) as usize;
         let mut s = self.progress.state.lock().unwrap_or_else(|p| p.into_inner());
+        for c in chunks.clone() {
+            if !s.started[c] && !s.wanted.contains(&c) {
+                s.wanted.push_back(c);
+            }
+        }
         loop {
-            if s.have >= end {
+            if chunks.clone().all(|c| s.done[c]) {
                 return Ok(());
             }
             if let Some(e) = &s.failed {
@@ -410,12 +472,36 @@ impl RecordStore for Download {
         self.size
     }
 
+    fn arriving(&self) -> bool {
+        true
+    }
+
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.size);
         let end = end.ok_or(io::ErrorKind::UnexpectedEof)?;
-        self.wait_for(end)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.wait_for(offset, end)?;
         FileExt::read_exact_at(&self.file, buf, offset)
     }
+}
+
+/// Bytes free for an unprivileged file in `dir` (`None` if unknown): a
+/// download that cannot fit fails before it starts, not when the disk fills.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and `st` is written by statvfs before
+    // it is read, only when it returns 0.
+    let st = unsafe {
+        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The first `len` bytes of an object, by one ranged GET.
@@ -457,58 +543,58 @@ impl Fetcher {
         progress.changed.notify_all();
     }
 
-    /// Keeps `IN_FLIGHT` ranged GETs going; each streams its body into the
-    /// file as it arrives (no chunk-sized buffers: memory stays a few
-    /// network reads), and the ranges complete in order.
+    /// Keeps `IN_FLIGHT` ranged GETs going, each chunk as [`FetchState::pick`]
+    /// chooses it; each streams its body into the file as it arrives (no
+    /// chunk-sized buffers: memory stays a few network reads).
     fn fetch_all(&self, progress: &Fetched) -> std::result::Result<(), String> {
-        let mut pending: VecDeque<(u64, JoinHandle<std::result::Result<u64, String>>)> = VecDeque::new();
-        let mut next = 0u64;
+        let mut running = FuturesUnordered::new();
         loop {
-            while pending.len() < IN_FLIGHT && next < self.size {
-                let range = next..(next + CHUNK).min(self.size);
-                let options = GetOptions {
-                    if_match: self.etag.clone(),
-                    range: Some(GetRange::Bounded(range.clone())),
-                    ..GetOptions::default()
-                };
-                let (store, path, file) = (self.store.clone(), self.path.clone(), self.file.try_clone());
-                let at = range.start;
-                let get = async move {
-                    let file = file.map_err(|e| format!("the temporary copy: {e}"))?;
-                    let got = store.get_opts(&path, options).await.map_err(|e| fetch_error(at, e))?;
-                    let mut body = got.into_stream();
-                    let (mut end, limit) = (at, range.end);
-                    while let Some(piece) = body.next().await {
-                        let piece = piece.map_err(|e| fetch_error(at, e))?;
-                        // Never past the range: a server that sends more must
-                        // not overwrite ranges that other reads have proven.
-                        if end + piece.len() as u64 > limit {
-                            return Err(format!(
-                                "offset {at}: the server sent more than the {} bytes asked for",
-                                limit - at
-                            ));
-                        }
-                        file.write_all_at(&piece, end).map_err(|e| format!("writing the temporary copy: {e}"))?;
-                        end += piece.len() as u64;
-                    }
-                    Ok(end - at)
-                };
-                pending.push_back((range.start, runtime().spawn(get)));
-                next = range.end;
-            }
-            let Some((at, h)) = pending.pop_front() else { return Ok(()) };
             if progress.cancelled.load(Ordering::Acquire) {
-                pending.iter().for_each(|(_, h)| h.abort());
+                running.iter().for_each(|h: &JoinHandle<_>| h.abort());
                 return Err("cancelled".into());
             }
-            let got = runtime().block_on(h).map_err(|e| format!("reading offset {at}: {e}"))??;
+            while running.len() < IN_FLIGHT {
+                let Some(c) = progress.state.lock().unwrap_or_else(|p| p.into_inner()).pick() else { break };
+                running.push(runtime().spawn(self.get(c as u64 * CHUNK)));
+            }
+            let Some(done) = runtime().block_on(running.next()) else { return Ok(()) };
+            let (at, got) = done.map_err(|e| format!("reading the object: {e}"))??;
             let want = (self.size - at).min(CHUNK);
             if got != want {
                 return Err(format!("offset {at}: the server sent {got} bytes for {want}"));
             }
             let mut s = progress.state.lock().unwrap_or_else(|p| p.into_inner());
-            s.have = at + want;
+            s.done[(at / CHUNK) as usize] = true;
             progress.changed.notify_all();
+        }
+    }
+
+    /// Fetches the chunk at `at` into the file; returns `at` and the bytes
+    /// written.
+    fn get(&self, at: u64) -> impl std::future::Future<Output = std::result::Result<(u64, u64), String>> {
+        let range = at..(at + CHUNK).min(self.size);
+        let options = GetOptions {
+            if_match: self.etag.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..GetOptions::default()
+        };
+        let (store, path, file) = (self.store.clone(), self.path.clone(), self.file.try_clone());
+        async move {
+            let file = file.map_err(|e| format!("the temporary copy: {e}"))?;
+            let got = store.get_opts(&path, options).await.map_err(|e| fetch_error(at, e))?;
+            let mut body = got.into_stream();
+            let (mut end, limit) = (at, range.end);
+            while let Some(piece) = body.next().await {
+                let piece = piece.map_err(|e| fetch_error(at, e))?;
+                // Never past the range: a server that sends more must not
+                // overwrite ranges that other reads have proven.
+                if end + piece.len() as u64 > limit {
+                    return Err(format!("offset {at}: the server sent more than the {} bytes asked for", limit - at));
+                }
+                file.write_all_at(&piece, end).map_err(|e| format!("writing the temporary copy: {e}"))?;
+                end += piece.len() as u64;
+            }
+            Ok((at, end - at))
         }
     }
 }
@@ -559,5 +645,21 @@ mod tests {
         let total: u64 = (0..10_000).map(|n| part_size(n) as u64).sum();
         assert!(total > 4 << 40, "10,000 parts cover {total} bytes");
         assert!(part_size(9_999) <= 5 << 30, "S3's largest part is 5 GiB");
+    }
+
+    #[test]
+    fn chunks_come_tail_first_then_as_wanted_then_in_order() {
+        let mut s = FetchState {
+            started: vec![false; 6],
+            done: vec![false; 6],
+            wanted: VecDeque::new(),
+            next: 0,
+            failed: None,
+        };
+        s.wanted.extend([3, 0]);
+        let order: Vec<usize> = std::iter::from_fn(|| s.pick()).collect();
+        assert_eq!(order, [5, 3, 0, 1, 2, 4]);
+        let mut empty = FetchState { started: vec![], done: vec![], wanted: VecDeque::new(), next: 0, failed: None };
+        assert_eq!(empty.pick(), None);
     }
 }

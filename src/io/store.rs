@@ -13,6 +13,12 @@ pub trait RecordStore: Send + Sync {
     /// Fills `buf` from `offset`; fails if the store is shorter.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// Whether its bytes are still arriving (an object being fetched), so
+    /// that a reader which can start from the index should.
+    fn arriving(&self) -> bool {
+        false
+    }
+
     /// `len` bytes from `offset`, in a new buffer.
     fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
         let mut buf = Vec::with_capacity(len);

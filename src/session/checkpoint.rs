@@ -359,7 +359,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     // parents are walked while CRIU starts and reads its metadata images
     // (ten parents of a 1 GiB process: 0.03-0.05 s, a tenth of the
     // restore), and the first page that needs them waits for that walk.
-    let located = crate::archive::parent::locate_spec(&o.input, o.pipe_buffer, &o.parents)?;
+    let located = crate::archive::parent::locate_spec(&o.input, o.pipe_buffer, &o.parents, true)?;
     let tree = check_pids_free(located.archive())?;
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;

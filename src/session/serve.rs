@@ -7,8 +7,11 @@
 //! decoded ahead of CRIU on the worker pool and handed over with vmsplice;
 //! CRIU reads them by exact length, so a block that fails its check closes the
 //! pipe and the connection, and CRIU aborts the restore before the process
-//! runs. The source has already proven the archive's structure (see
-//! `archive::source`), so what is served is what the index says, in its order.
+//! runs. The source has proven the archive's structure (see
+//! `archive::source`), so what is served is what the index says, in its order;
+//! a source opened from its index proves the rest while CRIU reads, and the
+//! last block of each page image waits for that proof, so a failed one stops
+//! CRIU before the process runs.
 //!
 //! With `skip_zero_pages`, a process's pagemap is rewritten to leave out zero
 //! pages of its private anonymous memory, and those pages are not sent
@@ -123,6 +126,8 @@ pub fn serve(
         return Err(e);
     }
     result?;
+    // A tree that took no pages never met the wait above.
+    source.proven()?;
     report.bytes = bytes.load(Ordering::Relaxed);
     Ok(Some(report))
 }
@@ -211,6 +216,10 @@ fn stream_pages(
     let file_id = entry.file_id;
     let (sub, mut results) =
         engine::start(opts.threads.min(n.max(1)), window, Decoder::new, move |dec: &mut Decoder, i: usize| {
+            if i + 1 == n {
+                // CRIU cannot finish this process without its last pages.
+                source.proven()?;
+            }
             let b = source.block(file_id, i)?.ok_or_else(|| Error::corrupt(0, format!("block {i} is missing")))?;
             prepare(dec, b, plan.as_deref())
         });

@@ -238,3 +238,40 @@ pub fn log_tail(p: &Path) -> String {
 pub fn criuz(args: &[&str]) -> std::process::Output {
     run(Command::new(CRIUZ).args(args))
 }
+
+/// Rewrites an archive's index through `edit` as a careful forger would: the
+/// sizes and file checks recomputed from the (edited) block table, and the
+/// index's own checks and the trailer redone. Only a reader that compares
+/// the index with the records themselves can tell.
+pub fn forge_index(bytes: &[u8], edit: impl FnOnce(&mut criuz::format::Index)) -> Vec<u8> {
+    use criuz::format::*;
+    let header = Header::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
+    let at = bytes.len() - TRAILER_LEN;
+    let (ioff, ilen) = decode_trailer(bytes[at..].try_into().unwrap(), at as u64).unwrap();
+    let rec = &bytes[ioff as usize..(ioff + ilen) as usize];
+    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().unwrap(), ioff).unwrap();
+    let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
+    let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().unwrap());
+    let mut index = decode_index_body(body, check, count, ioff + INDEX_FIXED as u64, header.flags).unwrap();
+    edit(&mut index);
+    for f in &mut index.files {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        f.table.iter().for_each(|t| h.update(&t.header.data_check.to_le_bytes()));
+        f.file_check = h.digest();
+        f.raw_size = f.table.iter().map(|t| u64::from(t.header.raw_len)).sum();
+    }
+    let mut out = bytes[..ioff as usize].to_vec();
+    out.extend_from_slice(&encode_index_and_trailer(&index, ioff, header.flags));
+    out
+}
+
+/// Swaps two full blocks of the first page image in the index (references
+/// and table entries): each still points at a real block whose header
+/// matches its entry, but the file's pages come out in the wrong order.
+pub fn swap_indexed_blocks(index: &mut criuz::format::Index) {
+    let f = index.files.iter_mut().find(|f| f.name.starts_with("pages-") && f.blocks.len() >= 2).expect("a page image");
+    let (i, j) = (0, 1);
+    assert_eq!(f.blocks[i].raw_len, f.blocks[j].raw_len, "two full blocks");
+    f.blocks.swap(i, j);
+    f.table.swap(i, j);
+}

@@ -524,11 +524,12 @@ const DEFAULT_SPOOL_CAP: u64 = 2 << 30;
 
 fn print_inspect(rep: &offline::InspectReport) {
     out!(
-        "criuz archive v{}, block size {}, id {}{}",
+        "criuz archive v{}, block size {}, id {}{}{}",
         rep.version,
         human(u64::from(rep.block_size)),
         rep.archive_id,
-        if rep.page_ids { format!(", with page ids ({})", human(rep.page_id_bytes)) } else { String::new() }
+        if rep.page_ids { format!(", with page ids ({})", human(rep.page_id_bytes)) } else { String::new() },
+        if rep.block_table { ", block table in the index" } else { "" }
     );
     for (i, p) in rep.chain.iter().enumerate() {
         let what = if i == 0 { "parent" } else { "ancestor" };
