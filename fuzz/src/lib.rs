@@ -9,12 +9,14 @@
 //!
 //! Every case runs through each reader entry point: `verify` (sequential
 //! decode), `inspect`, `unpack` (every 16th case), the random-access block
-//! source that restore and serve read through (`Archive::from_store`), and the
-//! pipe path (`Archive::from_reader`). The oracle:
+//! source that restore and serve read through (`Archive::from_store`), the
+//! pipe path (`Archive::from_reader`), and the index-first open of a restore
+//! from an object (`Archive::open_indexed`: every file read, then the proof
+//! waited for, as a restore does before CRIU can finish). The oracle:
 //! - no reader panics or hangs;
-//! - the readers agree: the block source accepts exactly what `verify`
-//!   accepts and yields the same files; `inspect` accepts whatever `verify`
-//!   accepts;
+//! - the readers agree: the block sources (walked, piped, index-first)
+//!   accept exactly what `verify` accepts and yield the same files; `inspect`
+//!   accepts whatever `verify` accepts;
 //! - unless the E records and the index were rebuilt too (a consistent,
 //!   different archive that only authentication could tell apart), a mutant
 //!   is either rejected, with an archive-kind error, or decodes to exactly
@@ -42,6 +44,7 @@ pub struct Outcome {
     pub verify: Result<Files, Kind>,
     pub source: Result<Files, Kind>,
     pub piped: Result<Files, Kind>,
+    pub indexed: Result<Files, Kind>,
     pub inspect: Result<(), Kind>,
     /// `verify`'s check of page ids against the pages (version 2).
     pub page_ids: Result<(), Kind>,
@@ -92,7 +95,8 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     // verify and unpack as users run them: streamed for version 1, through
     // the block source (with parents) for version 2.
     let v2 = bytes.len() >= 64
-        && criuz::format::Header::decode(bytes[..64].try_into().expect("64 bytes")).is_ok_and(|h| h.flags != 0);
+        && criuz::format::Header::decode(bytes[..64].try_into().expect("64 bytes"))
+            .is_ok_and(|h| h.flags & (criuz::format::FLAG_PARENT | criuz::format::FLAG_IDS) != 0);
     let reading = || -> criuz::Result<Reading> {
         if v2 {
             Archive::from_reader(bytes, 1 << 30, "fuzz").and_then(&with_parents).map(Reading::Source)
@@ -110,6 +114,13 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
         .map_err(kind);
     let piped =
         Archive::from_reader(bytes, 1 << 30, "pipe").and_then(&with_parents).and_then(|a| read_all(&*a)).map_err(kind);
+    let indexed = Archive::open_indexed(Box::new(bytes.to_vec()), "indexed".into())
+        .and_then(|a| if a.chain().is_empty() { Ok(a) } else { criuz::archive::parent::attach(a, nowhere, &search) })
+        .and_then(|a| {
+            let files = read_all(&*a)?;
+            a.proven().map(|()| files)
+        })
+        .map_err(kind);
     let inspect = criuz::offline::inspect(bytes).map(drop).map_err(kind);
     let page_ids = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into())
         .and_then(|a| criuz::archive::parent::check_page_ids(&a))
@@ -135,7 +146,7 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
             }
         }
     });
-    Outcome { verify, source, piped, inspect, page_ids, unpack }
+    Outcome { verify, source, piped, indexed, inspect, page_ids, unpack }
 }
 
 /// Checks the oracle; `original` is given when the mutant's checks were not
@@ -152,6 +163,13 @@ pub fn judge(o: &Outcome, original: Option<&Files>) -> Result<(), String> {
     if !same(&o.source, &o.piped) {
         return Err(format!("file and pipe sources disagree: {:?} vs {:?}", brief(&o.source), brief(&o.piped)));
     }
+    if !same(&o.source, &o.indexed) {
+        return Err(format!(
+            "walked and index-first sources disagree: {:?} vs {:?}",
+            brief(&o.source),
+            brief(&o.indexed)
+        ));
+    }
     if let Some(u) = &o.unpack {
         if !same(u, &o.verify) {
             return Err(format!("unpack and verify disagree: {:?} vs {:?}", brief(u), brief(&o.verify)));
@@ -160,7 +178,7 @@ pub fn judge(o: &Outcome, original: Option<&Files>) -> Result<(), String> {
     if o.verify.is_ok() && o.inspect.is_err() {
         return Err("inspect rejects what verify accepts".into());
     }
-    for r in [&o.verify, &o.source, &o.piped] {
+    for r in [&o.verify, &o.source, &o.piped, &o.indexed] {
         if let Err(k) = r {
             if *k != Kind::Archive {
                 return Err(format!("a damaged archive gave a {k:?} error, not an archive error"));
