@@ -1,14 +1,14 @@
 //! Archives in S3 with real CRIU, against moto's S3 server on 127.0.0.1: a
 //! dump to an object restores intact; inspect, verify and unpack read
-//! objects; a missing bucket, wrong credentials, an existing key, a garbage
-//! or damaged object, or a forged index that only the walk behind a restore
-//! started from the index can tell, each give one line and the exit status of
-//! their kind; a
-//! dump that fails leaves neither an object nor an open multipart upload; the
-//! server dying mid-upload leaves the process running and mid-restore starts
-//! nothing; an incremental child and its parent both in S3; a lazy restore
-//! from an object. And migration:
-//! `dump -o - | restore -i -` through a pipe.
+//! objects; a missing bucket, wrong credentials, an existing key, no room in
+//! TMPDIR, a garbage or damaged object, and a forged index that only the
+//! walk behind a restore started from the index can tell, each give one line
+//! and the exit status of their kind; a dump that fails leaves neither an
+//! object nor an open multipart upload; the server dying mid-upload leaves
+//! the process running and mid-restore starts nothing; an incremental child
+//! and its parent both in S3; a lazy restore from an object; `capture -o
+//! s3://` and `serve -i s3://` for stock CRIU. And migration: `dump -o - |
+//! restore -i -` through a pipe.
 
 mod common;
 
@@ -341,5 +341,39 @@ fn lazy_restore_from_s3() {
     w.reap_original();
     ok(moto.criuz(&["restore", "--lazy", "-d", "-i", &url]), "lazy restore from S3");
     assert_eq!(w.sums(), before, "memory restored lazily from S3 differs");
+    w.stop();
+}
+
+/// Stock CRIU through criuz's socket protocol, the archive in S3: `capture
+/// -o s3://` under `criu dump --stream`, then `serve -i s3://` under `criu
+/// restore --stream`.
+#[test]
+fn capture_to_and_serve_from_s3_for_stock_criu() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::with_bucket();
+    let url = format!("s3://{BUCKET}/captured.czr");
+    let mut w = Workload::start(Spec { mode: "tree", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let (dumped, served) = (tmp.path().join("dump"), tmp.path().join("serve"));
+    std::fs::create_dir(&dumped).unwrap();
+    std::fs::create_dir(&served).unwrap();
+
+    let mut capture = moto.command(&["capture", "-D", dumped.to_str().unwrap(), "-o", &url]).spawn().unwrap();
+    wait_for("capture socket", Duration::from_secs(10), || dumped.join("streamer-capture.sock").exists());
+    let pid = w.pid.to_string();
+    let out = run(Command::new(&criu).args(["dump", "--stream", "-o", "dump.log", "-t", &pid, "-D"]).arg(&dumped));
+    assert!(out.status.success(), "criu dump --stream: {}", log_tail(&dumped.join("dump.log")));
+    assert!(capture.wait().unwrap().success(), "capture to S3");
+    assert_eq!(moto.keys_and_uploads(), (vec!["captured.czr".to_string()], 0));
+    w.reap_original();
+
+    let mut serve = moto.command(&["serve", "-D", served.to_str().unwrap(), "-i", &url]).spawn().unwrap();
+    wait_for("serve socket", Duration::from_secs(10), || served.join("streamer-serve.sock").exists());
+    let out = run(Command::new(&criu).args(["restore", "--stream", "-d", "-o", "restore.log", "-D"]).arg(&served));
+    assert!(out.status.success(), "criu restore --stream: {}", log_tail(&served.join("restore.log")));
+    assert!(serve.wait().unwrap().success(), "serve from S3");
+    assert_eq!(w.sums(), before, "memory served from S3 differs");
     w.stop();
 }
