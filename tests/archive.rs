@@ -525,6 +525,7 @@ fn usage_errors_exit_2() {
         vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "99"],
         vec!["pack", img.to_str().unwrap()],
         vec!["no-such-command"],
+        vec!["dump", "-t", "1", "-o", arc.to_str().unwrap(), "--absorb", "lots"],
     ] {
         let out = criuz(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));

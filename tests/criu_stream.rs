@@ -55,6 +55,8 @@ fn every_pattern_round_trips_through_dump_and_restore() {
     for (pattern, codec) in [("zero", "lz4"), ("mixed", "zstd"), ("random", "lz4"), ("text", "zstd"), ("elf", "lz4")] {
         roundtrip(Spec { pattern, ..Default::default() }, &["--codec", codec], &[]);
     }
+    // Without an absorb budget beyond the pipeline's: CRIU paced by the codec.
+    roundtrip(Spec { pattern: "text", ..Default::default() }, &["--codec", "zstd", "--absorb", "0"], &[]);
 }
 
 #[test]
@@ -251,7 +253,8 @@ fn children_of(pid: u32) -> Vec<i32> {
     out
 }
 
-/// Starts `criuz dump` of a large workload and waits until data flows.
+/// Starts `criuz dump` of a large workload and waits until data flows,
+/// CRIU still dumping: without an absorb budget CRIU waits for the codec.
 fn dump_in_flight(w: &Workload, arc: &Path) -> std::process::Child {
     let child = Command::new(CRIUZ)
         .args([
@@ -266,6 +269,8 @@ fn dump_in_flight(w: &Workload, arc: &Path) -> std::process::Child {
             "zstd",
             "--level",
             "19",
+            "--absorb",
+            "0",
         ])
         .stderr(Stdio::piped())
         .spawn()
@@ -361,4 +366,33 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert!(err.contains("process 99999999 does not exist"), "{err}");
     assert!(!arc.exists());
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
+}
+
+/// CRIU finishes into the absorb budget before the archive is written; an
+/// archive that then cannot be written (here: a full file system) must not
+/// take the process with it: CRIU left it stopped, and criuz resumes it.
+#[test]
+fn a_dump_that_fails_after_criu_resumes_the_process() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "mixed", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small));
+    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let arc = small.join("big.czr");
+    // zstd at its slowest: CRIU is done long before 4 MiB are compressed.
+    let pid = w.pid.to_string();
+    let out = criuz(&["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "19"]);
+    let left = std::fs::read_dir(&small).unwrap().count();
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("resumed"), "CRIU should have finished first: {err}");
+    assert_eq!(left, 0, "nothing may be left in the output's directory");
+    assert!(w.alive(), "the process must run on: {err}");
+    assert_eq!(w.sums(), before, "the resumed process's memory changed");
+    w.stop();
 }

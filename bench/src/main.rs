@@ -244,7 +244,8 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         bytes: d.bytes,
         raw_bytes: d.raw_bytes,
         cpu_s: d.usage.cpu_s + dumped_cpu + r.usage.cpu_s + restored_cpu,
-        peak_rss_kib: r.usage.maxrss_kib,
+        peak_rss_kib: d.usage.maxrss_kib.max(r.usage.maxrss_kib),
+        dump_rss_kib: d.usage.maxrss_kib,
     })
 }
 

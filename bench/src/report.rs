@@ -13,7 +13,11 @@ pub struct Sample {
     pub bytes: u64,
     pub raw_bytes: u64,
     pub cpu_s: f64,
+    /// The larger of the dump's and the restore's peak RSS.
     pub peak_rss_kib: u64,
+    /// The dump's alone (with `--absorb`, criuz holds the pages CRIU wrote
+    /// until they are compressed).
+    pub dump_rss_kib: u64,
 }
 
 /// Everything measured for one workload x configuration.
@@ -123,8 +127,9 @@ pub struct ResultJson {
     pub raw_bytes: Option<u64>,
     /// bytes / raw_bytes.
     pub ratio: Option<f64>,
-    /// Largest over the runs.
+    /// Largest over the runs: dump or restore, and the dump's alone.
     pub peak_rss_kib: Option<u64>,
+    pub dump_rss_kib: Option<u64>,
     pub failures: Vec<String>,
     pub samples: Vec<Sample>,
 }
@@ -170,6 +175,7 @@ impl ResultJson {
             raw_bytes,
             ratio: bytes.zip(raw_bytes).map(|(b, r)| b as f64 / r.max(1) as f64),
             peak_rss_kib: if ok { p.samples.iter().map(|s| s.peak_rss_kib).max() } else { None },
+            dump_rss_kib: if ok { p.samples.iter().map(|s| s.dump_rss_kib).max() } else { None },
             failures: p.failures.clone(),
             samples: p.samples.clone(),
         }
@@ -200,6 +206,7 @@ pub fn table(results: &[ResultJson]) -> String {
         "raw MiB",
         "ratio",
         "cpu s",
+        "dump RSS MiB",
         "peak RSS MiB",
         "intact",
     ];
@@ -222,6 +229,7 @@ pub fn table(results: &[ResultJson]) -> String {
             mib(r.raw_bytes),
             r.ratio.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into()),
             fmt_fig(r.cpu_s, r.runs),
+            r.dump_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             "yes".into(),
         ]);

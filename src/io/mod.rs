@@ -137,6 +137,11 @@ pub fn is_stdio(spec: &Path) -> bool {
     spec == Path::new("-")
 }
 
+/// Whether `spec` names an object in an object store (`s3://...`).
+pub fn is_object(spec: &Path) -> bool {
+    s3::is_url(spec)
+}
+
 /// Opens an archive to read front to back: a file, an object, or standard
 /// input for `-`.
 pub fn open_input(spec: &Path) -> Result<Box<dyn std::io::Read + Send>> {

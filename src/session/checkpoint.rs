@@ -244,9 +244,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if o.leave_running {
-        cmd.arg("--leave-running");
-    }
+    // CRIU may finish before the archive does (it writes into the absorb
+    // budget): a tree that is to end is left stopped, and ended only once
+    // the archive is complete, so a failure after CRIU (a full disk, a
+    // refused upload) resumes the process instead of losing it with its
+    // checkpoint.
+    cmd.arg(if o.leave_running { "--leave-running" } else { "--leave-stopped" });
     if o.shell_job {
         cmd.arg("--shell-job");
     }
@@ -270,16 +273,32 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
     }
-    let (packer, _) = capture::settle(packer, captured)
-        .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
     let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
-    if let Some(bytes) = &stats_bytes {
-        let mut sink = packer.begin_file("stats-dump")?;
-        sink.write(bytes)?;
-        sink.finish()?;
-    }
-    let (pack, _) = packer.finish()?;
-    out.commit()?;
+    let written = (|| -> Result<PackStats> {
+        let (packer, _) = capture::settle(packer, captured)
+            .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
+        if let Some(bytes) = &stats_bytes {
+            let mut sink = packer.begin_file("stats-dump")?;
+            sink.write(bytes)?;
+            sink.finish()?;
+        }
+        let (pack, _) = packer.finish()?;
+        out.commit()?;
+        Ok(pack)
+    })();
+    let pack = match written {
+        Ok(pack) => {
+            if !o.leave_running {
+                crate::session::guard::kill_tree(&[o.pid]);
+            }
+            pack
+        }
+        Err(e) if o.leave_running => return Err(e),
+        Err(e) => {
+            crate::session::guard::signal_tree(&[o.pid], libc::SIGCONT);
+            return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     Ok(DumpReport {
         output: o.output.clone(),

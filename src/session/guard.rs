@@ -119,6 +119,12 @@ const MAX_TREE: usize = 4096;
 /// Async-signal-safe (open, read, getdents64, close, kill on stack memory),
 /// so the guard uses it too.
 pub(crate) fn kill_tree(tree: &[i32]) {
+    signal_tree(tree, libc::SIGKILL);
+}
+
+/// Sends `sig` to every pid of `tree` and every descendant they have now,
+/// the deepest first (see [`kill_tree`]).
+pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
     let mut pids = [0i32; MAX_TREE];
     let mut n = 0;
     for &p in tree.iter().take(MAX_TREE) {
@@ -132,8 +138,8 @@ pub(crate) fn kill_tree(tree: &[i32]) {
         i += 1;
     }
     for &p in pids[..n].iter().rev() {
-        // SAFETY: the restored tree and what it forked, ours to end.
-        unsafe { libc::kill(p, libc::SIGKILL) };
+        // SAFETY: a tree criuz restored or dumped, and what it forked.
+        unsafe { libc::kill(p, sig) };
     }
 }
 

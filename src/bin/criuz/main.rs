@@ -10,7 +10,7 @@ use criuz::codec::{Codec, CodecConfig};
 use criuz::io::{is_stdio, open_input, Output};
 use criuz::progress::Progress;
 use criuz::{engine, offline};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// `println!` that ends quietly when stdout is closed early (`criuz inspect
@@ -51,6 +51,25 @@ struct CodecArgs {
     ids: bool,
     #[command(flatten)]
     threads: ThreadArgs,
+}
+
+#[derive(Args, Clone)]
+struct AbsorbArgs {
+    /// Memory for CRIU's pages not yet compressed: CRIU writes at its own
+    /// speed and the process resumes while criuz compresses the rest
+    /// (K/M/G; default: a quarter of available memory, but 64M for an
+    /// s3:// output, which bounds an upload's memory; 0 for 64M)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    absorb: Option<usize>,
+}
+
+impl AbsorbArgs {
+    /// The dump's memory budget for an archive going to `output`.
+    fn budget(&self, output: &Path) -> usize {
+        let default =
+            if criuz::io::is_object(output) { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
+        self.absorb.unwrap_or(default).max(engine::DEFAULT_MEMORY_BUDGET)
+    }
 }
 
 #[derive(Args, Clone)]
@@ -105,6 +124,8 @@ enum Cmd {
         parent: Option<PathBuf>,
         #[command(flatten)]
         codec: CodecArgs,
+        #[command(flatten)]
+        absorb: AbsorbArgs,
         /// Extra arguments for criu dump (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -216,6 +237,8 @@ enum Cmd {
         force: bool,
         #[command(flatten)]
         codec: CodecArgs,
+        #[command(flatten)]
+        absorb: AbsorbArgs,
     },
     /// Serve an archive to CRIU's restore stream (criu restore --stream -D DIR)
     Serve {
@@ -371,8 +394,8 @@ fn run(cli: Cli) -> Result<()> {
                 print_inspect(&rep);
             }
         }
-        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, extra } => {
-            let opts = codec.options()?;
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, extra } => {
+            let opts = Options { memory_budget: absorb.budget(&output), ..codec.options()? };
             let c = criu.locate()?;
             let o =
                 criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra, parent };
@@ -468,8 +491,8 @@ fn run(cli: Cli) -> Result<()> {
                 std::process::exit(r.criu_exit.clamp(1, 255));
             }
         }
-        Cmd::Capture { dir, output, force, codec } => {
-            let opts = codec.options()?;
+        Cmd::Capture { dir, output, force, codec, absorb } => {
+            let opts = Options { memory_budget: absorb.budget(&output), ..codec.options()? };
             let out = Output::open(&output, force)?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
