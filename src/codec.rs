@@ -260,22 +260,12 @@ impl Decoder {
     /// Decodes only the stored pages of a block (zero pages left out) into
     /// `stored` and checks them against the block's data check.
     pub fn decode_stored(&mut self, header: &BlockHeader, payload: &[u8], stored: &mut Vec<u8>) -> Result<(), String> {
-        self.decompress_into(header, payload, header.stored_raw_len(), stored)?;
+        self.decompress(header.codec, payload, header.stored_raw_len(), stored)?;
         let check = xxh3_64(stored);
         if check != header.data_check {
             return Err("block data checksum mismatch".into());
         }
         Ok(())
-    }
-
-    fn decompress_into(
-        &mut self,
-        header: &BlockHeader,
-        payload: &[u8],
-        expect: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        self.decompress(header.codec, payload, expect, out)
     }
 
     /// Decompresses `payload` to exactly `expect` bytes (no data check: the

@@ -47,7 +47,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 pub use crate::io::RecordStore;
 
@@ -276,9 +276,8 @@ pub struct Archive {
     /// The last read-ahead window: (offset, bytes). Holders keep a share
     /// of it instead of copying their record out.
     window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
-    /// Whether the full walk has proven the archive (`None` while it runs).
-    proof: Mutex<Option<std::result::Result<(), Error>>>,
-    proof_done: Condvar,
+    /// Whether the full walk has proven the archive (unset while it runs).
+    proof: OnceLock<std::result::Result<(), Error>>,
 }
 
 /// Bytes read at once for small records.
@@ -379,30 +378,7 @@ impl Archive {
 
     /// Walks every record header of `store` through the checks.
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
-        let inp = StoreInput::new(&*store);
-        let mut records = CheckedRecords::new(inp, Payloads::None)?;
-        let header = records.header().clone();
-        let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
-        let mut chain = Vec::new();
-        let index = loop {
-            match records.next_record()? {
-                Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
-                Some((_, Checked::Block { header, raw_pos, .. })) => {
-                    blocks[header.file_id as usize].push(ProvenBlock { header, raw_pos, literal_pages: None });
-                }
-                Some((_, Checked::Ids { file_id, count, .. })) => {
-                    if let Some(b) = blocks[file_id as usize].last_mut().filter(|b| b.header.codec == BlockCodec::Dedup)
-                    {
-                        b.literal_pages = Some(count);
-                    }
-                }
-                Some((_, Checked::Chain(entries))) => chain = entries,
-                Some((_, Checked::FileEnd(_))) => {}
-                Some((_, Checked::Index(index))) => break index,
-                None => unreachable!("the index ends the records"),
-            }
-        };
-        drop(records);
+        let Walked { header, index, blocks, chain } = walk(&*store)?;
         Ok(Archive::assemble(store, label, header, index, blocks, chain, true))
     }
 
@@ -428,8 +404,7 @@ impl Archive {
             parents_coming: AtomicBool::new(false),
             holders: Mutex::new(VecDeque::new()),
             window: Mutex::new(None),
-            proof: Mutex::new(proven.then_some(Ok(()))),
-            proof_done: Condvar::new(),
+            proof: if proven { OnceLock::from(Ok(())) } else { OnceLock::new() },
         }
     }
 
@@ -482,8 +457,7 @@ impl Archive {
                 // Readers wait for this result: it must be set however the walk ends.
                 let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| behind.walk_matches()));
                 let r = walked.unwrap_or(Err(Error::Cancelled)).map_err(|e| e.context(behind.label.to_string()));
-                *behind.proof.lock().unwrap() = Some(r);
-                behind.proof_done.notify_all();
+                let _ = behind.proof.set(r);
             })
             .map_err(Error::Io)?;
         Ok(archive)
@@ -492,21 +466,11 @@ impl Archive {
     /// The full walk of an archive opened from its index: every record
     /// through the checks, and the index it ends with must be the one opened.
     fn walk_matches(&self) -> Result<()> {
-        let mut records = self.records(Payloads::None)?;
-        let mut chain = Vec::new();
-        loop {
-            match records.next_record()? {
-                Some((_, Checked::Chain(c))) => chain = c,
-                Some((offset, Checked::Index(index))) => {
-                    if *records.header() != self.header || chain != self.chain || index != self.index {
-                        return Err(Error::corrupt(offset, "the archive's records disagree with its index"));
-                    }
-                    return Ok(());
-                }
-                Some(_) => {}
-                None => unreachable!("the index ends the records"),
-            }
+        let walked = walk(&*self.store)?;
+        if walked.header != self.header || walked.chain != self.chain || walked.index != self.index {
+            return Err(Error::corrupt(0, "the archive's records disagree with its index"));
         }
+        Ok(())
     }
 
     /// The parents this archive refers to, as its C record names them.
@@ -826,6 +790,39 @@ impl Archive {
     }
 }
 
+/// What a walk of every record header through the checks proved.
+struct Walked {
+    header: Header,
+    index: Index,
+    blocks: Vec<Vec<ProvenBlock>>,
+    chain: Vec<ChainEntry>,
+}
+
+/// Walks every record header of `store` through the checks.
+fn walk(store: &dyn RecordStore) -> Result<Walked> {
+    let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
+    let header = records.header().clone();
+    let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
+    let mut chain = Vec::new();
+    loop {
+        match records.next_record()? {
+            Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
+            Some((_, Checked::Block { header, raw_pos, .. })) => {
+                blocks[header.file_id as usize].push(ProvenBlock { header, raw_pos, literal_pages: None });
+            }
+            Some((_, Checked::Ids { file_id, count, .. })) => {
+                if let Some(b) = blocks[file_id as usize].last_mut().filter(|b| b.header.codec == BlockCodec::Dedup) {
+                    b.literal_pages = Some(count);
+                }
+            }
+            Some((_, Checked::Chain(entries))) => chain = entries,
+            Some((_, Checked::FileEnd(_))) => {}
+            Some((_, Checked::Index(index))) => return Ok(Walked { header, index, blocks, chain }),
+            None => unreachable!("the index ends the records"),
+        }
+    }
+}
+
 /// Reads and checks the trailer and the index it points at; returns the
 /// index and its offset.
 fn read_index(store: &dyn RecordStore, header: &Header) -> Result<(Index, u64)> {
@@ -886,14 +883,7 @@ impl BlockSource for Archive {
     }
 
     fn proven(&self) -> Result<()> {
-        let mut state = self.proof.lock().unwrap();
-        loop {
-            match &*state {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(e)) => return Err(e.duplicate()),
-                None => state = self.proof_done.wait(state).unwrap(),
-            }
-        }
+        self.proof.wait().as_ref().map_err(Error::duplicate).copied()
     }
 
     fn block(&self, file_id: u32, i: usize) -> Result<Option<CheckedBlock>> {
