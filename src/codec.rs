@@ -77,6 +77,25 @@ impl CodecConfig {
     }
 }
 
+impl CodecConfig {
+    /// The setting for blocks compressed while a backlog builds (a dump whose
+    /// absorb budget is nearly spent while the process is frozen): LZ4 at
+    /// acceleration at least [`HURRIED_LZ4_ACCELERATION`], in place of zstd too.
+    /// Each block records its codec, so readers need nothing more.
+    pub fn hurried(self) -> CodecConfig {
+        match self.codec {
+            Codec::None => self,
+            Codec::Lz4 | Codec::Zstd => CodecConfig {
+                codec: Codec::Lz4,
+                level: if self.codec == Codec::Lz4 { self.level.max(HURRIED_LZ4_ACCELERATION) } else { 1 },
+            },
+        }
+    }
+}
+
+/// LZ4 acceleration of hurried blocks when LZ4 was asked for.
+pub const HURRIED_LZ4_ACCELERATION: i32 = 8;
+
 impl Default for CodecConfig {
     fn default() -> Self {
         CodecConfig { codec: Codec::Lz4, level: 1 }
@@ -95,6 +114,7 @@ pub struct Encoder {
     config: CodecConfig,
     zstd: Option<zstd::bulk::Compressor<'static>>,
     gathered: Vec<u8>,
+    hurried: bool,
 }
 
 impl Encoder {
@@ -103,7 +123,13 @@ impl Encoder {
             Codec::Zstd => Some(zstd::bulk::Compressor::new(config.level).expect("zstd level was validated")),
             _ => None,
         };
-        Encoder { config, zstd, gathered: Vec::new() }
+        Encoder { config, zstd, gathered: Vec::new(), hurried: false }
+    }
+
+    /// Compress the next blocks with [`CodecConfig::hurried`] (or, given
+    /// false, with the configured codec again).
+    pub fn hurry(&mut self, hurried: bool) {
+        self.hurried = hurried;
     }
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
@@ -134,6 +160,9 @@ impl Encoder {
 
     /// Compresses with the configured codec; raw when that saves less than 1/8.
     pub fn compress(&mut self, src: &[u8]) -> (BlockCodec, Vec<u8>) {
+        if self.hurried {
+            return compress(self.config.hurried(), None, src);
+        }
         compress(self.config, self.zstd.as_mut(), src)
     }
 }

@@ -7,11 +7,18 @@
 //! with 256 KiB blocks and the default 64 MiB budget that is 128 blocks.
 //! Submitting blocks while the window is full, so a slow consumer paces the
 //! producers (and, through them, CRIU) instead of growing queues.
+//!
+//! A [`Hold`] keeps the workers idle while a producer must have the cores to
+//! itself (CRIU writing a frozen process's pages): they take jobs only when
+//! the queue passes its high-water mark, and freely once the hold is
+//! released or every submitter is gone. Work done under the hold is work
+//! done under backlog, which [`Hold::is_held`] lets the job know.
 
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Default bytes of block data allowed in flight.
@@ -41,9 +48,72 @@ pub fn window_for(budget: usize, block_size: usize, threads: usize) -> usize {
     (budget / (2 * block_size.max(1))).max(2 * threads).max(2)
 }
 
+/// Keeps an engine's workers back until its queue nears full or the hold is
+/// released (see the module doc).
+#[derive(Default)]
+pub struct Hold {
+    held: AtomicBool,
+    lock: Mutex<()>,
+    turn: Condvar,
+}
+
+impl Hold {
+    /// A hold in force from the start.
+    pub fn new() -> Arc<Hold> {
+        Arc::new(Hold { held: AtomicBool::new(true), ..Hold::default() })
+    }
+
+    /// A hold that never holds.
+    pub fn released() -> Arc<Hold> {
+        Arc::new(Hold::default())
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Lets the workers run freely from now on.
+    pub fn release(&self) {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.held.store(false, Ordering::Release);
+        self.turn.notify_all();
+    }
+
+    /// Waits until a worker may take a job from a queue holding `queued`.
+    fn wait_turn(&self, queued: &dyn Fn() -> usize, high_water: usize) {
+        let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.is_held() && queued() < high_water {
+            guard = self.turn.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A submit left `queued` jobs waiting: wakes the workers at high water.
+    fn submitted(&self, queued: usize, high_water: usize) {
+        if self.is_held() && queued >= high_water {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.turn.notify_all();
+        }
+    }
+}
+
+/// The queue length at which held workers start: three quarters of the
+/// window, so the producer stalls only once the budget is really spent.
+fn high_water(window: usize) -> usize {
+    (window - window / 4).max(1)
+}
+
 struct SubmitState<J> {
     next_seq: u64,
     jobs: Sender<(u64, J)>,
+    hold: Arc<Hold>,
+    high_water: usize,
+}
+
+impl<J> Drop for SubmitState<J> {
+    /// No more jobs will come: held workers must drain what is queued.
+    fn drop(&mut self) {
+        self.hold.release();
+    }
 }
 
 pub struct Submitter<J> {
@@ -65,7 +135,9 @@ impl<J: Send> Submitter<J> {
         self.tokens.send(()).map_err(|_| Error::Cancelled)?;
         let seq = st.next_seq;
         st.next_seq += 1;
-        st.jobs.send((seq, job)).map_err(|_| Error::Cancelled)
+        st.jobs.send((seq, job)).map_err(|_| Error::Cancelled)?;
+        st.hold.submitted(st.jobs.len(), st.high_water);
+        Ok(())
     }
 }
 
@@ -126,7 +198,25 @@ where
     I: Fn() -> S + Send + Sync + 'static,
     W: Fn(&mut S, J) -> R + Send + Sync + 'static,
 {
+    start_held(threads, window, Hold::released(), init, work)
+}
+
+/// [`start`] with the workers behind `hold`.
+pub fn start_held<J, R, S, I, W>(
+    threads: usize,
+    window: usize,
+    hold: Arc<Hold>,
+    init: I,
+    work: W,
+) -> (Submitter<J>, Collector<R>)
+where
+    J: Send + 'static,
+    R: Send + 'static,
+    I: Fn() -> S + Send + Sync + 'static,
+    W: Fn(&mut S, J) -> R + Send + Sync + 'static,
+{
     let window = window.max(1);
+    let high_water = high_water(window);
     let (job_tx, job_rx) = bounded::<(u64, J)>(window);
     let (res_tx, res_rx) = unbounded::<(u64, R)>();
     let (tok_tx, tok_rx) = bounded::<()>(window);
@@ -135,11 +225,14 @@ where
     let workers = (0..threads.max(1))
         .map(|i| {
             let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
+            let hold = hold.clone();
             std::thread::Builder::new()
                 .name(format!("criuz-worker-{i}"))
                 .spawn(move || {
                     let mut state = init();
-                    for (seq, job) in job_rx {
+                    loop {
+                        hold.wait_turn(&|| job_rx.len(), high_water);
+                        let Ok((seq, job)) = job_rx.recv() else { break };
                         if res_tx.send((seq, work(&mut state, job))).is_err() {
                             break;
                         }
@@ -148,8 +241,8 @@ where
                 .expect("spawn worker thread")
         })
         .collect();
-    let submitter =
-        Submitter { state: Arc::new(Mutex::new(SubmitState { next_seq: 0, jobs: job_tx })), tokens: tok_tx };
+    let state = SubmitState { next_seq: 0, jobs: job_tx, hold, high_water };
+    let submitter = Submitter { state: Arc::new(Mutex::new(state)), tokens: tok_tx };
     let collector = Collector { results: res_rx, tokens: tok_rx, pending: BTreeMap::new(), next: 0, workers };
     (submitter, collector)
 }
@@ -209,6 +302,50 @@ mod tests {
             let mine: Vec<u32> = out.iter().filter(|x| x.0 == p).map(|x| x.1).collect();
             assert_eq!(mine, (0..200).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn held_workers_wait_for_high_water_or_release() {
+        use std::sync::atomic::AtomicUsize;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let hold = Hold::new();
+        let counted = ran.clone();
+        // Window 8: held workers start at 6 queued jobs.
+        let (sub, mut col) = start_held(
+            2,
+            8,
+            hold.clone(),
+            || (),
+            move |_, x: u32| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                x
+            },
+        );
+        for i in 0..5 {
+            sub.submit(i).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "held workers took jobs below high water");
+        sub.submit(5).unwrap();
+        let first = (0..200).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            col.try_next()
+        });
+        assert_eq!(first, Some(0), "high water did not start the workers");
+        let before_release = ran.load(Ordering::SeqCst);
+        assert!(before_release < 6, "workers drained below high water while held: {before_release}");
+        hold.release();
+        drop(sub);
+        assert_eq!(col.collect::<Vec<_>>(), (1..6).collect::<Vec<_>>());
+        assert_eq!(ran.load(Ordering::SeqCst), 6);
+    }
+
+    #[test]
+    fn dropping_every_submitter_releases_a_hold() {
+        let (sub, col) = start_held(1, 64, Hold::new(), || (), |_, x: u32| x);
+        sub.submit(7).unwrap();
+        drop(sub);
+        assert_eq!(col.collect::<Vec<_>>(), vec![7]);
     }
 
     #[test]

@@ -166,7 +166,14 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
         ("empty.img".into(), Vec::new()),
     ];
     for cfg in configs() {
-        let opts = Options { codec: cfg, block_size: 64 << 10, threads: 3, memory_budget: 1 << 20, ids: false };
+        let opts = Options {
+            codec: cfg,
+            block_size: 64 << 10,
+            threads: 3,
+            memory_budget: 1 << 20,
+            ids: false,
+            absorb_first: false,
+        };
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap());
         let writers: Vec<_> = files
@@ -202,6 +209,32 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
             assert!(&back == data, "indexed read of {name} differs");
         }
     }
+}
+
+/// A dump absorbing into a budget smaller than its image: the blocks
+/// compressed while the budget is nearly spent and CRIU still writes are
+/// hurried (LZ4 in place of zstd), the rest after `capture_done` use zstd,
+/// and every byte reads back.
+#[test]
+fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
+    let data = pattern("text", 4096, 0);
+    let codec = CodecConfig::new(Codec::Zstd, None).unwrap();
+    let opts =
+        Options { codec, block_size: 64 << 10, threads: 2, memory_budget: 2 << 20, ids: false, absorb_first: true };
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+    let mut sink = packer.begin_file("pages-1.img").unwrap();
+    let (captured, rest) = data.split_at(data.len() * 3 / 4);
+    sink.write(captured).unwrap();
+    packer.capture_done();
+    sink.write(rest).unwrap();
+    sink.finish().unwrap();
+    let (stats, _) = packer.finish().unwrap();
+    assert!(stats.blocks_hurried > 0, "a spent budget hurried nothing: {stats:?}");
+    assert_eq!(stats.blocks_lz4, stats.blocks_hurried, "{stats:?}");
+    assert!(stats.blocks_zstd >= 16, "the backlog after capture_done was not zstd: {stats:?}");
+    let arc = Archive::open(tmp.path()).unwrap();
+    assert!(arc.read_file(arc.find("pages-1.img").unwrap()).unwrap() == data);
 }
 
 /// A small CRIU-like images directory.

@@ -1,6 +1,6 @@
 //! The archive side: record framing (`records`), every reading rule
 //! (`check`), the block source every reader goes through (`source`), the
-//! writer (`write`) and whole-archive decoding for unpack and verify (`read`).
+//! writer (`write`, its block buffers in `slab`) and whole-archive decoding for unpack and verify (`read`).
 //! Byte layout lives in `crate::format`; this module adds I/O and checks.
 
 pub mod check;
@@ -8,6 +8,7 @@ pub mod dedup;
 pub mod parent;
 pub mod read;
 pub mod records;
+pub(crate) mod slab;
 pub mod source;
 pub mod write;
 
@@ -33,6 +34,10 @@ pub struct Options {
     /// Store page ids (format version 2), so the archive can be a parent and
     /// dedups within itself.
     pub ids: bool,
+    /// Absorb first (a dump): compress only when the budget is nearly spent,
+    /// then with the hurried codec, until [`Packer::capture_done`]; CRIU,
+    /// writing a frozen process, keeps the cores meanwhile.
+    pub absorb_first: bool,
 }
 
 impl Default for Options {
@@ -43,6 +48,7 @@ impl Default for Options {
             threads: engine::default_threads(),
             memory_budget: engine::DEFAULT_MEMORY_BUDGET,
             ids: false,
+            absorb_first: false,
         }
     }
 }
@@ -78,6 +84,8 @@ pub struct PackStats {
     pub blocks_lz4: u64,
     pub blocks_zstd: u64,
     pub blocks_dedup: u64,
+    /// Blocks compressed with the hurried codec under backlog.
+    pub blocks_hurried: u64,
 }
 
 impl PackStats {

@@ -9,6 +9,7 @@
 //! temporary name is removed).
 
 use super::dedup::{dedup_block, DedupIndex};
+use super::slab::{Carver, SlabBuf};
 use super::{Options, PackStats};
 use crate::archive::records::ArchiveWriter;
 use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
@@ -23,19 +24,21 @@ use std::thread::JoinHandle;
 
 enum PackJob {
     Begin { key: u64, name: String, kind: FileKind },
-    Block { key: u64, data: Vec<u8>, page_aware: bool, block: u32 },
+    Block { key: u64, data: SlabBuf, page_aware: bool, block: u32 },
     End { key: u64 },
 }
 
 enum PackResult {
     Begin { key: u64, name: String, kind: FileKind },
-    Block { key: u64, block: EncodedBlock },
+    Block { key: u64, block: EncodedBlock, hurried: bool },
     End { key: u64 },
 }
 
 /// Builds an archive from files written concurrently.
 pub struct Packer {
     submitter: Option<Submitter<PackJob>>,
+    /// Keeps the workers back while CRIU writes ([`Options::absorb_first`]).
+    hold: Arc<engine::Hold>,
     aborted: Arc<AtomicBool>,
     writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
     /// The next file's key, which is also its file id: held while its Begin
@@ -65,18 +68,25 @@ impl Packer {
             header.flags |= FLAG_PARENT;
             header.parent_id = parent.archive_id;
         }
-        let (submitter, collector) = engine::start(
+        let hold = if opts.absorb_first { engine::Hold::new() } else { engine::Hold::released() };
+        let backlog = hold.clone();
+        let (submitter, collector) = engine::start_held(
             opts.threads,
             opts.window(),
+            hold.clone(),
             move || Encoder::new(codec),
             move |enc: &mut Encoder, job: PackJob| match job {
                 PackJob::Begin { key, name, kind } => PackResult::Begin { key, name, kind },
                 PackJob::Block { key, data, page_aware, block } => {
+                    // A held worker runs only when the budget is nearly
+                    // spent: catch up fast rather than stall CRIU.
+                    let hurried = backlog.is_held();
+                    enc.hurry(hurried);
                     let encoded = match (&dedup, page_aware) {
                         (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
                         _ => enc.encode(0, &data, page_aware),
                     };
-                    PackResult::Block { key, block: encoded }
+                    PackResult::Block { key, block: encoded, hurried }
                 }
                 PackJob::End { key } => PackResult::End { key },
             },
@@ -98,7 +108,8 @@ impl Packer {
                             ids.insert(key, w.begin_file(&name, kind)?);
                             stats.files += 1;
                         }
-                        PackResult::Block { key, mut block } => {
+                        PackResult::Block { key, mut block, hurried } => {
+                            stats.blocks_hurried += u64::from(hurried);
                             block.header.file_id = ids[&key];
                             w.write_block(&block.header, &block.payload)?;
                             if let Some(page_ids) = &block.ids {
@@ -120,6 +131,7 @@ impl Packer {
             .expect("spawn writer thread");
         Ok(Packer {
             submitter: Some(submitter),
+            hold,
             aborted,
             writer: Some(writer),
             next_key: Mutex::new(0),
@@ -140,10 +152,16 @@ impl Packer {
             sub,
             key,
             page_aware: kind == FileKind::Pages,
-            block_size: self.block_size,
-            buf: Vec::new(),
+            carver: Carver::new(self.block_size),
+            buf: SlabBuf::empty(),
             blocks: 0,
         })
+    }
+
+    /// CRIU has written everything: compress the absorbed backlog with every
+    /// worker, at the codec asked for.
+    pub fn capture_done(&self) {
+        self.hold.release();
     }
 
     /// Waits for every file to be written; returns the stats and index. Fails
@@ -180,8 +198,9 @@ pub struct FileSink {
     sub: Submitter<PackJob>,
     key: u64,
     page_aware: bool,
-    block_size: usize,
-    buf: Vec<u8>,
+    /// Where the block buffers come from (see `slab` for why not the heap).
+    carver: Carver,
+    buf: SlabBuf,
     /// Blocks submitted so far (the next block's index in its file).
     blocks: u32,
 }
@@ -190,12 +209,11 @@ impl FileSink {
     pub fn write(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             if self.buf.capacity() == 0 {
-                self.buf.reserve_exact(self.block_size);
+                self.buf = self.carver.carve();
             }
-            let n = (self.block_size - self.buf.len()).min(data.len());
-            self.buf.extend_from_slice(&data[..n]);
+            let n = self.buf.extend(data);
             data = &data[n..];
-            if self.buf.len() == self.block_size {
+            if self.buf.len() == self.buf.capacity() {
                 self.flush_block()?;
             }
         }
@@ -206,14 +224,13 @@ impl FileSink {
     /// zero-filling); returns the bytes read, 0 at end of input.
     pub fn read_from(&mut self, fd: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
         if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(self.block_size);
+            self.buf = self.carver.carve();
         }
-        let len = self.buf.len();
-        let room = self.block_size - len;
+        let (spare, room) = self.buf.spare();
         let n = loop {
-            // SAFETY: read(2) writes at most `room` bytes into the spare
-            // capacity after `len`, which the reserve above guarantees.
-            let n = unsafe { libc::read(fd.as_raw_fd(), self.buf.as_mut_ptr().add(len).cast(), room) };
+            // SAFETY: read(2) writes at most `room` bytes at `spare`, the
+            // buffer's unfilled capacity.
+            let n = unsafe { libc::read(fd.as_raw_fd(), spare.cast(), room) };
             if n >= 0 {
                 break n as usize;
             }
@@ -222,9 +239,9 @@ impl FileSink {
                 return Err(e);
             }
         };
-        // SAFETY: the kernel initialised `n` bytes after `len`.
-        unsafe { self.buf.set_len(len + n) };
-        if self.buf.len() == self.block_size {
+        // SAFETY: the kernel initialised `n <= room` bytes at `spare`.
+        unsafe { self.buf.filled(n) };
+        if self.buf.len() == self.buf.capacity() {
             self.flush_block().map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         Ok(n)
@@ -235,7 +252,7 @@ impl FileSink {
     }
 
     fn flush_block(&mut self) -> Result<()> {
-        let data = std::mem::take(&mut self.buf);
+        let data = std::mem::replace(&mut self.buf, SlabBuf::empty());
         let block = self.blocks;
         self.blocks += 1;
         self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })

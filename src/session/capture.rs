@@ -50,6 +50,7 @@ pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Resul
     for r in readers {
         let _ = r.join();
     }
+    packer.capture_done();
     result?;
     if let Some(e) = failed.lock().unwrap().take() {
         return Err(e);

@@ -19,6 +19,7 @@ use crate::archive::parent::ParentSearch;
 use crate::archive::{BlockSource, Options, PackStats, Packer};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::{self, images, Criu};
+use crate::engine;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Output;
 use crate::session::capture;
@@ -67,6 +68,9 @@ pub struct DumpReport {
     pub raw_bytes_per_second: f64,
     pub files: u64,
     pub zero_pages: u64,
+    /// Blocks compressed with the hurried codec because the absorb budget
+    /// was nearly spent while CRIU wrote (see `CodecConfig::hurried`).
+    pub hurried_blocks: u64,
     pub criu_stats: Option<CriuDumpStats>,
     #[serde(skip)]
     pub pack: PackStats,
@@ -173,6 +177,18 @@ pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<Dedu
         return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", parent.display())));
     }
     Ok(Some(Arc::new(crate::archive::parent::dedup_index(parent, output)?)))
+}
+
+/// A dump's archive options with its absorb budget: `requested` bytes
+/// (`--absorb`), by default a quarter of available memory
+/// ([`engine::default_absorb`]), but [`engine::DEFAULT_MEMORY_BUDGET`] for an
+/// object store output, which bounds an upload's memory. A budget above that
+/// absorbs first ([`Options::absorb_first`]); at it (`--absorb 0`), CRIU and
+/// the workers share the cores throughout, as in a pack.
+pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Options {
+    let default = if crate::io::is_object(output) { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
+    let budget = requested.unwrap_or(default).max(engine::DEFAULT_MEMORY_BUDGET);
+    Options { memory_budget: budget, absorb_first: budget > engine::DEFAULT_MEMORY_BUDGET, ..opts }
 }
 
 /// A process that CRIU could dump: one that exists.
@@ -312,6 +328,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         raw_bytes_per_second: pack.raw_bytes as f64 / seconds.max(1e-9),
         files: pack.files,
         zero_pages: pack.zero_pages,
+        hurried_blocks: pack.blocks_hurried,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
         pack,
     })

@@ -10,7 +10,7 @@ use criuz::codec::{Codec, CodecConfig};
 use criuz::io::{is_stdio, open_input, Output};
 use criuz::progress::Progress;
 use criuz::{engine, offline};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// `println!` that ends quietly when stdout is closed early (`criuz inspect
@@ -55,21 +55,13 @@ struct CodecArgs {
 
 #[derive(Args, Clone)]
 struct AbsorbArgs {
-    /// Memory for CRIU's pages not yet compressed: CRIU writes at its own
-    /// speed and the process resumes while criuz compresses the rest
-    /// (K/M/G; default: a quarter of available memory, but 64M for an
-    /// s3:// output, which bounds an upload's memory; 0 for 64M)
+    /// Memory for CRIU's pages not yet compressed: while CRIU writes, criuz
+    /// only takes pages in, and compresses once CRIU is done (or, when the
+    /// budget is nearly spent, at once with LZ4) (K/M/G; default: a quarter
+    /// of available memory, but 64M for an s3:// output, which bounds an
+    /// upload's memory; 0: 64M, compressing alongside CRIU throughout)
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     absorb: Option<usize>,
-}
-
-impl AbsorbArgs {
-    /// The dump's memory budget for an archive going to `output`.
-    fn budget(&self, output: &Path) -> usize {
-        let default =
-            if criuz::io::is_object(output) { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
-        self.absorb.unwrap_or(default).max(engine::DEFAULT_MEMORY_BUDGET)
-    }
 }
 
 #[derive(Args, Clone)]
@@ -395,7 +387,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, extra } => {
-            let opts = Options { memory_budget: absorb.budget(&output), ..codec.options()? };
+            let opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
             let c = criu.locate()?;
             let o =
                 criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra, parent };
@@ -416,6 +408,12 @@ fn run(cli: Cli) -> Result<()> {
                     r.seconds,
                     rate(r.raw_bytes, r.seconds)
                 );
+                if r.hurried_blocks > 0 {
+                    eprintln!(
+                        "{} blocks were compressed with LZ4 while the absorb budget was spent (--absorb to raise it)",
+                        r.hurried_blocks
+                    );
+                }
                 if let Some(s) = &r.criu_stats {
                     eprintln!(
                         "CRIU: frozen {:.3}s, freezing {:.3}s, memory dump {:.3}s, memory write {:.3}s, pages scanned {}, written {}",
@@ -492,7 +490,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Capture { dir, output, force, codec, absorb } => {
-            let opts = Options { memory_budget: absorb.budget(&output), ..codec.options()? };
+            let opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
             let out = Output::open(&output, force)?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
@@ -561,6 +559,13 @@ fn print_inspect(rep: &offline::InspectReport) {
             p.archive_id,
             p.hint,
             human(p.referenced_bytes)
+        );
+    }
+    if rep.total.blocks_lz4 > 0 && rep.total.blocks_zstd > 0 {
+        out!(
+            "codecs: {} blocks zstd, {} LZ4 (a dump hurries blocks to LZ4 while its absorb budget is spent)",
+            rep.total.blocks_zstd,
+            rep.total.blocks_lz4
         );
     }
     if !rep.chain.is_empty() || rep.total.referenced_bytes > 0 {
