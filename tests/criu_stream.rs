@@ -368,6 +368,42 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
 }
 
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// criuz killed after CRIU left the process stopped (its archive still
+/// compressing) must not leave the process stopped for good: the dump's
+/// guard resumes it, with its memory as it was, and no archive appears.
+#[test]
+fn a_dump_whose_criuz_is_killed_resumes_the_process() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "text", mib: 48, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("killed.czr");
+    let pid = w.pid.to_string();
+    // zstd at its slowest: the archive is far from written when CRIU is done.
+    let mut dump = Command::new(CRIUZ)
+        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "19"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("CRIU to leave the process stopped", Duration::from_secs(60), || process_state(w.pid) == Some('T'));
+    dump.kill().unwrap();
+    dump.wait().unwrap();
+    wait_for("the guard to resume the process", Duration::from_secs(10), || {
+        process_state(w.pid).is_some_and(|s| s != 'T')
+    });
+    assert!(!arc.exists(), "an archive appeared under its final name");
+    assert!(w.alive(), "the process must run on");
+    assert_eq!(w.sums(), before, "the resumed process's memory changed");
+    w.stop();
+}
+
 /// CRIU finishes into the absorb budget before the archive is written; an
 /// archive that then cannot be written (here: a full file system) must not
 /// take the process with it: CRIU left it stopped, and criuz resumes it.

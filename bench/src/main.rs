@@ -207,6 +207,9 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     let pids = proc::tree(app.pid);
     let cpu_before: f64 = pids.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
 
+    // The previous run's writeback must not run inside this one's dump.
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
     let d = config::dump(cfg, ctx.env, &place, app.pid)?;
 
     // CRIU ended the tree: reap it so its pids are free for the restore. Its

@@ -16,6 +16,7 @@ use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{BlockCodec, DedupPayload, FileKind, Header, Index, FLAG_IDS, FLAG_PARENT, FLAG_TABLE};
+use crate::progress::Meter;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,7 @@ pub struct Packer {
     submitter: Option<Submitter<PackJob>>,
     /// Keeps the workers back while CRIU writes ([`Options::absorb_first`]).
     hold: Arc<engine::Hold>,
+    meter: Arc<Meter>,
     aborted: Arc<AtomicBool>,
     writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
     /// The next file's key, which is also its file id: held while its Begin
@@ -52,6 +54,17 @@ impl Packer {
     /// archive) or `opts.ids`, page images carry page ids and pages already
     /// stored in the parents or earlier in this archive become references.
     pub fn start<W: Write + Send + 'static>(out: W, opts: &Options, dedup: Option<Arc<DedupIndex>>) -> Result<Self> {
+        Self::start_metered(out, opts, dedup, Meter::new())
+    }
+
+    /// [`start`](Self::start), counting into `meter` the bytes taken in and
+    /// the bytes written, and when [`capture_done`](Self::capture_done) came.
+    pub fn start_metered<W: Write + Send + 'static>(
+        out: W,
+        opts: &Options,
+        dedup: Option<Arc<DedupIndex>>,
+        meter: Arc<Meter>,
+    ) -> Result<Self> {
         opts.validate()?;
         let codec = opts.codec;
         let dedup = dedup.or_else(|| opts.ids.then(|| Arc::new(DedupIndex::new(Vec::new(), HashMap::new()))));
@@ -93,6 +106,7 @@ impl Packer {
         );
         let aborted = Arc::new(AtomicBool::new(false));
         let stop = aborted.clone();
+        let stored = meter.clone();
         let writer = std::thread::Builder::new()
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
@@ -116,6 +130,7 @@ impl Packer {
                                 w.write_ids(block.header.file_id, page_ids)?;
                             }
                             stats.add_block(&block.header);
+                            stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
                         }
                         PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
                     }
@@ -132,6 +147,7 @@ impl Packer {
         Ok(Packer {
             submitter: Some(submitter),
             hold,
+            meter,
             aborted,
             writer: Some(writer),
             next_key: Mutex::new(0),
@@ -153,6 +169,7 @@ impl Packer {
             key,
             page_aware: kind == FileKind::Pages,
             carver: Carver::new(self.block_size),
+            meter: self.meter.clone(),
             buf: SlabBuf::empty(),
             blocks: 0,
         })
@@ -161,6 +178,7 @@ impl Packer {
     /// CRIU has written everything: compress the absorbed backlog with every
     /// worker, at the codec asked for.
     pub fn capture_done(&self) {
+        self.meter.criu_done();
         self.hold.release();
     }
 
@@ -200,6 +218,7 @@ pub struct FileSink {
     page_aware: bool,
     /// Where the block buffers come from (see `slab` for why not the heap).
     carver: Carver,
+    meter: Arc<Meter>,
     buf: SlabBuf,
     /// Blocks submitted so far (the next block's index in its file).
     blocks: u32,
@@ -253,6 +272,7 @@ impl FileSink {
 
     fn flush_block(&mut self) -> Result<()> {
         let data = std::mem::replace(&mut self.buf, SlabBuf::empty());
+        self.meter.taken.fetch_add(data.len() as u64, Ordering::Relaxed);
         let block = self.blocks;
         self.blocks += 1;
         self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })

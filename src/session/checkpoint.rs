@@ -22,6 +22,7 @@ use crate::criu::{self, images, Criu};
 use crate::engine;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Output;
+use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::serve::{self, ServeOptions};
 use prost::Message;
@@ -42,6 +43,8 @@ pub struct DumpOptions {
     pub extra: Vec<String>,
     /// Write an incremental archive against this parent.
     pub parent: Option<PathBuf>,
+    /// Counts what is taken in and written, for a progress line.
+    pub meter: Option<Arc<Meter>>,
 }
 
 /// CRIU's own dump statistics (stats-dump), in microseconds and pages.
@@ -251,7 +254,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let work = WorkDir::new("criuz-dump-")?;
     let listener = Listener::bind(work.path(), streamer::CAPTURE_SOCKET)?;
     let dedup = dedup_for(o.parent.as_deref(), &o.output)?;
-    let packer = Packer::start(out.writer()?, archive, dedup)?;
+    let meter = o.meter.clone().unwrap_or_default();
+    let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
     let stop = AtomicBool::new(false);
 
     let mut cmd = Command::new(&criu.path);
@@ -271,6 +275,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     }
     cmd.args(&o.extra);
 
+    // Resumes the tree should criuz die while CRIU leaves it stopped.
+    let mut guard = if o.leave_running { None } else { Some(crate::session::guard::Guard::resuming(&[o.pid])?) };
     let (status, captured) = std::thread::scope(|s| {
         let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
         let status = cmd.status();
@@ -306,6 +312,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         Ok(pack) => {
             if !o.leave_running {
                 crate::session::guard::kill_tree(&[o.pid]);
+            }
+            if let Some(mut g) = guard.take() {
+                g.release();
             }
             pack
         }
@@ -349,6 +358,8 @@ pub struct RestoreOptions {
     pub parents: ParentSearch,
     /// Written with the restored pid once the tree runs (with `detach`).
     pub pidfile: Option<PathBuf>,
+    /// Counts the page bytes served, for a progress line.
+    pub meter: Option<Arc<Meter>>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -401,7 +412,12 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
     let stop = AtomicBool::new(false);
-    let opts = ServeOptions { threads: archive.threads, prefetch_bytes: 16 << 20, skip_zero_pages: !o.keep_zero_pages };
+    let opts = ServeOptions {
+        meter: o.meter.clone().unwrap_or_default(),
+        threads: archive.threads,
+        prefetch_bytes: serve::PREFETCH_BYTES,
+        skip_zero_pages: !o.keep_zero_pages,
+    };
 
     let mut cmd = restore_command(criu, o, "--stream", work.path(), &pidfile);
 

@@ -1,5 +1,9 @@
-//! The guard of a lazy restore: a process forked from criuz that kills the
-//! restored tree if criuz dies before every page is in place.
+//! The guard of a tree criuz is responsible for: a process forked from
+//! criuz that signals the tree if criuz dies before its work is done. A lazy
+//! restore's guard kills the restored tree (below); a dump's guard resumes
+//! the tree CRIU left stopped (`--leave-stopped`, so that it ends only once
+//! its archive is committed), so a criuz killed meanwhile leaves the
+//! process running instead of stopped for good.
 //!
 //! criuz serves the tree's page faults itself (`session::lazy`) through the
 //! userfaultfds CRIU hands it. Were criuz to die, those descriptors would
@@ -50,8 +54,19 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl Guard {
-    /// Forks the guard of `tree`.
+    /// Forks the guard of a lazily restored `tree`: it kills the tree if
+    /// criuz dies before [`release`](Self::release).
     pub fn start(tree: &[i32]) -> Result<Guard> {
+        Self::signalling(tree, libc::SIGKILL)
+    }
+
+    /// Forks the guard of a dumped `tree` CRIU leaves stopped: it resumes
+    /// the tree (SIGCONT) if criuz dies before [`release`](Self::release).
+    pub fn resuming(tree: &[i32]) -> Result<Guard> {
+        Self::signalling(tree, libc::SIGCONT)
+    }
+
+    fn signalling(tree: &[i32], sig: i32) -> Result<Guard> {
         let (tell_r, tell_w) = pipe()?;
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
@@ -64,7 +79,7 @@ impl Guard {
         // prepared above (see the module documentation), and never returns.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            unsafe { guard_main(fds, &tree) }
+            unsafe { guard_main(fds, &tree, sig) }
         }
         if pid < 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -244,7 +259,7 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
 
 /// The guard process (see the module documentation): only async-signal-safe
 /// calls, on memory prepared before the fork.
-unsafe fn guard_main(f: GuardFds, tree: &[i32]) -> ! {
+unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
     // criuz's ends must close when criuz dies.
     for fd in f.not_ours {
         libc::close(fd);
@@ -283,7 +298,7 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32]) -> ! {
                 continue;
             }
             if !(r == 1 && b == QUIT) {
-                kill_tree(tree);
+                signal_tree(tree, sig);
             }
             libc::_exit(0);
         }

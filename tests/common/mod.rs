@@ -176,8 +176,12 @@ impl Workload {
     }
 
     pub fn stop(&mut self) {
-        // SAFETY: our own workload (original or restored).
-        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        // SAFETY: our own workload (original or restored); SIGCONT lets a
+        // process left stopped (a failed test of a dump) act on the SIGTERM.
+        unsafe {
+            libc::kill(self.pid, libc::SIGTERM);
+            libc::kill(self.pid, libc::SIGCONT);
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         } else {

@@ -389,9 +389,21 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, extra } => {
             let opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
             let c = criu.locate()?;
-            let o =
-                criuz::session::checkpoint::DumpOptions { pid, output, force, leave_running, shell_job, extra, parent };
-            let r = criuz::session::checkpoint::dump(&o, &opts, &c)?;
+            let meter = criuz::progress::Meter::new();
+            let o = criuz::session::checkpoint::DumpOptions {
+                pid,
+                output,
+                force,
+                leave_running,
+                shell_job,
+                extra,
+                parent,
+                meter: Some(meter.clone()),
+            };
+            let ticker = criuz::progress::Ticker::start(move || meter.dump_line());
+            let r = criuz::session::checkpoint::dump(&o, &opts, &c);
+            drop(ticker);
+            let r = r?;
             if json && is_stdio(&o.output) {
                 // The archive went to stdout.
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
@@ -451,6 +463,7 @@ fn run(cli: Cli) -> Result<()> {
                 keep_zero_pages,
                 parents: parents.search(),
                 pidfile,
+                meter: Some(criuz::progress::Meter::new()),
             };
             if lazy {
                 let r = criuz::session::lazy::restore_lazy(&o, &c)?;
@@ -473,7 +486,11 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 return Ok(());
             }
-            let r = criuz::session::checkpoint::restore(&o, &threads.options(), &c)?;
+            let meter = o.meter.clone().unwrap_or_default();
+            let ticker = criuz::progress::Ticker::start(move || meter.restore_line());
+            let r = criuz::session::checkpoint::restore(&o, &threads.options(), &c);
+            drop(ticker);
+            let r = r?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&r)?);
             } else if let Some(pid) = r.pid {
@@ -516,8 +533,9 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
             let never = std::sync::atomic::AtomicBool::new(false);
             let sopts = criuz::session::serve::ServeOptions {
+                meter: criuz::progress::Meter::new(),
                 threads: opts.threads,
-                prefetch_bytes: 16 << 20,
+                prefetch_bytes: criuz::session::serve::PREFETCH_BYTES,
                 skip_zero_pages: !keep_zero_pages,
             };
             let r = criuz::session::serve::serve(&listener, source, sopts, &never)?.expect("serve waits for CRIU");
