@@ -368,6 +368,32 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
 }
 
+/// A dump whose absorb budget runs out while CRIU writes: the blocks taken
+/// meanwhile are hurried (LZ4), CRIU is not held back by zstd, and the
+/// archive is rewritten with zstd once the process is done with; it restores
+/// intact.
+#[test]
+fn a_dump_beyond_its_absorb_budget_hurries_then_recompresses() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "text", mib: 160, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("hurried.czr");
+    let r = dump(&w, &arc, &["--codec", "zstd", "--absorb", "80M"]);
+    assert!(r["hurried_blocks"].as_u64().unwrap() > 0, "the budget never ran out: {r}");
+    assert_eq!(r["recompressed"], true, "{r}");
+    assert_eq!(std::fs::metadata(&arc).unwrap().len(), r["archive_bytes"].as_u64().unwrap());
+    let out = ok(criuz(&["inspect", "--json", arc.to_str().unwrap()]), "criuz inspect");
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["total"]["blocks_lz4"], 0, "hurried blocks left after the rewrite: {}", rep["total"]);
+    assert!(rep["total"]["blocks_zstd"].as_u64().unwrap() > 0);
+    w.reap_original();
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
 fn process_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.trim_start().chars().next()

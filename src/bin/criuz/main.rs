@@ -421,8 +421,13 @@ fn run(cli: Cli) -> Result<()> {
                     rate(r.raw_bytes, r.seconds)
                 );
                 if r.hurried_blocks > 0 {
+                    let then = match (&r.recompressed, &r.recompress_failed) {
+                        (true, _) => "then rewritten with the codec asked for".to_string(),
+                        (false, Some(e)) => format!("rewriting them failed, the archive keeps them: {e}"),
+                        (false, None) => "kept so (an incremental, piped or S3 archive is not rewritten)".to_string(),
+                    };
                     eprintln!(
-                        "{} blocks were compressed with LZ4 while the absorb budget was spent (--absorb to raise it)",
+                        "{} blocks were compressed with LZ4 while the absorb budget was spent (--absorb raises it); {then}",
                         r.hurried_blocks
                     );
                 }
