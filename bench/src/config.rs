@@ -104,6 +104,8 @@ pub struct Env {
     pub link: Option<u64>,
     /// TMPDIR for criuz (its private images directories), inside the work dir.
     pub tmp: PathBuf,
+    /// `--absorb` for criuz dumps, when not the default.
+    pub absorb: Option<String>,
 }
 
 /// Where one run keeps its checkpoint and logs.
@@ -245,7 +247,10 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                     usage,
                 });
             }
-            let args = ["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
+            let mut args = vec!["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
+            if let Some(a) = &env.absorb {
+                args.extend(["--absorb", a.as_str()]);
+            }
             let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
             let secs = t.elapsed().as_secs_f64();
             usage.add(done.usage);

@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// Send checkpoints through a link of this many bytes/s (K/M/G = 10^3/10^6/10^9, e.g. 125M)
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub link: Option<u64>,
+    /// Give `criuz dump` this absorb budget (criuz-lz4, criuz-zstd; e.g. 256M
+    /// to see blocks hurried and redone)
+    #[arg(long, value_name = "SIZE")]
+    pub absorb: Option<String>,
     /// CRIU binary (default: $CRIUZ_CRIU, the setup cache, then PATH)
     #[arg(long = "criu", value_name = "PATH")]
     pub criu: Option<PathBuf>,
@@ -396,7 +400,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp };
+    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone() };
     let ctx = Ctx {
         env: &env,
         tools: &tools,
@@ -479,6 +483,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             cold: args.cold,
             quick: args.quick,
             link_bytes_per_s: args.link,
+            absorb: args.absorb.clone(),
             workloads: plan.workloads.clone(),
             configs: plan.configs.iter().map(|c| c.name().to_string()).collect(),
         },

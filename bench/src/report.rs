@@ -107,6 +107,9 @@ pub struct Settings {
     pub quick: bool,
     /// Link rate in bytes per second, null without --link.
     pub link_bytes_per_s: Option<u64>,
+    /// `--absorb` given to criuz dumps, null for the default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub absorb: Option<String>,
     pub workloads: Vec<String>,
     pub configs: Vec<String>,
 }
