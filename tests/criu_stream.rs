@@ -242,7 +242,9 @@ fn temp_archive(arc: &Path) -> Option<PathBuf> {
         .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!(".{name}.criuz-tmp-")))
 }
 
-fn children_of(pid: u32) -> Vec<i32> {
+/// The CRIU processes criuz `pid` runs (not its other children: a dump's
+/// guard is a fork of criuz).
+fn criu_children_of(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
@@ -250,6 +252,7 @@ fn children_of(pid: u32) -> Vec<i32> {
             out.extend(c.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
         }
     }
+    out.retain(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "criu"));
     out
 }
 
@@ -289,7 +292,7 @@ fn criu_dying_mid_dump_leaves_no_archive() {
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ckpt.czr");
     let mut child = dump_in_flight(&w, &arc);
-    let criu_pid = *children_of(child.id()).first().expect("criu is running under criuz dump");
+    let criu_pid = *criu_children_of(child.id()).first().expect("criu is running under criuz dump");
     // SAFETY: killing the CRIU we started through criuz.
     unsafe { libc::kill(criu_pid, libc::SIGKILL) };
     let mut err = String::new();
@@ -310,7 +313,7 @@ fn criuz_killed_mid_dump_lets_criu_resume_the_process() {
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ckpt.czr");
     let mut child = dump_in_flight(&w, &arc);
-    let criu_pid = *children_of(child.id()).first().expect("criu is running under criuz dump");
+    let criu_pid = *criu_children_of(child.id()).first().expect("criu is running under criuz dump");
     child.kill().unwrap();
     child.wait().unwrap();
     // CRIU (now orphaned) must fail on the broken pipe and resume the tree.
