@@ -397,11 +397,6 @@ fn a_dump_beyond_its_absorb_budget_hurries_then_recompresses() {
     w.stop();
 }
 
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// criuz killed after CRIU left the process stopped (its archive still
 /// compressing) must not leave the process stopped for good: the dump's
 /// guard resumes it, with its memory as it was, and no archive appears.

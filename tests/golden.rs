@@ -34,32 +34,50 @@ fn header_and_x(version: u8, flags: u8) -> Vec<u8> {
     a
 }
 
-/// The 202-byte archive of FORMAT.md's worked example: one empty plain file `x`.
-fn from_the_spec() -> Vec<u8> {
-    let mut a = header_and_x(1, 0);
-    // E at 77: id 0, raw size 0, file check of no blocks = xxh3("").
+/// A sealed E record of file 0: raw size and file check.
+fn e_record(raw_size: u64, check: [u8; 8]) -> Vec<u8> {
     let mut e = vec![0x45, 0, 0, 0, 0, 0, 0, 0];
-    e.extend_from_slice(&0u64.to_le_bytes());
-    e.extend_from_slice(&[0xC2, 0x94, 0xD3, 0x38, 0x05, 0x80, 0x06, 0x2D]);
+    e.extend_from_slice(&raw_size.to_le_bytes());
+    e.extend_from_slice(&check);
     seal(&mut e);
-    a.extend_from_slice(&e);
-    // I at 105: one entry (id 0, kind 0, name x, size 0, check, F at 64, no blocks).
+    e
+}
+
+/// The fixed part of file `x`'s index entry (id 0, kind plain, F at 64),
+/// up to its block count; block references follow.
+fn entry_x(raw_size: u64, check: u64, blocks: u32) -> Vec<u8> {
     let mut body = Vec::new();
     body.extend_from_slice(&0u32.to_le_bytes());
     body.extend_from_slice(&[0, 0]);
     body.extend_from_slice(&1u16.to_le_bytes());
     body.push(b'x');
-    body.extend_from_slice(&0u64.to_le_bytes());
-    body.extend_from_slice(&0x2D06800538D394C2u64.to_le_bytes());
+    body.extend_from_slice(&raw_size.to_le_bytes());
+    body.extend_from_slice(&check.to_le_bytes());
     body.extend_from_slice(&64u64.to_le_bytes());
-    body.extend_from_slice(&0u32.to_le_bytes());
-    assert_eq!(body.len(), 37);
+    body.extend_from_slice(&blocks.to_le_bytes());
+    body
+}
+
+/// An I record of one entry: sealed fixed part, `body`, body check.
+fn i_record(body: &[u8]) -> Vec<u8> {
     let mut i = vec![0x49, 0, 0, 0];
     i.extend_from_slice(&1u32.to_le_bytes());
     i.extend_from_slice(&(body.len() as u64).to_le_bytes());
     seal(&mut i);
-    i.extend_from_slice(&body);
-    i.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+    i.extend_from_slice(body);
+    i.extend_from_slice(&xxh3_64(body).to_le_bytes());
+    i
+}
+
+/// The 202-byte archive of FORMAT.md's worked example: one empty plain file `x`.
+fn from_the_spec() -> Vec<u8> {
+    let mut a = header_and_x(1, 0);
+    // E at 77: id 0, raw size 0, file check of no blocks = xxh3("").
+    a.extend_from_slice(&e_record(0, [0xC2, 0x94, 0xD3, 0x38, 0x05, 0x80, 0x06, 0x2D]));
+    // I at 105: one entry (id 0, kind 0, name x, size 0, check, F at 64, no blocks).
+    let body = entry_x(0, 0x2D06800538D394C2, 0);
+    assert_eq!(body.len(), 37);
+    let i = i_record(&body);
     assert_eq!(i.len(), 65);
     a.extend_from_slice(&i);
     // Trailer at 170: magic, index offset 105, index length 65, check.
@@ -126,32 +144,15 @@ fn table_archive_from_the_spec() -> Vec<u8> {
     a.extend_from_slice(&b);
     a.extend_from_slice(b"hi");
     let file_check = xxh3_64(&xxh3_64(b"hi").to_le_bytes());
-    let mut e = vec![0x45, 0, 0, 0, 0, 0, 0, 0];
-    e.extend_from_slice(&2u64.to_le_bytes());
-    e.extend_from_slice(&file_check.to_le_bytes());
-    seal(&mut e);
-    a.extend_from_slice(&e);
+    a.extend_from_slice(&e_record(2, file_check.to_le_bytes()));
     let index_at = a.len() as u64;
-    let mut body = Vec::new();
-    body.extend_from_slice(&0u32.to_le_bytes());
-    body.extend_from_slice(&[0, 0]);
-    body.extend_from_slice(&1u16.to_le_bytes());
-    body.push(b'x');
-    body.extend_from_slice(&2u64.to_le_bytes());
-    body.extend_from_slice(&file_check.to_le_bytes());
-    body.extend_from_slice(&64u64.to_le_bytes());
-    body.extend_from_slice(&1u32.to_le_bytes());
+    let mut body = entry_x(2, file_check, 1);
     // The reference, then its table entry: the B record's first 32 bytes.
     body.extend_from_slice(&block_at.to_le_bytes());
     body.extend_from_slice(&2u32.to_le_bytes());
     body.extend_from_slice(&34u32.to_le_bytes());
     body.extend_from_slice(&block_header);
-    let mut i = vec![0x49, 0, 0, 0];
-    i.extend_from_slice(&1u32.to_le_bytes());
-    i.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    seal(&mut i);
-    i.extend_from_slice(&body);
-    i.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+    let i = i_record(&body);
     let index_len = i.len() as u64;
     a.extend_from_slice(&i);
     let mut t = b"CRIUZEND".to_vec();

@@ -82,10 +82,14 @@ fn a_forged_index_is_refused_by_the_walk_behind() {
     assert!(e.to_string().contains("test.czr"), "{e}");
 }
 
+fn pages_entry(index: &mut criuz::format::Index) -> &mut criuz::format::FileEntry {
+    index.files.iter_mut().find(|f| f.name == "pages-1.img").unwrap()
+}
+
 #[test]
 fn an_index_naming_one_block_twice_is_refused_at_once() {
     let forged = forge_index(&archive(), |index| {
-        let f = index.files.iter_mut().find(|f| f.name == "pages-1.img").unwrap();
+        let f = pages_entry(index);
         f.blocks[1] = f.blocks[0];
         f.table[1] = f.table[0].clone();
     });
@@ -97,7 +101,7 @@ fn an_index_naming_one_block_twice_is_refused_at_once() {
 #[test]
 fn a_table_entry_that_lies_fails_its_block_and_the_proof() {
     let forged = forge_index(&archive(), |index| {
-        let f = index.files.iter_mut().find(|f| f.name == "pages-1.img").unwrap();
+        let f = pages_entry(index);
         f.table[2].header.data_check ^= 1;
     });
     let a = open(forged).unwrap();

@@ -5,13 +5,16 @@
 //! taking a block in is frozen time. read(2) copies out of a pipe under the
 //! pipe's lock; into fresh memory, the copy takes a page fault every 4 KiB
 //! and holds the lock through them, while CRIU, splicing the next pages in,
-//! spins on it (a perf profile of a 1 GiB dump: CRIU 23% in
-//! `mutex_spin_on_owner`, frozen 1.07-2.34 s against 0.61-0.85 s into tmpfs).
+//! spins on it (one-off diagnosis, not the bench: a perf profile of a 1 GiB
+//! dump had CRIU 23% in `mutex_spin_on_owner`, frozen 1.07-2.34 s against
+//! 0.61-0.85 s into tmpfs).
 //! Faulting each buffer in whole when it is carved (`MADV_POPULATE_WRITE`,
 //! which wants page-aligned ranges, hence the mappings) leaves the copy
 //! alone under the lock: frozen 0.73-0.93 s against 0.68-0.86 s, five
-//! dumps each, alternating (`mixed`, 1 GiB). Transparent huge pages were
-//! slower in a C test of the same read loop, so they are not asked for.
+//! dumps each, alternating (`mixed`, 1 GiB); the bench's frozen column
+//! (docs/BENCHMARKS.md) is the reproducible figure. Transparent huge pages
+//! were slower in a one-off C test of the same read loop, so they are not
+//! asked for.
 //!
 //! A mapping is returned to the kernel when the last block carved from it is
 //! dropped. Blocks leave the pipeline about in the order they were carved, so

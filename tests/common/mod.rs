@@ -81,6 +81,12 @@ impl Default for Spec<'_> {
     }
 }
 
+/// The state letter of /proc/PID/stat (R, S, T, Z...), if the pid exists.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
@@ -172,7 +178,7 @@ impl Workload {
     }
 
     pub fn alive(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).map(|s| !s.contains(") Z ")).unwrap_or(false)
+        process_state(self.pid).is_some_and(|s| s != 'Z')
     }
 
     pub fn stop(&mut self) {
