@@ -201,6 +201,7 @@ impl EncodedBlock {
                 data_check: xxh3_64(stored),
                 payload_check: xxh3_64(&payload) as u32,
                 zero_bitmap,
+                sealed: false,
             },
             payload,
             ids: None,

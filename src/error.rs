@@ -27,6 +27,10 @@ pub enum Error {
     /// A whole archive is not the one expected (a parent that is not one).
     #[error("{0}")]
     Mismatch(String),
+    /// An encrypted archive that no key given opens (none given, or the
+    /// wrong one): as much a reason to stop as a damaged archive.
+    #[error("{0}")]
+    Locked(String),
     /// Something needed (a parent archive) is not where it was looked for.
     #[error("{0}")]
     NotFound(String),
@@ -104,7 +108,7 @@ impl Error {
 
     pub fn kind(&self) -> Kind {
         match self.root() {
-            Error::Corrupt { .. } | Error::Unsupported { .. } | Error::Mismatch(_) => Kind::Archive,
+            Error::Corrupt { .. } | Error::Unsupported { .. } | Error::Mismatch(_) | Error::Locked(_) => Kind::Archive,
             Error::Usage(_) | Error::Exists(_) => Kind::Usage,
             _ => Kind::Failed,
         }
@@ -122,6 +126,7 @@ impl Error {
             Error::Io(err) => Error::Io(io::Error::new(err.kind(), err.to_string())),
             Error::Mismatch(s) => Error::Mismatch(s.clone()),
             Error::NotFound(s) => Error::NotFound(s.clone()),
+            Error::Locked(s) => Error::Locked(s.clone()),
             Error::Exists(p) => Error::Exists(p.clone()),
             Error::Usage(s) => Error::Usage(s.clone()),
             Error::Protocol(s) => Error::Protocol(s.clone()),

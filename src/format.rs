@@ -13,9 +13,11 @@
 //!
 //! Integrity: the header, every record header, the index and the trailer carry
 //! their own xxh3 check, and every block carries the xxh3 of its uncompressed
-//! bytes, so any single corrupted byte is detected. Room is reserved for what
-//! comes next (block references for dedup, encryption, shards, a parent
-//! archive); a v1 reader refuses archives that use it rather than misread them.
+//! bytes, so any single corrupted byte is detected. An encrypted archive
+//! (`FLAG_SEALED`) adds a K record of its wrapped key after the header and
+//! marks its sealed blocks; the sealing itself is `seal`'s. Room is
+//! reserved for what comes next (shards); a reader refuses archives that
+//! use it rather than misread them.
 
 use crate::error::{Error, Result};
 use std::io::Read;
@@ -39,6 +41,7 @@ const REC_END: u8 = b'E';
 const REC_INDEX: u8 = b'I';
 const REC_CHAIN: u8 = b'C';
 const REC_IDS: u8 = b'P';
+const REC_KEY: u8 = b'K';
 
 /// Header flag: the archive has parents (a C record follows the header).
 pub const FLAG_PARENT: u16 = 1;
@@ -47,7 +50,10 @@ pub const FLAG_IDS: u16 = 2;
 /// Header flag: the index carries a copy of every block's header (and its P
 /// count), so a reader can open the archive from its index alone.
 pub const FLAG_TABLE: u16 = 4;
-const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE;
+/// Header flag: the archive is encrypted (a K record follows the header;
+/// block payloads, file names and the index body are sealed, see `seal`).
+pub const FLAG_SEALED: u16 = 8;
+const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE | FLAG_SEALED;
 /// Bytes of a page id: BLAKE3 of the page, truncated.
 pub const PAGE_ID_LEN: usize = 16;
 pub type PageId = [u8; PAGE_ID_LEN];
@@ -60,7 +66,13 @@ pub fn page_id(page: &[u8]) -> PageId {
 
 /// Block flag: a zero-page bitmap follows the fixed block header.
 pub const BLOCK_HAS_BITMAP: u16 = 1;
-const KNOWN_BLOCK_FLAGS: u16 = BLOCK_HAS_BITMAP;
+/// Block flag: the payload is sealed (an encrypted archive's blocks all are).
+pub const BLOCK_SEALED: u16 = 2;
+const KNOWN_BLOCK_FLAGS: u16 = BLOCK_HAS_BITMAP | BLOCK_SEALED;
+/// Bytes a sealed payload adds: the AEAD tag and the data check it carries.
+pub const SEAL_OVERHEAD: usize = TAG_LEN + 8;
+/// Bytes an AEAD tag adds to a sealed name or index body.
+pub const TAG_LEN: usize = 16;
 
 /// How a block's payload is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -247,6 +259,10 @@ pub struct BlockHeader {
     /// One bit per 4 KiB page (LSB first): set = all-zero page, not stored.
     /// Empty for blocks of plain files.
     pub zero_bitmap: Vec<u8>,
+    /// The payload is sealed ([`BLOCK_SEALED`]): stored_len counts
+    /// [`SEAL_OVERHEAD`] more bytes, and the data check travels inside, so
+    /// the header's is 0.
+    pub sealed: bool,
 }
 
 impl BlockHeader {
@@ -273,12 +289,17 @@ impl BlockHeader {
         len
     }
 
+    /// The flags field as stored.
+    pub fn flags(&self) -> u16 {
+        let bitmap = if self.zero_bitmap.is_empty() { 0 } else { BLOCK_HAS_BITMAP };
+        bitmap | if self.sealed { BLOCK_SEALED } else { 0 }
+    }
+
     pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.push(REC_BLOCK);
         out.push(self.codec as u8);
-        let flags = if self.zero_bitmap.is_empty() { 0 } else { BLOCK_HAS_BITMAP };
-        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&self.flags().to_le_bytes());
         out.extend_from_slice(&self.file_id.to_le_bytes());
         out.extend_from_slice(&self.raw_len.to_le_bytes());
         out.extend_from_slice(&self.stored_len.to_le_bytes());
@@ -481,13 +502,7 @@ pub fn check_entry_name(name: &str) -> std::result::Result<(), &'static str> {
 
 /// Encodes an F record (file begin).
 pub fn encode_file_record(file_id: u32, name: &str, kind: FileKind, out: &mut Vec<u8>) {
-    let start = out.len();
-    out.push(REC_FILE);
-    out.push(kind as u8);
-    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    out.extend_from_slice(&file_id.to_le_bytes());
-    out.extend_from_slice(name.as_bytes());
-    seal(out, start);
+    encode_file_record_bytes(file_id, name.as_bytes(), kind, out)
 }
 
 /// Fixed part of an F record, before the name.
@@ -504,15 +519,37 @@ pub fn file_record_name_len(fixed: &[u8]) -> usize {
 
 /// Decodes a whole F record (fixed part, name, seal): (file id, name, kind).
 pub fn decode_file_record(rec: &[u8], offset: u64) -> Result<(u32, String, FileKind)> {
+    let (file_id, name, kind) = decode_file_record_bytes(rec, offset)?;
+    Ok((file_id, file_name(name.to_vec(), offset + FILE_FIXED as u64)?, kind))
+}
+
+/// As [`decode_file_record`], leaving the name field as bytes (in an
+/// encrypted archive it is the sealed name).
+pub fn decode_file_record_bytes(rec: &[u8], offset: u64) -> Result<(u32, &[u8], FileKind)> {
     let n = rec.len().checked_sub(FILE_FIXED + 4).ok_or_else(|| Error::corrupt(offset, "file record is too short"))?;
     if rec[0] != REC_FILE || file_record_name_len(rec) != n {
         return Err(Error::corrupt(offset, "not a file record"));
     }
     check_seal(rec, offset, "file record")?;
     let kind = FileKind::from_u8(rec[1], offset + 1)?;
-    let name = String::from_utf8(rec[FILE_FIXED..FILE_FIXED + n].to_vec())
-        .map_err(|_| Error::corrupt(offset + 8, "file name is not UTF-8"))?;
-    Ok((u32le(&rec[4..]), name, kind))
+    Ok((u32le(&rec[4..]), &rec[FILE_FIXED..FILE_FIXED + n], kind))
+}
+
+/// A file name from its bytes, which must be UTF-8.
+pub fn file_name(bytes: Vec<u8>, offset: u64) -> Result<String> {
+    String::from_utf8(bytes).map_err(|_| Error::corrupt(offset, "file name is not UTF-8"))
+}
+
+/// Encodes an F record whose name field holds `name` as given (an encrypted
+/// archive's sealed name).
+pub fn encode_file_record_bytes(file_id: u32, name: &[u8], kind: FileKind, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.push(REC_FILE);
+    out.push(kind as u8);
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(&file_id.to_le_bytes());
+    out.extend_from_slice(name);
+    seal(out, start);
 }
 
 /// What an E record (file end) says.
@@ -547,11 +584,21 @@ pub fn decode_end_record(rec: &[u8; END_LEN], offset: u64) -> Result<FileEnd> {
 /// Encodes the I record and the trailer that ends the archive, for an index
 /// record starting at `index_offset`.
 pub fn encode_index_and_trailer(index: &Index, index_offset: u64, flags: u16) -> Vec<u8> {
-    let body = index.encode_body(flags);
+    encode_index_body_and_trailer(index.encode_body(flags), index.files.len() as u32, index_offset)
+}
+
+/// The index body of `index` as stored unsealed.
+pub fn encode_index_body(index: &Index, flags: u16) -> Vec<u8> {
+    index.encode_body(flags)
+}
+
+/// Encodes the I record around `body` (as stored: an encrypted archive's is
+/// sealed) listing `count` files, and the trailer.
+pub fn encode_index_body_and_trailer(body: Vec<u8>, count: u32, index_offset: u64) -> Vec<u8> {
     let mut rec = Vec::with_capacity(body.len() + 64);
     rec.push(REC_INDEX);
     rec.extend_from_slice(&[0, 0, 0]);
-    rec.extend_from_slice(&(index.files.len() as u32).to_le_bytes());
+    rec.extend_from_slice(&count.to_le_bytes());
     rec.extend_from_slice(&(body.len() as u64).to_le_bytes());
     seal(&mut rec, 0);
     rec.extend_from_slice(&body);
@@ -585,9 +632,20 @@ pub fn decode_index_fixed(rec: &[u8; INDEX_FIXED], offset: u64) -> Result<(u32, 
 /// Decodes an index body (of an archive with header flags `flags`) and
 /// checks it against its stored check.
 pub fn decode_index_body(body: &[u8], check: u64, count: u32, body_offset: u64, flags: u16) -> Result<Index> {
+    check_index_body(body, check, body_offset)?;
+    Index::decode_body(body, count, body_offset, flags)
+}
+
+/// Checks an index body as stored (sealed or not) against its stored check.
+pub fn check_index_body(body: &[u8], check: u64, body_offset: u64) -> Result<()> {
     if xxh3_64(body) != check {
         return Err(Error::corrupt(body_offset, "index checksum mismatch"));
     }
+    Ok(())
+}
+
+/// Decodes an unsealed (or opened) index body whose check has been checked.
+pub fn decode_index_plain(body: &[u8], count: u32, body_offset: u64, flags: u16) -> Result<Index> {
     Index::decode_body(body, count, body_offset, flags)
 }
 
@@ -600,6 +658,7 @@ pub enum RecordType {
     Index,
     Chain,
     Ids,
+    Key,
 }
 
 impl RecordType {
@@ -611,6 +670,7 @@ impl RecordType {
             REC_INDEX => Ok(RecordType::Index),
             REC_CHAIN => Ok(RecordType::Chain),
             REC_IDS => Ok(RecordType::Ids),
+            REC_KEY => Ok(RecordType::Key),
             other => Err(Error::corrupt(offset, format!("unknown record type {other:#04x}"))),
         }
     }
@@ -895,8 +955,9 @@ pub fn block_header_len(fixed: &[u8], offset: u64) -> Result<usize> {
 fn block_bitmap_len(fixed: &[u8], offset: u64) -> Result<usize> {
     let flags = u16le(&fixed[2..]);
     let raw_len = u32le(&fixed[8..]);
-    let stored_len = u32le(&fixed[12..]);
-    if raw_len as usize > MAX_BLOCK || stored_len > raw_len {
+    let stored_len = u32le(&fixed[12..]) as usize;
+    let room = if flags & BLOCK_SEALED != 0 { SEAL_OVERHEAD } else { 0 };
+    if raw_len as usize > MAX_BLOCK || stored_len > raw_len as usize + room {
         return Err(Error::corrupt(offset, "block header has impossible lengths"));
     }
     Ok(if flags & BLOCK_HAS_BITMAP != 0 { (raw_len as usize).div_ceil(PAGE_SIZE).div_ceil(8) } else { 0 })
@@ -916,7 +977,11 @@ fn parse_block_header(rec: &[u8], offset: u64) -> Result<BlockHeader> {
         data_check: u64le(&rec[16..]),
         payload_check: u32le(&rec[24..]),
         zero_bitmap: rec[BLOCK_FIXED..].to_vec(),
+        sealed: flags & BLOCK_SEALED != 0,
     };
+    if header.sealed && (header.data_check != 0 || (header.stored_len as usize) < SEAL_OVERHEAD) {
+        return Err(Error::corrupt(offset, "sealed block with a data check in the clear or no room for its seal"));
+    }
     // Only whole pages can be zero pages; every other bit must be clear.
     let whole_pages = header.raw_len as usize / PAGE_SIZE;
     for (i, byte) in header.zero_bitmap.iter().enumerate() {
@@ -927,4 +992,63 @@ fn parse_block_header(rec: &[u8], offset: u64) -> Result<BlockHeader> {
         }
     }
     Ok(header)
+}
+
+/// Fixed part of a K record: type, AEAD, reserved, wrapped key length, key id.
+pub const KEY_FIXED: usize = 24;
+/// The AEAD of an encrypted archive: AES-256-GCM (the only one so far).
+pub const AEAD_AES_256_GCM: u8 = 1;
+/// The most a K record's wrapped key may take (an age file, ~200 bytes per
+/// recipient).
+pub const MAX_WRAPPED_KEY: usize = 1 << 20;
+
+/// What a K record says: the chain key's id and the key wrapped as an age
+/// file for the archive's recipients (or passphrase).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub key_id: [u8; 16],
+    pub wrapped: Vec<u8>,
+}
+
+/// Encodes a K record.
+pub fn encode_key_record(k: &KeyRecord) -> Vec<u8> {
+    let mut out = vec![REC_KEY, AEAD_AES_256_GCM, 0, 0];
+    out.extend_from_slice(&(k.wrapped.len() as u32).to_le_bytes());
+    out.extend_from_slice(&k.key_id);
+    out.extend_from_slice(&k.wrapped);
+    seal(&mut out, 0);
+    out
+}
+
+/// Length of the wrapped key from a K record's fixed part (checked before
+/// reading it).
+pub fn key_record_len(fixed: &[u8; KEY_FIXED], offset: u64) -> Result<usize> {
+    if fixed[0] != REC_KEY {
+        return Err(Error::corrupt(offset, "the key record of an encrypted archive is missing"));
+    }
+    if fixed[1] != AEAD_AES_256_GCM {
+        return Err(Error::Unsupported { offset: offset + 1, what: format!("encryption algorithm {}", fixed[1]) });
+    }
+    if fixed[2..4] != [0, 0] {
+        return Err(Error::corrupt(offset + 2, "reserved key record bytes are not zero"));
+    }
+    let n = u32le(&fixed[4..]) as usize;
+    if n == 0 || n > MAX_WRAPPED_KEY {
+        return Err(Error::corrupt(offset + 4, "key record has an impossible length"));
+    }
+    Ok(n)
+}
+
+/// Decodes a whole K record (fixed part, wrapped key, seal).
+pub fn decode_key_record(rec: &[u8], offset: u64) -> Result<KeyRecord> {
+    let fixed: &[u8; KEY_FIXED] = rec
+        .get(..KEY_FIXED)
+        .and_then(|f| f.try_into().ok())
+        .ok_or_else(|| Error::corrupt(offset, "key record is too short"))?;
+    let n = key_record_len(fixed, offset)?;
+    if rec.len() != KEY_FIXED + n + 4 {
+        return Err(Error::corrupt(offset, "key record is too short"));
+    }
+    check_seal(rec, offset, "key record")?;
+    Ok(KeyRecord { key_id: rec[8..24].try_into().expect("16 bytes"), wrapped: rec[KEY_FIXED..KEY_FIXED + n].to_vec() })
 }

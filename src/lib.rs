@@ -5,7 +5,9 @@
 //! sink. Restore: `io` source → `archive::source` (every block through
 //! `archive::check`) → `session::serve` → CRIU. `format` is the byte layout
 //! (pure, no I/O); `offline` packs, unpacks, inspects and verifies without
-//! CRIU. A lower module never calls a higher one.
+//! CRIU. A lower module never calls a higher one. `seal` encrypts archives:
+//! the writer seals blocks on the engine's workers, and every reader opens
+//! them where it checks them (`archive::check`, `archive::source`).
 
 pub mod archive;
 pub mod codec;
@@ -16,6 +18,7 @@ pub mod format;
 pub mod io;
 pub mod offline;
 pub mod progress;
+pub mod seal;
 pub mod session;
 
 pub use error::{Error, Kind, Result};

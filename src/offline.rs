@@ -324,9 +324,25 @@ pub struct ParentReport {
     pub referenced_bytes: u64,
 }
 
+/// What an encrypted archive says of its encryption without its key.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct EncryptionReport {
+    pub algorithm: String,
+    /// Id of the chain key (the same in every archive of a chain).
+    pub key_id: String,
+    /// The kind of each recipient the key is wrapped for (`X25519`, or
+    /// `scrypt` for a passphrase).
+    pub wrapped_for: Vec<String>,
+    /// Whether no key given opened it: names are then `#<file id>`, and
+    /// what only the contents tell (references) is not counted.
+    pub locked: bool,
+}
+
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct InspectReport {
     pub version: u16,
+    /// Present for an encrypted archive.
+    pub encryption: Option<EncryptionReport>,
     pub block_size: u32,
     pub archive_id: String,
     pub archive_bytes: u64,
@@ -358,14 +374,21 @@ fn ratio(stored: u64, raw: u64) -> f64 {
 /// Reads every record through the checks (payload checks included, no
 /// decompression) and reports sizes per file.
 pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
-    let mut r = CheckedRecords::new(StreamInput(inp), Payloads::All)?;
+    let mut r = CheckedRecords::new_or_locked(StreamInput(inp), Payloads::All)?;
     let hex = |id: &[u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let encryption = r.key_record().map(|k| EncryptionReport {
+        algorithm: "AES-256-GCM".into(),
+        key_id: hex(&k.key_id),
+        wrapped_for: age_stanzas(&k.wrapped),
+        locked: r.locked(),
+    });
     let mut rep = InspectReport {
         version: if r.header().flags == 0 { crate::format::VERSION_PLAIN } else { crate::format::VERSION },
         page_ids: r.header().flags & FLAG_IDS != 0,
         block_table: r.header().flags & FLAG_TABLE != 0,
         block_size: r.header().block_size,
         archive_id: hex(&r.header().archive_id),
+        encryption,
         ..Default::default()
     };
     let mut start = r.offset();
@@ -449,4 +472,15 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
     }
     rep.total = t;
     Ok(rep)
+}
+
+/// The recipient types an age file's header lists (its `-> TYPE ...` lines).
+fn age_stanzas(wrapped: &[u8]) -> Vec<String> {
+    let head = wrapped.split(|&b| b == b'\n').take_while(|l| !l.starts_with(b"---"));
+    head.filter_map(|l| l.strip_prefix(b"-> "))
+        .filter_map(|l| l.split(|&b| b == b' ').next())
+        .map(|t| String::from_utf8_lossy(t).into_owned())
+        // age adds a random "grease" stanza that nothing opens.
+        .filter(|t| !t.ends_with("-grease"))
+        .collect()
 }

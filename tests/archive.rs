@@ -173,6 +173,7 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
             memory_budget: 1 << 20,
             ids: false,
             absorb_first: false,
+            seal: None,
         };
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap());
@@ -219,8 +220,15 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
 fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
     let data = pattern("text", 4096, 0);
     let codec = CodecConfig::new(Codec::Zstd, None).unwrap();
-    let opts =
-        Options { codec, block_size: 64 << 10, threads: 2, memory_budget: 2 << 20, ids: false, absorb_first: true };
+    let opts = Options {
+        codec,
+        block_size: 64 << 10,
+        threads: 2,
+        memory_budget: 2 << 20,
+        ids: false,
+        absorb_first: true,
+        seal: None,
+    };
     let tmp = tempfile::NamedTempFile::new().unwrap();
     let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
     let mut sink = packer.begin_file("pages-1.img").unwrap();
@@ -564,4 +572,51 @@ fn usage_errors_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!arc.exists());
     }
+}
+
+/// An encrypted archive whose blocks were swapped by someone who could also
+/// rewrite its index (every check, the block table and the sealed index
+/// agree with the swap): only the AEAD can tell, and it does.
+#[test]
+fn a_swap_every_check_agrees_with_fails_to_open() {
+    let (_secret, public) = criuz::seal::keyring::generate();
+    let recipients = criuz::seal::keyring::Recipients::from_args(&[public], &[], None).unwrap().unwrap();
+    let codec = CodecConfig::new(Codec::None, None).unwrap();
+    let opts = Options { seal: Some(Arc::new(recipients)), codec, ..Options::default() };
+    let mut rng = Rng(5);
+    let data: Vec<u8> = (0..256).flat_map(|_| random_page(&mut rng)).collect();
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+    let mut f = packer.begin_file("pages-1.img").unwrap();
+    f.write(&data).unwrap();
+    f.finish().unwrap();
+    packer.finish().unwrap();
+    let good = std::fs::read(tmp.path()).unwrap();
+
+    let archive = Archive::from_store(Box::new(good.clone()), "good".into()).unwrap();
+    let key = archive.key().expect("encrypted").clone();
+    let mut index = archive.index().clone();
+    let f = &mut index.files[0];
+    let (x, y) = (f.blocks[0], f.blocks[1]);
+    assert_eq!(x.record_len, y.record_len);
+    let mut bad = good.clone();
+    let (xs, ys, n) = (x.offset as usize, y.offset as usize, x.record_len as usize);
+    bad[xs..xs + n].copy_from_slice(&good[ys..ys + n]);
+    bad[ys..ys + n].copy_from_slice(&good[xs..xs + n]);
+    f.table.swap(0, 1);
+    let trailer = &good[good.len() - 32..];
+    let index_at = u64::from_le_bytes(trailer[8..16].try_into().unwrap()) as usize;
+    let body = criuz::format::encode_index_body(&index, archive.header().flags);
+    let tail = criuz::format::encode_index_body_and_trailer(key.seal_index(1, body), 1, index_at as u64);
+    bad.truncate(index_at);
+    bad.extend_from_slice(&tail);
+    assert_eq!(bad.len(), good.len());
+
+    let forged = Archive::from_store(Box::new(bad), "forged".into()).expect("every check but the seal agrees");
+    let e = forged.block(0, 0).err().expect("a swapped block must not open");
+    assert_eq!(e.kind(), criuz::Kind::Archive);
+    assert!(e.to_string().contains("does not open"), "{e}");
+    let mut out = Vec::new();
+    archive.block(0, 0).unwrap().unwrap().decode(&mut Decoder::new(), &mut out).unwrap();
+    assert_eq!(out, data[..out.len()]);
 }

@@ -179,6 +179,7 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
         data_check: xxh3_64(b"hi"),
         payload_check: xxh3_64(b"hi") as u32,
         zero_bitmap: Vec::new(),
+        sealed: false,
     };
     w.write_block(&block, b"hi").unwrap();
     w.end_file(id).unwrap();
@@ -189,4 +190,105 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
     a.proven().unwrap();
     let walked = Archive::from_store(Box::new(spec), "golden".into()).unwrap();
     assert_eq!(walked.index(), a.index());
+}
+
+/// An encrypted archive written by criuz, opened by the rules of FORMAT.md's
+/// "Encrypted archives" alone: age to unwrap the chain key, HKDF-SHA256 and
+/// AES-256-GCM straight from `ring`, offsets from the tables.
+#[test]
+fn an_encrypted_archive_opens_by_the_spec() {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    use ring::hkdf;
+    use std::str::FromStr;
+
+    let id = age::x25519::Identity::generate();
+    let public = id.to_public().to_string();
+    let recipients = criuz::seal::keyring::Recipients::from_args(&[public], &[], None).unwrap().unwrap();
+    let codec = criuz::codec::CodecConfig::new(criuz::codec::Codec::None, None).unwrap();
+    let opts = criuz::archive::Options { seal: Some(std::sync::Arc::new(recipients)), codec, ..Default::default() };
+    let mut data = vec![0u8; 4096];
+    data.extend((0..4096u32).map(|i| (i * 7 % 251) as u8));
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let packer = criuz::archive::Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+    let mut f = packer.begin_file("pages-1.img").unwrap();
+    f.write(&data).unwrap();
+    f.finish().unwrap();
+    packer.finish().unwrap();
+    let a = std::fs::read(tmp.path()).unwrap();
+
+    let u32le = |at: usize| u32::from_le_bytes(a[at..at + 4].try_into().unwrap()) as usize;
+    let h = &a[..56];
+    assert_eq!(u16::from_le_bytes([a[10], a[11]]) & 8, 8, "flag SEALED");
+    // K at 64.
+    assert_eq!(a[64], b'K');
+    assert_eq!(a[65], 1, "AES-256-GCM");
+    let n = u32le(68);
+    let key_id = &a[72..88];
+    let wrapped = &a[88..88 + n];
+    let identity = age::x25519::Identity::from_str(age::secrecy::ExposeSecret::expose_secret(&id.to_string())).unwrap();
+    let dec = age::Decryptor::new_buffered(wrapped).unwrap();
+    let mut ck = Vec::new();
+    std::io::Read::read_to_end(&mut dec.decrypt(std::iter::once(&identity as &dyn age::Identity)).unwrap(), &mut ck)
+        .unwrap();
+    assert_eq!(ck.len(), 32);
+    struct L(usize);
+    impl hkdf::KeyType for L {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+    let derive = |salt: &[u8], info: &[u8], len: usize| {
+        let mut out = vec![0u8; len];
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(&ck);
+        prk.expand(&[info], L(len)).unwrap().fill(&mut out).unwrap();
+        out
+    };
+    assert_eq!(derive(b"", b"criuz key id", 16), key_id, "key id");
+    let ak = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &derive(&a[16..32], b"criuz archive key", 32)).unwrap());
+    let nonce = |domain: u8, x: u32, y: u32| {
+        let mut b = [0u8; 12];
+        b[0] = domain;
+        b[4..8].copy_from_slice(&x.to_le_bytes());
+        b[8..12].copy_from_slice(&y.to_le_bytes());
+        Nonce::assume_unique_for_key(b)
+    };
+    // F right after K: a sealed name of 11 + 16 bytes.
+    let mut at = 88 + n + 4;
+    assert_eq!(a[at], b'F');
+    let name_len = u16::from_le_bytes([a[at + 2], a[at + 3]]) as usize;
+    assert_eq!(name_len, "pages-1.img".len() + 16);
+    let mut name = a[at + 8..at + 8 + name_len].to_vec();
+    let ad = [h, &[a[at + 1]]].concat();
+    let plain = ak.open_in_place(nonce(2, 0, 0), Aad::from(&ad), &mut name).unwrap();
+    assert_eq!(plain, b"pages-1.img");
+    at += 8 + name_len + 4;
+    // B: a page image block with a bitmap (2 pages: 1 byte), sealed.
+    assert_eq!(a[at], b'B');
+    let flags = u16::from_le_bytes([a[at + 2], a[at + 3]]);
+    assert_eq!(flags, 3, "bitmap and sealed");
+    let (raw_len, stored_len) = (u32le(at + 8), u32le(at + 12));
+    assert_eq!(&a[at + 16..at + 24], &[0u8; 8], "no data check in the clear");
+    assert_eq!(a[at + 28], 0b01, "page 0 is zero");
+    let m = 1;
+    let payload = &a[at + 32 + m..at + 32 + m + stored_len];
+    assert_eq!(xxh3_64(payload) as u32, u32le(at + 24) as u32, "payload check over the sealed payload");
+    let mut ad = h.to_vec();
+    ad.extend_from_slice(&a[at..at + 28 + m]);
+    ad[56 + 24..56 + 28].fill(0);
+    let tag = ring::aead::Tag::try_from(&payload[..16]).unwrap();
+    let mut body = payload[16..].to_vec();
+    let opened = ak.open_in_place_separate_tag(nonce(1, 0, 0), Aad::from(&ad), tag, &mut body, 0..).unwrap();
+    let (d, p) = opened.split_at(8);
+    assert_eq!(u64::from_le_bytes(d.try_into().unwrap()), xxh3_64(p), "data check of the stored pages");
+    assert_eq!(raw_len, data.len());
+    assert_eq!(p, &data[4096..], "raw codec: the stored page itself");
+    // The index: sealed body, nonce (3, file count, 0).
+    let t = a.len() - 32;
+    let index_at = u64::from_le_bytes(a[t + 8..t + 16].try_into().unwrap()) as usize;
+    assert_eq!(a[index_at], b'I');
+    let count = u32le(index_at + 4) as u32;
+    let l = u64::from_le_bytes(a[index_at + 8..index_at + 16].try_into().unwrap()) as usize;
+    let mut body = a[index_at + 20..index_at + 20 + l].to_vec();
+    let plain = ak.open_in_place(nonce(3, count, 0), Aad::from(h), &mut body).unwrap();
+    assert_eq!(&plain[8..8 + 11], b"pages-1.img", "the index names the file inside its seal");
 }

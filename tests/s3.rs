@@ -344,6 +344,39 @@ fn lazy_restore_from_s3() {
     w.stop();
 }
 
+/// An encrypted archive in an object store: restored eagerly (opened from
+/// its sealed index while it downloads) and lazily; without the key, nothing.
+#[test]
+fn encrypted_archive_in_s3_restores_eagerly_and_lazily() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::with_bucket();
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("me.key");
+    let out = ok(criuz(&["keygen", "-o", key.to_str().unwrap()]), "keygen");
+    let public = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let url = format!("s3://{BUCKET}/sealed.czr");
+    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", mode: "tree", ..Default::default() });
+    let before = w.sums();
+    ok(moto.criuz(&["dump", "-t", &w.pid.to_string(), "-o", &url, "--recipient", &public]), "encrypted dump to S3");
+    w.reap_original();
+    let out = moto.criuz(&["restore", "-d", "-i", &url]);
+    fails(&out, 3, &url, "restore without the key");
+    assert!(!w.alive(), "a process runs after a restore without the key");
+    let k = key.to_str().unwrap();
+    ok(moto.criuz(&["restore", "-d", "-i", &url, "--identity", k]), "restore from S3");
+    assert_eq!(w.sums(), before, "memory restored from S3 differs");
+    w.stop();
+    let pids = w.pids.clone();
+    wait_for("the restored tree to be gone", Duration::from_secs(10), || {
+        reap_zombies();
+        pids.iter().all(|p| process_state(*p).is_none())
+    });
+    ok(moto.criuz(&["restore", "--lazy", "-d", "-i", &url, "--identity", k]), "lazy restore from S3");
+    assert_eq!(w.sums(), before, "memory restored lazily from S3 differs");
+    w.stop();
+}
+
 /// Stock CRIU through criuz's socket protocol, the archive in S3: `capture
 /// -o s3://` under `criu dump --stream`, then `serve -i s3://` under `criu
 /// restore --stream`.

@@ -26,6 +26,11 @@ pub enum Config {
     CriuzLz4,
     /// criuz dump / criuz restore, streaming, zstd.
     CriuzZstd,
+    /// criuz-lz4, the archive encrypted to an age recipient (restored with
+    /// its identity).
+    CriuzLz4Sealed,
+    /// criuz-zstd, encrypted.
+    CriuzZstdSealed,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -47,6 +52,9 @@ impl Config {
     /// Run only when asked for (`--configs`): they start an S3 server.
     pub const S3: [Config; 2] = [Config::CriuzS3, Config::CriuzBoto3];
 
+    /// Run only when asked for: encrypted archives (issue 12's comparison).
+    pub const SEALED: [Config; 2] = [Config::CriuzLz4Sealed, Config::CriuzZstdSealed];
+
     pub fn name(self) -> &'static str {
         match self {
             Config::CriuDir => "criu-dir",
@@ -56,13 +64,15 @@ impl Config {
             Config::CriuzPack => "criuz-pack",
             Config::CriuzLz4 => "criuz-lz4",
             Config::CriuzZstd => "criuz-zstd",
+            Config::CriuzLz4Sealed => "criuz-lz4-sealed",
+            Config::CriuzZstdSealed => "criuz-zstd-sealed",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
     }
 
     pub fn parse(s: &str) -> Option<Config> {
-        Config::ALL.into_iter().chain(Config::S3).find(|c| c.name() == s)
+        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).find(|c| c.name() == s)
     }
 
     pub fn uses_s3(self) -> bool {
@@ -106,6 +116,26 @@ pub struct Env {
     pub tmp: PathBuf,
     /// `--absorb` for criuz dumps, when not the default.
     pub absorb: Option<String>,
+    /// The age identity file and its public key of the sealed configurations.
+    pub key: Option<(PathBuf, String)>,
+}
+
+impl Env {
+    /// Arguments that encrypt a dump of `cfg` (none unless it is sealed).
+    fn seal_args(&self, cfg: Config) -> Vec<String> {
+        match (&self.key, Config::SEALED.contains(&cfg)) {
+            (Some((_, public)), true) => vec!["--recipient".into(), public.clone()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Arguments that open an encrypted archive of `cfg`.
+    fn key_args(&self, cfg: Config) -> Vec<String> {
+        match (&self.key, Config::SEALED.contains(&cfg)) {
+            (Some((identity, _)), true) => vec!["--identity".into(), identity.display().to_string()],
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Where one run keeps its checkpoint and logs.
@@ -231,11 +261,15 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let (raw_bytes, bytes, frozen_s) = dump_report(&done.stdout)?;
             return Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage });
         }
-        Config::CriuzLz4 | Config::CriuzZstd => {
-            let codec = if cfg == Config::CriuzZstd { "zstd" } else { "lz4" };
+        Config::CriuzLz4 | Config::CriuzZstd | Config::CriuzLz4Sealed | Config::CriuzZstdSealed => {
+            let codec = if matches!(cfg, Config::CriuzZstd | Config::CriuzZstdSealed) { "zstd" } else { "lz4" };
             let pid = pid.to_string();
+            let seal = env.seal_args(cfg);
+            let seal: Vec<&str> = seal.iter().map(String::as_str).collect();
             if env.link.is_some() {
-                let cmd = criuz_cmd(env, &["dump", "-t", &pid, "-o", "-", "--codec", codec, "--criu", &criu]);
+                let mut args = vec!["dump", "-t", &pid, "-o", "-", "--codec", codec, "--criu", &criu];
+                args.extend(&seal);
+                let cmd = criuz_cmd(env, &args);
                 usage.add(proc::pipeline(vec![cmd], Src::Null, to_dest(&ckpt), &p.logs, "criuz-dump")?.usage);
                 let secs = t.elapsed().as_secs_f64();
                 let (raw, frozen) = archive_facts(&ckpt)?;
@@ -248,6 +282,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                 });
             }
             let mut args = vec!["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
+            args.extend(&seal);
             if let Some(a) = &env.absorb {
                 args.extend(["--absorb", a.as_str()]);
             }
@@ -332,9 +367,12 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
             usage.add(proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criuz-restore")?.usage);
             return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
         }
-        Config::CriuzLz4 | Config::CriuzZstd => {
+        Config::CriuzLz4 | Config::CriuzZstd | Config::CriuzLz4Sealed | Config::CriuzZstdSealed => {
             let input = if link { "-" } else { s(&ckpt) };
-            let cmd = criuz_cmd(env, &["restore", "-d", "-i", input, "--criu", &criu]);
+            let keys = env.key_args(cfg);
+            let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];
+            args.extend(keys.iter().map(String::as_str));
+            let cmd = criuz_cmd(env, &args);
             let src = if link { from_dest() } else { Src::Null };
             usage.add(proc::pipeline(vec![cmd], src, Dst::Null, &p.logs, "criuz-restore")?.usage);
             return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });

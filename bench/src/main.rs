@@ -5,6 +5,7 @@
 //! process about its own state; a restore that does not check out is a
 //! failure, never a time. See docs/BENCHMARKS.md.
 
+mod aead;
 mod codecs;
 mod config;
 mod error;
@@ -31,9 +32,10 @@ pub struct BenchArgs {
     /// redis,jvm,python (applications)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all but the S3 ones]: criu-dir,criu-tmpfs,
-    /// criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a local
-    /// SeaweedFS `weed mini` in the work dir serves them)
+    /// Configurations, comma separated [default: all but the S3 and sealed ones]: criu-dir,
+    /// criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a
+    /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
+    /// criuz-zstd-sealed (encrypted to an age key made in the work dir)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub configs: Option<Vec<String>>,
     /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
@@ -68,6 +70,10 @@ pub struct BenchArgs {
     /// memory pattern and codec (criu dump -D once, then criuz pack/unpack)
     #[arg(long)]
     pub codec_table: bool,
+    /// Instead of the comparison: seal and open throughput of the AEADs
+    /// considered for encrypted archives, one core (no CRIU needed)
+    #[arg(long)]
+    pub aead: bool,
     /// Instead of the comparison: incremental checkpoints (criuz dump
     /// --parent) of running workloads after P% of their state changed, for P
     /// in 1, 5, 25 (patterns) and 5 (applications), and a chain of ten
@@ -137,7 +143,8 @@ impl Plan {
             Some(list) => {
                 for c in list {
                     let cfg = Config::parse(c.trim()).ok_or_else(|| {
-                        let known: Vec<&str> = Config::ALL.iter().chain(&Config::S3).map(|c| c.name()).collect();
+                        let known: Vec<&str> =
+                            Config::ALL.iter().chain(&Config::S3).chain(&Config::SEALED).map(|c| c.name()).collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
                     })?;
                     if !configs.contains(&cfg) {
@@ -267,6 +274,16 @@ fn human(b: u64) -> String {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.aead {
+        let rows = aead::rows();
+        print!("{}", aead::table(&rows));
+        if let Some(path) = &args.json {
+            let doc = serde_json::json!({ "aead": rows });
+            std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
+                .map_err(|e| Error::file(path, e))?;
+        }
+        return Ok(());
+    }
     let plan = Plan::of(args)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -400,7 +417,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone() };
+    let key = if plan.configs.iter().any(|c| Config::SEALED.contains(c)) {
+        Some(make_key(&criuz, work.path())?)
+    } else {
+        None
+    };
+    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone(), key };
     let ctx = Ctx {
         env: &env,
         tools: &tools,
@@ -519,6 +541,22 @@ fn main() {
         eprintln!("criuz-bench: {e}");
         std::process::exit(1);
     }
+}
+
+/// An age identity for the sealed configurations (`criuz keygen` in the work
+/// directory), also given to this process, which reads archives it times.
+fn make_key(criuz: &Path, work: &Path) -> Result<(PathBuf, String)> {
+    let identity = work.join("bench.key");
+    let out = std::process::Command::new(criuz)
+        .args(["keygen", "-o"])
+        .arg(&identity)
+        .output()
+        .map_err(|e| Error::file(criuz, e))?;
+    if !out.status.success() {
+        return Err(Error::Invalid(format!("criuz keygen failed: {}", String::from_utf8_lossy(&out.stderr))));
+    }
+    criuz::seal::keyring::add_identity_file(&identity)?;
+    Ok((identity, String::from_utf8_lossy(&out.stdout).trim().to_string()))
 }
 
 #[cfg(test)]

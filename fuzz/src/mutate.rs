@@ -64,6 +64,7 @@ pub fn records(a: &[u8]) -> Vec<Rec> {
                 (32 + m + u32le(a, pos + 12), 28 + m)
             }
             b'E' => (28, 0),
+            b'K' if pos + 8 <= a.len() => (28 + u32le(a, pos + 4), 0),
             b'C' if pos + 12 <= a.len() => (16 + u32le(a, pos + 8), 0),
             b'P' if pos + 12 <= a.len() => (24 + 16 * u32le(a, pos + 8), 0),
             b'I' if pos + 16 <= a.len() => {
@@ -116,7 +117,7 @@ pub fn reseal(a: &mut Vec<u8>, how: Reseal) {
     let mut files = StreamFiles::new();
     for (k, r) in recs.iter().enumerate() {
         match r.kind {
-            b'F' | b'C' => seal_at(a, r.start, r.len - 4),
+            b'F' | b'C' | b'K' => seal_at(a, r.start, r.len - 4),
             b'P' => {
                 seal_at(a, r.start, 12);
                 let c = xxh3_64(&a[r.start + 16..r.start + r.len - 8]);

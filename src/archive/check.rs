@@ -20,6 +20,11 @@
 //! proven by its data check when it is decoded (`codec::Decoder`), for a
 //! dedup block after its references are resolved (`source`).
 //!
+//! Of an encrypted archive (`seal`), the rules apply to the blocks as
+//! stored (every block sealed, none otherwise); a payload that is read is
+//! then opened, which proves it is the block at that place of that file of
+//! that archive, and its data check comes from inside the seal.
+//!
 //! Readers that need random access (restore, later lazy restore, parents,
 //! object stores) first walk a seekable archive's record headers through the
 //! same checks (`source::Archive::open`), so a block served by index is one
@@ -29,10 +34,12 @@ use super::records::{Input, Record, SeqReader};
 use crate::error::{Error, Result};
 use crate::format::{
     check_entry_name, decode_ids_body, BlockCodec, BlockHeader, BlockRef, ChainEntry, DedupPayload, FileEnd, FileEntry,
-    FileKind, Header, Index, PageId, TableEntry, BLOCK_FIXED, FILE_FIXED, FLAG_IDS, FLAG_PARENT, FLAG_TABLE,
-    HEADER_LEN, IDS_FIXED, PAGE_ID_LEN, PAGE_SIZE,
+    FileKind, Header, Index, KeyRecord, PageId, TableEntry, BLOCK_FIXED, FILE_FIXED, FLAG_IDS, FLAG_PARENT,
+    FLAG_SEALED, FLAG_TABLE, IDS_FIXED, PAGE_ID_LEN, PAGE_SIZE, SEAL_OVERHEAD, TAG_LEN,
 };
+use crate::seal::ArchiveKey;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// A record that has passed every check it can be given at its position.
 #[derive(Debug)]
@@ -43,7 +50,9 @@ pub enum Checked {
         kind: FileKind,
     },
     /// A block of file `header.file_id` starting at byte `raw_pos` of it.
-    /// `payload` is `None` when the caller asked for headers only.
+    /// `payload` is `None` when the caller asked for headers only; of an
+    /// encrypted archive, a payload read is opened, and `header` is then the
+    /// block as it was before sealing (its data check restored).
     Block {
         header: BlockHeader,
         payload: Option<Vec<u8>>,
@@ -178,11 +187,15 @@ impl StreamCheck {
         Ok(())
     }
 
-    /// Accepts a block header; returns the position of its first byte in its file.
-    pub fn block(&mut self, offset: u64, header: &BlockHeader, record_len: u64) -> Result<u64> {
+    /// Accepts a block header; returns the position of its first byte in
+    /// its file and its index among the file's blocks.
+    pub fn block(&mut self, offset: u64, header: &BlockHeader, record_len: u64) -> Result<(u64, u32)> {
         self.next_record(offset, false, None)?;
         if header.raw_len > self.header.block_size {
             return Err(Error::corrupt(offset, "block is larger than the archive's block size"));
+        }
+        if header.sealed != (self.header.flags & FLAG_SEALED != 0) {
+            return Err(Error::corrupt(offset, "a block is sealed exactly when its archive is encrypted"));
         }
         let with_ids = self.header.flags & FLAG_IDS != 0;
         let with_table = self.header.flags & FLAG_TABLE != 0;
@@ -199,6 +212,7 @@ impl StreamCheck {
         let record_len =
             u32::try_from(record_len).map_err(|_| Error::corrupt(offset, "block record is impossibly long"))?;
         f.entry.blocks.push(BlockRef { offset, raw_len: header.raw_len, record_len });
+        let index = f.entry.blocks.len() as u32 - 1;
         if with_table {
             f.entry.table.push(TableEntry { header: header.clone(), ids: 0 });
         }
@@ -207,7 +221,7 @@ impl StreamCheck {
             let exact = header.codec != BlockCodec::Dedup;
             self.ids_due = Some(IdsDue { file_id: header.file_id, pages: stored, exact });
         }
-        Ok(raw_pos)
+        Ok((raw_pos, index))
     }
 
     /// The dedup block just accepted stores `n` pages literally (known once
@@ -258,6 +272,8 @@ pub struct CheckedRecords<I: Input> {
     reader: SeqReader<I>,
     check: StreamCheck,
     payloads: Payloads,
+    /// Opened without the key of an encrypted archive (`new_locked`).
+    locked: bool,
 }
 
 impl<I: Input> CheckedRecords<I> {
@@ -265,11 +281,39 @@ impl<I: Input> CheckedRecords<I> {
     pub fn new(inp: I, payloads: Payloads) -> Result<Self> {
         let reader = SeqReader::new(inp)?;
         let check = StreamCheck::new(&reader.header);
-        Ok(CheckedRecords { reader, check, payloads })
+        Ok(CheckedRecords { reader, check, payloads, locked: false })
+    }
+
+    /// As [`new`](Self::new), but an encrypted archive that no key given
+    /// opens is read without it: every rule that needs no key
+    /// is applied (structure, seals, sizes, E records), payloads are skipped,
+    /// names are `#<file id>` and the index is not compared. What `inspect`
+    /// shows of an archive it cannot open; nothing may be restored this way.
+    pub fn new_or_locked(inp: I, payloads: Payloads) -> Result<Self> {
+        let reader = SeqReader::new_or_locked(inp)?;
+        let check = StreamCheck::new(&reader.header);
+        let locked = reader.key().is_none() && reader.header.flags & FLAG_SEALED != 0;
+        let payloads = if locked { Payloads::None } else { payloads };
+        Ok(CheckedRecords { reader, check, payloads, locked })
+    }
+
+    /// Whether it reads an encrypted archive without its key.
+    pub fn locked(&self) -> bool {
+        self.locked
     }
 
     pub fn header(&self) -> &Header {
         &self.reader.header
+    }
+
+    /// The key an encrypted archive was opened with.
+    pub fn key(&self) -> Option<&Arc<ArchiveKey>> {
+        self.reader.key()
+    }
+
+    /// An encrypted archive's K record.
+    pub fn key_record(&self) -> Option<&KeyRecord> {
+        self.reader.key_record()
     }
 
     /// Bytes read so far (the archive's length once the index is returned).
@@ -285,17 +329,24 @@ impl<I: Input> CheckedRecords<I> {
                 self.check.file_begin(offset, file_id, &name, kind)?;
                 Checked::FileBegin { file_id, name, kind }
             }
-            Record::Block { header, header_len } => {
+            Record::Block { mut header, header_len } => {
                 let record_len = header_len as u64 + u64::from(header.stored_len);
-                let raw_pos = self.check.block(offset, &header, record_len)?;
+                let (raw_pos, index) = self.check.block(offset, &header, record_len)?;
                 let wanted = match self.payloads {
                     Payloads::All => true,
                     Payloads::None => false,
                     Payloads::Dedup => header.codec == BlockCodec::Dedup,
                 };
                 let payload = if wanted {
-                    let p = self.reader.read_payload()?;
-                    if let Some(n) = check_payload(&header, &p, offset)? {
+                    let mut p = self.reader.read_payload()?;
+                    let mut authenticated = false;
+                    if let Some(k) = self.reader.key() {
+                        check_payload(&header, &p, offset, false)?;
+                        header = k.open_block(&header, index, &mut p).map_err(|e| Error::corrupt(offset, e))?;
+                        p.drain(..SEAL_OVERHEAD);
+                        authenticated = true;
+                    }
+                    if let Some(n) = check_payload(&header, &p, offset, authenticated)? {
                         self.check.literal_pages(n);
                     }
                     Some(p)
@@ -323,7 +374,9 @@ impl<I: Input> CheckedRecords<I> {
                 Checked::FileEnd(end)
             }
             Record::Index { index, .. } => {
-                self.check.index(offset, &index)?;
+                if !self.locked {
+                    self.check.index(offset, &index)?;
+                }
                 Checked::Index(index)
             }
         };
@@ -335,11 +388,24 @@ impl<I: Input> CheckedRecords<I> {
 /// damaged LZ4 or zstd payload can decode to the same bytes); a raw payload
 /// is the stored pages themselves and is proven by the data check instead,
 /// so it is not hashed twice. For a dedup block, returns its literal pages.
-pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64) -> Result<Option<u32>> {
+/// An `authenticated` payload (an encrypted archive's, opened: its AEAD tag
+/// proved every byte) is not hashed; a sealed one is never decoded here.
+pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64, authenticated: bool) -> Result<Option<u32>> {
     if payload.len() != header.stored_len as usize {
         return Err(Error::corrupt(offset, "block payload length does not match its header"));
     }
-    if header.codec != BlockCodec::Raw && xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check {
+    if header.sealed {
+        // The payload check of a sealed payload is cheap next to opening
+        // it, and tells damage from a wrong key.
+        if xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check {
+            return Err(Error::corrupt(offset, "block payload checksum mismatch"));
+        }
+        return Ok(None);
+    }
+    if header.codec != BlockCodec::Raw
+        && !authenticated
+        && xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check
+    {
         return Err(Error::corrupt(offset, "block payload checksum mismatch"));
     }
     if header.codec == BlockCodec::Dedup {
@@ -365,20 +431,21 @@ pub fn check_table(
     index: &Index,
     index_offset: u64,
 ) -> Result<()> {
+    let sealed_name = if header.flags & FLAG_SEALED != 0 { TAG_LEN } else { 0 };
     let corrupt = |why: &str| Error::corrupt(index_offset, format!("index: {why}"));
     if header.flags & FLAG_TABLE == 0 {
         return Err(corrupt("the archive has no block table"));
     }
     let mut check = StreamCheck::new(header);
     if header.flags & FLAG_PARENT != 0 {
-        check.chain(HEADER_LEN as u64, chain)?;
+        check.chain(data_start, chain)?;
     }
     let with_ids = header.flags & FLAG_IDS != 0;
     // (offset, length) of every record the index places.
     let mut spans: Vec<(u64, u64)> = Vec::new();
     for f in &index.files {
         check.file_begin(f.record_offset, f.file_id, &f.name, f.kind)?;
-        spans.push((f.record_offset, (FILE_FIXED + f.name.len() + 4) as u64));
+        spans.push((f.record_offset, (FILE_FIXED + f.name.len() + sealed_name + 4) as u64));
         if f.table.len() != f.blocks.len() {
             return Err(corrupt("the block table does not list every block"));
         }

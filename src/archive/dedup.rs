@@ -13,7 +13,8 @@
 //! first would find the same pages (an id match is what decides either way)
 //! and costs a pagemap parse per process; a hash lookup is ~50 ns a page.
 
-use crate::format::{page_id, ChainEntry, Extent, Origin, PageId, PAGE_SIZE};
+use crate::format::{ChainEntry, Extent, Origin, PageId, PAGE_SIZE};
+use crate::seal::{ChainKey, PageIds};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -35,13 +36,25 @@ pub struct DedupIndex {
     parents: HashMap<PageId, Location>,
     /// Pages stored in this archive so far, by id.
     own: Mutex<HashMap<PageId, Location>>,
+    /// How ids are made: keyed in an encrypted chain.
+    pub page_ids: PageIds,
+    /// The parents' chain key when they are encrypted (the child is sealed
+    /// with it, so its ids match theirs).
+    pub chain_key: Option<ChainKey>,
 }
 
 impl DedupIndex {
     /// An index over a parent chain's pages; `chain` empty for an archive
     /// that only dedups within itself.
     pub fn new(chain: Vec<ChainEntry>, parents: HashMap<PageId, Location>) -> Self {
-        DedupIndex { chain, parents, own: Mutex::new(HashMap::new()) }
+        Self::keyed(chain, parents, None)
+    }
+
+    /// As [`new`](Self::new), for a chain encrypted with `key` (`None`: not
+    /// encrypted): ids are keyed with it.
+    pub fn keyed(chain: Vec<ChainEntry>, parents: HashMap<PageId, Location>, key: Option<ChainKey>) -> Self {
+        let page_ids = key.as_ref().map_or_else(PageIds::plain, |k| k.page_ids());
+        DedupIndex { chain, parents, own: Mutex::new(HashMap::new()), page_ids, chain_key: key }
     }
 }
 
@@ -61,7 +74,7 @@ pub struct DedupedBlock {
 /// the block is whole pages, the references found for them. Pages that stay
 /// literal are registered as held by block `block` of `file_id`.
 pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) -> DedupedBlock {
-    let ids: Vec<PageId> = stored.chunks(PAGE_SIZE).map(page_id).collect();
+    let ids: Vec<PageId> = stored.chunks(PAGE_SIZE).map(|p| index.page_ids.id(p)).collect();
     if stored.len() % PAGE_SIZE != 0 {
         // A short last page is never shared: keep the block as it is.
         return DedupedBlock { ids, extents: None, literal: Vec::new() };

@@ -24,7 +24,7 @@ use crate::format::{BlockCodec, BlockHeader, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE};
 pub const DEFAULT_BLOCK_SIZE: usize = 256 << 10;
 
 /// Settings shared by everything that writes or reads archives.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     pub codec: CodecConfig,
     pub block_size: usize,
@@ -38,6 +38,9 @@ pub struct Options {
     /// then with the hurried codec, until [`Packer::capture_done`]; CRIU,
     /// writing a frozen process, keeps the cores meanwhile.
     pub absorb_first: bool,
+    /// Encrypt the archive, its key wrapped for these recipients (see
+    /// `seal`); a child of an encrypted parent must be, with its parent's key.
+    pub seal: Option<std::sync::Arc<crate::seal::keyring::Recipients>>,
 }
 
 impl Default for Options {
@@ -49,6 +52,7 @@ impl Default for Options {
             memory_budget: engine::DEFAULT_MEMORY_BUDGET,
             ids: false,
             absorb_first: false,
+            seal: None,
         }
     }
 }

@@ -15,8 +15,7 @@ use super::dedup::{DedupIndex, Location};
 use super::source::{Archive, BlockSource};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{
-    page_id, BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, Header, PageId, FLAG_IDS, HEADER_LEN,
-    PAGE_SIZE,
+    BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, Header, PageId, FLAG_IDS, HEADER_LEN, PAGE_SIZE,
 };
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -263,7 +262,7 @@ pub fn dedup_index(parent_path: &Path, child: &Path) -> Result<DedupIndex> {
             pages.entry(id).or_insert(loc);
         }
     }
-    Ok(DedupIndex::new(chain, pages))
+    Ok(DedupIndex::keyed(chain, pages, parent.key().map(|k| k.chain().clone())))
 }
 
 /// Reads the page ids of an archive with ids: each stored page the P records
@@ -316,6 +315,7 @@ fn computed_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)
     let mut out = Vec::new();
     let mut dec = crate::codec::Decoder::new();
     let mut stored = Vec::new();
+    let ids = archive.page_ids();
     for f in archive.index().files.iter().filter(|f| f.kind == FileKind::Pages) {
         let mut i = 0;
         while let Some(b) = archive.block(f.file_id, i)? {
@@ -323,7 +323,7 @@ fn computed_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)
                 b.decode_stored(&mut dec, &mut stored)?;
                 for (p, page) in stored.chunks(PAGE_SIZE).enumerate() {
                     let loc = Location { source, file_id: f.file_id, block: i as u32, page: p as u32 };
-                    out.push((page_id(page), loc));
+                    out.push((ids.id(page), loc));
                 }
             }
             i += 1;
@@ -343,6 +343,7 @@ pub fn check_page_ids(archive: &Archive) -> Result<()> {
     let label = archive.label().to_string();
     let mut records = archive.records(Payloads::All).context(|| label.clone())?;
     let mut dec = crate::codec::Decoder::new();
+    let page_ids = archive.page_ids();
     let (mut literal, mut last) = (Vec::new(), None);
     while let Some((offset, rec)) = records.next_record().context(|| label.clone())? {
         match rec {
@@ -358,7 +359,7 @@ pub fn check_page_ids(archive: &Archive) -> Result<()> {
                     dec.decompress(header.codec, &payload, header.stored_raw_len(), &mut literal)
                 };
                 done.map_err(|e| Error::corrupt(at, e)).context(|| label.clone())?;
-                if !literal.chunks(PAGE_SIZE).map(page_id).eq(ids.expect("ids are read")) {
+                if !literal.chunks(PAGE_SIZE).map(|p| page_ids.id(p)).eq(ids.expect("ids are read")) {
                     return Err(Error::corrupt(offset, "page ids do not match the pages of the block before them"))
                         .context(|| label.clone());
                 }

@@ -10,13 +10,17 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    block_header_len, chain_body_len, decode_block_header, decode_chain_record, decode_end_record, decode_file_record,
-    decode_ids_fixed, decode_index_body, decode_index_fixed, decode_trailer, encode_chain_record, encode_end_record,
-    encode_file_record, encode_ids_record, encode_index_and_trailer, file_record_name_len, BlockHeader, BlockRef,
-    ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, PageId, RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED,
-    END_LEN, FILE_FIXED, FLAG_TABLE, HEADER_LEN, IDS_FIXED, INDEX_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
+    block_header_len, chain_body_len, check_index_body, decode_block_header, decode_chain_record, decode_end_record,
+    decode_file_record_bytes, decode_ids_fixed, decode_index_fixed, decode_index_plain, decode_key_record,
+    decode_trailer, encode_chain_record, encode_end_record, encode_file_record_bytes, encode_ids_record,
+    encode_index_body, encode_index_body_and_trailer, encode_key_record, file_name, file_record_name_len,
+    key_record_len, BlockHeader, BlockRef, ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, KeyRecord, PageId,
+    RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE, HEADER_LEN,
+    IDS_FIXED, INDEX_FIXED, KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
+use crate::seal::ArchiveKey;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 
 /// Append-only archive writer. Tracks every record's offset so it can write
 /// the index at the end; never seeks. Dropping it without [`finish`] leaves
@@ -30,6 +34,9 @@ pub struct ArchiveWriter<W: Write> {
     scratch: Vec<u8>,
     /// The header's flags: whether the index carries the block table.
     flags: u16,
+    /// An encrypted archive's key: names and the index are sealed here,
+    /// block payloads before they reach the writer (on the workers).
+    key: Option<Arc<ArchiveKey>>,
 }
 
 struct OpenFile {
@@ -41,15 +48,38 @@ struct OpenFile {
 impl<W: Write> ArchiveWriter<W> {
     /// Writes the header, and the C record when the archive has parents
     /// (`chain` must then be given, its first entry the header's parent id).
-    pub fn new(mut out: W, header: &Header, chain: &[ChainEntry]) -> Result<Self> {
+    pub fn new(out: W, header: &Header, chain: &[ChainEntry]) -> Result<Self> {
+        Self::sealed(out, header, chain, None)
+    }
+
+    /// As [`new`](Self::new); an encrypted archive (header flag `SEALED`)
+    /// gets its K record after the header and its key seals names and index.
+    pub fn sealed(
+        mut out: W,
+        header: &Header,
+        chain: &[ChainEntry],
+        key: Option<(Arc<ArchiveKey>, KeyRecord)>,
+    ) -> Result<Self> {
+        if key.is_some() != (header.flags & FLAG_SEALED != 0) {
+            return Err(Error::Usage("an encrypted archive needs its key, and only it".into()));
+        }
         out.write_all(&header.encode())?;
         let mut offset = HEADER_LEN as u64;
+        let key = match key {
+            Some((k, rec)) => {
+                let rec = encode_key_record(&rec);
+                out.write_all(&rec)?;
+                offset += rec.len() as u64;
+                Some(k)
+            }
+            None => None,
+        };
         if !chain.is_empty() {
             let rec = encode_chain_record(chain);
             out.write_all(&rec)?;
             offset += rec.len() as u64;
         }
-        Ok(ArchiveWriter { out, offset, files: Vec::new(), scratch: Vec::new(), flags: header.flags })
+        Ok(ArchiveWriter { out, offset, files: Vec::new(), scratch: Vec::new(), flags: header.flags, key })
     }
 
     /// The P record for the block just written: ids of its stored pages.
@@ -68,7 +98,10 @@ impl<W: Write> ArchiveWriter<W> {
             .map_err(|why| Error::Usage(format!("bad image file name {name:?}: {why}")))?;
         let file_id = self.files.len() as u32;
         self.scratch.clear();
-        encode_file_record(file_id, name, kind, &mut self.scratch);
+        match &self.key {
+            Some(k) => encode_file_record_bytes(file_id, &k.seal_name(file_id, kind, name), kind, &mut self.scratch),
+            None => encode_file_record_bytes(file_id, name.as_bytes(), kind, &mut self.scratch),
+        }
         let entry = FileEntry {
             file_id,
             name: name.to_string(),
@@ -119,7 +152,12 @@ impl<W: Write> ArchiveWriter<W> {
             return Err(Error::Usage(format!("image file {} was never completed", f.entry.name)));
         }
         let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
-        let tail = encode_index_and_trailer(&index, self.offset, self.flags);
+        let count = index.files.len() as u32;
+        let mut body = encode_index_body(&index, self.flags);
+        if let Some(k) = &self.key {
+            body = k.seal_index(count, body);
+        }
+        let tail = encode_index_body_and_trailer(body, count, self.offset);
         self.out.write_all(&tail)?;
         self.offset += tail.len() as u64;
         self.out.flush()?;
@@ -190,19 +228,44 @@ pub enum Record {
     },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unlock {
+    Required,
+    IfPossible,
+}
+
 /// Reads an archive front to back, checking each record's own seal and
 /// lengths. What records mean together is checked by `check::StreamCheck`.
 pub struct SeqReader<I: Input> {
     inp: I,
     offset: u64,
     pub header: Header,
+    /// An encrypted archive's key, from its K record (`None` when it is not
+    /// encrypted, or when opened locked).
+    key: Option<Arc<ArchiveKey>>,
+    /// What an encrypted archive's K record says (also when locked).
+    key_record: Option<KeyRecord>,
     /// Payload bytes of the last block header that are still unread.
     pending_payload: u64,
     done: bool,
 }
 
 impl<I: Input> SeqReader<I> {
-    pub fn new(mut inp: I) -> Result<Self> {
+    /// Reads the header; an encrypted archive's key is unlocked through the
+    /// keyring (`seal::keyring`), or the archive is refused as locked.
+    pub fn new(inp: I) -> Result<Self> {
+        Self::open(inp, Unlock::Required)
+    }
+
+    /// As [`new`](Self::new), but an encrypted archive that no key given
+    /// opens is read without it: names come back as `#<file id>` and the
+    /// index as empty (`inspect` shows what is public this way; nothing
+    /// else may).
+    pub fn new_or_locked(inp: I) -> Result<Self> {
+        Self::open(inp, Unlock::IfPossible)
+    }
+
+    fn open(mut inp: I, unlock: Unlock) -> Result<Self> {
         let mut b = [0u8; HEADER_LEN];
         let got = inp.read_full(&mut b)?;
         if got < HEADER_LEN {
@@ -212,7 +275,46 @@ impl<I: Input> SeqReader<I> {
             return Err(Error::corrupt(got as u64, "truncated: archive ends inside the header"));
         }
         let header = Header::decode(&b)?;
-        Ok(SeqReader { inp, offset: HEADER_LEN as u64, header, pending_payload: 0, done: false })
+        let mut r = SeqReader {
+            inp,
+            offset: HEADER_LEN as u64,
+            header,
+            key: None,
+            key_record: None,
+            pending_payload: 0,
+            done: false,
+        };
+        if r.header.flags & FLAG_SEALED != 0 {
+            let start = r.offset;
+            let mut rec = vec![0u8; KEY_FIXED];
+            r.exact(&mut rec, "the key record")?;
+            let n = key_record_len(rec[..].try_into().expect("fixed part"), start)?;
+            rec.resize(KEY_FIXED + n + 4, 0);
+            r.exact(&mut rec[KEY_FIXED..], "the key record")?;
+            let kr = decode_key_record(&rec, start)?;
+            match crate::seal::keyring::unlock(&kr, start) {
+                Ok(chain) => r.key = Some(Arc::new(chain.archive(&r.header))),
+                Err(Error::Locked(_)) if unlock == Unlock::IfPossible => {}
+                Err(e) => return Err(e),
+            }
+            r.key_record = Some(kr);
+        }
+        Ok(r)
+    }
+
+    /// The key of an encrypted archive opened with it.
+    pub fn key(&self) -> Option<&Arc<ArchiveKey>> {
+        self.key.as_ref()
+    }
+
+    /// An encrypted archive's K record.
+    pub fn key_record(&self) -> Option<&KeyRecord> {
+        self.key_record.as_ref()
+    }
+
+    /// Whether names, index and payloads are sealed and there is no key.
+    fn locked(&self) -> bool {
+        self.header.flags & FLAG_SEALED != 0 && self.key.is_none()
     }
 
     /// Offset of the next byte to be read.
@@ -271,7 +373,13 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut rec[1..], "a file record")?;
                 rec.resize(FILE_FIXED + file_record_name_len(&rec) + 4, 0);
                 self.exact(&mut rec[FILE_FIXED..], "a file record")?;
-                let (file_id, name, kind) = decode_file_record(&rec, start)?;
+                let (file_id, name, kind) = decode_file_record_bytes(&rec, start)?;
+                let at = start + FILE_FIXED as u64;
+                let name = match &self.key {
+                    Some(k) => k.open_name(file_id, kind, name, at)?,
+                    None if self.locked() => format!("#{file_id}"),
+                    None => file_name(name.to_vec(), at)?,
+                };
                 Record::FileBegin { file_id, name, kind }
             }
             RecordType::Block => {
@@ -304,6 +412,7 @@ impl<I: Input> SeqReader<I> {
                 self.pending_payload = count as u64 * PAGE_ID_LEN as u64 + 8;
                 Record::Ids { file_id, count }
             }
+            RecordType::Key => return Err(Error::corrupt(start, "key record out of place")),
             RecordType::End => {
                 let mut rec = [0u8; END_LEN];
                 rec[0] = t[0];
@@ -320,7 +429,14 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut body, "the index")?;
                 let mut c = [0u8; 8];
                 self.exact(&mut c, "the index")?;
-                let index = decode_index_body(&body, u64::from_le_bytes(c), count, body_off, self.header.flags)?;
+                check_index_body(&body, u64::from_le_bytes(c), body_off)?;
+                let index = match &self.key {
+                    Some(k) => {
+                        decode_index_plain(&k.open_index(count, &body, body_off)?, count, body_off, self.header.flags)?
+                    }
+                    None if self.locked() => Index::default(),
+                    None => decode_index_plain(&body, count, body_off, self.header.flags)?,
+                };
                 let record_len = self.offset - start;
                 let mut t = [0u8; TRAILER_LEN];
                 self.exact(&mut t, "the trailer")?;

@@ -20,6 +20,10 @@
 //! every check recomputed: a reader waits for the proof before its point of
 //! no return (the serve session, before the last block of each page image).
 //!
+//! A block of an encrypted archive is opened as it is fetched, in place
+//! (its AEAD tag proves every byte and its place); from then on it is read
+//! like any other, its data check restored from inside the seal.
+//!
 //! Archives arriving on a pipe are spooled to a private unnamed temporary
 //! file first and then opened like any other: CRIU asks for `inventory.img`
 //! first and it is written last, so a restore cannot start before the stream
@@ -34,11 +38,12 @@ use super::records::Input;
 use crate::codec::Decoder;
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
-    decode_block_header, decode_index_body, decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry,
-    DedupPayload, FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, INDEX_FIXED, PAGE_SIZE,
-    TRAILER_LEN,
+    check_index_body, decode_block_header, decode_index_fixed, decode_index_plain, decode_trailer, BlockCodec,
+    BlockHeader, ChainEntry, DedupPayload, FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN,
+    INDEX_FIXED, PAGE_SIZE, SEAL_OVERHEAD, TRAILER_LEN,
 };
 use crate::io::SharedBytes;
+use crate::seal::ArchiveKey;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -278,6 +283,8 @@ pub struct Archive {
     window: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
     /// Whether the full walk has proven the archive (unset while it runs).
     proof: OnceLock<std::result::Result<(), Error>>,
+    /// An encrypted archive's key: every block is opened with it as read.
+    key: Option<Arc<ArchiveKey>>,
 }
 
 /// Bytes read at once for small records.
@@ -306,6 +313,9 @@ struct Fetched {
     range: Range<usize>,
     header: BlockHeader,
     offset: u64,
+    /// Opened from a sealed block: `header` is the block before sealing, the
+    /// range its plain payload alone, and the AEAD tag proved every byte.
+    authenticated: bool,
 }
 
 /// What the opening walk proved about a block.
@@ -378,12 +388,13 @@ impl Archive {
 
     /// Walks every record header of `store` through the checks.
     pub fn from_store(store: Box<dyn RecordStore>, label: String) -> Result<Archive> {
-        let Walked { header, index, blocks, chain } = walk(&*store)?;
-        Ok(Archive::assemble(store, label, header, index, blocks, chain, true))
+        let Walked { header, index, blocks, chain, key } = walk(&*store)?;
+        Ok(Archive::assemble(store, label, header, index, blocks, chain, true, key))
     }
 
     /// An archive from what its opening proved; `proven`: the whole of it
     /// (else the walk behind will say).
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         store: Box<dyn RecordStore>,
         label: String,
@@ -392,6 +403,7 @@ impl Archive {
         blocks: Vec<Vec<ProvenBlock>>,
         chain: Vec<ChainEntry>,
         proven: bool,
+        key: Option<Arc<ArchiveKey>>,
     ) -> Archive {
         Archive {
             store,
@@ -405,7 +417,18 @@ impl Archive {
             holders: Mutex::new(VecDeque::new()),
             window: Mutex::new(None),
             proof: if proven { OnceLock::from(Ok(())) } else { OnceLock::new() },
+            key,
         }
+    }
+
+    /// An encrypted archive's key (`None` when it is not encrypted).
+    pub fn key(&self) -> Option<&Arc<ArchiveKey>> {
+        self.key.as_ref()
+    }
+
+    /// How this archive's page ids are made (keyed in an encrypted chain).
+    pub fn page_ids(&self) -> crate::seal::PageIds {
+        self.key.as_ref().map_or_else(crate::seal::PageIds::plain, |k| k.page_ids())
     }
 
     /// Opens an archive for a reader that should not wait for all of it (a
@@ -422,16 +445,18 @@ impl Archive {
             drop(records);
             return Ok(Arc::new(Archive::from_store(store, label)?));
         }
+        let key = records.key().cloned();
+        let after_key = records.offset();
         let (chain, data_start) = if header.flags & FLAG_PARENT != 0 {
             match records.next_record()? {
                 Some((_, Checked::Chain(chain))) => (chain, records.offset()),
                 _ => unreachable!("the checks let only the chain record come first"),
             }
         } else {
-            (Vec::new(), HEADER_LEN as u64)
+            (Vec::new(), after_key)
         };
         drop(records);
-        let (index, index_offset) = read_index(&*store, &header)?;
+        let (index, index_offset) = read_index(&*store, &header, key.as_deref())?;
         check_table(&header, &chain, data_start, &index, index_offset)?;
         let blocks = index
             .files
@@ -449,7 +474,7 @@ impl Archive {
                     .collect()
             })
             .collect();
-        let archive = Arc::new(Archive::assemble(store, label, header, index, blocks, chain, false));
+        let archive = Arc::new(Archive::assemble(store, label, header, index, blocks, chain, false, key));
         let behind = archive.clone();
         std::thread::Builder::new()
             .name("criuz-proof".into())
@@ -598,21 +623,52 @@ impl Archive {
                 format!("block {i} of {} changed after the archive was opened", entry.name),
             ));
         }
-        Ok(Some(Fetched { buf, range, header, offset: r.offset }))
+        let fetched = Fetched { buf, range, header, offset: r.offset, authenticated: false };
+        if !fetched.header.sealed {
+            return Ok(Some(fetched));
+        }
+        self.open_sealed(fetched, i as u32).map(Some)
+    }
+
+    /// Opens a sealed block in place (a copy if its buffer is shared): its
+    /// plain payload then ends where the record ended, so a record read to
+    /// end on a page boundary keeps its pages on page boundaries.
+    fn open_sealed(&self, f: Fetched, block: u32) -> Result<Fetched> {
+        let Fetched { buf, range, header, offset, .. } = f;
+        let key =
+            self.key.as_ref().ok_or_else(|| Error::corrupt(offset, "sealed block in an archive without a key"))?;
+        check_payload(&header, &buf[range.end - header.stored_len as usize..range.end], offset, false)?;
+        let (mut v, range) = match Arc::try_unwrap(buf) {
+            Ok(v) => (v, range),
+            Err(shared) => {
+                let len = range.len();
+                let (mut v, start) = page_aligned(len + PAGE_SIZE);
+                let start = start + (PAGE_SIZE - len % PAGE_SIZE) % PAGE_SIZE;
+                v.resize(start, 0);
+                v.extend_from_slice(&shared[range]);
+                (v, start..start + len)
+            }
+        };
+        let payload = range.end - header.stored_len as usize..range.end;
+        let plain = key.open_block(&header, block, &mut v[payload.clone()]).map_err(|e| Error::corrupt(offset, e))?;
+        let range = payload.start + SEAL_OVERHEAD..range.end;
+        Ok(Fetched { buf: Arc::new(v), range, header: plain, offset, authenticated: true })
     }
 
     /// Record `i` of a file as fetched, as a block of its own, its payload
     /// checked against its payload check.
     fn checked(&self, file_id: u32, i: usize, f: Fetched) -> Result<CheckedBlock> {
-        let Fetched { buf, range, header, offset } = f;
+        let Fetched { buf, range, header, offset, authenticated } = f;
+        // Only the payload's place at the record's end matters afterwards.
         let record = match Arc::try_unwrap(buf) {
+            Ok(v) if range.end == v.len() && authenticated => v,
             Ok(v) if range == (0..v.len()) => v,
             Ok(v) => v[range].to_vec(),
             Err(shared) => shared[range].to_vec(),
         };
         let raw_pos = self.blocks[file_id as usize][i].raw_pos;
         let block = CheckedBlock { header, record, offset, raw_pos, resolved: false, pieces: Vec::new() };
-        check_payload(&block.header, block.payload(), offset)?;
+        check_payload(&block.header, block.payload(), offset, authenticated)?;
         Ok(block)
     }
 
@@ -648,7 +704,7 @@ impl Archive {
         if let Some(h) = self.holders.lock().unwrap().iter().find(|h| (h.0, h.1) == (file_id, block)) {
             return Ok(h.2.clone());
         }
-        let Fetched { buf, range, header: h, offset } =
+        let Fetched { buf, range, header: h, offset, .. } =
             self.fetch(file_id, block as usize, true)?.ok_or_else(|| {
                 Error::corrupt(
                     0,
@@ -690,9 +746,9 @@ impl Archive {
     /// Resolves a dedup block into the raw block of its stored pages; its
     /// data check (applied when it is decoded) then proves the result.
     fn resolve(&self, file_id: u32, block: u32, f: Fetched) -> Result<CheckedBlock> {
-        let Fetched { buf, range, header, offset } = f;
+        let Fetched { buf, range, header, offset, authenticated } = f;
         let payload = &buf[range.end - header.stored_len as usize..range.end];
-        check_payload(&header, payload, offset)?;
+        check_payload(&header, payload, offset, authenticated)?;
         let (dp, inner) = self.dedup_payload(file_id, block, &header, payload, offset)?;
         let archive = self.label.clone();
         // Literal pages on a page boundary, as for holders.
@@ -796,12 +852,14 @@ struct Walked {
     index: Index,
     blocks: Vec<Vec<ProvenBlock>>,
     chain: Vec<ChainEntry>,
+    key: Option<Arc<ArchiveKey>>,
 }
 
 /// Walks every record header of `store` through the checks.
 fn walk(store: &dyn RecordStore) -> Result<Walked> {
     let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
     let header = records.header().clone();
+    let key = records.key().cloned();
     let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
     let mut chain = Vec::new();
     loop {
@@ -817,7 +875,7 @@ fn walk(store: &dyn RecordStore) -> Result<Walked> {
             }
             Some((_, Checked::Chain(entries))) => chain = entries,
             Some((_, Checked::FileEnd(_))) => {}
-            Some((_, Checked::Index(index))) => return Ok(Walked { header, index, blocks, chain }),
+            Some((_, Checked::Index(index))) => return Ok(Walked { header, index, blocks, chain, key }),
             None => unreachable!("the index ends the records"),
         }
     }
@@ -825,7 +883,7 @@ fn walk(store: &dyn RecordStore) -> Result<Walked> {
 
 /// Reads and checks the trailer and the index it points at; returns the
 /// index and its offset.
-fn read_index(store: &dyn RecordStore, header: &Header) -> Result<(Index, u64)> {
+fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Result<(Index, u64)> {
     let size = store.size();
     let truncated = || Error::corrupt(size, "archive is truncated (no trailer)");
     if size < (HEADER_LEN + TRAILER_LEN) as u64 {
@@ -846,7 +904,12 @@ fn read_index(store: &dyn RecordStore, header: &Header) -> Result<(Index, u64)> 
     }
     let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
     let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().expect("index check"));
-    let index = decode_index_body(body, check, count, offset + INDEX_FIXED as u64, header.flags)?;
+    let at = offset + INDEX_FIXED as u64;
+    check_index_body(body, check, at)?;
+    let index = match key {
+        Some(k) => decode_index_plain(&k.open_index(count, body, at)?, count, at, header.flags)?,
+        None => decode_index_plain(body, count, at, header.flags)?,
+    };
     Ok((index, offset))
 }
 

@@ -15,8 +15,11 @@ use crate::archive::records::ArchiveWriter;
 use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
-use crate::format::{BlockCodec, DedupPayload, FileKind, Header, Index, FLAG_IDS, FLAG_PARENT, FLAG_TABLE};
+use crate::format::{
+    BlockCodec, DedupPayload, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_SEALED, FLAG_TABLE,
+};
 use crate::progress::Meter;
+use crate::seal::{keyring, ChainKey};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,7 +70,9 @@ impl Packer {
     ) -> Result<Self> {
         opts.validate()?;
         let codec = opts.codec;
-        let dedup = dedup.or_else(|| opts.ids.then(|| Arc::new(DedupIndex::new(Vec::new(), HashMap::new()))));
+        let chain_key = chain_key_for(opts, dedup.as_deref())?;
+        let dedup = dedup
+            .or_else(|| opts.ids.then(|| Arc::new(DedupIndex::keyed(Vec::new(), HashMap::new(), chain_key.clone()))));
         let mut header = Header::new(opts.block_size);
         // The block table lets a reader start from the index (a restore from
         // an object store starts before the object has arrived); it costs
@@ -81,6 +86,18 @@ impl Packer {
             header.flags |= FLAG_PARENT;
             header.parent_id = parent.archive_id;
         }
+        // The key is derived from the finished header, which it binds.
+        let sealing = match (&chain_key, &opts.seal) {
+            (Some(ck), Some(recipients)) => {
+                header.flags |= FLAG_SEALED;
+                let record = KeyRecord { key_id: ck.id(), wrapped: recipients.wrap(ck)? };
+                // This process may read back what it wrote (a recompress).
+                keyring::remember(ck);
+                Some((Arc::new(ck.archive(&header)), record))
+            }
+            _ => None,
+        };
+        let block_key = sealing.as_ref().map(|(k, _)| k.clone());
         let hold = if opts.absorb_first { engine::Hold::new() } else { engine::Hold::released() };
         let backlog = hold.clone();
         let (submitter, collector) = engine::start_held(
@@ -95,10 +112,15 @@ impl Packer {
                     // spent: catch up fast rather than stall CRIU.
                     let hurried = backlog.is_held();
                     enc.hurry(hurried);
-                    let encoded = match (&dedup, page_aware) {
+                    let mut encoded = match (&dedup, page_aware) {
                         (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
                         _ => enc.encode(0, &data, page_aware),
                     };
+                    if let Some(k) = &block_key {
+                        // The seal binds the file id: a file's key is its id.
+                        encoded.header.file_id = key as u32;
+                        encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
+                    }
                     PackResult::Block { key, block: encoded, hurried }
                 }
                 PackJob::End { key } => PackResult::End { key },
@@ -110,7 +132,7 @@ impl Packer {
         let writer = std::thread::Builder::new()
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
-                let mut w = ArchiveWriter::new(out, &header, &chain)?;
+                let mut w = ArchiveWriter::sealed(out, &header, &chain, sealing)?;
                 let mut ids: HashMap<u64, u32> = HashMap::new();
                 let mut stats = PackStats::default();
                 for r in collector {
@@ -124,6 +146,7 @@ impl Packer {
                         }
                         PackResult::Block { key, mut block, hurried } => {
                             stats.blocks_hurried += u64::from(hurried);
+                            debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
                             block.header.file_id = ids[&key];
                             w.write_block(&block.header, &block.payload)?;
                             if let Some(page_ids) = &block.ids {
@@ -308,4 +331,25 @@ fn encode_deduped(enc: &mut Encoder, index: &DedupIndex, file_id: u32, block: u3
     enc.recycle(stored);
     encoded.ids = Some(d.ids);
     encoded
+}
+
+/// The chain key of a new archive: none unless it is to be encrypted; its
+/// parent's when it has an encrypted parent (their page ids must match),
+/// else a fresh one. A child is encrypted exactly when its parent is.
+fn chain_key_for(opts: &Options, dedup: Option<&DedupIndex>) -> Result<Option<ChainKey>> {
+    let has_parent = dedup.is_some_and(|d| !d.chain.is_empty());
+    let parent_key = dedup.and_then(|d| d.chain_key.clone());
+    match (&opts.seal, parent_key) {
+        (None, Some(_)) => Err(Error::Usage(
+            "the parent is encrypted, so its child must be: give --recipient, --recipients-file or --passphrase-file"
+                .into(),
+        )),
+        (Some(_), None) if has_parent => Err(Error::Usage(
+            "the parent is not encrypted; an encrypted child of it could not share its page ids (encrypt a full dump first)"
+                .into(),
+        )),
+        (Some(_), Some(k)) => Ok(Some(k)),
+        (Some(_), None) => ChainKey::random().map(Some),
+        (None, None) => Ok(None),
+    }
 }

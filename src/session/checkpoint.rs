@@ -208,7 +208,7 @@ pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Op
 pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
     let source = crate::archive::Archive::open(path)?;
     let out = Output::open(path, true)?;
-    let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..*opts };
+    let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
     let stats = crate::offline::flatten(source, out.writer()?, &bounded)?;
     out.commit()?;
     Ok(stats)

@@ -285,3 +285,12 @@ pub fn swap_indexed_blocks(index: &mut criuz::format::Index) {
     f.blocks.swap(i, j);
     f.table.swap(i, j);
 }
+
+/// Reaps exited processes adopted by this (subreaper) test process: a
+/// restore that fails mid-way leaves the tree CRIU had begun to us, and a
+/// zombie keeps its pid taken from the next restore.
+pub fn reap_zombies() {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG only collects exited children of ours.
+    while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
+}

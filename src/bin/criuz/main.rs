@@ -53,6 +53,69 @@ struct CodecArgs {
     threads: ThreadArgs,
 }
 
+/// Keys that open encrypted archives (secrets only ever from files).
+#[derive(Args, Clone, Default)]
+struct KeyArgs {
+    /// age identity file that opens encrypted archives (made by `criuz keygen`; repeatable)
+    #[arg(long = "identity", value_name = "FILE")]
+    identities: Vec<PathBuf>,
+    /// File whose first line is the passphrase of encrypted archives
+    #[arg(long, value_name = "FILE")]
+    passphrase_file: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// Gives the keys to the process's keyring, through which every archive
+    /// it opens is unlocked.
+    fn load(&self) -> Result<()> {
+        for f in &self.identities {
+            criuz::seal::keyring::add_identity_file(f)?;
+        }
+        if let Some(f) = &self.passphrase_file {
+            criuz::seal::keyring::add_passphrase_file(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// Encryption of a new archive, and the keys of an encrypted parent.
+#[derive(Args, Clone, Default)]
+struct SealArgs {
+    /// Encrypt the archive to this age public key (age1...; repeatable)
+    #[arg(long = "recipient", value_name = "KEY")]
+    recipients: Vec<String>,
+    /// Encrypt the archive to the age public keys in FILE, one a line (repeatable)
+    #[arg(long = "recipients-file", value_name = "FILE")]
+    recipients_files: Vec<PathBuf>,
+    /// age identity that opens an encrypted parent (repeatable); with no
+    /// --recipient, the archive is encrypted to the identities' own keys
+    #[arg(long = "identity", value_name = "FILE")]
+    identities: Vec<PathBuf>,
+    /// Encrypt the archive with the passphrase on FILE's first line (and open an encrypted parent with it)
+    #[arg(long, value_name = "FILE")]
+    passphrase_file: Option<PathBuf>,
+}
+
+impl SealArgs {
+    /// Loads the keys and sets `opts.seal` when the archive is to be encrypted.
+    fn apply(&self, opts: &mut Options) -> Result<()> {
+        KeyArgs { identities: self.identities.clone(), passphrase_file: self.passphrase_file.clone() }.load()?;
+        let mut keys = self.recipients.clone();
+        if keys.is_empty() && self.recipients_files.is_empty() && self.passphrase_file.is_none() {
+            for f in &self.identities {
+                keys.extend(criuz::seal::keyring::recipients_of_identity_file(f)?);
+            }
+        }
+        let r = criuz::seal::keyring::Recipients::from_args(
+            &keys,
+            &self.recipients_files,
+            self.passphrase_file.as_deref(),
+        )?;
+        opts.seal = r.map(std::sync::Arc::new);
+        Ok(())
+    }
+}
+
 #[derive(Args, Clone)]
 struct AbsorbArgs {
     /// Memory for CRIU's pages not yet compressed: while CRIU writes, criuz
@@ -118,6 +181,8 @@ enum Cmd {
         codec: CodecArgs,
         #[command(flatten)]
         absorb: AbsorbArgs,
+        #[command(flatten)]
+        seal: SealArgs,
         /// Extra arguments for criu dump (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -154,6 +219,8 @@ enum Cmd {
         parents: ParentArgs,
         #[command(flatten)]
         threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
         /// Extra arguments for criu restore (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -172,6 +239,8 @@ enum Cmd {
         parent: Option<PathBuf>,
         #[command(flatten)]
         codec: CodecArgs,
+        #[command(flatten)]
+        seal: SealArgs,
     },
     /// Write a self-contained archive from an incremental one and its parents
     Flatten {
@@ -187,6 +256,8 @@ enum Cmd {
         parents: ParentArgs,
         #[command(flatten)]
         codec: CodecArgs,
+        #[command(flatten)]
+        seal: SealArgs,
     },
     /// Unpack an archive into a CRIU images directory (restorable with criu restore -D)
     Unpack {
@@ -201,6 +272,8 @@ enum Cmd {
         parents: ParentArgs,
         #[command(flatten)]
         threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
     },
     /// Show per-file sizes, ratios, zero pages, codecs, and an incremental archive's parents
     Inspect {
@@ -208,6 +281,8 @@ enum Cmd {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        keys: KeyArgs,
     },
     /// Check every checksum (of an incremental archive, with its parents); exit 0 only if all hold
     Verify {
@@ -216,6 +291,8 @@ enum Cmd {
         parents: ParentArgs,
         #[command(flatten)]
         threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
     },
     /// Serve CRIU's dump stream (criu dump --stream -D DIR) into an archive
     Capture {
@@ -231,6 +308,8 @@ enum Cmd {
         codec: CodecArgs,
         #[command(flatten)]
         absorb: AbsorbArgs,
+        #[command(flatten)]
+        seal: SealArgs,
     },
     /// Serve an archive to CRIU's restore stream (criu restore --stream -D DIR)
     Serve {
@@ -250,6 +329,17 @@ enum Cmd {
         parents: ParentArgs,
         #[command(flatten)]
         threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
+    },
+    /// Make an age identity for encrypted archives (mode 0600) and print its public key
+    Keygen {
+        /// Identity file to write
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        /// Replace an existing file
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -320,8 +410,9 @@ fn rate(bytes: u64, secs: f64) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Pack { dir, output, force, parent, codec } => {
-            let opts = codec.options()?;
+        Cmd::Pack { dir, output, force, parent, codec, seal } => {
+            let mut opts = codec.options()?;
+            seal.apply(&mut opts)?;
             let dedup = criuz::session::checkpoint::dedup_for(parent.as_deref(), &output)?;
             let files = offline::image_files(&dir)?;
             let total: u64 = files.iter().map(|f| f.1).sum();
@@ -344,8 +435,9 @@ fn run(cli: Cli) -> Result<()> {
                 rate(stats.raw_bytes, secs)
             );
         }
-        Cmd::Flatten { archive, output, force, parents, codec } => {
-            let opts = codec.options()?;
+        Cmd::Flatten { archive, output, force, parents, codec, seal } => {
+            let mut opts = codec.options()?;
+            seal.apply(&mut opts)?;
             let source = criuz::archive::parent::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let out = Output::open(&output, force)?;
             let t = Instant::now();
@@ -362,7 +454,8 @@ fn run(cli: Cli) -> Result<()> {
                 t.elapsed().as_secs_f64()
             );
         }
-        Cmd::Unpack { archive, dir, force, parents, threads } => {
+        Cmd::Unpack { archive, dir, force, parents, threads, keys } => {
+            keys.load()?;
             let inp = offline::Reading::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let t = Instant::now();
             let progress = Progress::new("unpack", None);
@@ -377,7 +470,8 @@ fn run(cli: Cli) -> Result<()> {
                 rate(st.bytes, secs)
             );
         }
-        Cmd::Inspect { archive, json } => {
+        Cmd::Inspect { archive, json, keys } => {
+            keys.load()?;
             let inp = open_input(&archive)?;
             let rep = offline::inspect(inp).with_context(|| archive.display().to_string())?;
             if json {
@@ -386,8 +480,9 @@ fn run(cli: Cli) -> Result<()> {
                 print_inspect(&rep);
             }
         }
-        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, extra } => {
-            let opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, seal, extra } => {
+            let mut opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
+            seal.apply(&mut opts)?;
             let c = criu.locate()?;
             let meter = criuz::progress::Meter::new();
             let o = criuz::session::checkpoint::DumpOptions {
@@ -456,8 +551,10 @@ fn run(cli: Cli) -> Result<()> {
             pidfile,
             parents,
             threads,
+            keys,
             extra,
         } => {
+            keys.load()?;
             let c = criu.locate()?;
             let o = criuz::session::checkpoint::RestoreOptions {
                 input,
@@ -511,8 +608,9 @@ fn run(cli: Cli) -> Result<()> {
                 std::process::exit(r.criu_exit.clamp(1, 255));
             }
         }
-        Cmd::Capture { dir, output, force, codec, absorb } => {
-            let opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
+        Cmd::Capture { dir, output, force, codec, absorb, seal } => {
+            let mut opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
+            seal.apply(&mut opts)?;
             let out = Output::open(&output, force)?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
@@ -531,7 +629,8 @@ fn run(cli: Cli) -> Result<()> {
                 stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64
             );
         }
-        Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads } => {
+        Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads, keys } => {
+            keys.load()?;
             let opts = threads.options();
             let source = criuz::archive::parent::open(&input, pipe_buffer as u64, &parents.search())?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::SERVE_SOCKET)?;
@@ -552,11 +651,26 @@ fn run(cli: Cli) -> Result<()> {
                 r.zero_pages_skipped
             );
         }
-        Cmd::Verify { archive, parents, threads } => {
+        Cmd::Verify { archive, parents, threads, keys } => {
+            keys.load()?;
             let inp = offline::Reading::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let progress = Progress::new("verify", None);
             let (files, bytes) = offline::verify(inp, &threads.options(), progress)?;
             out!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
+        }
+        Cmd::Keygen { output, force } => {
+            use criuz::seal::keyring;
+            use std::io::Write;
+            let (secret, public) = keyring::generate();
+            let file = criuz::io::AtomicFile::create(&output, force)?;
+            let mut w = file.writer()?;
+            w.write_all(age::secrecy::ExposeSecret::expose_secret(&secret).as_bytes())
+                .and_then(|()| w.flush())
+                .with_context(|| output.display().to_string())?;
+            drop(w);
+            file.commit()?;
+            eprintln!("criuz: wrote the identity to {} (keep it secret; it opens your archives)", output.display());
+            out!("{public}");
         }
     }
     Ok(())
@@ -575,6 +689,23 @@ fn print_inspect(rep: &offline::InspectReport) {
         if rep.page_ids { format!(", with page ids ({})", human(rep.page_id_bytes)) } else { String::new() },
         if rep.block_table { ", block table in the index" } else { "" }
     );
+    if let Some(e) = &rep.encryption {
+        let mut kinds: Vec<(String, usize)> = Vec::new();
+        for k in &e.wrapped_for {
+            match kinds.iter_mut().find(|(n, _)| n == k) {
+                Some((_, c)) => *c += 1,
+                None => kinds.push((k.clone(), 1)),
+            }
+        }
+        let whom: Vec<String> = kinds
+            .iter()
+            .map(|(k, n)| if k == "scrypt" { "a passphrase".into() } else { format!("{n} {k} recipient(s)") })
+            .collect();
+        out!("encrypted with {}, key {}, wrapped for {}", e.algorithm, e.key_id, whom.join(", "));
+        if e.locked {
+            out!("locked: no key given opens it, so names show as #<file id> and references are not counted");
+        }
+    }
     for (i, p) in rep.chain.iter().enumerate() {
         let what = if i == 0 { "parent" } else { "ancestor" };
         out!(

@@ -1,0 +1,220 @@
+//! Where keys come from: age identities and passphrases given to this
+//! process, recipients to wrap new keys for, and the keys already unwrapped.
+//!
+//! Reading works like an agent: the command line adds its identities
+//! (`--identity`) or passphrase (`--passphrase-file`) once, and every archive
+//! the process opens unlocks through them, wherever in the library it is
+//! opened (a restore's archive, its parents, a dump's parent). A chain key,
+//! once unwrapped, is kept by its id, so the parents of a chain (which share
+//! it) cost no second unwrap, which for a passphrase is a second of scrypt
+//! each. Secrets come from files, never from the command line.
+
+use super::ChainKey;
+use crate::error::{Error, IoContext, Result};
+use crate::format::KeyRecord;
+use age::secrecy::{ExposeSecret, SecretString};
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+type Identities = Vec<Box<dyn age::Identity + Send + Sync>>;
+
+#[derive(Default)]
+struct Ring {
+    identities: Identities,
+    passphrase: Option<SecretString>,
+    unlocked: HashMap<[u8; 16], Arc<ChainKey>>,
+}
+
+static RING: Mutex<Option<Ring>> = Mutex::new(None);
+
+fn with_ring<T>(f: impl FnOnce(&mut Ring) -> T) -> T {
+    let mut g = RING.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(Ring::default))
+}
+
+/// Reads a secret file: it must exist and be readable.
+fn read_secret(path: &Path) -> Result<String> {
+    let mut s = String::new();
+    std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut s)).at(path)?;
+    Ok(s)
+}
+
+/// Parses an age identity file (`AGE-SECRET-KEY-1…` lines, `#` comments).
+fn parse_identities(path: &Path, text: &str) -> Result<Identities> {
+    let bad = |why: String| Error::Usage(format!("{}: not an age identity file: {why}", path.display()));
+    let file = age::IdentityFile::from_buffer(text.as_bytes()).map_err(|e| bad(e.to_string()))?;
+    let ids = file.into_identities().map_err(|e| bad(e.to_string()))?;
+    if ids.is_empty() {
+        return Err(bad("it holds no identity".into()));
+    }
+    Ok(ids)
+}
+
+/// Adds the identities of an age identity file for opening archives.
+pub fn add_identity_file(path: &Path) -> Result<()> {
+    let ids = parse_identities(path, &read_secret(path)?)?;
+    with_ring(|r| r.identities.extend(ids));
+    Ok(())
+}
+
+/// A passphrase from a file: its first line, without the line end.
+pub fn read_passphrase(path: &Path) -> Result<SecretString> {
+    let text = read_secret(path)?;
+    let line = text.lines().next().unwrap_or("");
+    if line.is_empty() {
+        return Err(Error::Usage(format!("{}: the passphrase file is empty", path.display())));
+    }
+    Ok(SecretString::from(line.to_string()))
+}
+
+/// Adds a passphrase (from its file) for opening archives.
+pub fn add_passphrase_file(path: &Path) -> Result<()> {
+    let p = read_passphrase(path)?;
+    with_ring(|r| r.passphrase = Some(p));
+    Ok(())
+}
+
+/// Keeps a chain key this process made or unwrapped, so archives of its
+/// chain open without unwrapping it again.
+pub fn remember(key: &ChainKey) {
+    with_ring(|r| {
+        r.unlocked.entry(key.id()).or_insert_with(|| Arc::new(key.clone()));
+    });
+}
+
+/// The chain key of an archive's K record: known already, or unwrapped with
+/// the identities or passphrase given. Fails as [`Error::Locked`] when none
+/// opens it, as corrupt when what it opens is not the key the record names.
+pub fn unlock(rec: &KeyRecord, offset: u64) -> Result<Arc<ChainKey>> {
+    if let Some(k) = with_ring(|r| r.unlocked.get(&rec.key_id).cloned()) {
+        return Ok(k);
+    }
+    let dec = age::Decryptor::new_buffered(&rec.wrapped[..])
+        .map_err(|e| Error::corrupt(offset, format!("the wrapped key is not an age file: {e}")))?;
+    let key = if dec.is_scrypt() {
+        let Some(pass) = with_ring(|r| r.passphrase.clone()) else {
+            return Err(Error::Locked(
+                "the archive is encrypted with a passphrase: give it with --passphrase-file FILE".into(),
+            ));
+        };
+        let id = age::scrypt::Identity::new(pass);
+        open_wrapped(dec, std::iter::once(&id as &dyn age::Identity))?
+    } else {
+        // The ring's lock is held while unwrapping: X25519 takes microseconds.
+        let mut g = RING.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = g.get_or_insert_with(Ring::default);
+        if ring.identities.is_empty() {
+            return Err(Error::Locked(
+                "the archive is encrypted: give the identity that opens it with --identity FILE".into(),
+            ));
+        }
+        open_wrapped(dec, ring.identities.iter().map(|i| i.as_ref() as &dyn age::Identity))?
+    };
+    if key.id() != rec.key_id {
+        return Err(Error::corrupt(offset, "the key record's key is not the key it names"));
+    }
+    remember(&key);
+    Ok(Arc::new(key))
+}
+
+fn open_wrapped<'a>(dec: age::Decryptor<&[u8]>, ids: impl Iterator<Item = &'a dyn age::Identity>) -> Result<ChainKey> {
+    let mut r = dec.decrypt(ids).map_err(|e| match e {
+        age::DecryptError::NoMatchingKeys | age::DecryptError::DecryptionFailed => {
+            Error::Locked("none of the keys given opens this encrypted archive".into())
+        }
+        age::DecryptError::ExcessiveWork { .. } => Error::Locked(format!("{e}")),
+        e => Error::Locked(format!("the archive's key does not unwrap: {e}")),
+    })?;
+    let mut k = [0u8; 32];
+    let mut rest = Vec::new();
+    let whole = r.read_exact(&mut k).and_then(|()| r.read_to_end(&mut rest));
+    if whole.is_err() || !rest.is_empty() {
+        return Err(Error::corrupt(0, "the wrapped key is not a 32-byte key"));
+    }
+    Ok(ChainKey::from_bytes(k))
+}
+
+/// Whom a new archive's key is wrapped for: age recipients, or a passphrase
+/// (age does not mix the two).
+pub struct Recipients {
+    x25519: Vec<age::x25519::Recipient>,
+    passphrase: Option<SecretString>,
+}
+
+impl std::fmt::Debug for Recipients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recipients({} keys, passphrase: {})", self.x25519.len(), self.passphrase.is_some())
+    }
+}
+
+/// One public key (`age1…`).
+pub fn parse_recipient(s: &str) -> Result<age::x25519::Recipient> {
+    age::x25519::Recipient::from_str(s.trim())
+        .map_err(|e| Error::Usage(format!("{:?} is not an age public key (age1...): {e}", s.trim())))
+}
+
+impl Recipients {
+    /// From `--recipient` keys, `--recipients-file` files (one key a line,
+    /// `#` comments) and `--passphrase-file`; `None` when none is given (the
+    /// archive is not encrypted).
+    pub fn from_args(keys: &[String], files: &[std::path::PathBuf], passphrase: Option<&Path>) -> Result<Option<Self>> {
+        let mut x25519 = keys.iter().map(|k| parse_recipient(k)).collect::<Result<Vec<_>>>()?;
+        for f in files {
+            let text = std::fs::read_to_string(f).at(f)?;
+            let mut n = 0;
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+                x25519.push(parse_recipient(line).map_err(|e| Error::Usage(format!("{}: {e}", f.display())))?);
+                n += 1;
+            }
+            if n == 0 {
+                return Err(Error::Usage(format!("{}: holds no recipient", f.display())));
+            }
+        }
+        let passphrase = passphrase.map(read_passphrase).transpose()?;
+        if passphrase.is_some() && !x25519.is_empty() {
+            return Err(Error::Usage(
+                "an archive is encrypted either to recipients or with a passphrase, not both".into(),
+            ));
+        }
+        Ok((passphrase.is_some() || !x25519.is_empty()).then_some(Recipients { x25519, passphrase }))
+    }
+
+    /// Wraps `key` for these recipients: the K record's age file.
+    pub fn wrap(&self, key: &ChainKey) -> Result<Vec<u8>> {
+        let enc = match &self.passphrase {
+            Some(p) => age::Encryptor::with_user_passphrase(p.clone()),
+            None => age::Encryptor::with_recipients(self.x25519.iter().map(|r| r as &dyn age::Recipient))
+                .map_err(|e| Error::Usage(format!("cannot encrypt to these recipients: {e}")))?,
+        };
+        let mut out = Vec::new();
+        let mut w = enc.wrap_output(&mut out).map_err(Error::Io)?;
+        std::io::Write::write_all(&mut w, key.bytes()).map_err(Error::Io)?;
+        w.finish().map_err(Error::Io)?;
+        Ok(out)
+    }
+}
+
+/// A new age identity: the identity file's text (to be kept secret) and its
+/// public key.
+pub fn generate() -> (SecretString, String) {
+    let id = age::x25519::Identity::generate();
+    let public = id.to_public().to_string();
+    let text = format!("# criuz keygen\n# public key: {public}\n{}\n", id.to_string().expose_secret());
+    (SecretString::from(text), public)
+}
+
+/// The public keys of the identities in an age identity file (a child
+/// dumped with `--identity` only is encrypted for the key that opens it).
+pub fn recipients_of_identity_file(path: &Path) -> Result<Vec<String>> {
+    let text = read_secret(path)?;
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| l.starts_with("AGE-SECRET-KEY-")) {
+        let id = age::x25519::Identity::from_str(line)
+            .map_err(|e| Error::Usage(format!("{}: not an age identity: {e}", path.display())))?;
+        out.push(id.to_public().to_string());
+    }
+    Ok(out)
+}
