@@ -20,7 +20,8 @@
 //! - unless the E records and the index were rebuilt too (a consistent,
 //!   different archive that only authentication could tell apart), a mutant
 //!   is either rejected, with an archive-kind error, or decodes to exactly
-//!   the original files: no damaged archive ever yields wrong bytes.
+//!   the original files: no damaged archive ever yields wrong bytes. For the
+//!   encrypted seeds, which have that authentication, this holds even then.
 
 pub mod mutate;
 pub use mutate::{mutate, records, reseal, Rec, Reseal, Rng};
@@ -273,6 +274,20 @@ pub fn synthetic_seeds() -> Vec<Seed> {
         files.iter().map(|(n, d)| (*n, if *n == "pages-1.img" { changed.clone() } else { d.clone() })).collect();
     let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
     let child = pack(&child_files, &opts(8192, Codec::Lz4, false), Some(Arc::new(index)));
+    seeds.push(Seed { bytes: child, parent: Some(parent) });
+    // Encrypted: a full archive with ids and its child. This process keeps
+    // their chain key (the writer remembers it), so readers open them as a
+    // user's would; a mutated K record names a key no one here has, which
+    // must be refused as an archive error like any other damage.
+    let (_, public) = criuz::seal::keyring::generate();
+    let recipients =
+        criuz::seal::keyring::Recipients::from_args(&[public], &[], None).expect("recipient").expect("one");
+    let sealed = |block, codec, ids| Options { seal: Some(Arc::new(recipients.clone())), ..opts(block, codec, ids) };
+    seeds.push(Seed { bytes: pack(&files, &sealed(8192, Codec::Zstd, false), None), parent: None });
+    let parent = pack(&files, &sealed(16384, Codec::Lz4, true), None);
+    std::fs::write(&parent_path, &parent).expect("parent");
+    let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
+    let child = pack(&child_files, &sealed(8192, Codec::None, false), Some(Arc::new(index)));
     seeds.push(Seed { bytes: child, parent: Some(parent) });
     seeds
 }

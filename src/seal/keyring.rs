@@ -139,6 +139,7 @@ fn open_wrapped<'a>(dec: age::Decryptor<&[u8]>, ids: impl Iterator<Item = &'a dy
 
 /// Whom a new archive's key is wrapped for: age recipients, or a passphrase
 /// (age does not mix the two).
+#[derive(Clone)]
 pub struct Recipients {
     x25519: Vec<age::x25519::Recipient>,
     passphrase: Option<SecretString>,
