@@ -74,7 +74,11 @@ fn encrypted_archives_round_trip_and_hold_no_plaintext() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let (key, public) = keygen(tmp.path(), "me.key");
+    // A key directory that does not exist yet is made, private.
+    let (key, public) = keygen(&tmp.path().join("keys"), "me.key");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(tmp.path().join("keys")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the key directory must be private");
     let (wrong, _) = keygen(tmp.path(), "other.key");
 
     // To a recipient, uncompressed: the text pages would be there in the

@@ -662,6 +662,15 @@ fn run(cli: Cli) -> Result<()> {
             use criuz::seal::keyring;
             use std::io::Write;
             let (secret, public) = keyring::generate();
+            // Like ssh-keygen: a missing key directory is made, private.
+            if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .with_context(|| dir.display().to_string())?;
+            }
             let file = criuz::io::AtomicFile::create(&output, force)?;
             let mut w = file.writer()?;
             w.write_all(age::secrecy::ExposeSecret::expose_secret(&secret).as_bytes())
