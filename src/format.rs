@@ -360,7 +360,8 @@ impl Index {
         self.files.iter().find(|f| f.name == name)
     }
 
-    fn encode_body(&self, flags: u16) -> Vec<u8> {
+    /// The index body as stored unsealed (an encrypted archive seals it).
+    pub fn encode_body(&self, flags: u16) -> Vec<u8> {
         let mut b = Vec::new();
         let table = flags & FLAG_TABLE != 0;
         for f in &self.files {
@@ -389,7 +390,8 @@ impl Index {
         b
     }
 
-    fn decode_body(body: &[u8], count: u32, base: u64, flags: u16) -> Result<Self> {
+    /// Decodes an unsealed (or opened) index body whose check was checked.
+    pub fn decode_body(body: &[u8], count: u32, base: u64, flags: u16) -> Result<Self> {
         let mut c = Cursor { buf: body, pos: 0, base };
         let table = flags & FLAG_TABLE != 0;
         // A block's entry: its reference, and with the table its header
@@ -587,11 +589,6 @@ pub fn encode_index_and_trailer(index: &Index, index_offset: u64, flags: u16) ->
     encode_index_body_and_trailer(index.encode_body(flags), index.files.len() as u32, index_offset)
 }
 
-/// The index body of `index` as stored unsealed.
-pub fn encode_index_body(index: &Index, flags: u16) -> Vec<u8> {
-    index.encode_body(flags)
-}
-
 /// Encodes the I record around `body` (as stored: an encrypted archive's is
 /// sealed) listing `count` files, and the trailer.
 pub fn encode_index_body_and_trailer(body: Vec<u8>, count: u32, index_offset: u64) -> Vec<u8> {
@@ -642,11 +639,6 @@ pub fn check_index_body(body: &[u8], check: u64, body_offset: u64) -> Result<()>
         return Err(Error::corrupt(body_offset, "index checksum mismatch"));
     }
     Ok(())
-}
-
-/// Decodes an unsealed (or opened) index body whose check has been checked.
-pub fn decode_index_plain(body: &[u8], count: u32, body_offset: u64, flags: u16) -> Result<Index> {
-    Index::decode_body(body, count, body_offset, flags)
 }
 
 /// The type byte that starts each record.

@@ -606,7 +606,7 @@ fn a_swap_every_check_agrees_with_fails_to_open() {
     f.table.swap(0, 1);
     let trailer = &good[good.len() - 32..];
     let index_at = u64::from_le_bytes(trailer[8..16].try_into().unwrap()) as usize;
-    let body = criuz::format::encode_index_body(&index, archive.header().flags);
+    let body = index.encode_body(archive.header().flags);
     let tail = criuz::format::encode_index_body_and_trailer(key.seal_index(1, body), 1, index_at as u64);
     bad.truncate(index_at);
     bad.extend_from_slice(&tail);

@@ -339,14 +339,12 @@ impl<I: Input> CheckedRecords<I> {
                 };
                 let payload = if wanted {
                     let mut p = self.reader.read_payload()?;
-                    let mut authenticated = false;
-                    if let Some(k) = self.reader.key() {
-                        check_payload(&header, &p, offset, false)?;
+                    let key = self.reader.key();
+                    if let Some(k) = key {
                         header = k.open_block(&header, index, &mut p).map_err(|e| Error::corrupt(offset, e))?;
                         p.drain(..SEAL_OVERHEAD);
-                        authenticated = true;
                     }
-                    if let Some(n) = check_payload(&header, &p, offset, authenticated)? {
+                    if let Some(n) = check_payload(&header, &p, offset, key.is_some())? {
                         self.check.literal_pages(n);
                     }
                     Some(p)
@@ -389,18 +387,11 @@ impl<I: Input> CheckedRecords<I> {
 /// is the stored pages themselves and is proven by the data check instead,
 /// so it is not hashed twice. For a dedup block, returns its literal pages.
 /// An `authenticated` payload (an encrypted archive's, opened: its AEAD tag
-/// proved every byte) is not hashed; a sealed one is never decoded here.
+/// proved every byte) is not hashed. A sealed payload is opened first.
 pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64, authenticated: bool) -> Result<Option<u32>> {
+    debug_assert!(!header.sealed, "a sealed payload is opened before its rules apply");
     if payload.len() != header.stored_len as usize {
         return Err(Error::corrupt(offset, "block payload length does not match its header"));
-    }
-    if header.sealed {
-        // The payload check of a sealed payload is cheap next to opening
-        // it, and tells damage from a wrong key.
-        if xxhash_rust::xxh3::xxh3_64(payload) as u32 != header.payload_check {
-            return Err(Error::corrupt(offset, "block payload checksum mismatch"));
-        }
-        return Ok(None);
     }
     if header.codec != BlockCodec::Raw
         && !authenticated

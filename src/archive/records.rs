@@ -11,12 +11,12 @@
 use crate::error::{Error, Result};
 use crate::format::{
     block_header_len, chain_body_len, check_index_body, decode_block_header, decode_chain_record, decode_end_record,
-    decode_file_record_bytes, decode_ids_fixed, decode_index_fixed, decode_index_plain, decode_key_record,
+    decode_file_record_bytes, decode_ids_fixed, decode_index_body, decode_index_fixed, decode_key_record,
     decode_trailer, encode_chain_record, encode_end_record, encode_file_record_bytes, encode_ids_record,
-    encode_index_body, encode_index_body_and_trailer, encode_key_record, file_name, file_record_name_len,
-    key_record_len, BlockHeader, BlockRef, ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, KeyRecord, PageId,
-    RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE, HEADER_LEN,
-    IDS_FIXED, INDEX_FIXED, KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
+    encode_index_body_and_trailer, encode_key_record, file_name, file_record_name_len, key_record_len, BlockHeader,
+    BlockRef, ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, KeyRecord, PageId, RecordType, TableEntry,
+    BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE, HEADER_LEN, IDS_FIXED, INDEX_FIXED,
+    KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
 use crate::seal::ArchiveKey;
 use std::io::{self, Read, Write};
@@ -153,7 +153,7 @@ impl<W: Write> ArchiveWriter<W> {
         }
         let index = Index { files: self.files.drain(..).map(|f| f.entry).collect() };
         let count = index.files.len() as u32;
-        let mut body = encode_index_body(&index, self.flags);
+        let mut body = index.encode_body(self.flags);
         if let Some(k) = &self.key {
             body = k.seal_index(count, body);
         }
@@ -429,13 +429,12 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut body, "the index")?;
                 let mut c = [0u8; 8];
                 self.exact(&mut c, "the index")?;
-                check_index_body(&body, u64::from_le_bytes(c), body_off)?;
-                let index = match &self.key {
-                    Some(k) => {
-                        decode_index_plain(&k.open_index(count, &body, body_off)?, count, body_off, self.header.flags)?
-                    }
-                    None if self.locked() => Index::default(),
-                    None => decode_index_plain(&body, count, body_off, self.header.flags)?,
+                let check = u64::from_le_bytes(c);
+                let index = if self.locked() {
+                    check_index_body(&body, check, body_off)?;
+                    Index::default()
+                } else {
+                    index_from_body(self.key.as_deref(), &body, check, count, body_off, self.header.flags)?
                 };
                 let record_len = self.offset - start;
                 let mut t = [0u8; TRAILER_LEN];
@@ -456,6 +455,25 @@ impl<I: Input> SeqReader<I> {
             }
         };
         Ok(Some((start, rec)))
+    }
+}
+
+/// The index from its body as stored (with its stored check): checked, then
+/// opened with the key of an encrypted archive, then decoded.
+pub(crate) fn index_from_body(
+    key: Option<&ArchiveKey>,
+    body: &[u8],
+    check: u64,
+    count: u32,
+    at: u64,
+    flags: u16,
+) -> Result<Index> {
+    match key {
+        Some(k) => {
+            check_index_body(body, check, at)?;
+            Index::decode_body(&k.open_index(count, body, at)?, count, at, flags)
+        }
+        None => decode_index_body(body, check, count, at, flags),
     }
 }
 

@@ -38,9 +38,9 @@ use super::records::Input;
 use crate::codec::Decoder;
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
-    check_index_body, decode_block_header, decode_index_fixed, decode_index_plain, decode_trailer, BlockCodec,
-    BlockHeader, ChainEntry, DedupPayload, FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN,
-    INDEX_FIXED, PAGE_SIZE, SEAL_OVERHEAD, TRAILER_LEN,
+    decode_block_header, decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry, DedupPayload,
+    FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, INDEX_FIXED, PAGE_SIZE, SEAL_OVERHEAD,
+    TRAILER_LEN,
 };
 use crate::io::SharedBytes;
 use crate::seal::ArchiveKey;
@@ -313,9 +313,6 @@ struct Fetched {
     range: Range<usize>,
     header: BlockHeader,
     offset: u64,
-    /// Opened from a sealed block: `header` is the block before sealing, the
-    /// range its plain payload alone, and the AEAD tag proved every byte.
-    authenticated: bool,
 }
 
 /// What the opening walk proved about a block.
@@ -623,7 +620,7 @@ impl Archive {
                 format!("block {i} of {} changed after the archive was opened", entry.name),
             ));
         }
-        let fetched = Fetched { buf, range, header, offset: r.offset, authenticated: false };
+        let fetched = Fetched { buf, range, header, offset: r.offset };
         if !fetched.header.sealed {
             return Ok(Some(fetched));
         }
@@ -632,12 +629,14 @@ impl Archive {
 
     /// Opens a sealed block in place (a copy if its buffer is shared): its
     /// plain payload then ends where the record ended, so a record read to
-    /// end on a page boundary keeps its pages on page boundaries.
+    /// end on a page boundary keeps its pages on page boundaries. The tag
+    /// proves every byte, so the payload check is not hashed as well.
+    /// `header` is then the block as it was before sealing, the range its
+    /// plain payload alone.
     fn open_sealed(&self, f: Fetched, block: u32) -> Result<Fetched> {
-        let Fetched { buf, range, header, offset, .. } = f;
+        let Fetched { buf, range, header, offset } = f;
         let key =
             self.key.as_ref().ok_or_else(|| Error::corrupt(offset, "sealed block in an archive without a key"))?;
-        check_payload(&header, &buf[range.end - header.stored_len as usize..range.end], offset, false)?;
         let (mut v, range) = match Arc::try_unwrap(buf) {
             Ok(v) => (v, range),
             Err(shared) => {
@@ -652,23 +651,22 @@ impl Archive {
         let payload = range.end - header.stored_len as usize..range.end;
         let plain = key.open_block(&header, block, &mut v[payload.clone()]).map_err(|e| Error::corrupt(offset, e))?;
         let range = payload.start + SEAL_OVERHEAD..range.end;
-        Ok(Fetched { buf: Arc::new(v), range, header: plain, offset, authenticated: true })
+        Ok(Fetched { buf: Arc::new(v), range, header: plain, offset })
     }
 
     /// Record `i` of a file as fetched, as a block of its own, its payload
     /// checked against its payload check.
     fn checked(&self, file_id: u32, i: usize, f: Fetched) -> Result<CheckedBlock> {
-        let Fetched { buf, range, header, offset, authenticated } = f;
+        let Fetched { buf, range, header, offset } = f;
         // Only the payload's place at the record's end matters afterwards.
         let record = match Arc::try_unwrap(buf) {
-            Ok(v) if range.end == v.len() && authenticated => v,
-            Ok(v) if range == (0..v.len()) => v,
+            Ok(v) if range.end == v.len() => v,
             Ok(v) => v[range].to_vec(),
             Err(shared) => shared[range].to_vec(),
         };
         let raw_pos = self.blocks[file_id as usize][i].raw_pos;
         let block = CheckedBlock { header, record, offset, raw_pos, resolved: false, pieces: Vec::new() };
-        check_payload(&block.header, block.payload(), offset, authenticated)?;
+        check_payload(&block.header, block.payload(), offset, self.key.is_some())?;
         Ok(block)
     }
 
@@ -746,9 +744,9 @@ impl Archive {
     /// Resolves a dedup block into the raw block of its stored pages; its
     /// data check (applied when it is decoded) then proves the result.
     fn resolve(&self, file_id: u32, block: u32, f: Fetched) -> Result<CheckedBlock> {
-        let Fetched { buf, range, header, offset, authenticated } = f;
+        let Fetched { buf, range, header, offset } = f;
         let payload = &buf[range.end - header.stored_len as usize..range.end];
-        check_payload(&header, payload, offset, authenticated)?;
+        check_payload(&header, payload, offset, self.key.is_some())?;
         let (dp, inner) = self.dedup_payload(file_id, block, &header, payload, offset)?;
         let archive = self.label.clone();
         // Literal pages on a page boundary, as for holders.
@@ -904,12 +902,7 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
     }
     let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
     let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().expect("index check"));
-    let at = offset + INDEX_FIXED as u64;
-    check_index_body(body, check, at)?;
-    let index = match key {
-        Some(k) => decode_index_plain(&k.open_index(count, body, at)?, count, at, header.flags)?,
-        None => decode_index_plain(body, count, at, header.flags)?,
-    };
+    let index = super::records::index_from_body(key, body, check, count, offset + INDEX_FIXED as u64, header.flags)?;
     Ok((index, offset))
 }
 
