@@ -24,6 +24,7 @@ apt_packages=(
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev python3-protobuf
   iproute2 iptables lz4 zstd redis-server fonts-dejavu-core afl++
+  runc podman busybox-static
 )
 
 install_packages() {

@@ -53,7 +53,11 @@ pub const FLAG_TABLE: u16 = 4;
 /// Header flag: the archive is encrypted (a K record follows the header;
 /// block payloads, file names and the index body are sealed, see `seal`).
 pub const FLAG_SEALED: u16 = 8;
-const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE | FLAG_SEALED;
+/// Header flag: a whole directory tree (see [`EntryMeta`]): names are
+/// relative paths, entries may be directories and symbolic links, and every
+/// entry carries its mode and mtime.
+pub const FLAG_TREE: u16 = 16;
+const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE | FLAG_SEALED | FLAG_TREE;
 /// Bytes of a page id: BLAKE3 of the page, truncated.
 pub const PAGE_ID_LEN: usize = 16;
 pub type PageId = [u8; PAGE_ID_LEN];
@@ -107,31 +111,103 @@ impl BlockCodec {
     }
 }
 
-/// What a file holds; page images get page-aware blocks.
+/// What an entry holds; page images get page-aware blocks. Directories
+/// and symbolic links occur only in tree archives ([`FLAG_TREE`]): a
+/// directory has no blocks, a link's blocks hold its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     Plain = 0,
     Pages = 1,
+    Dir = 2,
+    Symlink = 3,
 }
 
 impl FileKind {
     /// CRIU names page images `pages-<id>.img`; everything else is metadata.
+    /// In a tree, the last component of the path decides.
     pub fn for_name(name: &str) -> Self {
-        if name.starts_with("pages-") && name.ends_with(".img") {
+        let base = name.rsplit('/').next().unwrap_or(name);
+        if base.starts_with("pages-") && base.ends_with(".img") {
             FileKind::Pages
         } else {
             FileKind::Plain
         }
     }
 
+    /// A regular file (its bytes are data, not a link target or nothing).
+    pub fn is_file(self) -> bool {
+        matches!(self, FileKind::Plain | FileKind::Pages)
+    }
+
     fn from_u8(v: u8, offset: u64) -> Result<Self> {
         match v {
             0 => Ok(FileKind::Plain),
             1 => Ok(FileKind::Pages),
+            2 => Ok(FileKind::Dir),
+            3 => Ok(FileKind::Symlink),
             _ => Err(Error::corrupt(offset, format!("unknown file kind {v}"))),
         }
     }
+}
+
+/// Longest symbolic link target a tree carries (Linux's PATH_MAX).
+pub const MAX_LINK_TARGET: u64 = 4096;
+/// Bytes of [`EntryMeta`] in front of a tree entry's path.
+pub const META_LEN: usize = 16;
+
+/// What a tree archive keeps of an entry besides its path and bytes: the
+/// permission bits and the modification time. Owners are not kept (an
+/// unpack makes the files the caller's, as `tar` does for a non-root user).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EntryMeta {
+    /// Permission bits (`mode & 0o7777`); the type is the entry's kind.
+    pub mode: u32,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+}
+
+impl EntryMeta {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.mtime.to_le_bytes());
+        out.extend_from_slice(&self.mtime_nsec.to_le_bytes());
+    }
+
+    fn decode(b: &[u8], offset: u64) -> Result<Self> {
+        let m = EntryMeta { mode: u32le(b), mtime: u64le(&b[4..]) as i64, mtime_nsec: u32le(&b[12..]) };
+        if m.mode & !0o7777 != 0 {
+            return Err(Error::corrupt(offset, format!("entry mode {:#o} has bits beyond 0o7777", m.mode)));
+        }
+        if m.mtime_nsec >= 1_000_000_000 {
+            return Err(Error::corrupt(offset + 12, "entry mtime nanoseconds out of range"));
+        }
+        Ok(m)
+    }
+}
+
+/// An entry's name field as stored: the path, behind its [`EntryMeta`] in
+/// a tree archive (`meta` is `Some` exactly then).
+pub fn encode_name_field(name: &str, meta: Option<&EntryMeta>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(META_LEN + name.len());
+    if let Some(m) = meta {
+        m.encode(&mut out);
+    }
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+/// Splits a name field (opened, if sealed) into path and meta; `tree` says
+/// whether the archive is a tree. The path is not yet checked as a name.
+pub fn decode_name_field(field: Vec<u8>, tree: bool, offset: u64) -> Result<(String, Option<EntryMeta>)> {
+    if !tree {
+        return Ok((file_name(field, offset)?, None));
+    }
+    if field.len() <= META_LEN {
+        return Err(Error::corrupt(offset, "tree entry name field is too short"));
+    }
+    let meta = EntryMeta::decode(&field[..META_LEN], offset)?;
+    Ok((file_name(field[META_LEN..].to_vec(), offset + META_LEN as u64)?, Some(meta)))
 }
 
 /// Fixed archive header.
@@ -340,6 +416,8 @@ pub struct TableEntry {
 pub struct FileEntry {
     pub file_id: u32,
     pub name: String,
+    /// Mode and mtime, in a tree archive ([`FLAG_TREE`]) only.
+    pub meta: Option<EntryMeta>,
     pub kind: FileKind,
     pub raw_size: u64,
     /// xxh3-64 over the little-endian data checks of the file's blocks, in order.
@@ -368,8 +446,9 @@ impl Index {
             b.extend_from_slice(&f.file_id.to_le_bytes());
             b.push(f.kind as u8);
             b.push(0);
-            b.extend_from_slice(&(f.name.len() as u16).to_le_bytes());
-            b.extend_from_slice(f.name.as_bytes());
+            let field = encode_name_field(&f.name, f.meta.as_ref());
+            b.extend_from_slice(&(field.len() as u16).to_le_bytes());
+            b.extend_from_slice(&field);
             b.extend_from_slice(&f.raw_size.to_le_bytes());
             b.extend_from_slice(&f.file_check.to_le_bytes());
             b.extend_from_slice(&f.record_offset.to_le_bytes());
@@ -406,8 +485,7 @@ impl Index {
             }
             let name_len = c.u16()? as usize;
             let name_off = c.offset();
-            let name = String::from_utf8(c.take(name_len)?.to_vec())
-                .map_err(|_| Error::corrupt(name_off, "file name is not UTF-8"))?;
+            let (name, meta) = decode_name_field(c.take(name_len)?.to_vec(), flags & FLAG_TREE != 0, name_off)?;
             let raw_size = c.u64()?;
             let file_check = c.u64()?;
             let record_offset = c.u64()?;
@@ -434,7 +512,17 @@ impl Index {
                     entries.push(TableEntry { header, ids });
                 }
             }
-            files.push(FileEntry { file_id, name, kind, raw_size, file_check, record_offset, blocks, table: entries });
+            files.push(FileEntry {
+                file_id,
+                name,
+                meta,
+                kind,
+                raw_size,
+                file_check,
+                record_offset,
+                blocks,
+                table: entries,
+            });
         }
         if c.remaining() != 0 {
             return Err(Error::corrupt(c.offset(), "trailing bytes in index"));
@@ -489,22 +577,31 @@ pub(crate) fn u64le(b: &[u8]) -> u64 {
     u64::from_le_bytes(b[..8].try_into().unwrap())
 }
 
-/// Checks a file name taken from an archive before it is used as a path.
-pub fn check_entry_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() || name == "." || name == ".." {
-        Err("empty or dot name")
-    } else if name.contains('/') || name.contains('\0') {
-        Err("name contains '/' or NUL")
-    } else if name.len() > u16::MAX as usize {
-        Err("name too long")
-    } else {
-        Ok(())
+/// Checks a name taken from an archive before it is used as a path: one
+/// plain file name, or in a tree (`tree`) a relative path of such names
+/// joined by `/`. Neither can leave the directory it is unpacked into.
+pub fn check_entry_name(name: &str, tree: bool) -> std::result::Result<(), &'static str> {
+    let limit = if tree { u16::MAX as usize - META_LEN } else { u16::MAX as usize };
+    if name.len() > limit {
+        return Err("name too long");
     }
+    if !tree && name.contains('/') {
+        return Err("name contains '/'");
+    }
+    for part in name.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err("empty or dot path component");
+        }
+        if part.contains('\0') {
+            return Err("name contains NUL");
+        }
+    }
+    Ok(())
 }
 
-/// Encodes an F record (file begin).
-pub fn encode_file_record(file_id: u32, name: &str, kind: FileKind, out: &mut Vec<u8>) {
-    encode_file_record_bytes(file_id, name.as_bytes(), kind, out)
+/// The directory a tree entry sits in (`None` at the top).
+pub fn parent_path(name: &str) -> Option<&str> {
+    name.rsplit_once('/').map(|(dir, _)| dir)
 }
 
 /// Fixed part of an F record, before the name.
@@ -519,14 +616,9 @@ pub fn file_record_name_len(fixed: &[u8]) -> usize {
     u16le(&fixed[2..]) as usize
 }
 
-/// Decodes a whole F record (fixed part, name, seal): (file id, name, kind).
-pub fn decode_file_record(rec: &[u8], offset: u64) -> Result<(u32, String, FileKind)> {
-    let (file_id, name, kind) = decode_file_record_bytes(rec, offset)?;
-    Ok((file_id, file_name(name.to_vec(), offset + FILE_FIXED as u64)?, kind))
-}
-
-/// As [`decode_file_record`], leaving the name field as bytes (in an
-/// encrypted archive it is the sealed name).
+/// Decodes a whole F record (fixed part, name field, seal): (file id, name
+/// field, kind). The name field is the sealed one in an encrypted archive;
+/// [`decode_name_field`] takes it apart.
 pub fn decode_file_record_bytes(rec: &[u8], offset: u64) -> Result<(u32, &[u8], FileKind)> {
     let n = rec.len().checked_sub(FILE_FIXED + 4).ok_or_else(|| Error::corrupt(offset, "file record is too short"))?;
     if rec[0] != REC_FILE || file_record_name_len(rec) != n {
@@ -542,8 +634,8 @@ pub fn file_name(bytes: Vec<u8>, offset: u64) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::corrupt(offset, "file name is not UTF-8"))
 }
 
-/// Encodes an F record whose name field holds `name` as given (an encrypted
-/// archive's sealed name).
+/// Encodes an F record around a name field ([`encode_name_field`], sealed
+/// in an encrypted archive).
 pub fn encode_file_record_bytes(file_id: u32, name: &[u8], kind: FileKind, out: &mut Vec<u8>) {
     let start = out.len();
     out.push(REC_FILE);

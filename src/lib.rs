@@ -7,7 +7,13 @@
 //! (pure, no I/O); `offline` packs, unpacks, inspects and verifies without
 //! CRIU. A lower module never calls a higher one. `seal` encrypts archives:
 //! the writer seals blocks on the engine's workers, and every reader opens
-//! them where it checks them (`archive::check`, `archive::source`).
+//! them where it checks them (`archive::check`, `archive::source`). `tree`
+//! carries whole directory trees (and tar streams) in and out of tree
+//! archives. Containers: CRIU driven by runc or podman cannot stream, so
+//! `session::container` follows the directory CRIU writes
+//! (`session::follow`) or is its page server (`criu::page_server` →
+//! `session::receive`), and restores through a directory without the zero
+//! pages (`session::images_dir`).
 
 pub mod archive;
 pub mod codec;
@@ -20,5 +26,6 @@ pub mod offline;
 pub mod progress;
 pub mod seal;
 pub mod session;
+pub mod tree;
 
 pub use error::{Error, Kind, Result};

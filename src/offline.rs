@@ -1,92 +1,58 @@
-//! Offline commands: pack a CRIU images directory, unpack an archive into
-//! one, verify every checksum, and inspect what an archive holds.
+//! Offline commands: pack a CRIU images directory (or any tree: a runc
+//! checkpoint with its own files, a podman export as a tar stream), unpack
+//! an archive into a directory or a tar stream, verify every checksum, and
+//! inspect what an archive holds.
 
 use crate::archive::check::{Checked, CheckedRecords, Payloads};
 use crate::archive::dedup::DedupIndex;
 use crate::archive::parent::{self, ParentSearch};
 use crate::archive::records::{read_full, StreamInput};
-use crate::archive::{read_sequential, read_source, Archive, BlockSource, Options, PackStats, Packer, SeqSink};
-use crate::error::{Error, IoContext, Result};
-use crate::format::{
-    check_entry_name, BlockCodec, DedupPayload, FileKind, Header, Origin, FLAG_IDS, FLAG_PARENT, FLAG_TABLE,
-    HEADER_LEN, PAGE_SIZE,
+use crate::archive::{
+    read_sequential, read_source, Archive, BlockSource, EntryStart, Options, PackStats, Packer, SeqSink,
 };
-use crate::io::sync_parent;
+use crate::error::{Error, Result};
+use crate::format::{
+    BlockCodec, DedupPayload, FileKind, Header, Origin, FLAG_IDS, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, PAGE_SIZE,
+};
 use crate::progress::Progress;
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+pub use crate::tree::dir::UnpackStats;
+use crate::tree::{self, dir::DirSink};
+use std::io::{Read, Write};
+use std::path::Path;
 use std::sync::Arc;
 
-/// (name, size) of each regular file of an images directory.
-pub type ImageFiles = Vec<(String, u64)>;
-
-/// Regular files of a CRIU images directory, sorted, with their sizes; any
-/// other entry (a subdirectory, a link, a special file, a name an archive
-/// cannot carry) is an error, so nothing is left out unnoticed.
-pub fn image_files(dir: &Path) -> Result<ImageFiles> {
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(dir).at(dir)? {
-        let e = e.at(dir)?;
-        let name = e.file_name().to_str().map(str::to_owned);
-        // Not followed: a link is refused, not packed as what it points at.
-        let meta = e.metadata().at(e.path())?;
-        let what = if meta.is_dir() {
-            "a directory"
-        } else if meta.file_type().is_symlink() {
-            "a symbolic link"
-        } else if !meta.is_file() {
-            "not a regular file"
-        } else if let Some(Err(why)) = name.as_deref().map(check_entry_name) {
-            why
-        } else if let Some(name) = name {
-            files.push((name, meta.len()));
-            continue;
-        } else {
-            "a name that is not UTF-8"
-        };
-        // Leaving it out would lose it without a word (a podman export keeps
-        // its images in a subdirectory): refuse the whole directory instead.
-        return Err(Error::Usage(format!(
-            "{}: {what}; criuz pack takes only the regular files of one CRIU images directory",
-            e.path().display()
-        )));
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Packs every regular file of `dir` into an archive written to `out`.
+/// Packs the tree under `dir` (files, subdirectories, links, modes,
+/// mtimes; see `tree`) into a tree archive written to `out`. `entries` is
+/// what [`tree::scan`] found there.
 pub fn pack_dir<W: Write + Send + 'static>(
     dir: &Path,
+    entries: &[tree::Entry],
     out: W,
     opts: &Options,
     dedup: Option<Arc<DedupIndex>>,
     progress: &mut Progress,
 ) -> Result<PackStats> {
-    let files = image_files(dir)?;
-    let packer = Packer::start(out, opts, dedup)?;
-    let mut done = 0u64;
-    let fed = (|| -> Result<()> {
-        for (name, _) in &files {
-            let path = dir.join(name);
-            let f = File::open(&path).at(&path)?;
-            let mut sink = packer.begin_file(name)?;
-            loop {
-                let n = sink.read_from(&f).at(&path)?;
-                if n == 0 {
-                    break;
-                }
-                done += n as u64;
-                progress.set(done);
-            }
-            sink.finish()?;
-        }
-        Ok(())
-    })();
-    match fed {
+    let opts = Options { tree: true, ..opts.clone() };
+    let packer = Packer::start(out, &opts, dedup)?;
+    match tree::feed_dir(&packer, dir, entries, &mut |n| progress.set(n)) {
         Ok(()) => packer.finish().map(|(stats, _)| stats),
+        Err(e) => Err(packer.abort().unwrap_or(e)),
+    }
+}
+
+/// Packs a tar stream (plain, zstd or gzip; e.g. a podman checkpoint
+/// export) into a tree archive written to `out`.
+pub fn pack_tar<W: Write + Send + 'static>(
+    inp: Box<dyn Read + Send>,
+    label: &str,
+    out: W,
+    opts: &Options,
+    progress: &mut Progress,
+) -> Result<PackStats> {
+    let opts = Options { tree: true, ..opts.clone() };
+    let packer = Packer::start(out, &opts, None)?;
+    match tree::tar::pack_tar(inp, label, &packer, &mut |n| progress.set(n)) {
+        Ok(_) => packer.finish().map(|(stats, _)| stats),
         Err(e) => Err(packer.abort().unwrap_or(e)),
     }
 }
@@ -172,94 +138,25 @@ impl Reading {
     }
 }
 
-/// Writes decoded files into a private staging directory inside the target;
-/// they are moved into place only once the whole archive has checked out.
-struct DirSink {
-    target: PathBuf,
-    staging: PathBuf,
-    force: bool,
-    open: Vec<Option<(String, BufWriter<File>)>>,
-    done: Vec<String>,
-    bytes: u64,
-    progress: Progress,
-}
-
-impl DirSink {
-    fn existing(&self, name: &str) -> bool {
-        self.target.join(name).symlink_metadata().is_ok()
-    }
-}
-
-impl SeqSink for DirSink {
-    fn begin(&mut self, file_id: u32, name: &str, _kind: FileKind) -> Result<()> {
-        // The checked records already refuse such names; a path is built from
-        // this one, so the rule is applied here once more.
-        check_entry_name(name).map_err(|why| Error::corrupt(0, format!("refusing archive entry {name:?}: {why}")))?;
-        if !self.force && self.existing(name) {
-            return Err(Error::Exists(self.target.join(name)));
-        }
-        let path = self.staging.join(name);
-        let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).at(&path)?;
-        let idx = file_id as usize;
-        if self.open.len() <= idx {
-            self.open.resize_with(idx + 1, || None);
-        }
-        self.open[idx] = Some((name.to_string(), BufWriter::with_capacity(1 << 20, f)));
-        Ok(())
-    }
-
-    fn data(&mut self, file_id: u32, data: &[u8]) -> Result<()> {
-        let (name, w) = self.open[file_id as usize].as_mut().expect("file begun");
-        w.write_all(data).at(self.staging.join(&*name))?;
-        self.bytes += data.len() as u64;
-        self.progress.set(self.bytes);
-        Ok(())
-    }
-
-    fn end(&mut self, file_id: u32, _raw_size: u64) -> Result<()> {
-        let (name, w) = self.open[file_id as usize].take().expect("file begun");
-        let path = self.staging.join(&name);
-        let f = w.into_inner().map_err(|e| Error::file(&path, e.into_error()))?;
-        f.sync_all().at(&path)?;
-        self.done.push(name);
-        Ok(())
-    }
-}
-
-pub struct UnpackStats {
-    pub files: usize,
-    pub bytes: u64,
-}
-
 /// Unpacks an archive into `dir` (created if missing). Nothing appears in
 /// `dir` unless the whole archive checks out.
 pub fn unpack(inp: Reading, dir: &Path, force: bool, opts: &Options, progress: Progress) -> Result<UnpackStats> {
-    std::fs::create_dir_all(dir).at(dir)?;
-    let staging = dir.join(format!(".criuz-unpack-{}", std::process::id()));
-    std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
-    let mut sink = DirSink {
-        target: dir.to_path_buf(),
-        staging: staging.clone(),
-        force,
-        open: Vec::new(),
-        done: Vec::new(),
-        bytes: 0,
-        progress,
-    };
-    let result = inp.decode(opts, &mut sink).and_then(|_| {
-        for name in &sink.done {
-            if !force && sink.existing(name) {
-                return Err(Error::Exists(dir.join(name)));
-            }
-            std::fs::rename(staging.join(name), dir.join(name)).at(dir.join(name))?;
-        }
-        sync_parent(&dir.join("x"));
-        Ok(UnpackStats { files: sink.done.len(), bytes: sink.bytes })
-    });
+    let mut sink = DirSink::create(dir, force, progress)?;
+    let result = inp.decode(opts, &mut sink).and_then(|_| sink.publish());
     sink.progress.finish();
-    drop(sink.open);
-    let _ = std::fs::remove_dir_all(&staging);
     result
+}
+
+/// Unpacks an archive as a tar stream into `out` (for `podman container
+/// restore --import`); returns (entries, bytes). The caller publishes `out`
+/// only on success: a tar cut short must not look whole.
+pub fn unpack_tar<W: Write>(inp: Reading, out: W, opts: &Options) -> Result<(usize, u64, W)> {
+    let mut sink = tree::tar::TarSink::new(out);
+    inp.decode(opts, &mut sink)?;
+    let (entries, bytes) = (sink.entries, sink.bytes);
+    let mut out = sink.finish()?;
+    out.flush()?;
+    Ok((entries, bytes, out))
 }
 
 struct CountSink {
@@ -269,8 +166,8 @@ struct CountSink {
 }
 
 impl SeqSink for CountSink {
-    fn begin(&mut self, _: u32, _: &str, _: FileKind) -> Result<()> {
-        self.files += 1;
+    fn begin(&mut self, e: &EntryStart) -> Result<()> {
+        self.files += usize::from(e.kind.is_file());
         Ok(())
     }
     fn data(&mut self, _: u32, data: &[u8]) -> Result<()> {
@@ -401,6 +298,8 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                 let kind = match kind {
                     FileKind::Pages => "pages",
                     FileKind::Plain => "plain",
+                    FileKind::Dir => "dir",
+                    FileKind::Symlink => "symlink",
                 };
                 rep.files.push(FileReport { name, kind: kind.into(), stored_bytes: len, ..Default::default() });
             }

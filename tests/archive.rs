@@ -4,9 +4,9 @@
 
 mod common;
 use common::{criuz, CRIUZ};
-use criuz::archive::{read_sequential, Archive, BlockSource, Options, Packer, SeqSink};
+use criuz::archive::{read_sequential, Archive, BlockSource, EntryStart, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig, Decoder, Encoder};
-use criuz::format::{FileKind, PAGE_SIZE};
+use criuz::format::PAGE_SIZE;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -142,8 +142,8 @@ proptest! {
 #[derive(Default)]
 struct Collect(BTreeMap<u32, (String, Vec<u8>)>);
 impl SeqSink for Collect {
-    fn begin(&mut self, id: u32, name: &str, _: FileKind) -> criuz::Result<()> {
-        self.0.insert(id, (name.to_string(), Vec::new()));
+    fn begin(&mut self, e: &EntryStart) -> criuz::Result<()> {
+        self.0.insert(e.file_id, (e.name.to_string(), Vec::new()));
         Ok(())
     }
     fn data(&mut self, id: u32, data: &[u8]) -> criuz::Result<()> {
@@ -174,6 +174,7 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
             ids: false,
             absorb_first: false,
             seal: None,
+            tree: false,
         };
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Arc::new(Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap());
@@ -228,6 +229,7 @@ fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
         ids: false,
         absorb_first: true,
         seal: None,
+        tree: false,
     };
     let tmp = tempfile::NamedTempFile::new().unwrap();
     let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
@@ -335,15 +337,14 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
 
 #[test]
 fn pack_refuses_what_it_cannot_carry_and_writes_nothing() {
-    // A podman export keeps its images in a subdirectory; packing the rest
-    // and exiting 0 would lose the checkpoint without a word.
+    // Leaving out what a tree cannot hold and exiting 0 would lose it
+    // without a word (subdirectories and links are carried: tests/tree.rs).
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("out.czr");
     type Setup = fn(&Path);
-    let cases: [(&str, Setup, &str); 3] = [
-        ("checkpoint", |d| images_dir(&d.join("checkpoint")), "a directory"),
-        ("parent", |d| std::os::unix::fs::symlink("/tmp", d.join("parent")).unwrap(), "a symbolic link"),
-        ("fifo", |d| mkfifo(&d.join("fifo")), "not a regular file"),
+    let cases: [(&str, Setup, &str); 2] = [
+        ("fifo", |d| mkfifo(&d.join("fifo")), "a device, socket or fifo"),
+        ("a-twin", |d| std::fs::hard_link(d.join("core-1.img"), d.join("a-twin")).unwrap(), "a hard link"),
     ];
     for (name, setup, want) in cases {
         let dir = tmp.path().join(format!("img-{name}"));
@@ -448,8 +449,11 @@ fn archives_are_private_and_outputs_never_clobbered() {
 fn rename_entry(archive: &mut [u8], from: &str, to: &str) {
     use xxhash_rust::xxh3::xxh3_64;
     assert_eq!(from.len(), to.len());
-    // File record at 64: type, kind, u16 len, u32 id, name, u32 seal.
-    let name_at = 64 + 8;
+    // File record at 64: type, kind, u16 len, u32 id, name field, u32 seal;
+    // in a tree archive (header flag 16) the name follows 16 bytes of mode
+    // and mtime.
+    let tree = u16::from_le_bytes([archive[10], archive[11]]) & 16 != 0;
+    let name_at = 64 + 8 + if tree { 16 } else { 0 };
     assert_eq!(&archive[name_at..name_at + from.len()], from.as_bytes());
     archive[name_at..name_at + to.len()].copy_from_slice(to.as_bytes());
     let seal = xxh3_64(&archive[64..name_at + to.len()]) as u32;

@@ -100,7 +100,7 @@ fn writer_produces_the_worked_example_byte_for_byte() {
     let spec = from_the_spec();
     assert_eq!(spec.len(), 202);
     let mut w = ArchiveWriter::new(Vec::new(), &Header::with_id(256 << 10, ID), &[]).unwrap();
-    let id = w.begin_file("x", FileKind::Plain).unwrap();
+    let id = w.begin_file("x", FileKind::Plain, None).unwrap();
     w.end_file(id).unwrap();
     let (written, _, len) = w.finish().unwrap();
     assert_eq!(len, 202);
@@ -170,7 +170,7 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
     let mut header = Header::with_id(256 << 10, ID);
     header.flags = criuz::format::FLAG_TABLE;
     let mut w = ArchiveWriter::new(Vec::new(), &header, &[]).unwrap();
-    let id = w.begin_file("x", FileKind::Plain).unwrap();
+    let id = w.begin_file("x", FileKind::Plain, None).unwrap();
     let block = criuz::format::BlockHeader {
         codec: criuz::format::BlockCodec::Raw,
         file_id: id,

@@ -130,7 +130,7 @@ fn damage_anywhere_in_the_index_or_trailer_is_refused_at_once() {
 fn an_archive_without_a_table_is_walked_first() {
     let tmp = tempfile::NamedTempFile::new().unwrap();
     let mut w = ArchiveWriter::new(tmp.reopen().unwrap(), &Header::new(64 << 10), &[]).unwrap();
-    let id = w.begin_file("core-1.img", FileKind::Plain).unwrap();
+    let id = w.begin_file("core-1.img", FileKind::Plain, None).unwrap();
     let mut enc = criuz::codec::Encoder::new(Default::default());
     let mut block = enc.encode(id, b"core", false);
     block.header.file_id = id;

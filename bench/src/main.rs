@@ -8,6 +8,7 @@
 mod aead;
 mod codecs;
 mod config;
+mod containers;
 mod error;
 mod incremental;
 mod lazy;
@@ -89,6 +90,11 @@ pub struct BenchArgs {
     /// every page is in, and a full read of memory right after the restore
     #[arg(long, conflicts_with = "incremental")]
     pub lazy: bool,
+    /// Instead of the comparison: the mixed workload in a runc container,
+    /// runc-dir against criuz-runc (and criuz-runc-ps), at --size MiB
+    /// [default: 256 and 1024, or 32 with --quick]
+    #[arg(long, conflicts_with_all = ["incremental", "lazy"])]
+    pub containers: bool,
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
@@ -354,6 +360,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let criuz = copy_exe(&criuz, &bin)?;
     let workload_bin = if workload_bin.is_file() { copy_exe(&workload_bin, &bin)? } else { workload_bin };
+    if args.containers {
+        let sizes = match args.size {
+            Some(s) => vec![s],
+            None if args.quick => vec![32],
+            None => vec![256, 1024],
+        };
+        let mut rows = Vec::new();
+        for mib in sizes {
+            let r = containers::measure(mib, plan.runs, work.path(), &workload_bin, &criuz, &criu.path)?;
+            if r.iter().any(|r| !r.intact) {
+                return Err(Error::Invalid(format!("{mib} MiB: a container restore is not intact")));
+            }
+            rows.extend(r);
+        }
+        print!("{}", containers::table(&rows));
+        if let Some(path) = &args.json {
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "containers": rows }))?;
+        }
+        return Ok(());
+    }
     let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin)?;
     if let Err(why) = &tools.java_classes {
         if plan.workloads.iter().any(|w| w == "jvm") {

@@ -27,9 +27,9 @@ pub mod mutate;
 pub use mutate::{mutate, records, reseal, Rec, Reseal, Rng};
 
 use criuz::archive::parent::ParentSearch;
-use criuz::archive::{Archive, BlockSource, Options, Packer, SeqSink};
+use criuz::archive::{Archive, BlockSource, EntryStart, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig};
-use criuz::format::FileKind;
+use criuz::format::{EntryMeta, FileKind};
 use criuz::offline::Reading;
 use criuz::Kind;
 use std::collections::BTreeMap;
@@ -56,8 +56,8 @@ pub struct Outcome {
 struct Collect(BTreeMap<u32, (String, Vec<u8>)>);
 
 impl SeqSink for Collect {
-    fn begin(&mut self, id: u32, name: &str, _: FileKind) -> criuz::Result<()> {
-        self.0.insert(id, (name.to_string(), Vec::new()));
+    fn begin(&mut self, e: &EntryStart) -> criuz::Result<()> {
+        self.0.insert(e.file_id, (e.name.to_string(), Vec::new()));
         Ok(())
     }
     fn data(&mut self, id: u32, data: &[u8]) -> criuz::Result<()> {
@@ -134,10 +134,7 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
         match r {
             Ok(_) => {
                 let mut files = Files::new();
-                for e in std::fs::read_dir(&dest).expect("unpacked dir").flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    files.insert(name, std::fs::read(e.path()).expect("unpacked file"));
-                }
+                read_tree(&dest, &dest, &mut files);
                 Ok(files)
             }
             Err(e) => {
@@ -148,6 +145,25 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
         }
     });
     Outcome { verify, source, piped, indexed, inspect, page_ids, unpack }
+}
+
+/// What an unpack wrote, as the readers see entries: a file's bytes, a
+/// link's target, a directory's nothing, by path.
+fn read_tree(root: &Path, dir: &Path, files: &mut Files) {
+    for e in std::fs::read_dir(dir).expect("unpacked dir").flatten() {
+        let path = e.path();
+        let rel = path.strip_prefix(root).expect("inside").to_string_lossy().into_owned();
+        let ft = e.file_type().expect("file type");
+        if ft.is_symlink() {
+            let target = std::fs::read_link(&path).expect("link");
+            files.insert(rel, std::os::unix::ffi::OsStrExt::as_bytes(target.as_os_str()).to_vec());
+        } else if ft.is_dir() {
+            files.insert(rel, Vec::new());
+            read_tree(root, &path, files);
+        } else {
+            files.insert(rel, std::fs::read(&path).expect("unpacked file"));
+        }
+    }
 }
 
 /// Checks the oracle; `original` is given when the mutant's checks were not
@@ -289,6 +305,30 @@ pub fn synthetic_seeds() -> Vec<Seed> {
     let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
     let child = pack(&child_files, &sealed(8192, Codec::None, false), Some(Arc::new(index)));
     seeds.push(Seed { bytes: child, parent: Some(parent) });
+    // A tree: nested page images, a directory, links (what pack writes of a
+    // podman export or a runc checkpoint).
+    let meta = |mode| Some(EntryMeta { mode, mtime: 1_700_000_000, mtime_nsec: 5 });
+    let tree: Vec<(&str, FileKind, Vec<u8>)> = vec![
+        ("checkpoint", FileKind::Dir, Vec::new()),
+        ("checkpoint/pages-1.img", FileKind::Pages, pages.clone()),
+        ("checkpoint/inventory.img", FileKind::Plain, b"inventory".to_vec()),
+        ("checkpoint/parent", FileKind::Symlink, b"../prev".to_vec()),
+        ("config.dump", FileKind::Plain, b"{}".to_vec()),
+        ("empty", FileKind::Dir, Vec::new()),
+    ];
+    for (block, codec) in [(4096, Codec::Lz4), (16384, Codec::Zstd)] {
+        let o = Options { tree: true, ..opts(block, codec, false) };
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let packer = Packer::start(SharedVec(buf.clone()), &o, None).expect("packer");
+        for (name, kind, data) in &tree {
+            let mut sink = packer.begin_entry(name, *kind, meta(0o640)).expect("begin");
+            sink.write(data).expect("write");
+            sink.finish().expect("finish");
+        }
+        packer.finish().expect("pack");
+        let bytes = buf.lock().unwrap().clone();
+        seeds.push(Seed { bytes, parent: None });
+    }
     seeds
 }
 

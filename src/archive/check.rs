@@ -33,12 +33,13 @@
 use super::records::{Input, Record, SeqReader};
 use crate::error::{Error, Result};
 use crate::format::{
-    check_entry_name, decode_ids_body, BlockCodec, BlockHeader, BlockRef, ChainEntry, DedupPayload, FileEnd, FileEntry,
-    FileKind, Header, Index, KeyRecord, PageId, TableEntry, BLOCK_FIXED, FILE_FIXED, FLAG_IDS, FLAG_PARENT,
-    FLAG_SEALED, FLAG_TABLE, IDS_FIXED, PAGE_ID_LEN, PAGE_SIZE, SEAL_OVERHEAD, TAG_LEN,
+    check_entry_name, decode_ids_body, parent_path, BlockCodec, BlockHeader, BlockRef, ChainEntry, DedupPayload,
+    EntryMeta, FileEnd, FileEntry, FileKind, Header, Index, KeyRecord, PageId, TableEntry, BLOCK_FIXED, FILE_FIXED,
+    FLAG_IDS, FLAG_PARENT, FLAG_SEALED, FLAG_TABLE, FLAG_TREE, IDS_FIXED, MAX_LINK_TARGET, META_LEN, PAGE_ID_LEN,
+    PAGE_SIZE, SEAL_OVERHEAD, TAG_LEN,
 };
 use crate::seal::ArchiveKey;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A record that has passed every check it can be given at its position.
@@ -48,6 +49,8 @@ pub enum Checked {
         file_id: u32,
         name: String,
         kind: FileKind,
+        /// Mode and mtime, in a tree archive.
+        meta: Option<EntryMeta>,
     },
     /// A block of file `header.file_id` starting at byte `raw_pos` of it.
     /// `payload` is `None` when the caller asked for headers only; of an
@@ -88,7 +91,9 @@ pub enum Payloads {
 pub struct StreamCheck {
     header: Header,
     files: Vec<SeenFile>,
-    names: HashSet<String>,
+    /// Kind of every entry so far, by name: names are distinct, and a tree
+    /// entry's directory must be an earlier directory entry.
+    names: HashMap<String, FileKind>,
     records: u64,
     /// After a block of a page image with ids: what the next record, a P
     /// record, must describe.
@@ -113,7 +118,7 @@ struct SeenFile {
 
 impl StreamCheck {
     pub fn new(header: &Header) -> Self {
-        StreamCheck { header: header.clone(), files: Vec::new(), names: HashSet::new(), records: 0, ids_due: None }
+        StreamCheck { header: header.clone(), files: Vec::new(), names: HashMap::new(), records: 0, ids_due: None }
     }
 
     /// Called before every record: the rules of position (C first, P right
@@ -164,18 +169,37 @@ impl StreamCheck {
         Ok(())
     }
 
-    pub fn file_begin(&mut self, offset: u64, file_id: u32, name: &str, kind: FileKind) -> Result<()> {
+    pub fn file_begin(
+        &mut self,
+        offset: u64,
+        file_id: u32,
+        name: &str,
+        kind: FileKind,
+        meta: Option<EntryMeta>,
+    ) -> Result<()> {
         self.next_record(offset, false, None)?;
         if file_id as usize != self.files.len() {
             return Err(Error::corrupt(offset, format!("file id {file_id} out of sequence")));
         }
-        check_entry_name(name).map_err(|why| Error::corrupt(offset, format!("bad file name {name:?}: {why}")))?;
-        if !self.names.insert(name.to_string()) {
+        let tree = self.header.flags & FLAG_TREE != 0;
+        check_entry_name(name, tree).map_err(|why| Error::corrupt(offset, format!("bad file name {name:?}: {why}")))?;
+        if !tree && !kind.is_file() {
+            return Err(Error::corrupt(offset, format!("{name}: a directory or link outside a tree archive")));
+        }
+        // Unpack then creates every path under directories it made itself,
+        // never through a link or a name it has not checked.
+        if let Some(dir) = parent_path(name) {
+            if self.names.get(dir) != Some(&FileKind::Dir) {
+                return Err(Error::corrupt(offset, format!("{name}: {dir} is not an earlier directory entry")));
+            }
+        }
+        if self.names.insert(name.to_string(), kind).is_some() {
             return Err(Error::corrupt(offset, format!("the archive holds {name} twice")));
         }
         let entry = FileEntry {
             file_id,
             name: name.to_string(),
+            meta,
             kind,
             raw_size: 0,
             file_check: 0,
@@ -201,6 +225,13 @@ impl StreamCheck {
         let with_table = self.header.flags & FLAG_TABLE != 0;
         let f = self.open_file(header.file_id, offset)?;
         let pages = f.entry.kind == FileKind::Pages;
+        match f.entry.kind {
+            FileKind::Dir => return Err(Error::corrupt(offset, format!("directory {} has a block", f.entry.name))),
+            FileKind::Symlink if f.entry.raw_size + u64::from(header.raw_len) > MAX_LINK_TARGET => {
+                return Err(Error::corrupt(offset, format!("link {} has a target over 4096 bytes", f.entry.name)))
+            }
+            _ => {}
+        }
         if header.codec == BlockCodec::Dedup
             && (!pages || !with_ids || header.raw_len as usize % PAGE_SIZE != 0 || header.zero_bitmap.is_empty())
         {
@@ -239,6 +270,9 @@ impl StreamCheck {
         f.entry.file_check = f.check.digest();
         if f.entry.raw_size != end.raw_size || f.entry.file_check != end.file_check {
             return Err(Error::corrupt(offset, format!("file {} does not match its end record", f.entry.name)));
+        }
+        if f.entry.kind == FileKind::Symlink && f.entry.raw_size == 0 {
+            return Err(Error::corrupt(offset, format!("link {} has an empty target", f.entry.name)));
         }
         f.ended = true;
         Ok(())
@@ -325,9 +359,9 @@ impl<I: Input> CheckedRecords<I> {
     pub fn next_record(&mut self) -> Result<Option<(u64, Checked)>> {
         let Some((offset, rec)) = self.reader.next_head()? else { return Ok(None) };
         let checked = match rec {
-            Record::FileBegin { file_id, name, kind } => {
-                self.check.file_begin(offset, file_id, &name, kind)?;
-                Checked::FileBegin { file_id, name, kind }
+            Record::FileBegin { file_id, name, kind, meta } => {
+                self.check.file_begin(offset, file_id, &name, kind, meta)?;
+                Checked::FileBegin { file_id, name, kind, meta }
             }
             Record::Block { mut header, header_len } => {
                 let record_len = header_len as u64 + u64::from(header.stored_len);
@@ -423,6 +457,7 @@ pub fn check_table(
     index_offset: u64,
 ) -> Result<()> {
     let sealed_name = if header.flags & FLAG_SEALED != 0 { TAG_LEN } else { 0 };
+    let meta_len = if header.flags & FLAG_TREE != 0 { META_LEN } else { 0 };
     let corrupt = |why: &str| Error::corrupt(index_offset, format!("index: {why}"));
     if header.flags & FLAG_TABLE == 0 {
         return Err(corrupt("the archive has no block table"));
@@ -435,8 +470,8 @@ pub fn check_table(
     // (offset, length) of every record the index places.
     let mut spans: Vec<(u64, u64)> = Vec::new();
     for f in &index.files {
-        check.file_begin(f.record_offset, f.file_id, &f.name, f.kind)?;
-        spans.push((f.record_offset, (FILE_FIXED + f.name.len() + sealed_name + 4) as u64));
+        check.file_begin(f.record_offset, f.file_id, &f.name, f.kind, f.meta)?;
+        spans.push((f.record_offset, (FILE_FIXED + meta_len + f.name.len() + sealed_name + 4) as u64));
         if f.table.len() != f.blocks.len() {
             return Err(corrupt("the block table does not list every block"));
         }

@@ -12,7 +12,7 @@ pub(crate) mod slab;
 pub mod source;
 pub mod write;
 
-pub use read::{read_sequential, read_source, SeqSink};
+pub use read::{read_sequential, read_source, EntryStart, SeqSink};
 pub use source::{Archive, BlockSource, CheckedBlock};
 pub use write::{FileSink, Packer};
 
@@ -41,6 +41,9 @@ pub struct Options {
     /// Encrypt the archive, its key wrapped for these recipients (see
     /// `seal`); a child of an encrypted parent must be, with its parent's key.
     pub seal: Option<std::sync::Arc<crate::seal::keyring::Recipients>>,
+    /// Write a tree archive (`FLAG_TREE`): entries are paths with their
+    /// mode and mtime, and may be directories and links (`pack`).
+    pub tree: bool,
 }
 
 impl Default for Options {
@@ -53,6 +56,7 @@ impl Default for Options {
             ids: false,
             absorb_first: false,
             seal: None,
+            tree: false,
         }
     }
 }

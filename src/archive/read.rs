@@ -14,13 +14,26 @@ use super::Options;
 use crate::codec::Decoder;
 use crate::engine;
 use crate::error::{Error, Result};
-use crate::format::{FileKind, Index, FLAG_IDS, FLAG_PARENT, MAX_BLOCK, MIN_BLOCK};
+use crate::format::{EntryMeta, FileKind, Index, FLAG_IDS, FLAG_PARENT, MAX_BLOCK, MIN_BLOCK};
 use std::io::Read;
 use std::sync::Arc;
 
+/// An entry as a [`SeqSink`] first sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryStart<'a> {
+    pub file_id: u32,
+    pub name: &'a str,
+    pub kind: FileKind,
+    /// Mode and mtime, in a tree archive.
+    pub meta: Option<EntryMeta>,
+    /// Its size when the reader knows it up front (from the index); a
+    /// stream learns it only at the file's end.
+    pub size: Option<u64>,
+}
+
 /// Receives a decoded archive in order.
 pub trait SeqSink {
-    fn begin(&mut self, file_id: u32, name: &str, kind: FileKind) -> Result<()>;
+    fn begin(&mut self, entry: &EntryStart) -> Result<()>;
     fn data(&mut self, file_id: u32, data: &[u8]) -> Result<()>;
     fn end(&mut self, file_id: u32, raw_size: u64) -> Result<()>;
 }
@@ -80,7 +93,9 @@ pub fn read_sequential<R: Read + Send + 'static>(inp: R, opts: &Options, sink: &
 fn consume(collector: engine::Collector<Decoded>, sink: &mut dyn SeqSink) -> Result<Option<Index>> {
     for r in collector {
         match r {
-            Decoded::Other(Checked::FileBegin { file_id, name, kind }) => sink.begin(file_id, &name, kind)?,
+            Decoded::Other(Checked::FileBegin { file_id, name, kind, meta }) => {
+                sink.begin(&EntryStart { file_id, name: &name, kind, meta, size: None })?
+            }
             Decoded::Block { file_id, data } => sink.data(file_id, &data?)?,
             Decoded::Other(Checked::FileEnd(end)) => sink.end(end.file_id, end.raw_size)?,
             Decoded::Other(Checked::Index(index)) => return Ok(Some(index)),
@@ -98,7 +113,14 @@ pub fn read_source(source: Arc<dyn BlockSource>, opts: &Options, sink: &mut dyn 
     let window = engine::window_for(opts.memory_budget, block_size, opts.threads);
     let mut total = 0;
     for entry in source.index().files.clone() {
-        sink.begin(entry.file_id, &entry.name, entry.kind)?;
+        let size = Some(entry.raw_size);
+        sink.begin(&EntryStart {
+            file_id: entry.file_id,
+            name: &entry.name,
+            kind: entry.kind,
+            meta: entry.meta,
+            size,
+        })?;
         let n = entry.blocks.len();
         let src = source.clone();
         let file_id = entry.file_id;

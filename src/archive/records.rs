@@ -12,11 +12,11 @@ use crate::error::{Error, Result};
 use crate::format::{
     block_header_len, chain_body_len, check_index_body, decode_block_header, decode_chain_record, decode_end_record,
     decode_file_record_bytes, decode_ids_fixed, decode_index_body, decode_index_fixed, decode_key_record,
-    decode_trailer, encode_chain_record, encode_end_record, encode_file_record_bytes, encode_ids_record,
-    encode_index_body_and_trailer, encode_key_record, file_name, file_record_name_len, key_record_len, BlockHeader,
-    BlockRef, ChainEntry, FileEnd, FileEntry, FileKind, Header, Index, KeyRecord, PageId, RecordType, TableEntry,
-    BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE, HEADER_LEN, IDS_FIXED, INDEX_FIXED,
-    KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
+    decode_name_field, decode_trailer, encode_chain_record, encode_end_record, encode_file_record_bytes,
+    encode_ids_record, encode_index_body_and_trailer, encode_key_record, encode_name_field, file_record_name_len,
+    key_record_len, BlockHeader, BlockRef, ChainEntry, EntryMeta, FileEnd, FileEntry, FileKind, Header, Index,
+    KeyRecord, PageId, RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE,
+    FLAG_TREE, HEADER_LEN, IDS_FIXED, INDEX_FIXED, KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
 use crate::seal::ArchiveKey;
 use std::io::{self, Read, Write};
@@ -93,18 +93,25 @@ impl<W: Write> ArchiveWriter<W> {
     }
 
     /// Starts a file; returns its id for the blocks that follow.
-    pub fn begin_file(&mut self, name: &str, kind: FileKind) -> Result<u32> {
-        crate::format::check_entry_name(name)
+    /// Starts an entry; `meta` is given exactly when the archive is a tree.
+    pub fn begin_file(&mut self, name: &str, kind: FileKind, meta: Option<EntryMeta>) -> Result<u32> {
+        let tree = self.flags & FLAG_TREE != 0;
+        crate::format::check_entry_name(name, tree)
             .map_err(|why| Error::Usage(format!("bad image file name {name:?}: {why}")))?;
+        if meta.is_some() != tree || (!tree && !kind.is_file()) {
+            return Err(Error::Usage(format!("{name}: entry metadata and kind need a tree archive")));
+        }
         let file_id = self.files.len() as u32;
         self.scratch.clear();
+        let field = encode_name_field(name, meta.as_ref());
         match &self.key {
-            Some(k) => encode_file_record_bytes(file_id, &k.seal_name(file_id, kind, name), kind, &mut self.scratch),
-            None => encode_file_record_bytes(file_id, name.as_bytes(), kind, &mut self.scratch),
+            Some(k) => encode_file_record_bytes(file_id, &k.seal_name(file_id, kind, &field), kind, &mut self.scratch),
+            None => encode_file_record_bytes(file_id, &field, kind, &mut self.scratch),
         }
         let entry = FileEntry {
             file_id,
             name: name.to_string(),
+            meta,
             kind,
             raw_size: 0,
             file_check: 0,
@@ -206,6 +213,7 @@ pub enum Record {
         file_id: u32,
         name: String,
         kind: FileKind,
+        meta: Option<EntryMeta>,
     },
     /// A block header; its payload is next in the input, `stored_len` bytes.
     Block {
@@ -375,12 +383,13 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut rec[FILE_FIXED..], "a file record")?;
                 let (file_id, name, kind) = decode_file_record_bytes(&rec, start)?;
                 let at = start + FILE_FIXED as u64;
-                let name = match &self.key {
-                    Some(k) => k.open_name(file_id, kind, name, at)?,
-                    None if self.locked() => format!("#{file_id}"),
-                    None => file_name(name.to_vec(), at)?,
+                let tree = self.header.flags & FLAG_TREE != 0;
+                let (name, meta) = match &self.key {
+                    Some(k) => decode_name_field(k.open_name(file_id, kind, name, at)?, tree, at)?,
+                    None if self.locked() => (format!("#{file_id}"), None),
+                    None => decode_name_field(name.to_vec(), tree, at)?,
                 };
-                Record::FileBegin { file_id, name, kind }
+                Record::FileBegin { file_id, name, kind, meta }
             }
             RecordType::Block => {
                 let mut rec = vec![0u8; BLOCK_FIXED];

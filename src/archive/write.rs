@@ -16,7 +16,8 @@ use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockCodec, DedupPayload, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_SEALED, FLAG_TABLE,
+    BlockCodec, DedupPayload, EntryMeta, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_SEALED,
+    FLAG_TABLE, FLAG_TREE,
 };
 use crate::progress::Meter;
 use crate::seal::{keyring, ChainKey};
@@ -27,13 +28,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum PackJob {
-    Begin { key: u64, name: String, kind: FileKind },
+    Begin { key: u64, name: String, kind: FileKind, meta: Option<EntryMeta> },
     Block { key: u64, data: SlabBuf, page_aware: bool, block: u32 },
     End { key: u64 },
 }
 
 enum PackResult {
-    Begin { key: u64, name: String, kind: FileKind },
+    Begin { key: u64, name: String, kind: FileKind, meta: Option<EntryMeta> },
     Block { key: u64, block: EncodedBlock, hurried: bool },
     End { key: u64 },
 }
@@ -78,6 +79,9 @@ impl Packer {
         // an object store starts before the object has arrived); it costs
         // about 60 bytes per block, a fortieth of a percent at 256 KiB.
         header.flags |= FLAG_TABLE;
+        if opts.tree {
+            header.flags |= FLAG_TREE;
+        }
         let chain = dedup.as_ref().map(|d| d.chain.clone()).unwrap_or_default();
         if dedup.is_some() {
             header.flags |= FLAG_IDS;
@@ -106,7 +110,7 @@ impl Packer {
             hold.clone(),
             move || Encoder::new(codec),
             move |enc: &mut Encoder, job: PackJob| match job {
-                PackJob::Begin { key, name, kind } => PackResult::Begin { key, name, kind },
+                PackJob::Begin { key, name, kind, meta } => PackResult::Begin { key, name, kind, meta },
                 PackJob::Block { key, data, page_aware, block } => {
                     // A held worker runs only when the budget is nearly
                     // spent: catch up fast rather than stall CRIU.
@@ -140,8 +144,8 @@ impl Packer {
                         return Err(Error::Cancelled);
                     }
                     match r {
-                        PackResult::Begin { key, name, kind } => {
-                            ids.insert(key, w.begin_file(&name, kind)?);
+                        PackResult::Begin { key, name, kind, meta } => {
+                            ids.insert(key, w.begin_file(&name, kind, meta)?);
                             stats.files += 1;
                         }
                         PackResult::Block { key, mut block, hurried } => {
@@ -178,13 +182,20 @@ impl Packer {
         })
     }
 
-    /// Starts a file; write its bytes in order through the returned sink.
+    /// Starts a file of CRIU's (its kind from its name); write its bytes in
+    /// order through the returned sink.
     pub fn begin_file(&self, name: &str) -> Result<FileSink> {
-        let kind = FileKind::for_name(name);
+        self.begin_entry(name, FileKind::for_name(name), None)
+    }
+
+    /// Starts an entry of a tree archive ([`Options::tree`]) with its mode
+    /// and mtime: a file, a directory (write nothing) or a link (write its
+    /// target).
+    pub fn begin_entry(&self, name: &str, kind: FileKind, meta: Option<EntryMeta>) -> Result<FileSink> {
         let sub = self.submitter.as_ref().expect("packer running").clone();
         let mut next = self.next_key.lock().unwrap();
         let key = *next;
-        sub.submit(PackJob::Begin { key, name: name.to_string(), kind })?;
+        sub.submit(PackJob::Begin { key, name: name.to_string(), kind, meta })?;
         *next += 1;
         drop(next);
         Ok(FileSink {
@@ -203,6 +214,23 @@ impl Packer {
     pub fn capture_done(&self) {
         self.meter.criu_done();
         self.hold.release();
+    }
+
+    /// Waits until every block submitted so far has gone to the output
+    /// (handed to it, not synced): a commit point for a sender that drops
+    /// its copy once told so. Fails if the writer has stopped; [`abort`]
+    /// then returns its error.
+    ///
+    /// [`abort`]: Self::abort
+    pub fn wait_written(&self) -> Result<()> {
+        let m = &self.meter;
+        while m.stored.load(Ordering::Relaxed) < m.taken.load(Ordering::Relaxed) {
+            if self.writer.as_ref().is_none_or(|w| w.is_finished()) {
+                return Err(Error::Cancelled);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Ok(())
     }
 
     /// Waits for every file to be written; returns the stats and index. Fails
@@ -265,10 +293,17 @@ impl FileSink {
     /// Reads once from `fd` straight into the current block (no copy, no
     /// zero-filling); returns the bytes read, 0 at end of input.
     pub fn read_from(&mut self, fd: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
+        self.read_up_to(fd, usize::MAX)
+    }
+
+    /// As [`read_from`](Self::read_from), reading at most `limit` bytes
+    /// (a message's body, not what follows it).
+    pub fn read_up_to(&mut self, fd: &impl std::os::fd::AsRawFd, limit: usize) -> std::io::Result<usize> {
         if self.buf.capacity() == 0 {
             self.buf = self.carver.carve();
         }
         let (spare, room) = self.buf.spare();
+        let room = room.min(limit);
         let n = loop {
             // SAFETY: read(2) writes at most `room` bytes at `spare`, the
             // buffer's unfilled capacity.

@@ -313,6 +313,58 @@ fn push_entry(out: &mut Vec<u8>, like: &PagemapEntry, vaddr: u64, nr: u64) {
     push_object(out, &e.encode_to_vec());
 }
 
+/// Builds a pagemap image as CRIU writes it: the image magics, the head
+/// naming the pages image, then one entry per run of pages (what a page
+/// server receiving a dump writes, see `criu::page_server`).
+pub struct PagemapBuilder {
+    out: Vec<u8>,
+    last: Option<(u64, u64, u32)>,
+}
+
+impl PagemapBuilder {
+    pub fn new(pages_id: u32) -> Self {
+        let mut out = Vec::new();
+        out.extend_from_slice(&IMG_COMMON_MAGIC.to_ne_bytes());
+        out.extend_from_slice(&PAGEMAP_MAGIC.to_ne_bytes());
+        push_object(&mut out, &PagemapHead { pages_id }.encode_to_vec());
+        PagemapBuilder { out, last: None }
+    }
+
+    /// Adds `nr` pages at `vaddr` with CRIU's `flags` (`PE_*`); a run that
+    /// continues the previous one with the same flags is merged into it.
+    pub fn push(&mut self, vaddr: u64, nr: u64, flags: u32) {
+        match &mut self.last {
+            Some((v, n, f)) if *f == flags && v.checked_add(*n * crate::format::PAGE_SIZE as u64) == Some(vaddr) => {
+                *n += nr
+            }
+            _ => {
+                self.flush();
+                self.last = Some((vaddr, nr, flags));
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some((vaddr, nr, flags)) = self.last.take() {
+            // Both counts: CRIU >= 4.2 reads field 5, older CRIU field 2.
+            let like = PagemapEntry { vaddr, nr_pages: 0, in_parent: None, flags: Some(flags), nr_pages64: Some(0) };
+            push_entry(&mut self.out, &like, vaddr, nr);
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<u8> {
+        self.flush();
+        self.out
+    }
+}
+
+/// `PE_PRESENT`, `PE_LAZY` and `PE_PARENT` of a pagemap entry's flags.
+pub mod pe {
+    pub const PARENT: u32 = super::PE_PARENT;
+    pub const LAZY: u32 = super::PE_LAZY;
+    pub const PRESENT: u32 = super::PE_PRESENT;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod images;
+pub mod page_server;
 pub mod scm;
 pub mod splice;
 pub mod streamer;

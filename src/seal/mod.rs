@@ -208,17 +208,18 @@ impl ArchiveKey {
         ad
     }
 
-    /// The name field of file `file_id`'s F record: `AES-GCM(name) ‖ tag`.
-    pub fn seal_name(&self, file_id: u32, kind: FileKind, name: &str) -> Vec<u8> {
-        let mut out = name.as_bytes().to_vec();
+    /// The name field of file `file_id`'s F record: `AES-GCM(field) ‖ tag`
+    /// (a tree entry's field holds its mode and mtime too).
+    pub fn seal_name(&self, file_id: u32, kind: FileKind, field: &[u8]) -> Vec<u8> {
+        let mut out = field.to_vec();
         self.aead
             .seal_in_place_append_tag(nonce(NONCE_NAME, file_id, 0), Aad::from(self.name_ad(kind)), &mut out)
             .expect("AES-GCM seals any name");
         out
     }
 
-    /// The name of file `file_id` from its sealed name field.
-    pub fn open_name(&self, file_id: u32, kind: FileKind, sealed: &[u8], offset: u64) -> Result<String> {
+    /// The name field of file `file_id`, opened.
+    pub fn open_name(&self, file_id: u32, kind: FileKind, sealed: &[u8], offset: u64) -> Result<Vec<u8>> {
         let mut buf = sealed.to_vec();
         let plain = self
             .aead
@@ -226,7 +227,7 @@ impl ArchiveKey {
             .map_err(|_| Error::corrupt(offset, "file name does not open with the archive's key"))?;
         let n = plain.len();
         buf.truncate(n);
-        crate::format::file_name(buf, offset)
+        Ok(buf)
     }
 
     /// The index body as stored: `AES-GCM(body) ‖ tag`, for `count` files.
@@ -319,8 +320,8 @@ mod tests {
     fn names_and_index_open_only_in_their_place() {
         let ck = ChainKey::random().unwrap();
         let key = ck.archive(&header(1));
-        let name = key.seal_name(2, FileKind::Pages, "pages-1.img");
-        assert_eq!(key.open_name(2, FileKind::Pages, &name, 0).unwrap(), "pages-1.img");
+        let name = key.seal_name(2, FileKind::Pages, b"pages-1.img");
+        assert_eq!(key.open_name(2, FileKind::Pages, &name, 0).unwrap(), b"pages-1.img");
         assert!(key.open_name(3, FileKind::Pages, &name, 0).is_err());
         assert!(key.open_name(2, FileKind::Plain, &name, 0).is_err());
         let body = key.seal_index(5, b"index body".to_vec());

@@ -136,11 +136,18 @@ pub fn log_dir() -> PathBuf {
 
 impl WorkDir {
     pub(crate) fn new(prefix: &str) -> Result<Self> {
-        let base = std::env::temp_dir();
-        Ok(WorkDir(tempfile::Builder::new().prefix(prefix).tempdir_in(&base).at(&base)?))
+        Self::new_in(&std::env::temp_dir(), prefix)
+    }
+    pub(crate) fn new_in(base: &Path, prefix: &str) -> Result<Self> {
+        Ok(WorkDir(tempfile::Builder::new().prefix(prefix).tempdir_in(base).at(base)?))
     }
     pub(crate) fn path(&self) -> &Path {
         self.0.path()
+    }
+    /// Keeps the directory (something in it is all that is left of a
+    /// checkpoint); returns where it is.
+    pub(crate) fn keep(self) -> PathBuf {
+        self.0.keep()
     }
     /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest
     /// saved logs beyond [`KEPT_LOGS`]; returns where it went.

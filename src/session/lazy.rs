@@ -21,7 +21,7 @@ use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
-use crate::format::{check_entry_name, FileKind, PAGE_SIZE};
+use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
 use crate::session::blocks::Blocks;
 use crate::session::checkpoint::{
     check_pids_free, criu_failure, end_aborted_tree, publish_pidfile, restore_command, RestoreOptions, WorkDir,
@@ -111,8 +111,11 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>
     let label = source.label().to_string();
     let files = source.index().files.clone();
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
-    for f in files.iter().filter(|f| f.kind == FileKind::Plain) {
-        check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
+    // CRIU's images are the top-level files (of a tree: runc's checkpoint
+    // keeps its own files beside them, nothing CRIU reads below).
+    let top = |f: &&FileEntry| !f.name.contains('/');
+    for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(top) {
+        check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let (written, lazy) =
@@ -127,8 +130,8 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>
     }
     let mut processes = HashMap::new();
     let mut eager = 0;
-    for f in files.iter().filter(|f| f.kind == FileKind::Pages) {
-        check_entry_name(&f.name).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
+    for f in files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
+        check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let path = dir.join(&f.name);
         let out = std::fs::File::create(&path).at(&path)?;
         let lazy = images::pages_image_id(&f.name).and_then(|id| lazy_images.remove(&id));

@@ -3,12 +3,19 @@
 //! against them and owns the rules every command shares: when a dump is
 //! complete, what a failure leaves behind, where CRIU's log goes. `lazy`
 //! restores lazily, criuz serving the tree's page faults itself (`pager`,
-//! from decoded `blocks`) under a `guard`.
+//! from decoded `blocks`) under a `guard`. `receive` is criuz as the page
+//! server of a dump, `follow` packs a dump directory while CRIU writes it,
+//! `images_dir` writes one for a CRIU that reads a directory, and
+//! `container` runs runc and podman with them.
 
 pub mod blocks;
 pub mod capture;
 pub mod checkpoint;
+pub mod container;
+pub mod follow;
 pub mod guard;
+pub mod images_dir;
 pub mod lazy;
 pub mod pager;
+pub mod receive;
 pub mod serve;

@@ -78,14 +78,15 @@ pub fn serve(
             if let Some(e) = failed.lock().unwrap().take() {
                 return Err(e);
             }
-            let Some(entry) = source.find(&name).cloned() else {
+            // CRIU asks for image files; a tree's directories and links are not.
+            let Some(entry) = source.find(&name).filter(|e| e.kind.is_file()).cloned() else {
                 send_reply(&mut sock, false)?;
                 report.missing.push(name);
                 continue;
             };
             let mut whole = match entry.kind {
                 FileKind::Plain => Some(source.read_file(&entry).context(|| format!("{label}: {name}"))?),
-                FileKind::Pages => None,
+                FileKind::Pages | FileKind::Dir | FileKind::Symlink => None,
             };
             let mut plan = None;
             if opts.skip_zero_pages {

@@ -13,6 +13,8 @@ use criuz::{engine, offline};
 use std::path::PathBuf;
 use std::time::Instant;
 
+mod containers;
+
 /// `println!` that ends quietly when stdout is closed early (`criuz inspect
 /// F | head`) instead of panicking. SIGPIPE stays ignored: criuz must see
 /// EPIPE, not die, when CRIU closes one of its pipes.
@@ -225,9 +227,16 @@ enum Cmd {
         #[arg(last = true)]
         extra: Vec<String>,
     },
-    /// Pack a CRIU images directory into an archive
+    /// Pack a CRIU images directory, or any directory tree, into an archive
+    /// (subdirectories, symbolic links, modes and mtimes are kept)
     Pack {
-        dir: PathBuf,
+        /// Directory to pack
+        #[arg(required_unless_present = "tar", conflicts_with = "tar")]
+        dir: Option<PathBuf>,
+        /// Pack a tar stream instead (plain, zstd or gzip; "-" for stdin),
+        /// e.g. from podman container checkpoint --export
+        #[arg(long, value_name = "FILE")]
+        tar: Option<PathBuf>,
         /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
         output: PathBuf,
@@ -263,9 +272,14 @@ enum Cmd {
     Unpack {
         /// Archive to read ("-" for stdin)
         archive: PathBuf,
-        #[arg(short = 'd', long = "dir")]
-        dir: PathBuf,
-        /// Replace existing files in the directory
+        /// Directory to unpack into (created if missing)
+        #[arg(short = 'd', long = "dir", required_unless_present = "tar", conflicts_with = "tar")]
+        dir: Option<PathBuf>,
+        /// Write a tar stream instead ("-" for stdout), e.g. for podman
+        /// container restore --import
+        #[arg(long, value_name = "FILE")]
+        tar: Option<PathBuf>,
+        /// Replace existing files in the directory (or the tar file)
         #[arg(long)]
         force: bool,
         #[command(flatten)]
@@ -332,6 +346,15 @@ enum Cmd {
         #[command(flatten)]
         keys: KeyArgs,
     },
+    /// Receive a dump over CRIU's page-server protocol (criu dump --page-server,
+    /// runc checkpoint --page-server) into one archive, running the dump itself
+    PageServer(containers::PageServerArgs),
+    /// Checkpoint and restore runc containers through criuz archives
+    #[command(subcommand)]
+    Runc(containers::RuncCmd),
+    /// Checkpoint and restore podman containers through criuz archives
+    #[command(subcommand)]
+    Podman(containers::PodmanCmd),
     /// Make an age identity for encrypted archives (mode 0600) and print its public key
     Keygen {
         /// Identity file to write
@@ -410,17 +433,31 @@ fn rate(bytes: u64, secs: f64) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Pack { dir, output, force, parent, codec, seal } => {
+        Cmd::Pack { dir, tar, output, force, parent, codec, seal } => {
             let mut opts = codec.options()?;
             seal.apply(&mut opts)?;
             let dedup = criuz::session::checkpoint::dedup_for(parent.as_deref(), &output)?;
-            let files = offline::image_files(&dir)?;
-            let total: u64 = files.iter().map(|f| f.1).sum();
-            let out = Output::open(&output, force)?;
             let t = Instant::now();
-            let mut progress = Progress::new("pack", Some(total));
-            let stats = offline::pack_dir(&dir, out.writer()?, &opts, dedup, &mut progress)
-                .with_context(|| format!("packing {}", dir.display()))?;
+            let (stats, progress, out) = if let Some(tar) = tar {
+                if dedup.is_some() {
+                    return Err(criuz::Error::Usage("--parent works with a directory, not --tar".into()).into());
+                }
+                let inp = open_input(&tar)?;
+                let out = Output::open(&output, force)?;
+                let mut progress = Progress::new("pack", None);
+                let label = if is_stdio(&tar) { "stdin".to_string() } else { tar.display().to_string() };
+                let stats = offline::pack_tar(inp, &label, out.writer()?, &opts, &mut progress)?;
+                (stats, progress, out)
+            } else {
+                let dir = dir.expect("clap requires a directory or --tar");
+                let entries = criuz::tree::scan(&dir)?;
+                let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
+                let out = Output::open(&output, force)?;
+                let mut progress = Progress::new("pack", Some(total));
+                let stats = offline::pack_dir(&dir, &entries, out.writer()?, &opts, dedup, &mut progress)
+                    .with_context(|| format!("packing {}", dir.display()))?;
+                (stats, progress, out)
+            };
             progress.finish();
             out.commit()?;
             let secs = t.elapsed().as_secs_f64();
@@ -454,10 +491,20 @@ fn run(cli: Cli) -> Result<()> {
                 t.elapsed().as_secs_f64()
             );
         }
-        Cmd::Unpack { archive, dir, force, parents, threads, keys } => {
+        Cmd::Unpack { archive, dir, tar, force, parents, threads, keys } => {
             keys.load()?;
             let inp = offline::Reading::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let t = Instant::now();
+            if let Some(tar) = tar {
+                let out = Output::open(&tar, force)?;
+                let (entries, bytes, w) = offline::unpack_tar(inp, out.writer()?, &threads.options())?;
+                drop(w);
+                out.commit()?;
+                let secs = t.elapsed().as_secs_f64();
+                eprintln!("unpacked {entries} entries, {} into tar {}, {secs:.2}s", human(bytes), tar.display());
+                return Ok(());
+            }
+            let dir = dir.expect("clap requires a directory or --tar");
             let progress = Progress::new("unpack", None);
             let st = offline::unpack(inp, &dir, force, &threads.options(), progress)?;
             let secs = t.elapsed().as_secs_f64();
@@ -658,6 +705,9 @@ fn run(cli: Cli) -> Result<()> {
             let (files, bytes) = offline::verify(inp, &threads.options(), progress)?;
             out!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
         }
+        Cmd::PageServer(a) => containers::page_server(a)?,
+        Cmd::Runc(c) => containers::runc(c)?,
+        Cmd::Podman(c) => containers::podman(c)?,
         Cmd::Keygen { output, force } => {
             use criuz::seal::keyring;
             use std::io::Write;

@@ -1,0 +1,266 @@
+//! `criuz-bench --containers`: the workload inside a runc container,
+//! checkpointed and restored side by side in one run by
+//! - `runc-dir`: `runc checkpoint --image-path DIR` / `runc restore` from it
+//!   (DIR on the bench's work disk, as a runc user does);
+//! - `criuz-runc`: `criuz runc checkpoint -o FILE` (CRIU's images followed
+//!   in tmpfs and compressed as they grow) / `criuz runc restore -i FILE`;
+//! - `criuz-runc-ps`: the same through criuz's page server (`--via
+//!   page-server`): CRIU sends its pages over loopback TCP.
+//!
+//! Configurations alternate within each round so drift hits all alike, and
+//! each run starts after a `sync`, so no run pays for the writeback of the
+//! one before (runc-dir's images are never synced; a criuz archive is
+//! fsynced before it is renamed into place, and that is timed).
+//! Times are wall time of the one command; every restore is checked by the
+//! workload's own checksum, read through `runc kill USR1`. The root
+//! filesystem is busybox plus the workload (`scripts/rootfs.sh`).
+
+use crate::error::{Error, Result};
+use crate::proc::{self, Dst, Src};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const CONFIGS: [&str; 3] = ["runc-dir", "criuz-runc", "criuz-runc-ps"];
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ContainerRow {
+    pub config: String,
+    pub mib: u64,
+    /// Medians over the runs, seconds.
+    pub checkpoint_s: f64,
+    pub restore_s: f64,
+    pub checkpoint_runs: Vec<f64>,
+    pub restore_runs: Vec<f64>,
+    /// CRIU's images (runc-dir), or the archive's raw bytes.
+    pub raw_bytes: u64,
+    /// What is stored: the image directory, or the archive.
+    pub stored_bytes: u64,
+    pub ratio: f64,
+    /// Against runc-dir, measured in the same rounds.
+    pub checkpoint_vs_runc: f64,
+    pub restore_vs_runc: f64,
+    pub intact: bool,
+}
+
+struct Bundle {
+    dir: PathBuf,
+    root: PathBuf,
+    id: String,
+    criu: PathBuf,
+}
+
+impl Bundle {
+    fn runc(&self) -> Command {
+        let mut c = Command::new("runc");
+        c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu);
+        c
+    }
+    fn wl(&self) -> PathBuf {
+        self.dir.join("rootfs/wl")
+    }
+    fn wait(&self, f: &Path, what: &str) -> Result<()> {
+        let t = Instant::now();
+        while !f.exists() {
+            if t.elapsed() > Duration::from_secs(120) {
+                return Err(Error::Invalid(format!("timed out waiting for {what}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+    fn start(&self) -> Result<()> {
+        let _ = std::fs::remove_file(self.wl().join("ready"));
+        // The container keeps runc's stdio: nothing a wait could hang on.
+        let st = self
+            .runc()
+            .args(["run", "-d", "-b"])
+            .arg(&self.dir)
+            .arg(&self.id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !st.success() {
+            return Err(Error::Invalid(format!("runc run {} failed ({st})", self.id)));
+        }
+        self.wait(&self.wl().join("ready"), "the container's workload")
+    }
+    fn sum(&self) -> Result<String> {
+        let f = self.wl().join("sum-root");
+        let _ = std::fs::remove_file(&f);
+        quiet(self.runc().args(["kill", &self.id, "USR1"]), "runc kill")?;
+        self.wait(&f, "the workload's checksum")?;
+        std::fs::read_to_string(&f).map_err(|e| Error::file(&f, e))
+    }
+    fn delete(&self) {
+        let _ = self.runc().args(["delete", "-f", &self.id]).output();
+    }
+}
+
+fn quiet(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output()?;
+    if !out.status.success() {
+        return Err(Error::Invalid(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+/// Times one command, its output discarded (errors carry its stderr).
+fn timed(cmd: Command, logs: &Path, what: &str) -> Result<f64> {
+    let t = Instant::now();
+    proc::pipeline(vec![cmd], Src::Null, Dst::Null, logs, what)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Result<Bundle> {
+    let dir = work.join(format!("bundle-{mib}"));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/rootfs.sh");
+    quiet(Command::new("bash").arg(&script).arg(dir.join("rootfs")).arg(workload), "scripts/rootfs.sh")?;
+    std::fs::create_dir_all(dir.join("rootfs/wl")).map_err(|e| Error::file(&dir, e))?;
+    quiet(Command::new("runc").args(["spec", "-b"]).arg(&dir), "runc spec")?;
+    let cfg = dir.join("config.json");
+    let text = std::fs::read(&cfg).map_err(|e| Error::file(&cfg, e))?;
+    let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Invalid(e.to_string()))?;
+    spec["process"]["terminal"] = false.into();
+    spec["process"]["args"] =
+        serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", mib.to_string(), "--pattern", "mixed"]);
+    spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).map_err(|e| Error::Invalid(e.to_string()))?)
+        .map_err(|e| Error::file(&cfg, e))?;
+    let root = work.join(format!("runc-root-{mib}"));
+    std::fs::create_dir_all(&root).map_err(|e| Error::file(&root, e))?;
+    Ok(Bundle { dir, root, id: format!("criuz-bench-{}-{mib}", std::process::id()), criu: criu.to_path_buf() })
+}
+
+struct Run {
+    checkpoint_s: f64,
+    restore_s: f64,
+    raw: u64,
+    stored: u64,
+    intact: bool,
+}
+
+fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<Run> {
+    // What the run before left dirty (runc-dir never syncs its images) is
+    // written now, untimed, not during this run's own writes and fsync.
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    b.start()?;
+    let before = b.sum()?;
+    let store = work.join(format!("store-{cfg}"));
+    let _ = std::fs::remove_dir_all(&store);
+    std::fs::create_dir_all(&store).map_err(|e| Error::file(&store, e))?;
+    let (checkpoint_s, restore_s, raw, stored) = if cfg == "runc-dir" {
+        let img = store.join("img");
+        let mut c = b.runc();
+        c.args(["checkpoint", "--image-path"]).arg(&img).arg(&b.id);
+        let d = timed(c, logs, "runc-checkpoint")?;
+        let bytes = proc::dir_bytes(&img);
+        let mut r = b.runc();
+        r.args(["restore", "-d", "--image-path"]).arg(&img).arg("-b").arg(&b.dir).arg(&b.id);
+        let s = timed(r, logs, "runc-restore")?;
+        (d, s, bytes, bytes)
+    } else {
+        let arc = store.join("ckpt.czr");
+        let via = if cfg == "criuz-runc-ps" { "page-server" } else { "follow" };
+        let mut c = Command::new(criuz);
+        c.args(["runc", "checkpoint", &b.id, "-o"]).arg(&arc).args(["--via", via, "--root"]).arg(&b.root);
+        c.arg("--criu").arg(&b.criu);
+        let d = timed(c, logs, "criuz-runc-checkpoint")?;
+        let mut r = Command::new(criuz);
+        r.args(["runc", "restore", &b.id, "-d", "-i"]).arg(&arc).arg("-b").arg(&b.dir).arg("--root").arg(&b.root);
+        r.arg("--criu").arg(&b.criu);
+        let s = timed(r, logs, "criuz-runc-restore")?;
+        let raw = {
+            use criuz::archive::BlockSource;
+            let a = criuz::archive::Archive::open(&arc)?;
+            a.index().files.iter().map(|f| f.raw_size).sum()
+        };
+        (d, s, raw, proc::file_bytes(&arc))
+    };
+    let after = b.sum()?;
+    b.delete();
+    let _ = std::fs::remove_dir_all(&store);
+    Ok(Run { checkpoint_s, restore_s, raw, stored, intact: before == after })
+}
+
+/// Every configuration at `mib`, `runs` rounds, configurations rotating.
+pub fn measure(
+    mib: u64,
+    runs: usize,
+    work: &Path,
+    workload: &Path,
+    criuz: &Path,
+    criu: &Path,
+) -> Result<Vec<ContainerRow>> {
+    for t in ["runc", "busybox"] {
+        if criuz::criu::on_path(t).is_none() {
+            return Err(Error::Invalid(format!("--containers needs {t} (scripts/setup.sh installs it)")));
+        }
+    }
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
+    let b = make_bundle(work, workload, mib, criu)?;
+    let mut runs_of: Vec<Vec<Run>> = CONFIGS.iter().map(|_| Vec::new()).collect();
+    for round in 0..runs {
+        for k in 0..CONFIGS.len() {
+            let i = (k + round) % CONFIGS.len();
+            eprintln!("bench: containers: {} MiB, {}, run {}", mib, CONFIGS[i], round + 1);
+            let r = one(CONFIGS[i], &b, criuz, work, &logs);
+            if r.is_err() {
+                b.delete();
+            }
+            runs_of[i].push(r?);
+        }
+    }
+    let med = |v: Vec<f64>| crate::report::median(&v).unwrap_or(f64::NAN);
+    let base = (
+        med(runs_of[0].iter().map(|r| r.checkpoint_s).collect()),
+        med(runs_of[0].iter().map(|r| r.restore_s).collect()),
+    );
+    Ok(CONFIGS
+        .iter()
+        .zip(runs_of)
+        .map(|(cfg, rs)| {
+            let d: Vec<f64> = rs.iter().map(|r| r.checkpoint_s).collect();
+            let s: Vec<f64> = rs.iter().map(|r| r.restore_s).collect();
+            let (raw, stored) = rs.last().map(|r| (r.raw, r.stored)).unwrap_or_default();
+            ContainerRow {
+                config: cfg.to_string(),
+                mib,
+                checkpoint_s: med(d.clone()),
+                restore_s: med(s.clone()),
+                checkpoint_vs_runc: med(d.clone()) / base.0,
+                restore_vs_runc: med(s.clone()) / base.1,
+                checkpoint_runs: d,
+                restore_runs: s,
+                raw_bytes: raw,
+                stored_bytes: stored,
+                ratio: stored as f64 / raw.max(1) as f64,
+                intact: rs.iter().all(|r| r.intact),
+            }
+        })
+        .collect())
+}
+
+pub fn table(rows: &[ContainerRow]) -> String {
+    let mut s = String::from(
+        "| MiB | config | checkpoint s | vs runc | restore s | vs runc | stored MiB | ratio | intact |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+    );
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {:.2} | {:.2}x | {:.2} | {:.2}x | {:.1} | {:.3} | {} |\n",
+            r.mib,
+            r.config,
+            r.checkpoint_s,
+            r.checkpoint_vs_runc,
+            r.restore_s,
+            r.restore_vs_runc,
+            r.stored_bytes as f64 / (1 << 20) as f64,
+            r.ratio,
+            if r.intact { "yes" } else { "NO" }
+        );
+    }
+    s
+}

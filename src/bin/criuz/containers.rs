@@ -1,0 +1,280 @@
+//! `criuz page-server`, `criuz runc ...` and `criuz podman ...`: argument
+//! parsing and printing; the work is in `criuz::session::{receive, container}`.
+
+use super::{human, CodecArgs, CriuArgs, KeyArgs, SealArgs, ThreadArgs};
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use criuz::archive::Packer;
+use criuz::io::Output;
+use criuz::session::container::{self, Runc, RuncCheckpoint, RuncRestore, Via};
+use criuz::session::receive::{self, PageServer};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+/// Receive a dump over CRIU's page-server protocol into one archive
+#[derive(Args)]
+pub struct PageServerArgs {
+    /// The dump's images directory (its metadata joins the archive)
+    #[arg(short = 'D', long = "images-dir")]
+    dir: PathBuf,
+    /// Archive to write ("-" for stdout)
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+    #[arg(long)]
+    force: bool,
+    /// Address to listen on; port 0 picks a free port. No authentication:
+    /// keep it on loopback, or behind a tunnel
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    #[command(flatten)]
+    codec: CodecArgs,
+    #[command(flatten)]
+    seal: SealArgs,
+    /// The dump to run, e.g. criu dump ... --page-server --address 127.0.0.1 --port {port};
+    /// {addr} and {port} are replaced by where criuz listens
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub fn page_server(a: PageServerArgs) -> Result<()> {
+    let mut opts = a.codec.options()?;
+    a.seal.apply(&mut opts)?;
+    opts.tree = true;
+    let server = PageServer::bind(&a.listen)?;
+    let addr = server.local_addr()?;
+    if !receive::is_loopback(&addr) {
+        eprintln!("criuz: page server on {addr}: not loopback, and the protocol has no authentication");
+    }
+    let args: Vec<String> = a
+        .command
+        .iter()
+        .map(|s| s.replace("{addr}", &addr.to_string()).replace("{port}", &addr.port().to_string()))
+        .collect();
+    eprintln!("criuz: page server on {addr}, running {}", args.join(" "));
+    let mut cmd = Command::new(&args[0]);
+    cmd.args(&args[1..]);
+    let out = Output::open(&a.output, a.force)?;
+    let t = Instant::now();
+    let packer = Packer::start(out.writer()?, &opts, None)?;
+    let (stats, rx) = receive::run_dump(&server, cmd, &args[0], &a.dir, packer)?;
+    out.commit()?;
+    eprintln!(
+        "received {} pages ({} protocol) and {} files: {} -> {} ({:.3} of raw), {:.2}s",
+        rx.pages,
+        rx.protocol,
+        stats.files,
+        human(stats.raw_bytes),
+        human(stats.archive_bytes),
+        stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ViaArg {
+    Follow,
+    PageServer,
+}
+
+#[derive(Args)]
+pub struct RuncGlobal {
+    /// runc binary
+    #[arg(long, default_value = "runc")]
+    runc: PathBuf,
+    /// runc's state root (runc --root)
+    #[arg(long)]
+    root: Option<PathBuf>,
+    #[command(flatten)]
+    criu: CriuArgs,
+}
+
+impl RuncGlobal {
+    fn runc(&self) -> Runc {
+        Runc { binary: self.runc.clone(), root: self.root.clone() }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RuncCmd {
+    /// Checkpoint a runc container into one archive (pages compressed as CRIU sends them)
+    Checkpoint {
+        /// Container id
+        id: String,
+        /// Archive to write ("-" for stdout)
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        #[arg(long)]
+        force: bool,
+        /// Keep the container running after the checkpoint
+        #[arg(long)]
+        leave_running: bool,
+        /// How pages reach the archive: follow (CRIU writes a private tmpfs
+        /// directory, compressed as it grows) or page-server (CRIU sends them
+        /// to criuz over loopback TCP; nothing written locally)
+        #[arg(long, value_enum, default_value = "follow")]
+        via: ViaArg,
+        /// Print a JSON report
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        global: RuncGlobal,
+        #[command(flatten)]
+        codec: CodecArgs,
+        #[command(flatten)]
+        seal: SealArgs,
+        /// More runc checkpoint options (after --), e.g. --tcp-established
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// Restore a runc container from an archive
+    Restore {
+        /// Container id
+        id: String,
+        /// Archive to read ("-" for stdin)
+        #[arg(short = 'i', long)]
+        input: PathBuf,
+        /// The container's bundle (runc restore --bundle)
+        #[arg(short = 'b', long)]
+        bundle: Option<PathBuf>,
+        /// Detach from the restored container (runc restore --detach)
+        #[arg(short = 'd', long)]
+        detach: bool,
+        /// Write the restored init's pid here (runc restore --pid-file)
+        #[arg(long)]
+        pid_file: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        global: RuncGlobal,
+        #[command(flatten)]
+        threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
+        /// More runc restore options (after --)
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+}
+
+pub fn runc(cmd: RuncCmd) -> Result<()> {
+    match cmd {
+        RuncCmd::Checkpoint { id, output, force, leave_running, via, json, global, codec, seal, extra } => {
+            let mut opts = codec.options()?;
+            seal.apply(&mut opts)?;
+            let criu = global.criu.locate()?;
+            let via = match via {
+                ViaArg::Follow => Via::Follow,
+                ViaArg::PageServer => Via::PageServer,
+            };
+            let o = RuncCheckpoint { id, output, force, leave_running, via, extra };
+            let r = container::runc_checkpoint(&global.runc(), &o, &opts, &criu)?;
+            if json {
+                eprintln!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                eprintln!(
+                    "checkpointed container {} into {} ({}): {} -> {} ({:.3} of raw), {:.2}s",
+                    o.id,
+                    r.output.display(),
+                    if r.via == Via::Follow { "followed" } else { "page server" },
+                    human(r.raw_bytes),
+                    human(r.archive_bytes),
+                    r.ratio,
+                    r.seconds
+                );
+            }
+        }
+        RuncCmd::Restore { id, input, bundle, detach, pid_file, json, global, threads, keys, extra } => {
+            keys.load()?;
+            let criu = global.criu.locate()?;
+            let o = RuncRestore { id, input, bundle, detach, pid_file, extra };
+            let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
+            if json {
+                eprintln!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                eprintln!(
+                    "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
+                    o.id,
+                    o.input.display(),
+                    human(r.bytes),
+                    r.unpack_seconds,
+                    r.seconds
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum PodmanCmd {
+    /// Checkpoint a podman container (podman container checkpoint --export) into an archive
+    Checkpoint {
+        /// Container name or id
+        id: String,
+        /// Archive to write ("-" for stdout)
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        #[arg(long)]
+        force: bool,
+        /// podman binary
+        #[arg(long, default_value = "podman")]
+        podman: PathBuf,
+        #[command(flatten)]
+        criu: CriuArgs,
+        #[command(flatten)]
+        codec: CodecArgs,
+        #[command(flatten)]
+        seal: SealArgs,
+        /// More podman container checkpoint options (after --)
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// Restore a podman container from an archive (podman container restore --import)
+    Restore {
+        /// Archive to read ("-" for stdin)
+        #[arg(short = 'i', long)]
+        input: PathBuf,
+        /// podman binary
+        #[arg(long, default_value = "podman")]
+        podman: PathBuf,
+        #[command(flatten)]
+        criu: CriuArgs,
+        #[command(flatten)]
+        threads: ThreadArgs,
+        #[command(flatten)]
+        keys: KeyArgs,
+        /// More podman container restore options (after --)
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+}
+
+pub fn podman(cmd: PodmanCmd) -> Result<()> {
+    match cmd {
+        PodmanCmd::Checkpoint { id, output, force, podman, criu, codec, seal, extra } => {
+            let mut opts = codec.options()?;
+            seal.apply(&mut opts)?;
+            let criu = criu.locate()?;
+            let t = Instant::now();
+            let s = container::podman_checkpoint(&podman, &criu, &id, &output, force, &extra, &opts)?;
+            eprintln!(
+                "checkpointed container {id} into {}: {} -> {} ({:.3} of raw), {:.2}s",
+                output.display(),
+                human(s.raw_bytes),
+                human(s.archive_bytes),
+                s.archive_bytes as f64 / s.raw_bytes.max(1) as f64,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        PodmanCmd::Restore { input, podman, criu, threads, keys, extra } => {
+            keys.load()?;
+            let criu = criu.locate()?;
+            let t = Instant::now();
+            container::podman_restore(&podman, &criu, &input, &extra, &threads.options())?;
+            eprintln!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(())
+}

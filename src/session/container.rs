@@ -1,0 +1,326 @@
+//! Containers: `criuz runc checkpoint|restore` and `criuz podman
+//! checkpoint|restore`. runc and podman drive CRIU through its RPC mode,
+//! which cannot stream images (CRIU aborts with `stream` in `runc.conf`), so
+//! criuz goes in beside them:
+//!
+//! - runc checkpoint, by default, gives CRIU criuz's page server
+//!   (`receive`): pages are compressed as they arrive and only the metadata
+//!   lands in a private work directory (on tmpfs when `/dev/shm` is there),
+//!   which then joins the same archive with runc's own files
+//!   (`descriptors.json`). `--pack` checkpoints to the work directory and
+//!   packs it afterwards (what any runc can do; it needs the images' size in
+//!   tmpfs).
+//! - runc restore unpacks the archive into a private work directory and runs
+//!   `runc restore --image-path` on it; the directory goes when runc is done.
+//! - podman's checkpoint is a tar stream (`--export`); criuz packs it as a
+//!   tree and unpacks it back to a private tar file for `--import`.
+//!
+//! runc is told which CRIU to use (`runc --criu`), the one criuz found. A
+//! failed runc leaves its CRIU log in `checkpoint::log_dir`, named in the
+//! error; the work directory is always removed.
+
+use crate::archive::parent::ParentSearch;
+use crate::archive::{Options, PackStats, Packer};
+use crate::criu::Criu;
+use crate::error::{Error, IoContext, Result};
+use crate::io::Output;
+use crate::offline::{self, Reading};
+use crate::progress::Progress;
+use crate::session::checkpoint::{criu_failure, WorkDir};
+use crate::session::follow::follow_pages;
+use crate::session::receive::{self, PageServer};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Most of an archive read from a pipe that is spooled to a private file.
+const SPOOL_CAP: u64 = 2 << 30;
+
+/// How to run runc.
+#[derive(Clone, Debug)]
+pub struct Runc {
+    pub binary: PathBuf,
+    /// runc's state root (`runc --root`), when not its default.
+    pub root: Option<PathBuf>,
+}
+
+impl Runc {
+    fn command(&self, criu: &Criu) -> Command {
+        let mut c = Command::new(&self.binary);
+        if let Some(root) = &self.root {
+            c.arg("--root").arg(root);
+        }
+        c.arg("--criu").arg(&criu.path);
+        c
+    }
+}
+
+/// How the pages get from CRIU into the archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Via {
+    /// CRIU writes into a private tmpfs directory; its page images are
+    /// followed and compressed as they grow (`follow`).
+    Follow,
+    /// CRIU sends its pages to criuz's page server (`receive`): nothing of
+    /// them is written locally.
+    PageServer,
+}
+
+#[derive(Clone, Debug)]
+pub struct RuncCheckpoint {
+    pub id: String,
+    pub output: PathBuf,
+    pub force: bool,
+    pub leave_running: bool,
+    pub via: Via,
+    /// More `runc checkpoint` options (e.g. `--tcp-established`).
+    pub extra: Vec<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CheckpointReport {
+    pub output: PathBuf,
+    pub via: Via,
+    pub raw_bytes: u64,
+    pub archive_bytes: u64,
+    pub ratio: f64,
+    pub seconds: f64,
+    pub files: u64,
+    pub zero_pages: u64,
+}
+
+/// A private work directory, on tmpfs when `/dev/shm` is one: a
+/// container's images never touch a disk this way.
+fn work_dir(prefix: &str) -> Result<WorkDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(w) = WorkDir::new_in(shm, prefix) {
+            return Ok(w);
+        }
+    }
+    WorkDir::new(prefix)
+}
+
+fn images_dir(work: &WorkDir) -> Result<PathBuf> {
+    let d = work.path().join("images");
+    std::fs::DirBuilder::new().mode(0o700).create(&d).at(&d)?;
+    Ok(d)
+}
+
+/// `runc checkpoint` of container `o.id` into one archive. Complete only
+/// when runc exits 0 and the images hold `inventory.img`; otherwise nothing
+/// is published. Should the archive fail after runc succeeded (the tree is
+/// gone), the images the work directory holds are kept and named.
+pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &Criu) -> Result<CheckpointReport> {
+    let started = Instant::now();
+    let opts = Options { tree: true, ..opts.clone() };
+    let out = Output::open(&o.output, o.force)?;
+    let work = work_dir("criuz-runc-")?;
+    let images = images_dir(&work)?;
+    let mut cmd = runc.command(criu);
+    cmd.arg("checkpoint").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
+    if o.leave_running {
+        cmd.arg("--leave-running");
+    }
+    cmd.args(&o.extra);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let what = format!("runc checkpoint {}", o.id);
+    let packer = Packer::start(out.writer()?, &opts, None)?;
+    let stats = match o.via {
+        Via::PageServer => {
+            let server = PageServer::bind("127.0.0.1:0")?;
+            cmd.arg("--page-server").arg(server.local_addr()?.to_string()).arg(&o.id);
+            receive::run_dump(&server, cmd, &what, &images, packer).map(|(stats, _)| stats).map_err(|e| {
+                let log = work.save_log("dump.log");
+                e.context(format!("no checkpoint written (CRIU log: {})", log.display()))
+            })?
+        }
+        Via::Follow => {
+            cmd.arg(&o.id);
+            let done = AtomicBool::new(false);
+            let (status, followed) = std::thread::scope(|s| {
+                let f = s.spawn(|| follow_pages(&images, &packer, &done));
+                let status = cmd.status();
+                done.store(true, Ordering::Release);
+                (status, f.join().unwrap_or(Err(Error::Cancelled)))
+            });
+            match status {
+                Ok(st) if st.success() => {}
+                Ok(st) => {
+                    let e = criu_failure(&what, st, &work.save_log("dump.log"));
+                    return Err(packer.abort().unwrap_or(e));
+                }
+                Err(e) => {
+                    let e = Error::Criu(format!("cannot run {}: {e}", runc.binary.display()));
+                    return Err(packer.abort().unwrap_or(e));
+                }
+            }
+            let written = match followed {
+                Ok(names) => receive::finish_with_images(packer, &images, &names),
+                Err(e) => Err(packer.abort().unwrap_or(e)),
+            };
+            match written {
+                Ok(stats) => stats,
+                Err(e) if o.leave_running => return Err(e),
+                Err(e) => {
+                    let kept = work.keep();
+                    return Err(e.context(format!(
+                        "{what} succeeded but the archive could not be written; the images are kept in {}",
+                        kept.join("images").display()
+                    )));
+                }
+            }
+        }
+    };
+    out.commit()?;
+    Ok(CheckpointReport {
+        output: o.output.clone(),
+        via: o.via,
+        raw_bytes: stats.raw_bytes,
+        archive_bytes: stats.archive_bytes,
+        ratio: stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64,
+        seconds: started.elapsed().as_secs_f64(),
+        files: stats.files,
+        zero_pages: stats.zero_pages,
+    })
+}
+
+#[derive(Clone, Debug)]
+pub struct RuncRestore {
+    pub id: String,
+    pub input: PathBuf,
+    pub bundle: Option<PathBuf>,
+    pub detach: bool,
+    pub pid_file: Option<PathBuf>,
+    /// More `runc restore` options (e.g. `--tcp-established`).
+    pub extra: Vec<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ContainerRestoreReport {
+    pub seconds: f64,
+    pub unpack_seconds: f64,
+    /// Bytes written for CRIU to read.
+    pub bytes: u64,
+    /// Zero pages CRIU was spared (see `images_dir`).
+    pub zero_pages_skipped: u64,
+}
+
+/// `runc restore` of container `o.id` from an archive. The archive is
+/// proven whole (every check) before runc starts.
+pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
+    let started = Instant::now();
+    let work = work_dir("criuz-runc-")?;
+    let images = images_dir(&work)?;
+    let archive = crate::archive::parent::open(&o.input, SPOOL_CAP, &ParentSearch::default())?;
+    let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
+    let unpack_seconds = started.elapsed().as_secs_f64();
+    let mut cmd = runc.command(criu);
+    cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
+    if let Some(b) = &o.bundle {
+        cmd.arg("--bundle").arg(b);
+    }
+    if o.detach {
+        cmd.arg("--detach");
+    }
+    if let Some(p) = &o.pid_file {
+        cmd.arg("--pid-file").arg(p);
+    }
+    cmd.args(&o.extra).arg(&o.id);
+    let status = cmd.status().map_err(|e| Error::Criu(format!("cannot run {}: {e}", runc.binary.display())))?;
+    if !status.success() {
+        return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
+    }
+    Ok(ContainerRestoreReport {
+        seconds: started.elapsed().as_secs_f64(),
+        unpack_seconds,
+        bytes: st.bytes,
+        zero_pages_skipped,
+    })
+}
+
+/// podman finds CRIU on `PATH` (and hands that `PATH` to runc): a private
+/// directory holding `criu`, a link to the CRIU criuz found, goes first.
+fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command> {
+    let bin = work.path().join("bin");
+    std::fs::DirBuilder::new().mode(0o700).create(&bin).at(&bin)?;
+    std::os::unix::fs::symlink(&criu.path, bin.join("criu")).at(&bin)?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin];
+    dirs.extend(std::env::split_paths(&path));
+    let mut c = Command::new(podman);
+    c.env("PATH", std::env::join_paths(dirs).map_err(|e| Error::Usage(format!("PATH: {e}")))?);
+    Ok(c)
+}
+
+/// `podman container checkpoint --export` of container `id`, packed as it
+/// is exported (no tar file in between). podman prints the container's name
+/// on its stdout, so the export goes to a pipe on its fd 3 instead. `extra`
+/// goes to podman.
+pub fn podman_checkpoint(
+    podman: &Path,
+    criu: &Criu,
+    id: &str,
+    output: &Path,
+    force: bool,
+    extra: &[String],
+    opts: &Options,
+) -> Result<PackStats> {
+    let out = Output::open(output, force)?;
+    let work = work_dir("criuz-podman-")?;
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io(e.into()))?;
+    let mut cmd = podman_command(podman, criu, &work)?;
+    cmd.args(["container", "checkpoint", "--export", "/dev/fd/3", "--compress", "none"])
+        .args(extra)
+        .arg(id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let tx_fd = std::os::fd::AsRawFd::as_raw_fd(&tx);
+    // SAFETY: between fork and exec only dup2(2), which is async-signal-safe,
+    // on a descriptor this process owns until after the spawn.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::dup2(tx_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
+    // Our copy of the write end goes, so the stream ends when podman's does.
+    drop(tx);
+    let inp = Box::new(std::fs::File::from(rx));
+    let packed = offline::pack_tar(inp, "podman export", out.writer()?, opts, &mut Progress::hidden());
+    let status = child.wait()?;
+    if !status.success() {
+        return Err(Error::Criu(format!("podman container checkpoint {id} failed ({status}); nothing written")));
+    }
+    let stats = packed?;
+    out.commit()?;
+    Ok(stats)
+}
+
+/// `podman container restore --import` from an archive of a podman export:
+/// unpacked to a private tar file first (podman reads an import as a file).
+pub fn podman_restore(podman: &Path, criu: &Criu, input: &Path, extra: &[String], opts: &Options) -> Result<()> {
+    let work = work_dir("criuz-podman-")?;
+    let tar = work.path().join("checkpoint.tar");
+    let out = Output::open(&tar, false)?;
+    let inp = Reading::open(input, SPOOL_CAP, &ParentSearch::default())?;
+    offline::unpack_tar(inp, out.writer()?, opts)?;
+    out.commit()?;
+    let status = podman_command(podman, criu, &work)?
+        .args(["container", "restore", "--import"])
+        .arg(&tar)
+        .args(extra)
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
+    if !status.success() {
+        return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
+    }
+    Ok(())
+}

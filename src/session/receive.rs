@@ -1,0 +1,275 @@
+//! Receive: criuz as the page server of a dump (`criu dump --page-server`,
+//! `runc checkpoint --page-server`). The dump sends its pages over TCP
+//! (`criu::page_server`) instead of writing them; each pagemap's pages go
+//! into the [`Packer`] as they arrive, as the `pages-<id>.img` CRIU's own
+//! page server would have written (ids from 65537 in order, as CRIU counts),
+//! and the pagemap built from the runs follows it. [`finish_with_images`]
+//! then adds the metadata the dump left in its images directory, so one
+//! archive holds the whole checkpoint.
+//!
+//! The CLOSE reply is the commit point: CRIU kills (or resumes) the tree
+//! after it. So it is sent only once every page is in the output, and a
+//! writer failure is answered with a non-zero status, which fails the dump
+//! while the tree still lives. A connection that ends before CLOSE is a
+//! failed dump; the caller aborts the packer and nothing is published.
+//!
+//! Authentication: none in the protocol (CRIU's `--tls` is not spoken).
+//! The listener binds to loopback unless told otherwise, accepts exactly
+//! one connection and then stops listening; across hosts, carry it over a
+//! tunnel (SSH, WireGuard) rather than an open port.
+
+use crate::archive::{PackStats, Packer};
+use crate::criu::images::{pe, PagemapBuilder};
+use crate::criu::page_server::{self as ps, CommandReader, Target};
+use crate::error::{Error, IoContext, Result};
+use crate::format::{EntryMeta, FileKind, PAGE_SIZE};
+use crate::tree;
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// CRIU numbers the pages images its page server writes from here on.
+const FIRST_PAGES_ID: u32 = 1 + 0x10000;
+
+/// A bound page-server listener.
+pub struct PageServer {
+    listener: TcpListener,
+}
+
+impl PageServer {
+    /// Listens on `addr` (`HOST:PORT`; port 0 picks a free one).
+    pub fn bind(addr: &str) -> Result<Self> {
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::Usage(format!("page server: cannot listen on {addr}: {e}")))?;
+        listener.set_nonblocking(true)?;
+        Ok(PageServer { listener })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// The one dump's connection, or `None` once `stop` is set first.
+    fn accept(&self, stop: &AtomicBool) -> Result<Option<TcpStream>> {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => {
+                    sock.set_nonblocking(false)?;
+                    sock.set_nodelay(true)?;
+                    return Ok(Some(sock));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(Error::Protocol(format!("page server: accept: {e}"))),
+            }
+        }
+    }
+}
+
+/// What a dump sent.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ReceiveReport {
+    /// The image files written into the archive (pages, pagemaps).
+    pub files: Vec<String>,
+    pub pages: u64,
+    /// "4.2+" or "pre-4.2" (the command header layout the dump used).
+    pub protocol: String,
+}
+
+/// The pagemap being received: its pages go straight into the packer.
+struct Open {
+    target: Target,
+    pages_name: String,
+    builder: PagemapBuilder,
+    sink: crate::archive::FileSink,
+}
+
+/// Mode and mtime of the images a receive writes (a tree archive's entries
+/// need them): private, like the archive.
+fn image_meta() -> EntryMeta {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    EntryMeta { mode: 0o600, mtime: now.as_secs() as i64, mtime_nsec: now.subsec_nanos() }
+}
+
+/// Receives one dump into `packer` (a tree archive). Returns `None` if
+/// `stop` was set before a dump connected.
+pub fn receive(server: &PageServer, packer: &Packer, stop: &AtomicBool) -> Result<Option<ReceiveReport>> {
+    let Some(mut sock) = server.accept(stop)? else { return Ok(None) };
+    let meta = image_meta();
+    let mut report = ReceiveReport::default();
+    let mut reader = CommandReader::new();
+    let mut open: Option<Open> = None;
+    let mut next_id = FIRST_PAGES_ID;
+    let mut seen: HashSet<Target> = HashSet::new();
+    let close = |open: Option<Open>, report: &mut ReceiveReport| -> Result<()> {
+        let Some(o) = open else { return Ok(()) };
+        o.sink.finish()?;
+        let name = o.target.pagemap_name();
+        let mut sink = packer.begin_entry(&name, FileKind::Plain, Some(meta))?;
+        sink.write(&o.builder.finish())?;
+        sink.finish()?;
+        report.files.push(o.pages_name);
+        report.files.push(name);
+        Ok(())
+    };
+    loop {
+        let Some(c) = reader.next(&mut sock)? else {
+            return Err(Error::Criu("the dump closed the page-server connection before it finished".into()));
+        };
+        match c.cmd {
+            ps::PS_IOV_OPEN2 => {
+                close(open.take(), &mut report)?;
+                let target = c.target()?;
+                if !seen.insert(target) {
+                    return Err(proto(format!("{} opened twice", target.pagemap_name())));
+                }
+                let pages_name = format!("pages-{next_id}.img");
+                let sink = packer.begin_entry(&pages_name, FileKind::Pages, Some(meta))?;
+                open = Some(Open { target, pages_name, builder: PagemapBuilder::new(next_id), sink });
+                next_id += 1;
+                // No parent: CRIU then sends every page (never PE_PARENT).
+                reply(&mut sock, &[0u8])?;
+            }
+            ps::PS_IOV_PARENT => reply(&mut sock, &0i32.to_ne_bytes())?,
+            ps::PS_IOV_ADD_F | ps::PS_IOV_ADD => {
+                let flags = if c.cmd == ps::PS_IOV_ADD { pe::PRESENT } else { c.flags };
+                let o = open.as_mut().ok_or_else(|| proto("pages before any pagemap was opened"))?;
+                if c.target()? != o.target {
+                    return Err(proto(format!(
+                        "pages for {} while {} is open",
+                        c.target()?.pagemap_name(),
+                        o.target.pagemap_name()
+                    )));
+                }
+                if flags & pe::PARENT != 0 || flags & pe::PRESENT == 0 {
+                    return Err(proto(format!(
+                        "an entry without its pages (flags {flags:#x}): lazy or incremental dumps are not received"
+                    )));
+                }
+                let bytes = c
+                    .nr_pages
+                    .checked_mul(PAGE_SIZE as u64)
+                    .filter(|b| *b <= 1 << 48)
+                    .ok_or_else(|| proto(format!("impossible page count {}", c.nr_pages)))?;
+                receive_pages(&mut sock, &mut o.sink, bytes)?;
+                o.builder.push(c.vaddr, c.nr_pages, flags);
+                report.pages += c.nr_pages;
+            }
+            ps::PS_IOV_CLOSE | ps::PS_IOV_FORCE_CLOSE => {
+                let closed = close(open.take(), &mut report).and_then(|_| packer.wait_written());
+                // Non-zero fails the dump: CRIU then resumes the tree.
+                let status: i32 = if closed.is_ok() { 0 } else { -1 };
+                let replied = reply(&mut sock, &status.to_ne_bytes());
+                closed?;
+                replied?;
+                // CRIU closes its end next; reading to EOF leaves the
+                // TIME_WAIT with it.
+                let _ = std::io::copy(&mut sock, &mut std::io::sink());
+                report.protocol =
+                    if reader.layout() == Some(ps::Layout::Narrow) { "pre-4.2" } else { "4.2+" }.to_string();
+                return Ok(Some(report));
+            }
+            other => return Err(proto(format!("unexpected command {other:#x}"))),
+        }
+    }
+}
+
+fn proto(what: impl Into<String>) -> Error {
+    let what = what.into();
+    Error::Protocol(format!("page server: {what}"))
+}
+
+fn reply(sock: &mut TcpStream, b: &[u8]) -> Result<()> {
+    sock.write_all(b).map_err(|e| proto(format!("replying to the dump: {e}")))
+}
+
+/// Moves exactly `bytes` of page data from the socket into the pages sink.
+fn receive_pages(sock: &mut TcpStream, sink: &mut crate::archive::FileSink, mut bytes: u64) -> Result<()> {
+    while bytes > 0 {
+        let n = sink
+            .read_up_to(&sock.as_fd(), bytes.min(usize::MAX as u64) as usize)
+            .map_err(|e| proto(format!("reading pages from the dump: {e}")))?;
+        if n == 0 {
+            return Err(Error::Criu("the dump closed the page-server connection inside a run of pages".into()));
+        }
+        bytes -= n as u64;
+    }
+    Ok(())
+}
+
+/// Completes a dump whose page images are already in `packer` (`skip`
+/// names them): adds everything else in the dump's images directory
+/// (`dir`: CRIU's metadata images, runc's own files) and finishes the
+/// archive. `inventory.img` must be there (CRIU writes it last).
+pub fn finish_with_images(packer: Packer, dir: &Path, skip: &[String]) -> Result<PackStats> {
+    let fed = (|| -> Result<()> {
+        let entries: Vec<_> = tree::scan(dir)?.into_iter().filter(|e| !skip.contains(&e.path)).collect();
+        if !entries.iter().any(|e| e.path == "inventory.img") {
+            return Err(Error::Criu(format!("{}: no inventory.img: the dump did not finish", dir.display())));
+        }
+        tree::feed_dir(&packer, dir, &entries, &mut |_| {})
+    })();
+    match fed {
+        Ok(()) => packer.finish().map(|(stats, _)| stats),
+        Err(e) => Err(packer.abort().unwrap_or(e)),
+    }
+}
+
+/// Whether `addr` is a loopback address (the default; anything else is
+/// said out loud, since the protocol has no authentication).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Runs `cmd`, a dump told to send its pages to `server` and its other
+/// images to `dir`, and writes the whole checkpoint into `packer`. Complete
+/// only when the dump exits 0 after a CLOSE and `dir` holds `inventory.img`;
+/// otherwise the packer is aborted and the error says why (`what` names the
+/// dump in it).
+pub fn run_dump(
+    server: &PageServer,
+    mut cmd: std::process::Command,
+    what: &str,
+    dir: &Path,
+    packer: Packer,
+) -> Result<(PackStats, ReceiveReport)> {
+    let stop = AtomicBool::new(false);
+    let (status, received) = std::thread::scope(|s| {
+        let rx = s.spawn(|| receive(server, &packer, &stop));
+        let status = cmd.status();
+        stop.store(true, Ordering::Relaxed);
+        (status, rx.join().unwrap_or(Err(Error::Cancelled)))
+    });
+    let failure = match (status, received) {
+        (Err(e), _) => Error::Criu(format!("cannot run {what}: {e}")),
+        (Ok(st), Ok(Some(report))) if st.success() => {
+            // CRIU writes no page images locally when it has a page server.
+            match std::fs::read_dir(dir)
+                .at(dir)?
+                .flatten()
+                .find(|e| e.file_name().to_str().is_some_and(|n| report.files.iter().any(|f| f == n)))
+            {
+                None => return finish_with_images(packer, dir, &[]).map(|stats| (stats, report)),
+                Some(e) => {
+                    Error::Criu(format!("{}: the dump wrote it and sent it to the page server too", e.path().display()))
+                }
+            }
+        }
+        // The dump's own failure is the one to report; a receive error
+        // that made it fail (a full disk) is its cause, when there is one.
+        (Ok(st), Err(e)) if !st.success() && !e.is_cancelled() => e.context(format!("{what} failed ({st})")),
+        (Ok(st), _) if !st.success() => Error::Criu(format!("{what} failed ({st})")),
+        (Ok(_), Ok(None)) => Error::Criu(format!("{what} exited 0 but never connected to the page server")),
+        (Ok(_), Ok(Some(_))) => unreachable!("a complete dump is finished above"),
+        (Ok(_), Err(e)) => e,
+    };
+    Err(packer.abort().unwrap_or(failure))
+}

@@ -1,0 +1,265 @@
+//! Tar streams in and out of tree archives, for podman: `podman container
+//! checkpoint --export` writes a tar (zstd or gzip compressed by default,
+//! detected from its first bytes) and `podman container restore --import`
+//! reads one. The `tar` crate parses and builds the headers (ustar, GNU
+//! long names, PAX); this module maps entries to tree entries with the same
+//! rules as a directory scan: a hard link, device, fifo or sparse file is an
+//! error naming it, a path that would leave the tree ("..", absolute) is an
+//! error, a path given twice is an error. Directories a tar implies but
+//! does not list are added (0755, the child's mtime) so parents come first.
+
+use super::Entry;
+use crate::archive::{EntryStart, Packer, SeqSink};
+use crate::error::{Error, Result};
+use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind, MAX_LINK_TARGET};
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Seek, Write};
+use std::path::Component;
+
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+fn bad(label: &str, what: impl std::fmt::Display) -> Error {
+    Error::Usage(format!("{label}: {what}"))
+}
+
+/// Decompresses a tar stream if it starts like zstd or gzip.
+fn decompressed(inp: Box<dyn Read + Send>, label: &str) -> Result<Box<dyn Read + Send>> {
+    let mut r = BufReader::with_capacity(1 << 20, inp);
+    let head = r.fill_buf().map_err(|e| bad(label, e))?;
+    Ok(if head.starts_with(&ZSTD_MAGIC) {
+        Box::new(zstd::stream::read::Decoder::with_buffer(r).map_err(|e| bad(label, e))?)
+    } else if head.starts_with(&GZIP_MAGIC) {
+        Box::new(flate2::bufread::MultiGzDecoder::new(r))
+    } else {
+        Box::new(r)
+    })
+}
+
+/// A tar entry's path as a tree path, or `None` for the root (`./`).
+fn tree_path(raw: &std::path::Path, label: &str) -> Result<Option<String>> {
+    let mut parts = Vec::new();
+    for c in raw.components() {
+        match c {
+            Component::CurDir => {}
+            Component::Normal(p) => parts
+                .push(p.to_str().ok_or_else(|| bad(label, format!("{}: a name that is not UTF-8", raw.display())))?),
+            _ => return Err(bad(label, format!("{}: a path that leaves the tree", raw.display()))),
+        }
+    }
+    Ok((!parts.is_empty()).then(|| parts.join("/")))
+}
+
+/// Packs every entry of a tar stream (compressed or not) into `packer`,
+/// which writes a tree archive. Returns the entries packed.
+pub fn pack_tar(
+    inp: Box<dyn Read + Send>,
+    label: &str,
+    packer: &Packer,
+    progress: &mut dyn FnMut(u64),
+) -> Result<usize> {
+    let mut archive = tar::Archive::new(decompressed(inp, label)?);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut dirs: HashSet<String> = HashSet::new();
+    let mut done = 0u64;
+    let mut count = 0;
+    for entry in archive.entries().map_err(|e| bad(label, e))? {
+        let mut entry = entry.map_err(|e| bad(label, format!("bad tar entry: {e}")))?;
+        let raw = entry.path().map_err(|e| bad(label, e))?.into_owned();
+        let Some(path) = tree_path(&raw, label)? else { continue };
+        let h = entry.header();
+        let meta = EntryMeta {
+            mode: h.mode().map_err(|e| bad(label, e))? & 0o7777,
+            mtime: h.mtime().map_err(|e| bad(label, e))? as i64,
+            mtime_nsec: 0,
+        };
+        let what =
+            |w: &str| bad(label, format!("{path}: {w}; criuz carries regular files, directories and symbolic links"));
+        let kind = match h.entry_type() {
+            tar::EntryType::Regular | tar::EntryType::Continuous => FileKind::for_name(&path),
+            tar::EntryType::Directory => FileKind::Dir,
+            tar::EntryType::Symlink => FileKind::Symlink,
+            tar::EntryType::Link => return Err(what("a hard link")),
+            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+                return Err(what("a device or fifo"))
+            }
+            other => return Err(what(&format!("tar entry type {other:?}"))),
+        };
+        check_entry_name(&path, true).map_err(&what)?;
+        // Directories the stream implies before it lists them (or never does).
+        let mut missing = Vec::new();
+        let mut up = parent_path(&path);
+        while let Some(dir) = up {
+            if dirs.contains(dir) {
+                break;
+            }
+            if seen.contains(dir) {
+                return Err(bad(label, format!("{path}: {dir} is not a directory")));
+            }
+            missing.push(dir.to_string());
+            up = parent_path(dir);
+        }
+        for dir in missing.into_iter().rev() {
+            packer.begin_entry(&dir, FileKind::Dir, Some(EntryMeta { mode: 0o755, ..meta }))?.finish()?;
+            seen.insert(dir.clone());
+            dirs.insert(dir);
+            count += 1;
+        }
+        if !seen.insert(path.clone()) {
+            return Err(bad(label, format!("{path}: listed twice")));
+        }
+        let mut sink = packer.begin_entry(&path, kind, Some(meta))?;
+        match kind {
+            FileKind::Dir => {
+                dirs.insert(path.clone());
+            }
+            FileKind::Symlink => {
+                let target = entry.link_name_bytes().ok_or_else(|| what("a link without a target"))?.into_owned();
+                if target.is_empty() || target.len() as u64 > MAX_LINK_TARGET {
+                    return Err(what("an empty link target or one longer than 4096 bytes"));
+                }
+                sink.write(&target)?;
+            }
+            _ => {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = entry.read(&mut buf).map_err(|e| bad(label, format!("{path}: {e}")))?;
+                    if n == 0 {
+                        break;
+                    }
+                    sink.write(&buf[..n])?;
+                    done += n as u64;
+                    progress(done);
+                }
+            }
+        }
+        sink.finish()?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// A [`SeqSink`] writing a tree archive (or a plain one: files 0600) as an
+/// uncompressed tar stream. Headers need sizes: what the index gives, or a
+/// file is spooled to an unlinked temporary file first (an archive read
+/// as a stream learns sizes at each file's end).
+pub struct TarSink<W: Write> {
+    out: tar::Builder<W>,
+    current: Option<Current>,
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+struct Current {
+    entry: Entry,
+    /// Bytes written straight to the output (size known up front).
+    written: u64,
+    spool: Option<std::fs::File>,
+    link: Vec<u8>,
+}
+
+impl<W: Write> TarSink<W> {
+    pub fn new(out: W) -> Self {
+        let mut out = tar::Builder::new(out);
+        out.mode(tar::HeaderMode::Complete);
+        TarSink { out, current: None, entries: 0, bytes: 0 }
+    }
+
+    /// Writes the end-of-archive blocks; returns the output.
+    pub fn finish(self) -> Result<W> {
+        self.out.into_inner().map_err(Error::Io)
+    }
+
+    fn header(e: &Entry) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(match e.kind {
+            FileKind::Dir => tar::EntryType::Directory,
+            FileKind::Symlink => tar::EntryType::Symlink,
+            _ => tar::EntryType::Regular,
+        });
+        h.set_mode(e.meta.mode);
+        h.set_mtime(e.meta.mtime.max(0) as u64);
+        h.set_size(if e.kind.is_file() { e.size } else { 0 });
+        // SAFETY-free ownership: unpacked files belong to whoever imports them.
+        h.set_uid(0);
+        h.set_gid(0);
+        h
+    }
+}
+
+impl<W: Write> SeqSink for TarSink<W> {
+    fn begin(&mut self, s: &EntryStart) -> Result<()> {
+        check_entry_name(s.name, s.meta.is_some())
+            .map_err(|why| Error::corrupt(0, format!("refusing archive entry {:?}: {why}", s.name)))?;
+        let meta = s.meta.unwrap_or(EntryMeta { mode: 0o600, mtime: 0, mtime_nsec: 0 });
+        let entry = Entry { path: s.name.to_string(), kind: s.kind, meta, size: s.size.unwrap_or(0) };
+        let mut cur = Current { entry, written: 0, spool: None, link: Vec::new() };
+        match (s.kind, s.size) {
+            (FileKind::Dir, _) => {
+                let mut h = Self::header(&cur.entry);
+                self.out.append_data(&mut h, format!("{}/", s.name), std::io::empty())?;
+            }
+            (FileKind::Symlink, _) => {}
+            (_, Some(_)) => {
+                // The header goes out now and the bytes follow as they are
+                // decoded: `append_data` with an empty reader writes exactly
+                // the header, and `end` pads the data to 512 bytes.
+                let mut h = Self::header(&cur.entry);
+                self.out.append_data(&mut h, s.name, std::io::empty())?;
+            }
+            (_, None) => cur.spool = Some(tempfile::tempfile()?),
+        }
+        self.current = Some(cur);
+        Ok(())
+    }
+
+    fn data(&mut self, _file_id: u32, data: &[u8]) -> Result<()> {
+        let cur = self.current.as_mut().ok_or_else(|| Error::corrupt(0, "data outside a file"))?;
+        match (cur.entry.kind, cur.spool.as_mut()) {
+            (FileKind::Symlink, _) => cur.link.extend_from_slice(data),
+            (FileKind::Dir, _) => return Err(Error::corrupt(0, format!("{}: data for a directory", cur.entry.path))),
+            (_, Some(f)) => f.write_all(data)?,
+            (_, None) => {
+                cur.written += data.len() as u64;
+                if cur.written > cur.entry.size {
+                    return Err(Error::corrupt(0, format!("{}: more bytes than its index says", cur.entry.path)));
+                }
+                self.out.get_mut().write_all(data)?;
+            }
+        }
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn end(&mut self, _file_id: u32, raw_size: u64) -> Result<()> {
+        let mut cur = self.current.take().ok_or_else(|| Error::corrupt(0, "end outside a file"))?;
+        cur.entry.size = raw_size;
+        match (cur.entry.kind, cur.spool.take()) {
+            (FileKind::Dir, _) => {}
+            (FileKind::Symlink, _) => {
+                if cur.link.is_empty() || cur.link.contains(&0) {
+                    return Err(Error::corrupt(0, format!("link {}: empty target or NUL in it", cur.entry.path)));
+                }
+                let mut h = Self::header(&cur.entry);
+                let target = std::ffi::OsStr::from_bytes(&cur.link);
+                self.out.append_link(&mut h, &cur.entry.path, target)?;
+            }
+            (_, Some(mut f)) => {
+                f.rewind()?;
+                let mut h = Self::header(&cur.entry);
+                self.out.append_data(&mut h, &cur.entry.path, f)?;
+            }
+            (_, None) => {
+                if cur.written != raw_size {
+                    return Err(Error::corrupt(0, format!("{}: not the size its index says", cur.entry.path)));
+                }
+                let pad = (512 - raw_size % 512) % 512;
+                self.out.get_mut().write_all(&[0u8; 512][..pad as usize])?;
+            }
+        }
+        self.entries += 1;
+        Ok(())
+    }
+}
+
+use std::os::unix::ffi::OsStrExt;
