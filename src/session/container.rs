@@ -256,10 +256,11 @@ fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command>
     Ok(c)
 }
 
-/// `podman container checkpoint --export` of container `id`, packed as it
-/// is exported (no tar file in between). podman prints the container's name
-/// on its stdout, so the export goes to a pipe on its fd 3 instead. `extra`
-/// goes to podman.
+/// `podman container checkpoint --export` of container `id` into an
+/// archive. The export goes to a private tar file on tmpfs first, then is
+/// packed: podman ends the container as it exports (unless told
+/// `--leave-running`), so should packing fail, the export is kept and named
+/// instead of lost. `extra` goes to podman.
 pub fn podman_checkpoint(
     podman: &Path,
     criu: &Criu,
@@ -271,36 +272,34 @@ pub fn podman_checkpoint(
 ) -> Result<PackStats> {
     let out = Output::open(output, force)?;
     let work = work_dir("criuz-podman-")?;
-    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io(e.into()))?;
-    let mut cmd = podman_command(podman, criu, &work)?;
-    cmd.args(["container", "checkpoint", "--export", "/dev/fd/3", "--compress", "none"])
+    let tar = work.path().join("export.tar");
+    // Uncompressed: criuz compresses it, page-aware.
+    let status = podman_command(podman, criu, &work)?
+        .args(["container", "checkpoint", "--compress", "none", "--export"])
+        .arg(&tar)
         .args(extra)
         .arg(id)
         .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let tx_fd = std::os::fd::AsRawFd::as_raw_fd(&tx);
-    // SAFETY: between fork and exec only dup2(2), which is async-signal-safe,
-    // on a descriptor this process owns until after the spawn.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::dup2(tx_fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
-    // Our copy of the write end goes, so the stream ends when podman's does.
-    drop(tx);
-    let inp = Box::new(std::fs::File::from(rx));
-    let packed = offline::pack_tar(inp, "podman export", out.writer()?, opts, &mut Progress::hidden());
-    let status = child.wait()?;
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
     if !status.success() {
         return Err(Error::Criu(format!("podman container checkpoint {id} failed ({status}); nothing written")));
     }
-    let stats = packed?;
-    out.commit()?;
-    Ok(stats)
+    let packed = std::fs::File::open(&tar).at(&tar).and_then(|f| {
+        let label = tar.display().to_string();
+        offline::pack_tar(Box::new(f), &label, out.writer()?, opts, &mut Progress::hidden())
+    });
+    match packed.and_then(|stats| out.commit().map(|_| stats)) {
+        Ok(stats) => Ok(stats),
+        Err(e) => {
+            let kept = work.keep();
+            Err(e.context(format!(
+                "podman checkpointed {id} but the archive could not be written; its export is kept as {}",
+                kept.join("export.tar").display()
+            )))
+        }
+    }
 }
 
 /// `podman container restore --import` from an archive of a podman export:

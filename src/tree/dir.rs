@@ -13,7 +13,7 @@
 
 use crate::archive::{EntryStart, SeqSink};
 use crate::error::{Error, IoContext, Result};
-use crate::format::{check_entry_name, EntryMeta, FileKind};
+use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind};
 use crate::io::sync_parent;
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
@@ -39,6 +39,8 @@ pub struct DirSink {
     staging: PathBuf,
     force: bool,
     entries: Vec<Pending>,
+    /// Directories this sink made: a nested entry goes only into one.
+    dirs: std::collections::HashSet<String>,
     bytes: u64,
     pub progress: Progress,
 }
@@ -54,7 +56,15 @@ impl DirSink {
         std::fs::create_dir_all(target).at(target)?;
         let staging = target.join(format!(".criuz-unpack-{}", std::process::id()));
         std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
-        Ok(DirSink { target: target.to_path_buf(), staging, force, entries: Vec::new(), bytes: 0, progress })
+        Ok(DirSink {
+            target: target.to_path_buf(),
+            staging,
+            force,
+            entries: Vec::new(),
+            dirs: Default::default(),
+            bytes: 0,
+            progress,
+        })
     }
 
     fn existing(&self, name: &str) -> bool {
@@ -119,13 +129,23 @@ impl SeqSink for DirSink {
         let name = e.name;
         check_entry_name(name, e.meta.is_some())
             .map_err(|why| Error::corrupt(0, format!("refusing archive entry {name:?}: {why}")))?;
-        if !self.force && !name.contains('/') && self.existing(name) {
+        if let Some(dir) = parent_path(name) {
+            // The checked records hold every entry to this already; the path
+            // below must not be able to lead through anything else.
+            if !self.dirs.contains(dir) {
+                return Err(Error::corrupt(
+                    0,
+                    format!("refusing archive entry {name:?}: {dir} is not a directory it made"),
+                ));
+            }
+        } else if !self.force && self.existing(name) {
             return Err(Error::Exists(self.target.join(name)));
         }
         let path = self.staging.join(name);
         let open = match e.kind {
             FileKind::Dir => {
                 std::fs::DirBuilder::new().mode(0o700).create(&path).at(&path)?;
+                self.dirs.insert(name.to_string());
                 None
             }
             FileKind::Symlink => Some(Open::Link(Vec::new())),

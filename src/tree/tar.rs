@@ -160,8 +160,7 @@ struct Current {
 
 impl<W: Write> TarSink<W> {
     pub fn new(out: W) -> Self {
-        let mut out = tar::Builder::new(out);
-        out.mode(tar::HeaderMode::Complete);
+        let out = tar::Builder::new(out);
         TarSink { out, current: None, entries: 0, bytes: 0 }
     }
 
@@ -180,7 +179,7 @@ impl<W: Write> TarSink<W> {
         h.set_mode(e.meta.mode);
         h.set_mtime(e.meta.mtime.max(0) as u64);
         h.set_size(if e.kind.is_file() { e.size } else { 0 });
-        // SAFETY-free ownership: unpacked files belong to whoever imports them.
+        // Owners are not kept: the entries are whoever imports them.
         h.set_uid(0);
         h.set_gid(0);
         h
