@@ -305,9 +305,10 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
             }
             Checked::Block { header, payload, .. } => {
                 let f = &mut rep.files[header.file_id as usize];
-                if header.codec == BlockCodec::Dedup {
+                // Without the key of an encrypted archive payloads are not
+                // read: what a dedup block refers to is then not counted.
+                if let (BlockCodec::Dedup, Some(payload)) = (header.codec, payload) {
                     let stored = header.pages() - header.zero_pages();
-                    let payload = payload.expect("payloads are read");
                     let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
                     for e in &dp.extents {
                         if let Origin::Ref { source, .. } = e.origin {

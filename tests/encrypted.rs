@@ -263,6 +263,12 @@ fn an_encrypted_child_shares_its_parents_key() {
     let prep: serde_json::Value = serde_json::from_slice(&parent.stdout).unwrap();
     assert_eq!(rep["encryption"]["key_id"], prep["encryption"]["key_id"], "a child shares its parent's key");
     assert!(rep["total"]["referenced_bytes"].as_u64().unwrap() > 10 << 20, "keyed ids must still dedup: {rep}");
+    // Without the key, the public view of a child: its dedup blocks' payloads
+    // are not read, so what they refer to is not counted (this panicked once).
+    let out = ok(criuz(&["inspect", "--json", s(&inc)]), "inspect child without a key");
+    let locked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(locked["encryption"]["locked"], true, "{locked}");
+    assert_eq!(locked["total"]["referenced_bytes"], 0, "{locked}");
     assert!(std::fs::metadata(&inc).unwrap().len() < 4 << 20, "the child stores only what changed");
     restore_fails(&w, &inc, &[], "child without a key");
     ok(criuz(&["restore", "-d", "-i", s(&inc), "--identity", s(&key)]), "restore of the encrypted child");
