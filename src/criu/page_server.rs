@@ -85,7 +85,8 @@ impl Command {
     }
 }
 
-fn proto(what: impl Into<String>) -> Error {
+/// A protocol error, named as the page server's.
+pub(crate) fn proto(what: impl Into<String>) -> Error {
     Error::Protocol(format!("page server: {}", what.into()))
 }
 

@@ -20,7 +20,7 @@
 
 use crate::archive::{PackStats, Packer};
 use crate::criu::images::{pe, PagemapBuilder};
-use crate::criu::page_server::{self as ps, CommandReader, Target};
+use crate::criu::page_server::{self as ps, proto, CommandReader, Target};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{EntryMeta, FileKind, PAGE_SIZE};
 use crate::tree;
@@ -182,11 +182,6 @@ pub fn receive(server: &PageServer, packer: &Packer, stop: &AtomicBool) -> Resul
     }
 }
 
-fn proto(what: impl Into<String>) -> Error {
-    let what = what.into();
-    Error::Protocol(format!("page server: {what}"))
-}
-
 fn reply(sock: &mut TcpStream, b: &[u8]) -> Result<()> {
     sock.write_all(b).map_err(|e| proto(format!("replying to the dump: {e}")))
 }
@@ -221,12 +216,6 @@ pub fn finish_with_images(packer: Packer, dir: &Path, skip: &[String]) -> Result
         Ok(()) => packer.finish().map(|(stats, _)| stats),
         Err(e) => Err(packer.abort().unwrap_or(e)),
     }
-}
-
-/// Whether `addr` is a loopback address (the default; anything else is
-/// said out loud, since the protocol has no authentication).
-pub fn is_loopback(addr: &SocketAddr) -> bool {
-    addr.ip().is_loopback()
 }
 
 /// Runs `cmd`, a dump told to send its pages to `server` and its other

@@ -43,7 +43,7 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
     opts.tree = true;
     let server = PageServer::bind(&a.listen)?;
     let addr = server.local_addr()?;
-    if !receive::is_loopback(&addr) {
+    if !addr.ip().is_loopback() {
         eprintln!("criuz: page server on {addr}: not loopback, and the protocol has no authentication");
     }
     let args: Vec<String> = a
