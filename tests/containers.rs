@@ -180,9 +180,12 @@ fn runc_containers_round_trip_by_both_routes() {
         // runc's own file travels in the archive.
         let inspect = ok(criuz(&["inspect", "--json", p(&arc)]), "inspect");
         assert!(String::from_utf8_lossy(&inspect.stdout).contains("\"descriptors.json\""));
-        let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu)]);
-        ok(out, &format!("criuz runc restore ({via})"));
-        assert_eq!(r.sum(), before, "memory after a restore of a {via} checkpoint");
+        // The page-server archive comes back lazily: criuz serves the pages
+        // and returns once all are in.
+        let lazy = if via == "page-server" { "--lazy" } else { "--json" };
+        let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", lazy, "--criu", p(&criu)]);
+        ok(out, &format!("criuz runc restore {lazy} ({via})"));
+        assert_eq!(r.sum(), before, "memory after a restore ({lazy}) of a {via} checkpoint");
     }
     // A damaged archive restores nothing: the container stays absent.
     let arc = t.path().join("follow.czr");
@@ -191,9 +194,59 @@ fn runc_containers_round_trip_by_both_routes() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&arc, &bytes).unwrap();
-    let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu)]);
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "nothing was restored");
+    for lazy in ["--json", "--lazy"] {
+        let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", lazy, "--criu", p(&criu)]);
+        assert_eq!(out.status.code(), Some(3), "{lazy}: {}", String::from_utf8_lossy(&out.stderr));
+        // Lazily the container may have run until the damaged block came
+        // up: it was killed and deleted, never left running on zeros.
+        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{lazy}: no container is left");
+    }
+}
+
+/// A runc container restored lazily whose criuz is killed while its pages
+/// still arrive: the guard kills the container's cgroup, so it never runs
+/// on with zeros where pages had not arrived.
+#[test]
+fn criuz_killed_mid_lazy_container_restore_takes_the_container_with_it() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let bundle = t.path().join("bundle");
+    rootfs(&bundle.join("rootfs"));
+    run_ok(Command::new(tool("runc")).args(["spec", "-b", p(&bundle)]));
+    let cfg = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    spec["process"]["terminal"] = false.into();
+    // Random pages do not compress: the fill takes a while.
+    spec["process"]["args"] =
+        serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", "512", "--pattern", "random"]);
+    spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let r = Runc { id: format!("criuz-test-lazy-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() };
+    r.start(&criu);
+    let arc = t.path().join("big.czr");
+    ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
+    let pidfile = t.path().join("init.pid");
+    let mut child = Command::new(CRIUZ)
+        .args(["runc", "restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--lazy", "--pid-file", p(&pidfile)])
+        .args(["--root", p(r.root.path()), "--criu", p(&criu)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the container to run", Duration::from_secs(60), || pidfile.exists());
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let init: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{init}/stat"))
+            .map_or(true, |s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    };
+    wait_for("the guard to kill the container (had every page arrived already?)", Duration::from_secs(10), gone);
+    let state = r.cmd().args(["state", &r.id]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&state.stdout).contains("\"running\""), "the container is not running");
 }
 
 struct Podman {

@@ -5,7 +5,10 @@
 //! - `criuz-runc`: `criuz runc checkpoint -o FILE` (CRIU's images followed
 //!   in tmpfs and compressed as they grow) / `criuz runc restore -i FILE`;
 //! - `criuz-runc-ps`: the same through criuz's page server (`--via
-//!   page-server`): CRIU sends its pages over loopback TCP.
+//!   page-server`): CRIU sends its pages over loopback TCP;
+//! - `criuz-runc-lazy`: checkpoint as `criuz-runc`, restore with `--lazy`
+//!   (the container runs at once, criuz serves its pages; the command, and
+//!   the time, end once every page is in).
 //!
 //! Configurations alternate within each round so drift hits all alike, and
 //! each run starts after a `sync`, so no run pays for the writeback of the
@@ -21,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const CONFIGS: [&str; 3] = ["runc-dir", "criuz-runc", "criuz-runc-ps"];
+pub const CONFIGS: [&str; 4] = ["runc-dir", "criuz-runc", "criuz-runc-ps", "criuz-runc-lazy"];
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
@@ -30,6 +33,9 @@ pub struct ContainerRow {
     /// Medians over the runs, seconds.
     pub checkpoint_s: f64,
     pub restore_s: f64,
+    /// A lazy restore: until the container ran, median (`restore_s` is
+    /// until every page was in).
+    pub running_s: Option<f64>,
     pub checkpoint_runs: Vec<f64>,
     pub restore_runs: Vec<f64>,
     /// CRIU's images (runc-dir), or the archive's raw bytes.
@@ -136,6 +142,8 @@ fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Result<Bu
 struct Run {
     checkpoint_s: f64,
     restore_s: f64,
+    /// A lazy restore: until the container ran (its pages still arriving).
+    running_s: Option<f64>,
     raw: u64,
     stored: u64,
     intact: bool,
@@ -151,6 +159,7 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
     let store = work.join(format!("store-{cfg}"));
     let _ = std::fs::remove_dir_all(&store);
     std::fs::create_dir_all(&store).map_err(|e| Error::file(&store, e))?;
+    let mut running = None;
     let (checkpoint_s, restore_s, raw, stored) = if cfg == "runc-dir" {
         let img = store.join("img");
         let mut c = b.runc();
@@ -170,8 +179,12 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         let d = timed(c, logs, "criuz-runc-checkpoint")?;
         let mut r = Command::new(criuz);
         r.args(["runc", "restore", &b.id, "-d", "-i"]).arg(&arc).arg("-b").arg(&b.dir).arg("--root").arg(&b.root);
+        if cfg == "criuz-runc-lazy" {
+            r.args(["--lazy", "--json"]);
+        }
         r.arg("--criu").arg(&b.criu);
         let s = timed(r, logs, "criuz-runc-restore")?;
+        running = lazy_running(&logs.join("criuz-runc-restore-0.stderr"));
         let raw = {
             use criuz::archive::BlockSource;
             let a = criuz::archive::Archive::open(&arc)?;
@@ -182,7 +195,14 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
     let after = b.sum()?;
     b.delete();
     let _ = std::fs::remove_dir_all(&store);
-    Ok(Run { checkpoint_s, restore_s, raw, stored, intact: before == after })
+    Ok(Run { checkpoint_s, restore_s, running_s: running, raw, stored, intact: before == after })
+}
+
+/// When a lazy restore's container ran (its `--json` report on stderr).
+fn lazy_running(stderr: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(stderr).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text[text.find('{')?..]).ok()?;
+    v["lazy"]["running_seconds"].as_f64()
 }
 
 /// Every configuration at `mib`, `runs` rounds, configurations rotating.
@@ -225,12 +245,14 @@ pub fn measure(
         .map(|(cfg, rs)| {
             let d: Vec<f64> = rs.iter().map(|r| r.checkpoint_s).collect();
             let s: Vec<f64> = rs.iter().map(|r| r.restore_s).collect();
+            let running: Vec<f64> = rs.iter().filter_map(|r| r.running_s).collect();
             let (raw, stored) = rs.last().map(|r| (r.raw, r.stored)).unwrap_or_default();
             ContainerRow {
                 config: cfg.to_string(),
                 mib,
                 checkpoint_s: med(d.clone()),
                 restore_s: med(s.clone()),
+                running_s: (!running.is_empty()).then(|| med(running)),
                 checkpoint_vs_runc: med(d.clone()) / base.0,
                 restore_vs_runc: med(s.clone()) / base.1,
                 checkpoint_runs: d,
@@ -246,17 +268,18 @@ pub fn measure(
 
 pub fn table(rows: &[ContainerRow]) -> String {
     let mut s = String::from(
-        "| MiB | config | checkpoint s | vs runc | restore s | vs runc | stored MiB | ratio | intact |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| MiB | config | checkpoint s | vs runc | restore s | vs runc | running s | stored MiB | ratio | intact |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {:.2} | {:.2}x | {:.2} | {:.2}x | {:.1} | {:.3} | {} |\n",
+            "| {} | {} | {:.2} | {:.2}x | {:.2} | {:.2}x | {} | {:.1} | {:.3} | {} |\n",
             r.mib,
             r.config,
             r.checkpoint_s,
             r.checkpoint_vs_runc,
             r.restore_s,
             r.restore_vs_runc,
+            r.running_s.map_or("-".to_string(), |t| format!("{t:.2}")),
             r.stored_bytes as f64 / (1 << 20) as f64,
             r.ratio,
             if r.intact { "yes" } else { "NO" }

@@ -28,11 +28,14 @@ use crate::offline::{self, Reading};
 use crate::progress::Progress;
 use crate::session::checkpoint::{criu_failure, WorkDir};
 use crate::session::follow::follow_pages;
+use crate::session::guard::Victim;
+use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Most of an archive read from a pipe that is spooled to a private file.
@@ -195,31 +198,85 @@ pub struct RuncRestore {
     pub bundle: Option<PathBuf>,
     pub detach: bool,
     pub pid_file: Option<PathBuf>,
+    /// The container runs before its memory is in: criuz serves its pages
+    /// (`session::lazy`) and returns once every page is in place.
+    pub lazy: bool,
     /// More `runc restore` options (e.g. `--tcp-established`).
     pub extra: Vec<String>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRestoreReport {
+    /// Until runc returned and (lazily) every page was in place.
     pub seconds: f64,
+    /// Until the images were written (lazily: only the eager pages).
     pub unpack_seconds: f64,
     /// Bytes written for CRIU to read.
     pub bytes: u64,
     /// Zero pages CRIU was spared (see `images_dir`).
     pub zero_pages_skipped: u64,
+    /// How a lazy restore went (`None`: an eager one).
+    pub lazy: Option<crate::session::lazy::LazyReport>,
 }
 
-/// `runc restore` of container `o.id` from an archive. The archive is
-/// proven whole (every check) before runc starts.
+/// `runc restore` of container `o.id` from an archive. Eagerly, the
+/// archive is proven whole (every check) before runc starts; lazily, every
+/// page still comes from a checked block, and a block that fails (or a
+/// criuz that dies) kills the container's cgroup (`guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::parent::open(&o.input, SPOOL_CAP, &ParentSearch::default())?;
-    let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
-    let unpack_seconds = started.elapsed().as_secs_f64();
     let mut cmd = runc.command(criu);
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
+    if o.lazy {
+        cmd.arg("--lazy-pages");
+        runc_restore_args(&mut cmd, o);
+        let victim = Victim::Cgroup(OnceLock::new());
+        let lazy =
+            LazyRestore { source: archive, input: &o.input, images: &images, work: work.path(), victim: &victim };
+        let (status, report) = match lazy.run(cmd, started, || Ok(())) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Victim::Cgroup(c) = &victim {
+                    if c.get().is_some() {
+                        // Ours (CRIU connected for it), killed: no stopped
+                        // container is left behind under its name.
+                        let _ = runc.command(criu).args(["delete", "-f", &o.id]).stdin(Stdio::null()).output();
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if !status.success() {
+            return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
+        }
+        return Ok(ContainerRestoreReport {
+            seconds: started.elapsed().as_secs_f64(),
+            unpack_seconds: 0.0,
+            bytes: report.eager_pages * crate::format::PAGE_SIZE as u64,
+            zero_pages_skipped: 0,
+            lazy: Some(report),
+        });
+    }
+    let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
+    let unpack_seconds = started.elapsed().as_secs_f64();
+    runc_restore_args(&mut cmd, o);
+    let status = cmd.status().map_err(|e| Error::Criu(format!("cannot run {}: {e}", runc.binary.display())))?;
+    if !status.success() {
+        return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
+    }
+    Ok(ContainerRestoreReport {
+        seconds: started.elapsed().as_secs_f64(),
+        unpack_seconds,
+        bytes: st.bytes,
+        zero_pages_skipped,
+        lazy: None,
+    })
+}
+
+fn runc_restore_args(cmd: &mut Command, o: &RuncRestore) {
     if let Some(b) = &o.bundle {
         cmd.arg("--bundle").arg(b);
     }
@@ -230,16 +287,6 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         cmd.arg("--pid-file").arg(p);
     }
     cmd.args(&o.extra).arg(&o.id);
-    let status = cmd.status().map_err(|e| Error::Criu(format!("cannot run {}: {e}", runc.binary.display())))?;
-    if !status.success() {
-        return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
-    }
-    Ok(ContainerRestoreReport {
-        seconds: started.elapsed().as_secs_f64(),
-        unpack_seconds,
-        bytes: st.bytes,
-        zero_pages_skipped,
-    })
 }
 
 /// podman finds CRIU on `PATH` (and hands that `PATH` to runc): a private

@@ -20,6 +20,13 @@
 //! forked while pages still arrive misses pages too): `kill_tree` finds the
 //! descendants through /proc before it kills.
 //!
+//! A container's restored tree lives in a pid namespace of its own, so its
+//! pids mean nothing here: a container's lazy restore kills its cgroup
+//! instead ([`Victim::Cgroup`], cgroup v2 `cgroup.kill`, which also takes
+//! whatever the tree forks meanwhile). criuz learns the cgroup from CRIU's
+//! lazy-pages connection before the first userfaultfd arrives and tells
+//! the guard first ([`Guard::target_cgroup`]).
+//!
 //! The guard ignores SIGINT, SIGHUP and SIGTERM: a Ctrl-C that reaches the
 //! whole group and kills criuz must still end in the tree's kill.
 //!
@@ -30,12 +37,86 @@
 use crate::criu::scm;
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Command from criuz: exit and leave the tree alone (its pages are all in
 /// place, the restore failed before it ran, or criuz killed it already). Any
 /// other byte, or the pipe closing, kills the tree.
 const QUIT: u8 = b'q';
+
+/// On the descriptor socket: a cgroup's `cgroup.kill` path follows (u16
+/// length, then the bytes). A held userfaultfd comes with any other byte.
+const CGROUP: u8 = b'K';
+
+/// Longest `cgroup.kill` path the guard takes (its buffer is on the stack).
+const CGROUP_PATH_MAX: usize = 1024;
+
+/// What a lazy restore kills should its pages be unable to all arrive.
+pub enum Victim {
+    /// A restored tree by its pids, and whatever it forked since.
+    Tree(Vec<i32>),
+    /// A container: everything in its cgroup (the path of its
+    /// `cgroup.kill`), known once CRIU connects.
+    Cgroup(OnceLock<PathBuf>),
+}
+
+impl Victim {
+    /// Kills it now; a cgroup not yet known has no process that could read
+    /// a missing page.
+    pub fn kill(&self) {
+        match self {
+            Victim::Tree(pids) => kill_tree(pids),
+            Victim::Cgroup(c) => {
+                if let Some(path) = c.get() {
+                    let _ = std::fs::write(path, b"1");
+                }
+            }
+        }
+    }
+
+    /// Waits (a few seconds at most) until it is gone, killing it again
+    /// after a second.
+    pub fn wait_gone(&self) {
+        match self {
+            Victim::Tree(pids) => crate::session::checkpoint::end_aborted_tree(pids),
+            Victim::Cgroup(c) => {
+                let Some(procs) = c.get().map(|k| k.with_file_name("cgroup.procs")) else { return };
+                let t = std::time::Instant::now();
+                while std::fs::read_to_string(&procs).is_ok_and(|s| !s.trim().is_empty()) {
+                    if t.elapsed() > std::time::Duration::from_secs(1) {
+                        self.kill();
+                    }
+                    if t.elapsed() > std::time::Duration::from_secs(5) {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+    }
+}
+
+/// The `cgroup.kill` of the cgroup v2 group process `pid` is in; `None`
+/// unless there is one to kill (no cgroup v2 mount, the root group).
+pub fn cgroup_kill_of(pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let group = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    if group == "/" || group.split('/').any(|c| c == "..") {
+        return None;
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // mountinfo: id parent dev root mountpoint opts... - fstype source opts
+    let mount = mounts.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
+            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
+    })?;
+    let kill = mount.join(group.trim_start_matches('/')).join("cgroup.kill");
+    kill.is_file().then_some(kill)
+}
 
 pub struct Guard {
     tell: Option<OwnedFd>,
@@ -86,6 +167,30 @@ impl Guard {
         }
         drop((tell_r, theirs));
         Ok(Guard { tell: Some(tell_w), fds: ours, pid })
+    }
+
+    /// Forks the guard of a lazily restored container: it kills the cgroup
+    /// named by [`target_cgroup`](Self::target_cgroup) if criuz dies before
+    /// [`release`](Self::release).
+    pub fn start_for(victim: &Victim) -> Result<Guard> {
+        match victim {
+            Victim::Tree(pids) => Self::start(pids),
+            Victim::Cgroup(_) => Self::signalling(&[], libc::SIGKILL),
+        }
+    }
+
+    /// Tells the guard which cgroup to kill; sent before any userfaultfd
+    /// it holds, on the same socket, so it arrives first.
+    pub fn target_cgroup(&self, kill: &Path) -> Result<()> {
+        let bytes = kill.as_os_str().as_bytes();
+        if bytes.len() >= CGROUP_PATH_MAX || bytes.contains(&0) {
+            return Err(Error::Criu(format!("{}: cgroup path too long for the guard", kill.display())));
+        }
+        let mut msg = vec![CGROUP];
+        msg.extend_from_slice(&(bytes.len() as u16).to_ne_bytes());
+        msg.extend_from_slice(bytes);
+        std::io::Write::write_all(&mut &self.fds, &msg)
+            .map_err(|e| Error::Criu(format!("cannot tell the guard the restored container's cgroup: {e}")))
     }
 
     /// Gives the guard a copy of a userfaultfd of the tree.
@@ -271,25 +376,16 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
         libc::pollfd { fd: f.tell, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: f.fds, events: libc::POLLIN, revents: 0 },
     ];
+    // A cgroup's `cgroup.kill`, NUL-terminated, once criuz names one.
+    let mut cgroup = [0u8; CGROUP_PATH_MAX + 1];
+    let mut has_cgroup = false;
     loop {
         if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
             continue;
         }
-        if fds[1].revents != 0 {
-            // A userfaultfd to hold: receiving it is holding it (never closed
-            // until the guard exits).
-            let mut byte = 0u8;
-            let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
-            let mut control = [0u64; 8];
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&control) as _;
-            if libc::recvmsg(f.fds, &mut msg, 0) <= 0 {
-                // criuz's end closed: the command pipe says what to do.
-                fds[1].fd = -1;
-            }
+        if fds[1].revents != 0 && !take_message(f.fds, &mut cgroup, &mut has_cgroup) {
+            // criuz's end closed: the command pipe says what to do.
+            fds[1].fd = -1;
         }
         if fds[0].revents != 0 {
             let mut b = 0u8;
@@ -298,9 +394,69 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
                 continue;
             }
             if !(r == 1 && b == QUIT) {
+                // What criuz sent before it went, the cgroup above all.
+                let mut one = libc::pollfd { fd: fds[1].fd, events: libc::POLLIN, revents: 0 };
+                while one.fd >= 0 && libc::poll(&mut one, 1, 0) == 1 {
+                    if !take_message(f.fds, &mut cgroup, &mut has_cgroup) {
+                        one.fd = -1;
+                    }
+                }
                 signal_tree(tree, sig);
+                if has_cgroup {
+                    let fd = libc::open(cgroup.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd >= 0 {
+                        libc::write(fd, b"1".as_ptr().cast(), 1);
+                        libc::close(fd);
+                    }
+                }
             }
             libc::_exit(0);
         }
     }
+}
+
+/// Takes one message from criuz: a userfaultfd to hold (receiving it is
+/// holding it, never closed until the guard exits) or a cgroup to kill.
+/// False once criuz's end is closed. Async-signal-safe.
+unsafe fn take_message(sock: RawFd, cgroup: &mut [u8; CGROUP_PATH_MAX + 1], has_cgroup: &mut bool) -> bool {
+    let mut byte = 0u8;
+    let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+    let mut control = [0u64; 8];
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    if libc::recvmsg(sock, &mut msg, 0) <= 0 {
+        return false;
+    }
+    if byte == CGROUP {
+        let mut len = [0u8; 2];
+        if !read_exactly(sock, &mut len) {
+            return false;
+        }
+        let n = u16::from_ne_bytes(len) as usize;
+        if n == 0 || n > CGROUP_PATH_MAX || !read_exactly(sock, &mut cgroup[..n]) {
+            return false;
+        }
+        cgroup[n] = 0;
+        *has_cgroup = true;
+    }
+    true
+}
+
+/// Reads exactly `buf.len()` bytes (async-signal-safe: the guard uses it).
+unsafe fn read_exactly(fd: RawFd, buf: &mut [u8]) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        let r = libc::read(fd, buf[at..].as_mut_ptr().cast(), buf.len() - at);
+        if r < 0 && *libc::__errno_location() == libc::EINTR {
+            continue;
+        }
+        if r <= 0 {
+            return false;
+        }
+        at += r as usize;
+    }
+    true
 }

@@ -24,15 +24,16 @@ use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
 use crate::session::blocks::Blocks;
 use crate::session::checkpoint::{
-    check_pids_free, criu_failure, end_aborted_tree, publish_pidfile, restore_command, RestoreOptions, WorkDir,
+    check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
 };
-use crate::session::guard::{kill_tree, Guard};
+use crate::session::guard::{Guard, Victim};
 use crate::session::pager::{LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::serve::zero_plan;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -217,6 +218,107 @@ fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<(
     std::fs::rename(&tmp, path).at(path)
 }
 
+/// A lazy restore ready to run: the archive, the directory CRIU reads its
+/// images from, CRIU's work directory (where its lazy-pages socket goes),
+/// and what is killed should the pages be unable to all arrive. Bare trees
+/// (`restore_lazy`) and containers (`container::runc_restore`) both run
+/// through it.
+pub(crate) struct LazyRestore<'a> {
+    pub source: Arc<dyn BlockSource>,
+    /// The archive as named (its working-set record goes beside it).
+    pub input: &'a Path,
+    pub images: &'a Path,
+    pub work: &'a Path,
+    pub victim: &'a Victim,
+}
+
+impl LazyRestore<'_> {
+    /// Writes the images, then runs `cmd` (a restore told `--lazy-pages`,
+    /// with `work` as its work directory) while serving its pages;
+    /// `on_running` runs once `cmd` succeeded, as the pages still arrive.
+    /// Returns once every page is in place (or the restore failed), with
+    /// `cmd`'s status; an error if the pages could not all be served (the
+    /// victim is then dead), `cmd` could not run, or `on_running` failed.
+    pub(crate) fn run(
+        self,
+        mut cmd: Command,
+        started: Instant,
+        on_running: impl FnOnce() -> Result<()>,
+    ) -> Result<(ExitStatus, LazyReport)> {
+        let blocks = Blocks::new(self.source.clone());
+        let touch = touch_path(self.input);
+        let recorded = load_touches(touch.as_deref());
+        let (processes, eager_pages) = materialize(&blocks, self.images)?;
+        blocks.reset_cursor();
+
+        let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
+        let mut guard = Guard::start_for(self.victim)?;
+        let (stop_tx, stop_rx) = UnixStream::pair()?;
+        let victim = self.victim;
+        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded);
+        let (paged, status, running, published) = std::thread::scope(|s| {
+            s.spawn(|| blocks.decode_ahead());
+            let paging = s.spawn(|| {
+                let r = pager.run(&listener, &stop_rx);
+                blocks.finish();
+                if r.is_err() {
+                    // Before the pager's copies of the userfaultfds close.
+                    victim.kill();
+                }
+                r
+            });
+            let status = cmd.status();
+            let running = started.elapsed().as_secs_f64();
+            let mut published = Ok(());
+            if status.as_ref().is_ok_and(|s| s.success()) {
+                // The tree runs while its pages still arrive.
+                published = on_running();
+            } else {
+                // The restore failed (or, without -d, the tree ended badly):
+                // nothing more will fault.
+                let _ = stop_tx.shutdown(std::net::Shutdown::Both);
+            }
+            (paging.join().unwrap_or(Err(Error::Cancelled)), status, running, published)
+        });
+        if paged.is_err() {
+            // Again, now that the restore has returned: the tree may not have
+            // existed at the first kill, and it must be dead before the pager's
+            // and the guard's copies of its userfaultfds close.
+            victim.kill();
+            victim.wait_gone();
+        }
+        let report = pager.into_report();
+        guard.release();
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let status = status.map_err(|e| Error::Criu(format!("cannot run {program}: {e}")))?;
+        let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
+        paged.map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
+        published?;
+        // Beside the archive, where the archive's directory allows it: a
+        // read-only place costs the next restore its head start, not this one.
+        let faults = &report.touched;
+        let known: HashSet<&(u32, u64)> = recorded.iter().collect();
+        let new_faults = faults.iter().any(|f| !known.contains(f));
+        let working_set_file =
+            touch.filter(|t| new_faults && save_touches(t, &recorded, faults).is_ok()).map(|t| t.display().to_string());
+        Ok((
+            status,
+            LazyReport {
+                pid: None,
+                running_seconds: running,
+                resident_seconds: resident,
+                eager_pages,
+                working_set_pages: recorded.len() as u64,
+                working_set_seconds: report.working_set_in.map(|t| (t - started).as_secs_f64()),
+                working_set_file,
+                lazy_pages: report.pages,
+                faults: report.faults,
+                criu_exit: status.code().unwrap_or(-1),
+            },
+        ))
+    }
+}
+
 /// Restores lazily: see the module documentation.
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let started = Instant::now();
@@ -227,76 +329,14 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
     }
     let work = WorkDir::new("criuz-lazy-")?;
-    let blocks = Blocks::new(source.clone());
-    let touch = touch_path(&o.input);
-    let recorded = load_touches(touch.as_deref());
-    let (processes, eager_pages) = materialize(&blocks, work.path())?;
-    blocks.reset_cursor();
-
-    let listener = uffd::listen(work.path()).at(work.path().join(uffd::LAZY_SOCKET))?;
-    let mut guard = Guard::start(&pids)?;
-    let (stop_tx, stop_rx) = UnixStream::pair()?;
     let pidfile = work.path().join("restored.pid");
-    let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
-    let mut pager = Pager::new(&blocks, &processes, &guard, &recorded);
-    let (paged, status, running, published) = std::thread::scope(|s| {
-        s.spawn(|| blocks.decode_ahead());
-        let paging = s.spawn(|| {
-            let r = pager.run(&listener, &stop_rx);
-            blocks.finish();
-            if r.is_err() {
-                // Before the pager's copies of the userfaultfds close.
-                kill_tree(&pids);
-            }
-            r
-        });
-        let status = cmd.status();
-        let running = started.elapsed().as_secs_f64();
-        let mut published = Ok(());
-        if status.as_ref().is_ok_and(|s| s.success()) {
-            // The tree runs while its pages still arrive.
-            published = publish_pidfile(&pidfile, o.pidfile.as_deref());
-        } else {
-            // The restore failed (or, without -d, the tree ended badly):
-            // nothing more will fault.
-            let _ = stop_tx.shutdown(std::net::Shutdown::Both);
-        }
-        (paging.join().unwrap_or(Err(Error::Cancelled)), status, running, published)
-    });
-    if paged.is_err() {
-        // Again, now that the restore has returned: the tree may not have
-        // existed at the first kill, and it must be dead before the pager's
-        // and the guard's copies of its userfaultfds close.
-        kill_tree(&pids);
-        end_aborted_tree(&pids);
-    }
-    let report = pager.into_report();
-    guard.release();
-    let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
-    let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
-    let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
-    paged.map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
+    let cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
+    let victim = Victim::Tree(pids);
+    let lazy = LazyRestore { source, input: &o.input, images: work.path(), work: work.path(), victim: &victim };
+    let (status, mut report) = lazy.run(cmd, started, || publish_pidfile(&pidfile, o.pidfile.as_deref()))?;
     if o.detach && !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
-    published?;
-    // Beside the archive, where the archive's directory allows it: a
-    // read-only place costs the next restore its head start, not this one.
-    let faults = &report.touched;
-    let known: HashSet<&(u32, u64)> = recorded.iter().collect();
-    let new_faults = faults.iter().any(|f| !known.contains(f));
-    let working_set_file =
-        touch.filter(|t| new_faults && save_touches(t, &recorded, faults).is_ok()).map(|t| t.display().to_string());
-    Ok(LazyReport {
-        pid,
-        running_seconds: running,
-        resident_seconds: resident,
-        eager_pages,
-        working_set_pages: recorded.len() as u64,
-        working_set_seconds: report.working_set_in.map(|t| (t - started).as_secs_f64()),
-        working_set_file,
-        lazy_pages: report.pages,
-        faults: report.faults,
-        criu_exit: status.code().unwrap_or(-1),
-    })
+    report.pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
+    Ok(report)
 }

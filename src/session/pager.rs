@@ -26,7 +26,7 @@ use crate::criu::uffd::{self, Copied, Event, Handover, Uffd};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::PAGE_SIZE;
 use crate::session::blocks::Blocks;
-use crate::session::guard::Guard;
+use crate::session::guard::{cgroup_kill_of, Guard, Victim};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -120,6 +120,7 @@ pub(crate) struct Pager<'a> {
     blocks: &'a Blocks,
     lazy: &'a HashMap<u32, LazyProcess>,
     guard: &'a Guard,
+    victim: &'a Victim,
     spaces: Vec<Space>,
     faults: VecDeque<(usize, u64)>,
     /// Pages a lazy restore of this archive saw faulted before, in order:
@@ -144,12 +145,14 @@ impl<'a> Pager<'a> {
         blocks: &'a Blocks,
         lazy: &'a HashMap<u32, LazyProcess>,
         guard: &'a Guard,
+        victim: &'a Victim,
         working_set: &[(u32, u64)],
     ) -> Pager<'a> {
         Pager {
             blocks,
             lazy,
             guard,
+            victim,
             spaces: Vec::new(),
             faults: VecDeque::new(),
             working_set: working_set.iter().map(|&(pid, addr)| (pid, addr & !(PAGE - 1))).collect(),
@@ -205,6 +208,7 @@ impl<'a> Pager<'a> {
                 match criu.as_mut() {
                     None => {
                         let (c, _) = listener.accept()?;
+                        self.learn_cgroup(&c)?;
                         criu = Some(c);
                     }
                     Some(c) => {
@@ -228,6 +232,25 @@ impl<'a> Pager<'a> {
                 self.fill_one()?;
             }
         }
+    }
+
+    /// A container's cgroup, learnt from the connecting CRIU (runc puts it
+    /// in the container's cgroup before the restore) and told to the guard
+    /// before any userfaultfd is taken: a container that could not be
+    /// killed is not restored lazily.
+    fn learn_cgroup(&self, criu: &UnixStream) -> Result<()> {
+        let Victim::Cgroup(cell) = self.victim else { return Ok(()) };
+        let cred = nix::sys::socket::getsockopt(criu, nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(|e| Error::Criu(format!("lazy-pages socket: whose connection: {e}")))?;
+        let kill = cgroup_kill_of(cred.pid() as u32).ok_or_else(|| {
+            Error::Criu(format!(
+                "CRIU (pid {}) is in no cgroup v2 group criuz could kill: a container is not restored lazily without one",
+                cred.pid()
+            ))
+        })?;
+        self.guard.target_cgroup(&kill)?;
+        let _ = cell.set(kill);
+        Ok(())
     }
 
     pub(crate) fn into_report(self) -> PagerReport {

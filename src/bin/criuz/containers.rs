@@ -144,6 +144,11 @@ pub enum RuncCmd {
         /// Write the restored init's pid here (runc restore --pid-file)
         #[arg(long)]
         pid_file: Option<PathBuf>,
+        /// Start the container before its memory is in: criuz serves the
+        /// pages as they are touched and fills the rest, and returns once
+        /// all are in (a failure then kills the container's cgroup)
+        #[arg(long)]
+        lazy: bool,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -185,13 +190,23 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 );
             }
         }
-        RuncCmd::Restore { id, input, bundle, detach, pid_file, json, global, threads, keys, extra } => {
+        RuncCmd::Restore { id, input, bundle, detach, pid_file, lazy, json, global, threads, keys, extra } => {
             keys.load()?;
             let criu = global.criu.locate()?;
-            let o = RuncRestore { id, input, bundle, detach, pid_file, extra };
+            let o = RuncRestore { id, input, bundle, detach, pid_file, lazy, extra };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if json {
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
+            } else if let Some(l) = &r.lazy {
+                eprintln!(
+                    "restored container {} from {} lazily: running after {:.2}s, every page in after {:.2}s ({} pages copied in, {} faults)",
+                    o.id,
+                    o.input.display(),
+                    l.running_seconds,
+                    l.resident_seconds,
+                    l.lazy_pages,
+                    l.faults
+                );
             } else {
                 eprintln!(
                     "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
