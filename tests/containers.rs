@@ -203,11 +203,42 @@ fn runc_containers_round_trip_by_both_routes() {
     }
 }
 
-/// A runc container restored lazily whose criuz is killed while its pages
-/// still arrive: the guard kills the container's cgroup, so it never runs
-/// on with zeros where pages had not arrived.
+/// criuz's private work directories on tmpfs.
+fn work_dirs() -> std::collections::HashSet<PathBuf> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("criuz-runc-"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first process named `name` below `root` (children through /proc).
+fn descendant_named(root: i32, name: &str) -> Option<i32> {
+    let mut todo = vec![root];
+    while let Some(pid) = todo.pop() {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+                if std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == name) {
+                    return Some(c);
+                }
+                todo.push(c);
+            }
+        }
+    }
+    None
+}
+
+/// A runc checkpoint whose CRIU or criuz is killed mid-dump fails and
+/// leaves the container running intact; a runc container restored lazily
+/// whose criuz is killed while its pages still arrive is killed by the
+/// guard (its cgroup), so it never runs on with zeros where pages had not
+/// arrived.
 #[test]
-fn criuz_killed_mid_lazy_container_restore_takes_the_container_with_it() {
+fn killed_mid_dump_the_container_runs_on_and_killed_mid_lazy_restore_it_dies() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
@@ -224,6 +255,51 @@ fn criuz_killed_mid_lazy_container_restore_takes_the_container_with_it() {
     std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
     let r = Runc { id: format!("criuz-test-lazy-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() };
     r.start(&criu);
+    let before = r.sum();
+    let shm_before = work_dirs();
+    // Killed mid-dump, CRIU or criuz itself: no archive, and the container
+    // runs on with its memory (on the follow route criuz's guard kills CRIU,
+    // else runc would finish a checkpoint nobody packs and end it).
+    for (via, victim) in [("follow", "criu"), ("page-server", "criu"), ("follow", "criuz")] {
+        let out = t.path().join(format!("killed-{via}-{victim}.czr"));
+        let mut child = Command::new(CRIUZ)
+            .args(["runc", "checkpoint", &r.id, "-o", p(&out), "--via", via])
+            .args(["--root", p(r.root.path()), "--criu", p(&criu)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Pages are arriving once the archive's temporary file grows.
+        let growing = || {
+            std::fs::read_dir(t.path()).unwrap().flatten().any(|e| {
+                e.file_name().to_string_lossy().contains("criuz-tmp") && e.metadata().is_ok_and(|m| m.len() > 16 << 20)
+            })
+        };
+        wait_for("the checkpoint's pages", Duration::from_secs(60), growing);
+        let pid = if victim == "criuz" {
+            child.id() as i32
+        } else {
+            descendant_named(child.id() as i32, "criu").expect("CRIU")
+        };
+        // SAFETY: our child, or CRIU under it.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "{via}, {victim} killed: the checkpoint failed");
+        assert!(!out.exists(), "{via}, {victim} killed: no archive");
+        let names: Vec<String> =
+            std::fs::read_dir(t.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+        assert!(
+            !names.iter().any(|n| n.contains("criuz-tmp")) || victim == "criuz",
+            "{via}: temporary file left: {names:?}"
+        );
+        assert_eq!(r.sum(), before, "{via}, {victim} killed mid-dump: the container runs on intact");
+        for e in std::fs::read_dir(t.path()).unwrap().flatten() {
+            if e.file_name().to_string_lossy().contains("criuz-tmp") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     let arc = t.path().join("big.czr");
     ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
     let pidfile = t.path().join("init.pid");
@@ -247,6 +323,10 @@ fn criuz_killed_mid_lazy_container_restore_takes_the_container_with_it() {
     wait_for("the guard to kill the container (had every page arrived already?)", Duration::from_secs(10), gone);
     let state = r.cmd().args(["state", &r.id]).output().unwrap();
     assert!(!String::from_utf8_lossy(&state.stdout).contains("\"running\""), "the container is not running");
+    // A SIGKILLed criuz cannot remove its work directory.
+    for d in work_dirs().difference(&shm_before) {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 struct Podman {

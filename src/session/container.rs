@@ -28,7 +28,7 @@ use crate::offline::{self, Reading};
 use crate::progress::Progress;
 use crate::session::checkpoint::{criu_failure, WorkDir};
 use crate::session::follow::follow_pages;
-use crate::session::guard::Victim;
+use crate::session::guard::{wait_guarded, Victim};
 use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
 use std::os::unix::fs::DirBuilderExt;
@@ -146,7 +146,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
             let done = AtomicBool::new(false);
             let (status, followed) = std::thread::scope(|s| {
                 let f = s.spawn(|| follow_pages(&images, &packer, &done));
-                let status = cmd.status();
+                let status = cmd.spawn().map_err(Error::from).and_then(|mut c| wait_guarded(&mut c));
                 done.store(true, Ordering::Release);
                 (status, f.join().unwrap_or(Err(Error::Cancelled)))
             });

@@ -220,6 +220,26 @@ impl Drop for Guard {
     }
 }
 
+/// Waits for `child` under a guard that kills it and everything it forked
+/// should criuz die first. For a runc checkpoint criuz follows: runc would
+/// finish a checkpoint nobody packs and end the container; killed, its CRIU
+/// lets go of the container mid-dump and it runs on. The guard is released
+/// before the child is reaped, while its pid cannot have been reused.
+pub fn wait_guarded(child: &mut std::process::Child) -> Result<std::process::ExitStatus> {
+    let guard = Guard::start(&[child.id() as i32]).ok();
+    loop {
+        // SAFETY: waitid with WNOWAIT on our own child: reports its end and
+        // leaves it a zombie, so its pid stays taken.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+    }
+    drop(guard);
+    Ok(child.wait()?)
+}
+
 /// Descriptors the guard works with, and criuz's ends it must close.
 #[derive(Clone, Copy)]
 struct GuardFds {
