@@ -115,6 +115,21 @@ struct Runc {
 }
 
 impl Runc {
+    /// A bundle under `dir` whose init is the workload (`mib`, `pattern`),
+    /// its stdio runc's (nothing CRIU cannot dump).
+    fn bundle(dir: &Path, prefix: &str, mib: &str, pattern: &str) -> Runc {
+        let bundle = dir.join("bundle");
+        rootfs(&bundle.join("rootfs"));
+        run_ok(Command::new(tool("runc")).args(["spec", "-b", p(&bundle)]));
+        let cfg = bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        spec["process"]["terminal"] = false.into();
+        spec["process"]["args"] =
+            serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", mib, "--pattern", pattern]);
+        spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
+        std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+        Runc { id: format!("{prefix}-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() }
+    }
     fn cmd(&self) -> Command {
         let mut c = Command::new(tool("runc"));
         c.arg("--root").arg(self.root.path());
@@ -139,6 +154,12 @@ impl Runc {
         );
         wait_for("the container's workload", Duration::from_secs(60), || self.wl().join("ready").exists());
     }
+    /// `criuz runc ARGS` in the background, with this runc's root and `criu`.
+    fn spawn_criuz(&self, args: &[&str], criu: &Path) -> std::process::Child {
+        let mut c = Command::new(CRIUZ);
+        c.arg("runc").args(args).args(["--root", p(self.root.path()), "--criu", p(criu)]);
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+    }
     fn criuz(&self, args: &[&str]) -> std::process::Output {
         let mut c = Command::new(CRIUZ);
         c.args(["runc"]).args(args).args(["--root", p(self.root.path())]);
@@ -158,17 +179,7 @@ fn runc_containers_round_trip_by_both_routes() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let bundle = t.path().join("bundle");
-    rootfs(&bundle.join("rootfs"));
-    run_ok(Command::new(tool("runc")).args(["spec", "-b", p(&bundle)]));
-    let cfg = bundle.join("config.json");
-    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-    spec["process"]["terminal"] = false.into();
-    spec["process"]["args"] =
-        serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", MIB, "--pattern", "mixed"]);
-    spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
-    std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-    let r = Runc { id: format!("criuz-test-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() };
+    let r = Runc::bundle(t.path(), "criuz-test", MIB, "mixed");
     r.start(&criu);
     let before = r.sum();
     for via in ["follow", "page-server"] {
@@ -242,18 +253,8 @@ fn killed_mid_dump_the_container_runs_on_and_killed_mid_lazy_restore_it_dies() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let bundle = t.path().join("bundle");
-    rootfs(&bundle.join("rootfs"));
-    run_ok(Command::new(tool("runc")).args(["spec", "-b", p(&bundle)]));
-    let cfg = bundle.join("config.json");
-    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-    spec["process"]["terminal"] = false.into();
     // Random pages do not compress: the fill takes a while.
-    spec["process"]["args"] =
-        serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", "512", "--pattern", "random"]);
-    spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
-    std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-    let r = Runc { id: format!("criuz-test-lazy-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() };
+    let r = Runc::bundle(t.path(), "criuz-test-lazy", "512", "random");
     r.start(&criu);
     let before = r.sum();
     let shm_before = work_dirs();
@@ -262,14 +263,7 @@ fn killed_mid_dump_the_container_runs_on_and_killed_mid_lazy_restore_it_dies() {
     // else runc would finish a checkpoint nobody packs and end it).
     for (via, victim) in [("follow", "criu"), ("page-server", "criu"), ("follow", "criuz")] {
         let out = t.path().join(format!("killed-{via}-{victim}.czr"));
-        let mut child = Command::new(CRIUZ)
-            .args(["runc", "checkpoint", &r.id, "-o", p(&out), "--via", via])
-            .args(["--root", p(r.root.path()), "--criu", p(&criu)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = r.spawn_criuz(&["checkpoint", &r.id, "-o", p(&out), "--via", via], &criu);
         // Pages are arriving once the archive's temporary file grows.
         let growing = || {
             std::fs::read_dir(t.path()).unwrap().flatten().any(|e| {
@@ -303,14 +297,10 @@ fn killed_mid_dump_the_container_runs_on_and_killed_mid_lazy_restore_it_dies() {
     let arc = t.path().join("big.czr");
     ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
     let pidfile = t.path().join("init.pid");
-    let mut child = Command::new(CRIUZ)
-        .args(["runc", "restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--lazy", "--pid-file", p(&pidfile)])
-        .args(["--root", p(r.root.path()), "--criu", p(&criu)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = r.spawn_criuz(
+        &["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--lazy", "--pid-file", p(&pidfile)],
+        &criu,
+    );
     wait_for("the container to run", Duration::from_secs(60), || pidfile.exists());
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };

@@ -3,21 +3,26 @@
 //! which cannot stream images (CRIU aborts with `stream` in `runc.conf`), so
 //! criuz goes in beside them:
 //!
-//! - runc checkpoint, by default, gives CRIU criuz's page server
-//!   (`receive`): pages are compressed as they arrive and only the metadata
-//!   lands in a private work directory (on tmpfs when `/dev/shm` is there),
-//!   which then joins the same archive with runc's own files
-//!   (`descriptors.json`). `--pack` checkpoints to the work directory and
-//!   packs it afterwards (what any runc can do; it needs the images' size in
-//!   tmpfs).
-//! - runc restore unpacks the archive into a private work directory and runs
-//!   `runc restore --image-path` on it; the directory goes when runc is done.
+//! - runc checkpoint, by default, has CRIU write into a private work
+//!   directory (tmpfs when `/dev/shm` is one) and follows its page images as
+//!   they grow (`follow`); a guard kills runc's CRIU should criuz die
+//!   meanwhile, so the container runs on rather than ending in a checkpoint
+//!   nobody packs. `--via page-server` gives CRIU criuz's page server
+//!   (`receive`) instead: pages are compressed as they arrive and only the
+//!   metadata lands in the work directory. Either way runc's own files
+//!   (`descriptors.json`) join the same archive.
+//! - runc restore writes the images into a private work directory and runs
+//!   `runc restore --image-path` on it: all of them, every check first
+//!   (`images_dir`), or, `--lazy`, only what CRIU restores itself while
+//!   criuz serves the rest as CRIU's lazy-pages daemon (`lazy`), killing
+//!   the container's cgroup should a page fail to arrive.
 //! - podman's checkpoint is a tar stream (`--export`); criuz packs it as a
 //!   tree and unpacks it back to a private tar file for `--import`.
 //!
 //! runc is told which CRIU to use (`runc --criu`), the one criuz found. A
 //! failed runc leaves its CRIU log in `checkpoint::log_dir`, named in the
-//! error; the work directory is always removed.
+//! error; the work directory is removed unless it holds images that are the
+//! only copy of a checkpoint.
 
 use crate::archive::parent::ParentSearch;
 use crate::archive::{Options, PackStats, Packer};

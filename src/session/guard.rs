@@ -100,11 +100,19 @@ impl Victim {
 }
 
 /// The `cgroup.kill` of the cgroup v2 group process `pid` is in; `None`
-/// unless there is one to kill (no cgroup v2 mount, the root group).
+/// unless there is one to kill (no cgroup v2 mount, the root group, a group
+/// criuz is in itself).
 pub fn cgroup_kill_of(pid: u32) -> Option<PathBuf> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let group = text.lines().find_map(|l| l.strip_prefix("0::"))?;
     if group == "/" || group.split('/').any(|c| c == "..") {
+        return None;
+    }
+    // cgroup.kill takes the group's descendants too: never one that holds
+    // criuz itself (a container run in criuz's own group).
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    if own == group || own.starts_with(&format!("{group}/")) {
         return None;
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;

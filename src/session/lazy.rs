@@ -15,6 +15,11 @@
 //! block, an I/O error) kills the tree before criuz lets go of them, and a
 //! guard process (`session::guard`) holds copies too and kills the tree if
 //! criuz dies.
+//!
+//! [`LazyRestore`] is the part both callers share: `criuz restore --lazy`
+//! runs `criu restore --lazy-pages` and names the tree by its pids;
+//! `criuz runc restore --lazy` runs `runc restore --lazy-pages`, whose tree
+//! lives in a pid namespace of its own, and names the container's cgroup.
 
 use crate::archive::{parent, BlockSource};
 use crate::codec::Decoder;

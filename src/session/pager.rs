@@ -244,7 +244,7 @@ impl<'a> Pager<'a> {
             .map_err(|e| Error::Criu(format!("lazy-pages socket: whose connection: {e}")))?;
         let kill = cgroup_kill_of(cred.pid() as u32).ok_or_else(|| {
             Error::Criu(format!(
-                "CRIU (pid {}) is in no cgroup v2 group criuz could kill: a container is not restored lazily without one",
+                "CRIU (pid {}) is in no cgroup v2 group of its own that criuz could kill: a container is not restored lazily without one",
                 cred.pid()
             ))
         })?;

@@ -14,9 +14,11 @@
 //! failed dump; the caller aborts the packer and nothing is published.
 //!
 //! Authentication: none in the protocol (CRIU's `--tls` is not spoken).
-//! The listener binds to loopback unless told otherwise, accepts exactly
-//! one connection and then stops listening; across hosts, carry it over a
-//! tunnel (SSH, WireGuard) rather than an open port.
+//! The listener binds to loopback unless told otherwise and serves exactly
+//! one connection; on loopback, one only from a socket of criuz's own user
+//! (the kernel's socket table says whose), so another local user cannot
+//! race CRIU to the port and feed the archive pages. Across hosts, carry it
+//! over a tunnel (SSH, WireGuard) rather than an open port.
 
 use crate::archive::{PackStats, Packer};
 use crate::criu::images::{pe, PagemapBuilder};
@@ -57,7 +59,13 @@ impl PageServer {
     fn accept(&self, stop: &AtomicBool) -> Result<Option<TcpStream>> {
         loop {
             match self.listener.accept() {
-                Ok((sock, _)) => {
+                Ok((sock, peer)) => {
+                    if peer.ip().is_loopback() && !peer_is_ours(&sock, peer) {
+                        // Another user's connection to our port: it could
+                        // feed pages into the archive. Not the dump's; wait on.
+                        eprintln!("criuz: page server: refused a connection from {peer}, a socket of another user");
+                        continue;
+                    }
                     sock.set_nonblocking(false)?;
                     sock.set_nodelay(true)?;
                     return Ok(Some(sock));
@@ -72,6 +80,35 @@ impl PageServer {
             }
         }
     }
+}
+
+/// Whether the loopback socket that connected as `peer` belongs to criuz's
+/// own user (CRIU runs as root, as criuz must): its owner is in the
+/// kernel's socket table (/proc/net/tcp, tcp6), where that socket has
+/// `peer` as its local address and ours as its remote one.
+fn peer_is_ours(sock: &TcpStream, peer: SocketAddr) -> bool {
+    let Ok(local) = sock.local_addr() else { return false };
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let hex = |a: SocketAddr| -> String {
+        let ip = match a.ip() {
+            std::net::IpAddr::V4(v4) => v4.octets().iter().rev().map(|b| format!("{b:02X}")).collect::<String>(),
+            std::net::IpAddr::V6(v6) => {
+                // Four 32-bit words, each in host (little-endian) order.
+                v6.octets().chunks(4).flat_map(|w| w.iter().rev()).map(|b| format!("{b:02X}")).collect()
+            }
+        };
+        format!("{ip}:{:04X}", a.port())
+    };
+    let (want_local, want_remote) = (hex(peer), hex(local));
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 7 && f[1] == want_local && f[2] == want_remote && f[7].parse::<u32>().ok() == Some(uid)
+            })
+        })
+    })
 }
 
 /// What a dump sent.
@@ -261,4 +298,49 @@ pub fn run_dump(
         (Ok(_), Err(e)) => e,
     };
     Err(packer.abort().unwrap_or(failure))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another user's connection to the page server's port is refused, and
+    /// the one from criuz's own user that follows is served.
+    #[test]
+    fn another_users_connection_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // Connecting as another user takes root (setpriv).
+            assert!(std::env::var_os("CI").is_none(), "CI runs the tests as root");
+            return;
+        }
+        let server = PageServer::bind("127.0.0.1:0").unwrap();
+        let port = server.local_addr().unwrap().port();
+        let mut stranger = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+            .arg(format!(
+                "import socket,time; s=socket.create_connection(('127.0.0.1',{port})); print(s.getsockname()[1], flush=True); time.sleep(3)"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let out = stranger.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+        let stranger_port: u16 = line.trim().parse().unwrap();
+        let ours = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let p = s.local_addr().unwrap().port();
+            std::thread::sleep(Duration::from_millis(500));
+            p
+        });
+        let stop = AtomicBool::new(false);
+        let got = server.accept(&stop).unwrap().expect("a connection");
+        let served = got.peer_addr().unwrap().port();
+        assert_ne!(served, stranger_port, "the stranger's connection was served");
+        assert_eq!(served, ours.join().unwrap(), "our own connection is served");
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
 }
