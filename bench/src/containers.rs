@@ -2,10 +2,13 @@
 //! checkpointed and restored side by side in one run by
 //! - `runc-dir`: `runc checkpoint --image-path DIR` / `runc restore` from it
 //!   (DIR on the bench's work disk, as a runc user does);
-//! - `criuz-runc`: `criuz runc checkpoint -o FILE` (CRIU's images followed
-//!   in tmpfs and compressed as they grow) / `criuz runc restore -i FILE`;
-//! - `criuz-runc-ps`: the same through criuz's page server (`--via
-//!   page-server`): CRIU sends its pages over loopback TCP;
+//! - `criuz-runc`: `criuz runc checkpoint -o FILE` as it is by default
+//!   (`--via auto`: the page server from 512 MiB resident, else following)
+//!   / `criuz runc restore -i FILE`;
+//! - `criuz-runc-follow`: checkpoint `--via follow` (CRIU's images followed
+//!   in tmpfs and compressed as they grow);
+//! - `criuz-runc-ps`: checkpoint `--via page-server` (CRIU sends its pages
+//!   to criuz over loopback TCP);
 //! - `criuz-runc-lazy`: checkpoint as `criuz-runc`, restore with `--lazy`
 //!   (the container runs at once, criuz serves its pages; the command, and
 //!   the time, end once every page is in).
@@ -24,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const CONFIGS: [&str; 4] = ["runc-dir", "criuz-runc", "criuz-runc-ps", "criuz-runc-lazy"];
+pub const CONFIGS: [&str; 5] = ["runc-dir", "criuz-runc", "criuz-runc-follow", "criuz-runc-ps", "criuz-runc-lazy"];
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
@@ -172,7 +175,11 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         (d, s, bytes, bytes)
     } else {
         let arc = store.join("ckpt.czr");
-        let via = if cfg == "criuz-runc-ps" { "page-server" } else { "follow" };
+        let via = match cfg {
+            "criuz-runc-ps" => "page-server",
+            "criuz-runc-follow" => "follow",
+            _ => "auto",
+        };
         let mut c = Command::new(criuz);
         c.args(["runc", "checkpoint", &b.id, "-o"]).arg(&arc).args(["--via", via, "--root"]).arg(&b.root);
         c.arg("--criu").arg(&b.criu);

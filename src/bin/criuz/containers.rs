@@ -74,6 +74,7 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum ViaArg {
+    Auto,
     Follow,
     PageServer,
 }
@@ -111,9 +112,11 @@ pub enum RuncCmd {
         #[arg(long)]
         leave_running: bool,
         /// How pages reach the archive: follow (CRIU writes a private tmpfs
-        /// directory, compressed as it grows) or page-server (CRIU sends them
-        /// to criuz over loopback TCP; nothing written locally)
-        #[arg(long, value_enum, default_value = "follow")]
+        /// directory, compressed as it grows), page-server (CRIU sends them
+        /// to criuz over loopback TCP; nothing written locally), or auto:
+        /// page-server from 512 MiB resident or when /dev/shm is short, else
+        /// follow
+        #[arg(long, value_enum, default_value = "auto")]
         via: ViaArg,
         /// Print a JSON report
         #[arg(long)]
@@ -170,6 +173,7 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             seal.apply(&mut opts)?;
             let criu = global.criu.locate()?;
             let via = match via {
+                ViaArg::Auto => container::choose_via(&global.runc(), &criu, &id),
                 ViaArg::Follow => Via::Follow,
                 ViaArg::PageServer => Via::PageServer,
             };
