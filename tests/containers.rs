@@ -198,6 +198,46 @@ fn runc_containers_round_trip_by_both_routes() {
         ok(out, &format!("criuz runc restore {lazy} ({via})"));
         assert_eq!(r.sum(), before, "memory after a restore ({lazy}) of a {via} checkpoint");
     }
+    // Encrypted with a passphrase: the wrong one restores nothing (exit 3,
+    // no container, lazily or not), the right one restores it intact.
+    let (pass, bad, enc) = (t.path().join("pass"), t.path().join("bad"), t.path().join("sealed.czr"));
+    std::fs::write(&pass, "correct horse battery staple\n").unwrap();
+    std::fs::write(&bad, "incorrect horse\n").unwrap();
+    let sealed = ["-o", p(&enc), "--passphrase-file", p(&pass), "--criu", p(&criu)];
+    ok(r.criuz(&[&["checkpoint", &r.id][..], &sealed[..]].concat()), "criuz runc checkpoint (sealed)");
+    for lazy in ["--json", "--lazy"] {
+        let out = r.criuz(&[
+            "restore",
+            &r.id,
+            "-i",
+            p(&enc),
+            "-b",
+            p(&r.bundle),
+            "-d",
+            lazy,
+            "--passphrase-file",
+            p(&bad),
+            "--criu",
+            p(&criu),
+        ]);
+        assert_eq!(out.status.code(), Some(3), "wrong passphrase, {lazy}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{lazy}: no container");
+    }
+    let out = r.criuz(&[
+        "restore",
+        &r.id,
+        "-i",
+        p(&enc),
+        "-b",
+        p(&r.bundle),
+        "-d",
+        "--passphrase-file",
+        p(&pass),
+        "--criu",
+        p(&criu),
+    ]);
+    ok(out, "criuz runc restore (sealed)");
+    assert_eq!(r.sum(), before, "memory after a restore of a sealed checkpoint");
     // A damaged archive restores nothing: the container stays absent.
     let arc = t.path().join("follow.czr");
     ok(r.criuz(&["checkpoint", &r.id, "-o", p(&t.path().join("last.czr")), "--criu", p(&criu)]), "checkpoint");
