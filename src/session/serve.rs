@@ -84,9 +84,10 @@ pub fn serve(
                 report.missing.push(name);
                 continue;
             };
+            // Page images are streamed block by block below; the rest whole.
             let mut whole = match entry.kind {
-                FileKind::Plain => Some(source.read_file(&entry).context(|| format!("{label}: {name}"))?),
-                FileKind::Pages | FileKind::Dir | FileKind::Symlink => None,
+                FileKind::Pages => None,
+                _ => Some(source.read_file(&entry).context(|| format!("{label}: {name}"))?),
             };
             let mut plan = None;
             if opts.skip_zero_pages {
