@@ -100,8 +100,9 @@ impl Victim {
 }
 
 /// The `cgroup.kill` of the cgroup v2 group process `pid` is in; `None`
-/// unless there is one to kill (no cgroup v2 mount, the root group, a group
-/// criuz is in itself).
+/// unless there is one to kill that holds nothing but `pid` and its
+/// descendants (not without a cgroup v2 mount, not the root group, not a
+/// group criuz is in itself).
 pub fn cgroup_kill_of(pid: u32) -> Option<PathBuf> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let group = text.lines().find_map(|l| l.strip_prefix("0::"))?;
@@ -122,8 +123,32 @@ pub fn cgroup_kill_of(pid: u32) -> Option<PathBuf> {
         (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
             .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
     })?;
-    let kill = mount.join(group.trim_start_matches('/')).join("cgroup.kill");
+    let dir = mount.join(group.trim_start_matches('/'));
+    // Only a group of CRIU's own: runc moves it into the container's group
+    // to restore; a CRIU left in a group shared with anything else (cgroups
+    // not managed) would make the kill take that too.
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    if !procs.split_whitespace().all(|p| p.parse().is_ok_and(|p| descends_from(p, pid))) {
+        return None;
+    }
+    let kill = dir.join("cgroup.kill");
     kill.is_file().then_some(kill)
+}
+
+/// Whether `pid` is `ancestor` or below it (parents through /proc).
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..4096 {
+        if pid == ancestor {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        // The parent is the second field after the command's closing paren.
+        match stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()) {
+            Some(parent) if parent > 0 && parent != pid => pid = parent,
+            _ => return false,
+        }
+    }
+    false
 }
 
 pub struct Guard {
