@@ -160,6 +160,11 @@ impl Runc {
         c.arg("runc").args(args).args(["--root", p(self.root.path()), "--criu", p(criu)]);
         c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
     }
+    /// `criuz runc restore` of `arc` into this bundle, detached.
+    fn restore(&self, arc: &Path, extra: &[&str], criu: &Path) -> std::process::Output {
+        let head = ["restore", &self.id, "-i", p(arc), "-b", p(&self.bundle), "-d", "--criu", p(criu)];
+        self.criuz(&[&head[..], extra].concat())
+    }
     fn criuz(&self, args: &[&str]) -> std::process::Output {
         let mut c = Command::new(CRIUZ);
         c.args(["runc"]).args(args).args(["--root", p(self.root.path())]);
@@ -194,7 +199,7 @@ fn runc_containers_round_trip_by_both_routes() {
         // The page-server archive comes back lazily: criuz serves the pages
         // and returns once all are in.
         let lazy = if via == "page-server" { "--lazy" } else { "--json" };
-        let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", lazy, "--criu", p(&criu)]);
+        let out = r.restore(&arc, &[lazy], &criu);
         ok(out, &format!("criuz runc restore {lazy} ({via})"));
         assert_eq!(r.sum(), before, "memory after a restore ({lazy}) of a {via} checkpoint");
     }
@@ -206,36 +211,11 @@ fn runc_containers_round_trip_by_both_routes() {
     let sealed = ["-o", p(&enc), "--passphrase-file", p(&pass), "--criu", p(&criu)];
     ok(r.criuz(&[&["checkpoint", &r.id][..], &sealed[..]].concat()), "criuz runc checkpoint (sealed)");
     for lazy in ["--json", "--lazy"] {
-        let out = r.criuz(&[
-            "restore",
-            &r.id,
-            "-i",
-            p(&enc),
-            "-b",
-            p(&r.bundle),
-            "-d",
-            lazy,
-            "--passphrase-file",
-            p(&bad),
-            "--criu",
-            p(&criu),
-        ]);
+        let out = r.restore(&enc, &[lazy, "--passphrase-file", p(&bad)], &criu);
         assert_eq!(out.status.code(), Some(3), "wrong passphrase, {lazy}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{lazy}: no container");
     }
-    let out = r.criuz(&[
-        "restore",
-        &r.id,
-        "-i",
-        p(&enc),
-        "-b",
-        p(&r.bundle),
-        "-d",
-        "--passphrase-file",
-        p(&pass),
-        "--criu",
-        p(&criu),
-    ]);
+    let out = r.restore(&enc, &["--passphrase-file", p(&pass)], &criu);
     ok(out, "criuz runc restore (sealed)");
     assert_eq!(r.sum(), before, "memory after a restore of a sealed checkpoint");
     // A damaged archive restores nothing: the container stays absent.
@@ -246,7 +226,7 @@ fn runc_containers_round_trip_by_both_routes() {
     bytes[mid] ^= 0x40;
     std::fs::write(&arc, &bytes).unwrap();
     for lazy in ["--json", "--lazy"] {
-        let out = r.criuz(&["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", lazy, "--criu", p(&criu)]);
+        let out = r.restore(&arc, &[lazy], &criu);
         assert_eq!(out.status.code(), Some(3), "{lazy}: {}", String::from_utf8_lossy(&out.stderr));
         // Lazily the container may have run until the damaged block came
         // up: it was killed and deleted, never left running on zeros.
@@ -299,9 +279,10 @@ fn killed_mid_dump_the_container_runs_on_and_killed_mid_lazy_restore_it_dies() {
     let before = r.sum();
     let shm_before = work_dirs();
     // Killed mid-dump, CRIU or criuz itself: no archive, and the container
-    // runs on with its memory (on the follow route criuz's guard kills CRIU,
-    // else runc would finish a checkpoint nobody packs and end it).
-    for (via, victim) in [("follow", "criu"), ("page-server", "criu"), ("follow", "criuz")] {
+    // runs on with its memory (a killed criuz breaks the page server's
+    // connection; on the follow route its guard kills CRIU, else runc would
+    // finish a checkpoint nobody packs and end it).
+    for (via, victim) in [("follow", "criu"), ("page-server", "criu"), ("follow", "criuz"), ("page-server", "criuz")] {
         let out = t.path().join(format!("killed-{via}-{victim}.czr"));
         let mut child = r.spawn_criuz(&["checkpoint", &r.id, "-o", p(&out), "--via", via], &criu);
         // Pages are arriving once the archive's temporary file grows.

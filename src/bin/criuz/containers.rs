@@ -1,7 +1,7 @@
 //! `criuz page-server`, `criuz runc ...` and `criuz podman ...`: argument
 //! parsing and printing; the work is in `criuz::session::{receive, container}`.
 
-use super::{human, CodecArgs, CriuArgs, KeyArgs, SealArgs, ThreadArgs};
+use super::{human, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use criuz::archive::Packer;
@@ -23,14 +23,13 @@ pub struct PageServerArgs {
     output: PathBuf,
     #[arg(long)]
     force: bool,
-    /// Address to listen on; port 0 picks a free port. No authentication:
-    /// keep it on loopback, or behind a tunnel
+    /// Address to listen on; port 0 picks a free port. No authentication in
+    /// the protocol: on loopback only criuz's own user is served; across
+    /// hosts, use a tunnel
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     #[command(flatten)]
-    codec: CodecArgs,
-    #[command(flatten)]
-    seal: SealArgs,
+    write: ArchiveArgs,
     /// The dump to run, e.g. criu dump ... --page-server --address 127.0.0.1 --port {port};
     /// {addr} and {port} are replaced by where criuz listens
     #[arg(last = true, required = true)]
@@ -38,8 +37,7 @@ pub struct PageServerArgs {
 }
 
 pub fn page_server(a: PageServerArgs) -> Result<()> {
-    let mut opts = a.codec.options()?;
-    a.seal.apply(&mut opts)?;
+    let mut opts = a.write.options()?;
     opts.tree = true;
     let server = PageServer::bind(&a.listen)?;
     let addr = server.local_addr()?;
@@ -124,9 +122,7 @@ pub enum RuncCmd {
         #[command(flatten)]
         global: RuncGlobal,
         #[command(flatten)]
-        codec: CodecArgs,
-        #[command(flatten)]
-        seal: SealArgs,
+        write: ArchiveArgs,
         /// More runc checkpoint options (after --), e.g. --tcp-established
         #[arg(last = true)]
         extra: Vec<String>,
@@ -168,9 +164,8 @@ pub enum RuncCmd {
 
 pub fn runc(cmd: RuncCmd) -> Result<()> {
     match cmd {
-        RuncCmd::Checkpoint { id, output, force, leave_running, via, json, global, codec, seal, extra } => {
-            let mut opts = codec.options()?;
-            seal.apply(&mut opts)?;
+        RuncCmd::Checkpoint { id, output, force, leave_running, via, json, global, write, extra } => {
+            let opts = write.options()?;
             let criu = global.criu.locate()?;
             let via = match via {
                 ViaArg::Auto => container::choose_via(&global.runc(), &criu, &id),
@@ -243,9 +238,7 @@ pub enum PodmanCmd {
         #[command(flatten)]
         criu: CriuArgs,
         #[command(flatten)]
-        codec: CodecArgs,
-        #[command(flatten)]
-        seal: SealArgs,
+        write: ArchiveArgs,
         /// More podman container checkpoint options (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -272,9 +265,8 @@ pub enum PodmanCmd {
 
 pub fn podman(cmd: PodmanCmd) -> Result<()> {
     match cmd {
-        PodmanCmd::Checkpoint { id, output, force, podman, criu, codec, seal, extra } => {
-            let mut opts = codec.options()?;
-            seal.apply(&mut opts)?;
+        PodmanCmd::Checkpoint { id, output, force, podman, criu, write, extra } => {
+            let opts = write.options()?;
             let criu = criu.locate()?;
             let t = Instant::now();
             let s = container::podman_checkpoint(&podman, &criu, &id, &output, force, &extra, &opts)?;

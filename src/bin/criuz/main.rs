@@ -118,6 +118,23 @@ impl SealArgs {
     }
 }
 
+/// How a new archive is written: its codec and its encryption.
+#[derive(Args, Clone)]
+struct ArchiveArgs {
+    #[command(flatten)]
+    codec: CodecArgs,
+    #[command(flatten)]
+    seal: SealArgs,
+}
+
+impl ArchiveArgs {
+    fn options(&self) -> Result<Options> {
+        let mut opts = self.codec.options()?;
+        self.seal.apply(&mut opts)?;
+        Ok(opts)
+    }
+}
+
 #[derive(Args, Clone)]
 struct AbsorbArgs {
     /// Memory for CRIU's pages not yet compressed: while CRIU writes, criuz
@@ -180,11 +197,9 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         parent: Option<PathBuf>,
         #[command(flatten)]
-        codec: CodecArgs,
+        write: ArchiveArgs,
         #[command(flatten)]
         absorb: AbsorbArgs,
-        #[command(flatten)]
-        seal: SealArgs,
         /// Extra arguments for criu dump (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -247,9 +262,7 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         parent: Option<PathBuf>,
         #[command(flatten)]
-        codec: CodecArgs,
-        #[command(flatten)]
-        seal: SealArgs,
+        write: ArchiveArgs,
     },
     /// Write a self-contained archive from an incremental one and its parents
     Flatten {
@@ -264,9 +277,7 @@ enum Cmd {
         #[command(flatten)]
         parents: ParentArgs,
         #[command(flatten)]
-        codec: CodecArgs,
-        #[command(flatten)]
-        seal: SealArgs,
+        write: ArchiveArgs,
     },
     /// Unpack an archive into a CRIU images directory (restorable with criu restore -D)
     Unpack {
@@ -319,11 +330,9 @@ enum Cmd {
         #[arg(long)]
         force: bool,
         #[command(flatten)]
-        codec: CodecArgs,
+        write: ArchiveArgs,
         #[command(flatten)]
         absorb: AbsorbArgs,
-        #[command(flatten)]
-        seal: SealArgs,
     },
     /// Serve an archive to CRIU's restore stream (criu restore --stream -D DIR)
     Serve {
@@ -433,9 +442,8 @@ fn rate(bytes: u64, secs: f64) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Pack { dir, tar, output, force, parent, codec, seal } => {
-            let mut opts = codec.options()?;
-            seal.apply(&mut opts)?;
+        Cmd::Pack { dir, tar, output, force, parent, write } => {
+            let opts = write.options()?;
             let dedup = criuz::session::checkpoint::dedup_for(parent.as_deref(), &output)?;
             let t = Instant::now();
             let (stats, progress, out) = if let Some(tar) = tar {
@@ -472,9 +480,8 @@ fn run(cli: Cli) -> Result<()> {
                 rate(stats.raw_bytes, secs)
             );
         }
-        Cmd::Flatten { archive, output, force, parents, codec, seal } => {
-            let mut opts = codec.options()?;
-            seal.apply(&mut opts)?;
+        Cmd::Flatten { archive, output, force, parents, write } => {
+            let opts = write.options()?;
             let source = criuz::archive::parent::open(&archive, DEFAULT_SPOOL_CAP, &parents.search())?;
             let out = Output::open(&output, force)?;
             let t = Instant::now();
@@ -527,9 +534,8 @@ fn run(cli: Cli) -> Result<()> {
                 print_inspect(&rep);
             }
         }
-        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, codec, absorb, seal, extra } => {
-            let mut opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
-            seal.apply(&mut opts)?;
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, write, absorb, extra } => {
+            let opts = criuz::session::checkpoint::with_absorb(write.options()?, absorb.absorb, &output);
             let c = criu.locate()?;
             let meter = criuz::progress::Meter::new();
             let o = criuz::session::checkpoint::DumpOptions {
@@ -655,9 +661,8 @@ fn run(cli: Cli) -> Result<()> {
                 std::process::exit(r.criu_exit.clamp(1, 255));
             }
         }
-        Cmd::Capture { dir, output, force, codec, absorb, seal } => {
-            let mut opts = criuz::session::checkpoint::with_absorb(codec.options()?, absorb.absorb, &output);
-            seal.apply(&mut opts)?;
+        Cmd::Capture { dir, output, force, write, absorb } => {
+            let opts = criuz::session::checkpoint::with_absorb(write.options()?, absorb.absorb, &output);
             let out = Output::open(&output, force)?;
             let listener = criuz::criu::streamer::Listener::bind(&dir, criuz::criu::streamer::CAPTURE_SOCKET)?;
             eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
