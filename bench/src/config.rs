@@ -210,13 +210,13 @@ fn criuz_cmd(env: &Env, args: &[&str]) -> Command {
     c
 }
 
-fn tar_create(img: &Path) -> Command {
+pub fn tar_create(img: &Path) -> Command {
     let mut c = Command::new("tar");
     c.arg("-C").arg(img).args(["-cf", "-", "."]);
     c
 }
 
-fn tar_extract(dir: &Path) -> Command {
+pub fn tar_extract(dir: &Path) -> Command {
     let mut c = Command::new("tar");
     c.arg("-C").arg(dir).args(["-xf", "-"]);
     c

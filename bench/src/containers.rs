@@ -2,6 +2,9 @@
 //! checkpointed and restored side by side in one run by
 //! - `runc-dir`: `runc checkpoint --image-path DIR` / `runc restore` from it
 //!   (DIR on the bench's work disk, as a runc user does);
+//! - `runc+zstd`: the same, then `tar | zstd -1 -T0` into one file (what a
+//!   runc user does for a checkpoint to keep or move; the images directory
+//!   is removed untimed) / `zstd -d | tar -x`, then `runc restore`;
 //! - `criuz-runc`: `criuz runc checkpoint -o FILE` as it is by default
 //!   (`--via auto`: the page server from 512 MiB resident, else following)
 //!   / `criuz runc restore -i FILE`;
@@ -27,7 +30,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const CONFIGS: [&str; 5] = ["runc-dir", "criuz-runc", "criuz-runc-follow", "criuz-runc-ps", "criuz-runc-lazy"];
+pub const CONFIGS: [&str; 6] =
+    ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-ps", "criuz-runc-lazy"];
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
@@ -173,6 +177,30 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         r.args(["restore", "-d", "--image-path"]).arg(&img).arg("-b").arg(&b.dir).arg(&b.id);
         let s = timed(r, logs, "runc-restore")?;
         (d, s, bytes, bytes)
+    } else if cfg == "runc+zstd" {
+        let img = store.join("img");
+        let arc = store.join("ckpt.tar.zst");
+        let t = Instant::now();
+        let mut c = b.runc();
+        c.args(["checkpoint", "--image-path"]).arg(&img).arg(&b.id);
+        proc::pipeline(vec![c], Src::Null, Dst::Null, logs, "runc-checkpoint")?;
+        let mut z = Command::new("zstd");
+        z.args(["-1", "-T0", "-c", "-q"]);
+        let tar = crate::config::tar_create(&img);
+        proc::pipeline(vec![tar, z], Src::Null, Dst::File(arc.clone()), logs, "tar-zstd")?;
+        let d = t.elapsed().as_secs_f64();
+        let raw = proc::dir_bytes(&img);
+        std::fs::remove_dir_all(&img).map_err(|e| Error::file(&img, e))?;
+        let t = Instant::now();
+        let rimg = store.join("rimg");
+        std::fs::create_dir_all(&rimg).map_err(|e| Error::file(&rimg, e))?;
+        let mut z = Command::new("zstd");
+        z.args(["-d", "-c", "-q"]);
+        proc::pipeline(vec![z, crate::config::tar_extract(&rimg)], Src::File(arc.clone()), Dst::Null, logs, "unzstd")?;
+        let mut r = b.runc();
+        r.args(["restore", "-d", "--image-path"]).arg(&rimg).arg("-b").arg(&b.dir).arg(&b.id);
+        proc::pipeline(vec![r], Src::Null, Dst::Null, logs, "runc-restore")?;
+        (d, t.elapsed().as_secs_f64(), raw, proc::file_bytes(&arc))
     } else {
         let arc = store.join("ckpt.czr");
         let via = match cfg {
@@ -221,7 +249,7 @@ pub fn measure(
     criuz: &Path,
     criu: &Path,
 ) -> Result<Vec<ContainerRow>> {
-    for t in ["runc", "busybox"] {
+    for t in ["runc", "busybox", "tar", "zstd"] {
         if criuz::criu::on_path(t).is_none() {
             return Err(Error::Invalid(format!("--containers needs {t} (scripts/setup.sh installs it)")));
         }

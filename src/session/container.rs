@@ -264,12 +264,13 @@ pub struct RuncRestore {
 pub struct ContainerRestoreReport {
     /// Until runc returned and (lazily) every page was in place.
     pub seconds: f64,
-    /// Until the images were written (lazily: only the eager pages).
-    pub unpack_seconds: f64,
-    /// Bytes written for CRIU to read.
-    pub bytes: u64,
-    /// Zero pages CRIU was spared (see `images_dir`).
-    pub zero_pages_skipped: u64,
+    /// Until the images were written (eagerly; a lazy restore writes no
+    /// page image, see `lazy`).
+    pub unpack_seconds: Option<f64>,
+    /// Bytes written for CRIU to read (eagerly).
+    pub bytes: Option<u64>,
+    /// Zero pages CRIU was spared (see `images_dir`; eagerly).
+    pub zero_pages_skipped: Option<u64>,
     /// How a lazy restore went (`None`: an eager one).
     pub lazy: Option<crate::session::lazy::LazyReport>,
 }
@@ -309,9 +310,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         }
         return Ok(ContainerRestoreReport {
             seconds: started.elapsed().as_secs_f64(),
-            unpack_seconds: 0.0,
-            bytes: report.eager_pages * crate::format::PAGE_SIZE as u64,
-            zero_pages_skipped: 0,
+            unpack_seconds: None,
+            bytes: None,
+            zero_pages_skipped: None,
             lazy: Some(report),
         });
     }
@@ -324,9 +325,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     Ok(ContainerRestoreReport {
         seconds: started.elapsed().as_secs_f64(),
-        unpack_seconds,
-        bytes: st.bytes,
-        zero_pages_skipped,
+        unpack_seconds: Some(unpack_seconds),
+        bytes: Some(st.bytes),
+        zero_pages_skipped: Some(zero_pages_skipped),
         lazy: None,
     })
 }

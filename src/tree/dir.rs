@@ -157,7 +157,12 @@ impl SeqSink for DirSink {
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(&path)
                     .at(&path)?;
-                Some(Open::File(BufWriter::with_capacity(1 << 20, f)))
+                // A quarter of the default block, so whole decoded blocks go to the
+                // file as they are and only small pieces are gathered: with
+                // a 1 MiB buffer every block was copied into it first
+                // (`criuz unpack` of 1 GiB mixed into tmpfs: user time
+                // 0.34-0.46 s, now 0.26-0.30 s, side by side).
+                Some(Open::File(BufWriter::with_capacity(64 << 10, f)))
             }
         };
         let idx = e.file_id as usize;

@@ -206,13 +206,13 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                     l.lazy_pages,
                     l.faults
                 );
-            } else {
+            } else if let (Some(bytes), Some(unpack)) = (r.bytes, r.unpack_seconds) {
                 eprintln!(
                     "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
                     o.id,
                     o.input.display(),
-                    human(r.bytes),
-                    r.unpack_seconds,
+                    human(bytes),
+                    unpack,
                     r.seconds
                 );
             }
