@@ -91,7 +91,7 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "incremental")]
     pub lazy: bool,
     /// Instead of the comparison: the mixed workload in a runc container,
-    /// runc-dir against criuz-runc (and criuz-runc-ps), at --size MiB
+    /// runc-dir and runc+zstd against criuz-runc (and its routes), at --size MiB
     /// [default: 256 and 1024, or 32 with --quick]
     #[arg(long, conflicts_with_all = ["incremental", "lazy"])]
     pub containers: bool,

@@ -99,44 +99,57 @@ impl Victim {
     }
 }
 
-/// The `cgroup.kill` of the cgroup v2 group process `pid` is in; `None`
-/// unless there is one to kill that holds nothing but `pid` and its
-/// descendants (not without a cgroup v2 mount, not the root group, not a
-/// group criuz is in itself).
-pub fn cgroup_kill_of(pid: u32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let group = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+/// The `cgroup.kill` of the cgroup v2 group process `pid` is in, if there
+/// is one to kill that holds nothing but descendants of `owner` (criuz,
+/// which started runc, which started CRIU and, beside CRIU, the restored
+/// tree; not without a cgroup v2 mount, not the root group, not a group
+/// criuz is in itself); otherwise why not.
+pub fn cgroup_kill_of(pid: u32, owner: u32) -> std::result::Result<PathBuf, String> {
+    let text =
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
+    let group = text.lines().find_map(|l| l.strip_prefix("0::")).ok_or("no cgroup v2 group")?;
     if group == "/" || group.split('/').any(|c| c == "..") {
-        return None;
+        return Err(format!("its cgroup v2 group is {group:?}"));
     }
     // cgroup.kill takes the group's descendants too: never one that holds
     // criuz itself (a container run in criuz's own group).
-    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let own = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let own = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("criuz is in no cgroup v2 group")?;
     if own == group || own.starts_with(&format!("{group}/")) {
-        return None;
+        return Err(format!("its group {group} holds criuz itself"));
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
     // mountinfo: id parent dev root mountpoint opts... - fstype source opts
-    let mount = mounts.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
-            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
-    })?;
+    let mount = mounts
+        .lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
+                .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
+        })
+        .ok_or("no cgroup v2 mount")?;
     let dir = mount.join(group.trim_start_matches('/'));
-    // Only a group of CRIU's own: runc moves it into the container's group
-    // to restore; a CRIU left in a group shared with anything else (cgroups
-    // not managed) would make the kill take that too.
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
-    if !procs.split_whitespace().all(|p| p.parse().is_ok_and(|p| descends_from(p, pid))) {
-        return None;
+    // Only a group of criuz's own processes: runc moves CRIU into the
+    // container's group to restore, and CRIU forks the restored tree's root
+    // as its own sibling (a child of runc), so both are there; a CRIU left
+    // in a group shared with anything else (cgroups not managed) would make
+    // the kill take that too.
+    let procs_file = dir.join("cgroup.procs");
+    let procs = std::fs::read_to_string(&procs_file).map_err(|e| format!("{}: {e}", procs_file.display()))?;
+    if let Some(other) = procs.split_whitespace().find(|p| !p.parse().is_ok_and(|p| descends_from(p, owner))) {
+        let comm = std::fs::read_to_string(format!("/proc/{other}/comm")).unwrap_or_default();
+        return Err(format!("its group {group} also holds pid {other} ({}), not one of criuz's", comm.trim()));
     }
     let kill = dir.join("cgroup.kill");
-    kill.is_file().then_some(kill)
+    if kill.is_file() {
+        Ok(kill)
+    } else {
+        Err(format!("{} is missing", kill.display()))
+    }
 }
 
 /// Whether `pid` is `ancestor` or below it (parents through /proc).
-fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..4096 {
         if pid == ancestor {
             return true;
@@ -592,13 +605,16 @@ mod tests {
         }
     }
 
-    /// What `cgroup_kill_of(pid)` says when criuz is in group `dir`: the
+    /// What `cgroup_kill_of(pid, ..)` says when criuz is in group `dir`: the
     /// test binary runs [`own_group_probe`] there.
     fn probe_in(dir: &Path, pid: u32) -> String {
         let procs = std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_vec()).unwrap();
         let mut probe = Command::new(std::env::current_exe().unwrap());
         probe.args(["--exact", "session::guard::tests::own_group_probe", "--ignored", "--nocapture"]);
         probe.env("CRIUZ_PROBE_PID", pid.to_string());
+        // Everything in the groups descends from the test: only the rule
+        // under test can refuse.
+        probe.env("CRIUZ_PROBE_OWNER", std::process::id().to_string());
         // SAFETY: open, write and close are async-signal-safe; `procs` was
         // built before the fork.
         unsafe {
@@ -626,17 +642,17 @@ mod tests {
     #[test]
     #[ignore = "run by a_group_criuz_is_in_is_never_killed, in a group of its own"]
     fn own_group_probe() {
-        let pid = match std::env::var("CRIUZ_PROBE_PID").map(|p| p.parse().unwrap()) {
+        let var = |name: &str| match std::env::var(name).map(|p| p.parse().unwrap()) {
             Ok(0) | Err(_) => std::process::id(),
             Ok(p) => p,
         };
-        println!("probe: {:?}", cgroup_kill_of(pid));
+        println!("probe: {:?}", cgroup_kill_of(var("CRIUZ_PROBE_PID"), var("CRIUZ_PROBE_OWNER")).ok());
     }
 
     #[test]
     fn a_group_criuz_is_in_is_never_killed() {
-        // Each group below holds nothing but the process asked about and
-        // its descendants: every other rule would let it be killed.
+        // Each group below holds nothing but processes of the test's own:
+        // every other rule would let it be killed.
         let group = TestGroup::new("own");
         let text = probe_in(&group.0, 0);
         assert!(text.contains("probe: None"), "{text}");
@@ -646,28 +662,39 @@ mod tests {
         std::fs::create_dir(&below).unwrap();
         let child = sleeper();
         group.admit(child.id());
-        assert_eq!(cgroup_kill_of(child.id()), Some(group.0.join("cgroup.kill")));
+        assert_eq!(cgroup_kill_of(child.id(), std::process::id()), Ok(group.0.join("cgroup.kill")));
         let text = probe_in(&below, child.id());
         assert!(text.contains("probe: None"), "{text}");
         drop(group);
         reap(vec![child]);
     }
 
+    /// A process of the test's own making that is not its descendant (a
+    /// shell's background child, orphaned when the shell exits).
+    fn stranger() -> u32 {
+        let out = Command::new("sh").args(["-c", "sleep 60 >/dev/null 2>&1 & echo $!"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
     #[test]
-    fn only_a_group_of_the_process_and_its_descendants_is_killed() {
+    fn only_a_group_of_criuz_s_own_processes_is_killed() {
+        let me = std::process::id();
         let group = TestGroup::new("private");
         let (criu, kid) = parent_with_child();
         group.admit(criu.id());
         group.admit(kid);
-        assert_eq!(cgroup_kill_of(criu.id()), Some(group.0.join("cgroup.kill")));
+        assert_eq!(cgroup_kill_of(criu.id(), me), Ok(group.0.join("cgroup.kill")));
+        // CRIU's sibling (the restored tree's root, a child of runc).
+        let sibling = sleeper();
+        group.admit(sibling.id());
+        assert_eq!(cgroup_kill_of(criu.id(), me), Ok(group.0.join("cgroup.kill")));
         // Anything else in the group (cgroups not managed, a group shared
         // with another container): the group is refused, not killed.
-        let stranger = sleeper();
-        group.admit(stranger.id());
-        assert_eq!(cgroup_kill_of(criu.id()), None);
-        // Asked for the child, the parent is the stranger.
-        assert_eq!(cgroup_kill_of(kid), None);
+        let stranger = stranger();
+        group.admit(stranger);
+        let why = cgroup_kill_of(criu.id(), me).unwrap_err();
+        assert!(why.contains(&format!("pid {stranger}")), "{why}");
         drop(group);
-        reap(vec![criu, stranger]);
+        reap(vec![criu, sibling]);
     }
 }

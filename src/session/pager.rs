@@ -242,9 +242,9 @@ impl<'a> Pager<'a> {
         let Victim::Cgroup(cell) = self.victim else { return Ok(()) };
         let cred = nix::sys::socket::getsockopt(criu, nix::sys::socket::sockopt::PeerCredentials)
             .map_err(|e| Error::Criu(format!("lazy-pages socket: whose connection: {e}")))?;
-        let kill = cgroup_kill_of(cred.pid() as u32).ok_or_else(|| {
+        let kill = cgroup_kill_of(cred.pid() as u32, std::process::id()).map_err(|why| {
             Error::Criu(format!(
-                "CRIU (pid {}) is in no cgroup v2 group of its own that criuz could kill: a container is not restored lazily without one",
+                "CRIU (pid {}) is in no cgroup v2 group of its own that criuz could kill ({why}): a container is not restored lazily without one",
                 cred.pid()
             ))
         })?;
