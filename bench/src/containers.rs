@@ -6,12 +6,10 @@
 //!   runc user does for a checkpoint to keep or move; the images directory
 //!   is removed untimed) / `zstd -d | tar -x`, then `runc restore`;
 //! - `criuz-runc`: `criuz runc checkpoint -o FILE` as it is by default
-//!   (`--via auto`: the page server from 512 MiB resident, else following)
+//!   (the page server: CRIU sends its pages to criuz over loopback TCP)
 //!   / `criuz runc restore -i FILE`;
 //! - `criuz-runc-follow`: checkpoint `--via follow` (CRIU's images followed
 //!   in tmpfs and compressed as they grow);
-//! - `criuz-runc-ps`: checkpoint `--via page-server` (CRIU sends its pages
-//!   to criuz over loopback TCP);
 //! - `criuz-runc-lazy`: checkpoint as `criuz-runc`, restore with `--lazy`
 //!   (the container runs at once, criuz serves its pages; the command, and
 //!   the time, end once every page is in).
@@ -30,8 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const CONFIGS: [&str; 6] =
-    ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-ps", "criuz-runc-lazy"];
+pub const CONFIGS: [&str; 5] = ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-lazy"];
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
@@ -203,13 +200,11 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         (d, t.elapsed().as_secs_f64(), raw, proc::file_bytes(&arc))
     } else {
         let arc = store.join("ckpt.czr");
-        let via = match cfg {
-            "criuz-runc-ps" => "page-server",
-            "criuz-runc-follow" => "follow",
-            _ => "auto",
-        };
         let mut c = Command::new(criuz);
-        c.args(["runc", "checkpoint", &b.id, "-o"]).arg(&arc).args(["--via", via, "--root"]).arg(&b.root);
+        c.args(["runc", "checkpoint", &b.id, "-o"]).arg(&arc).arg("--root").arg(&b.root);
+        if cfg == "criuz-runc-follow" {
+            c.args(["--via", "follow"]);
+        }
         c.arg("--criu").arg(&b.criu);
         let d = timed(c, logs, "criuz-runc-checkpoint")?;
         let mut r = Command::new(criuz);

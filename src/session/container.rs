@@ -9,7 +9,11 @@
 //!   so the container runs on rather than ending in a checkpoint nobody
 //!   packs), or gives CRIU criuz's page server (`receive`): pages are
 //!   compressed as they arrive and only the metadata lands in the work
-//!   directory. [`choose_via`] picks by the container's size unless told.
+//!   directory. The page server is the default: in `criuz-bench
+//!   --containers` it was as fast as following at 32 MiB and faster from
+//!   128 MiB up (1.08 s against 1.70 s at 1 GiB), it needs no tmpfs room for
+//!   the pages, and CRIU keeps the container frozen until the archive has
+//!   every page (a failed archive leaves it running).
 //!   Either way runc's own files (`descriptors.json`) join the archive.
 //! - runc restore writes the images into a private work directory and runs
 //!   `runc restore --image-path` on it: all of them, every check first
@@ -75,56 +79,6 @@ pub enum Via {
     /// CRIU sends its pages to criuz's page server (`receive`): nothing of
     /// them is written locally.
     PageServer,
-}
-
-/// Containers with at least this much resident memory go through the page
-/// server by default: in `criuz-bench --containers` it was the faster route
-/// at 1 GiB (1.05-1.50x of runc-dir against 1.48-1.87x followed) and the
-/// slower one at 256 MiB (1.95-2.21x against 1.73-2.11x), and it needs no
-/// tmpfs room for the pages.
-pub const PAGE_SERVER_FROM: u64 = 512 << 20;
-
-/// The route for checkpointing container `id` when none was asked for:
-/// the page server for a large container, or one whose pages would not fit
-/// twice in `/dev/shm`'s free room, or whose size cannot be told; following
-/// otherwise.
-pub fn choose_via(runc: &Runc, criu: &Criu, id: &str) -> Via {
-    let Some(rss) = container_rss(runc, criu, id) else { return Via::PageServer };
-    let free = shm_free().unwrap_or(0);
-    if rss >= PAGE_SERVER_FROM || rss.saturating_mul(2) > free {
-        Via::PageServer
-    } else {
-        Via::Follow
-    }
-}
-
-/// Resident memory of the container's processes (its init, from `runc
-/// state`, and every descendant): about what a checkpoint writes.
-fn container_rss(runc: &Runc, criu: &Criu, id: &str) -> Option<u64> {
-    let out = runc.command(criu).args(["state", id]).stderr(Stdio::null()).output().ok()?;
-    let state: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    let mut todo = vec![state["pid"].as_u64().filter(|p| *p > 0)?];
-    let mut total = 0;
-    while let Some(pid) = todo.pop() {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().strip_suffix("kB"));
-        total += kb.and_then(|k| k.trim().parse::<u64>().ok()).unwrap_or(0) * 1024;
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            todo.extend(children.split_whitespace().filter_map(|c| c.parse::<u64>().ok()));
-        }
-    }
-    Some(total)
-}
-
-/// Free bytes in `/dev/shm`, where the followed images go.
-fn shm_free() -> Option<u64> {
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: statvfs fills the struct we pass from a NUL-terminated path.
-    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 #[derive(Clone, Debug)]

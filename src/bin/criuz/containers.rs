@@ -72,7 +72,6 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum ViaArg {
-    Auto,
     Follow,
     PageServer,
 }
@@ -109,12 +108,10 @@ pub enum RuncCmd {
         /// Keep the container running after the checkpoint
         #[arg(long)]
         leave_running: bool,
-        /// How pages reach the archive: follow (CRIU writes a private tmpfs
-        /// directory, compressed as it grows), page-server (CRIU sends them
-        /// to criuz over loopback TCP; nothing written locally), or auto:
-        /// page-server from 512 MiB resident or when /dev/shm is short, else
-        /// follow
-        #[arg(long, value_enum, default_value = "auto")]
+        /// How pages reach the archive: page-server (CRIU sends them to
+        /// criuz over loopback TCP; nothing written locally) or follow (CRIU
+        /// writes a private tmpfs directory, compressed as it grows)
+        #[arg(long, value_enum, default_value = "page-server")]
         via: ViaArg,
         /// Print a JSON report
         #[arg(long)]
@@ -168,7 +165,6 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             let opts = write.options()?;
             let criu = global.criu.locate()?;
             let via = match via {
-                ViaArg::Auto => container::choose_via(&global.runc(), &criu, &id),
                 ViaArg::Follow => Via::Follow,
                 ViaArg::PageServer => Via::PageServer,
             };
