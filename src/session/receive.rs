@@ -389,32 +389,47 @@ mod tests {
         v
     }
 
-    /// The dump's end of the connection (a child that corks its socket,
-    /// as CRIU does) is found and uncorked, and what it held arrives.
-    #[test]
-    fn the_dumps_socket_is_uncorked() {
+    /// A page server on loopback and its port, for a test that needs root
+    /// (CI has it); `None` otherwise.
+    fn server_as_root(why: &str) -> Option<(PageServer, u16)> {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            // Reaching into another process's descriptors takes root.
-            assert!(std::env::var_os("CI").is_none(), "CI runs the tests as root");
-            return;
-        }
-        let server = PageServer::bind("127.0.0.1:0").unwrap();
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(root || std::env::var_os("CI").is_none(), "CI runs the tests as root ({why})");
+        let server = root.then(|| PageServer::bind("127.0.0.1:0").unwrap())?;
         let port = server.local_addr().unwrap().port();
-        let mut dump = std::process::Command::new("/usr/bin/python3")
-            .arg("-c")
-            .arg(format!(
-                "import socket,time; s=socket.create_connection(('127.0.0.1',{port})); \
-                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1); s.send(b'c' * 32); \
-                 print(s.fileno(), flush=True); time.sleep(30)"
-            ))
+        Some((server, port))
+    }
+
+    /// A python3 child (behind `wrapper`, e.g. setpriv) that connects to
+    /// `port`, runs `then` (its socket is `s`) and sleeps; with the first
+    /// line it printed.
+    fn connecting_child(wrapper: &[&str], port: u16, then: &str) -> (std::process::Child, String) {
+        let script =
+            format!("import socket,time; s=socket.create_connection(('127.0.0.1',{port})); {then}; time.sleep(30)");
+        let argv: Vec<&str> = wrapper.iter().copied().chain(["/usr/bin/python3", "-c"]).collect();
+        let mut child = std::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .arg(script)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let mut line = String::new();
-        let out = dump.stdout.take().unwrap();
+        let out = child.stdout.take().unwrap();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
-        let fd: libc::c_int = line.trim().parse().unwrap();
+        (child, line.trim().to_string())
+    }
+
+    /// The dump's end of the connection (a child that corks its socket,
+    /// as CRIU does) is found and uncorked, and what it held arrives.
+    #[test]
+    fn the_dumps_socket_is_uncorked() {
+        let Some((server, port)) = server_as_root("reaching into another process's descriptors takes root") else {
+            return;
+        };
+        let cork =
+            "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1); s.send(b'c' * 32); print(s.fileno(), flush=True)";
+        let (mut dump, line) = connecting_child(&[], port, cork);
+        let fd: libc::c_int = line.parse().unwrap();
         let mut sock = server.accept(&AtomicBool::new(false)).unwrap().unwrap();
         assert_eq!(cork_of(dump.id(), fd), 1);
         assert!(uncork_dump(&sock));
@@ -430,26 +445,10 @@ mod tests {
     /// the one from criuz's own user that follows is served.
     #[test]
     fn another_users_connection_is_refused() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            // Connecting as another user takes root (setpriv).
-            assert!(std::env::var_os("CI").is_none(), "CI runs the tests as root");
-            return;
-        }
-        let server = PageServer::bind("127.0.0.1:0").unwrap();
-        let port = server.local_addr().unwrap().port();
-        let mut stranger = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
-            .arg(format!(
-                "import socket,time; s=socket.create_connection(('127.0.0.1',{port})); print(s.getsockname()[1], flush=True); time.sleep(3)"
-            ))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        let out = stranger.stdout.take().unwrap();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
-        let stranger_port: u16 = line.trim().parse().unwrap();
+        let Some((server, port)) = server_as_root("connecting as another user takes setpriv") else { return };
+        let nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+        let (mut stranger, line) = connecting_child(&nobody, port, "print(s.getsockname()[1], flush=True)");
+        let stranger_port: u16 = line.parse().unwrap();
         let ours = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
