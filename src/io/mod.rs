@@ -39,7 +39,9 @@ impl AtomicFile {
         }
         let name = target.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file name", target.display())))?;
         let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".{}.criuz-tmp-{}", name.to_string_lossy(), std::process::id()));
+        let prefix = format!(".{}.criuz-tmp-", name.to_string_lossy());
+        remove_dead_writers(dir, &prefix);
+        let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).at(&tmp)?;
         Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force })
     }
@@ -70,6 +72,24 @@ impl Drop for AtomicFile {
     fn drop(&mut self) {
         if self.file.take().is_some() {
             let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Removes the temporary files (`{prefix}{pid}`) of earlier writers of the
+/// same target whose process is gone (SIGKILLed, or the machine went down):
+/// never renamed into place, they are incomplete archives, of no use and as
+/// large as what was written. A live pid, even another program's after a
+/// reboot, keeps its file. Best effort.
+fn remove_dead_writers(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
@@ -205,4 +225,28 @@ pub fn read_head(spec: &Path, len: usize) -> Option<Vec<u8>> {
     let mut b = vec![0u8; len];
     std::io::Read::read_exact(&mut File::open(spec).ok()?, &mut b).ok()?;
     Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_writers_temporary_file_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ended = std::process::Command::new("true").spawn().unwrap();
+        let dead = ended.id();
+        ended.wait().unwrap();
+        let stale = dir.path().join(format!(".a.czr.criuz-tmp-{dead}"));
+        // pid 1 lives: its file may be a writer's at work.
+        let live = dir.path().join(".a.czr.criuz-tmp-1");
+        let other = dir.path().join(format!(".b.czr.criuz-tmp-{dead}"));
+        for f in [&stale, &live, &other] {
+            std::fs::write(f, b"partial").unwrap();
+        }
+        let out = AtomicFile::create(&dir.path().join("a.czr"), false).unwrap();
+        assert!(!stale.exists(), "a dead writer's temporary file is removed");
+        assert!(live.exists() && other.exists(), "a live writer's, and another target's, are not");
+        drop(out);
+    }
 }
