@@ -218,15 +218,24 @@ pub struct RuncRestore {
 pub struct ContainerRestoreReport {
     /// Until runc returned and (lazily) every page was in place.
     pub seconds: f64,
-    /// Until the images were written (eagerly; a lazy restore writes no
-    /// page image, see `lazy`).
-    pub unpack_seconds: Option<f64>,
-    /// Bytes written for CRIU to read (eagerly).
-    pub bytes: Option<u64>,
-    /// Zero pages CRIU was spared (see `images_dir`; eagerly).
-    pub zero_pages_skipped: Option<u64>,
-    /// How a lazy restore went (`None`: an eager one).
-    pub lazy: Option<crate::session::lazy::LazyReport>,
+    /// In JSON, an `eager` or a `lazy` object beside `seconds`.
+    #[serde(flatten)]
+    pub how: RestoredHow,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestoredHow {
+    /// Every image written first (`images_dir`), then `runc restore`.
+    Eager {
+        /// Until the images were written.
+        unpack_seconds: f64,
+        /// Bytes written for CRIU to read.
+        bytes: u64,
+        /// Zero pages CRIU was spared.
+        zero_pages_skipped: u64,
+    },
+    Lazy(crate::session::lazy::LazyReport),
 }
 
 /// `runc restore` of container `o.id` from an archive. Eagerly, the
@@ -246,29 +255,17 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         let victim = Victim::Cgroup(OnceLock::new());
         let lazy =
             LazyRestore { source: archive, input: &o.input, images: &images, work: work.path(), victim: &victim };
-        let (status, report) = match lazy.run(cmd, started, || Ok(())) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Victim::Cgroup(c) = &victim {
-                    if c.get().is_some() {
-                        // Ours (CRIU connected for it), killed: no stopped
-                        // container is left behind under its name.
-                        let _ = runc.command(criu).args(["delete", "-f", &o.id]).stdin(Stdio::null()).output();
-                    }
-                }
-                return Err(e);
+        let (status, report) = lazy.run(cmd, started, || Ok(())).inspect_err(|_| {
+            if matches!(&victim, Victim::Cgroup(c) if c.get().is_some()) {
+                // Ours (CRIU connected for it), killed: no stopped container
+                // is left behind under its name.
+                let _ = runc.command(criu).args(["delete", "-f", &o.id]).stdin(Stdio::null()).output();
             }
-        };
+        })?;
         if !status.success() {
             return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
         }
-        return Ok(ContainerRestoreReport {
-            seconds: started.elapsed().as_secs_f64(),
-            unpack_seconds: None,
-            bytes: None,
-            zero_pages_skipped: None,
-            lazy: Some(report),
-        });
+        return Ok(ContainerRestoreReport { seconds: started.elapsed().as_secs_f64(), how: RestoredHow::Lazy(report) });
     }
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
@@ -279,10 +276,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     Ok(ContainerRestoreReport {
         seconds: started.elapsed().as_secs_f64(),
-        unpack_seconds: Some(unpack_seconds),
-        bytes: Some(st.bytes),
-        zero_pages_skipped: Some(zero_pages_skipped),
-        lazy: None,
+        how: RestoredHow::Eager { unpack_seconds, bytes: st.bytes, zero_pages_skipped },
     })
 }
 

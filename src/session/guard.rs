@@ -118,17 +118,7 @@ pub fn cgroup_kill_of(pid: u32, owner: u32) -> std::result::Result<PathBuf, Stri
     if own == group || own.starts_with(&format!("{group}/")) {
         return Err(format!("its group {group} holds criuz itself"));
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
-    // mountinfo: id parent dev root mountpoint opts... - fstype source opts
-    let mount = mounts
-        .lines()
-        .find_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
-                .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
-        })
-        .ok_or("no cgroup v2 mount")?;
-    let dir = mount.join(group.trim_start_matches('/'));
+    let dir = cgroup2_mount().ok_or("no cgroup v2 mount")?.join(group.trim_start_matches('/'));
     // Only a group of criuz's own processes: runc moves CRIU into the
     // container's group to restore, and CRIU forks the restored tree's root
     // as its own sibling (a child of runc), so both are there; a CRIU left
@@ -148,8 +138,19 @@ pub fn cgroup_kill_of(pid: u32, owner: u32) -> std::result::Result<PathBuf, Stri
     }
 }
 
+/// Where the whole cgroup v2 hierarchy is mounted (its root, from
+/// mountinfo: id parent dev root mountpoint opts... - fstype source opts).
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split(' ').next() == Some("cgroup2") && pre.split(' ').nth(3) == Some("/"))
+            .then(|| pre.split(' ').nth(4).map(PathBuf::from))?
+    })
+}
+
 /// Whether `pid` is `ancestor` or below it (parents through /proc).
-pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..4096 {
         if pid == ancestor {
             return true;
@@ -312,6 +313,24 @@ pub(crate) fn kill_tree(tree: &[i32]) {
 /// the deepest first (see [`kill_tree`]).
 pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
     let mut pids = [0i32; MAX_TREE];
+    let n = collect_tree(tree, &mut pids);
+    for &p in pids[..n].iter().rev() {
+        // SAFETY: a tree criuz restored or dumped, and what it forked.
+        unsafe { libc::kill(p, sig) };
+    }
+}
+
+/// The pids of `tree` and every descendant they have now, parents before
+/// children (not async-signal-safe: it allocates).
+pub(crate) fn tree_pids(tree: &[i32]) -> Vec<i32> {
+    let mut pids = Box::new([0i32; MAX_TREE]);
+    let n = collect_tree(tree, &mut pids);
+    pids[..n].to_vec()
+}
+
+/// Fills `pids` with `tree` and its descendants, parents first; returns
+/// how many. Async-signal-safe.
+fn collect_tree(tree: &[i32], pids: &mut [i32; MAX_TREE]) -> usize {
     let mut n = 0;
     for &p in tree.iter().take(MAX_TREE) {
         pids[n] = p;
@@ -320,13 +339,10 @@ pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
     let mut i = 0;
     while i < n {
         // SAFETY: only system calls on stack buffers we own.
-        n = unsafe { add_children(pids[i], &mut pids, n) };
+        n = unsafe { add_children(pids[i], pids, n) };
         i += 1;
     }
-    for &p in pids[..n].iter().rev() {
-        // SAFETY: a tree criuz restored or dumped, and what it forked.
-        unsafe { libc::kill(p, sig) };
-    }
+    n
 }
 
 /// A piece of a /proc path: text, or a number written in decimal.
@@ -540,15 +556,7 @@ mod tests {
 
     impl TestGroup {
         fn new(name: &str) -> TestGroup {
-            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-            let mount = mounts
-                .lines()
-                .find_map(|l| {
-                    let (pre, post) = l.split_once(" - ")?;
-                    (post.starts_with("cgroup2 ") && pre.split(' ').nth(3) == Some("/"))
-                        .then(|| PathBuf::from(pre.split(' ').nth(4).unwrap()))
-                })
-                .expect("a cgroup v2 mount (lazy container restores need one)");
+            let mount = cgroup2_mount().expect("a cgroup v2 mount (lazy container restores need one)");
             let dir = mount.join(format!("criuz-test-{name}-{}", std::process::id()));
             std::fs::create_dir(&dir).unwrap();
             TestGroup(dir)

@@ -25,11 +25,12 @@ use crate::criu::images::{pe, PagemapBuilder};
 use crate::criu::page_server::{self as ps, proto, CommandReader, Target};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{EntryMeta, FileKind, PAGE_SIZE};
+use crate::session::guard::tree_pids;
 use crate::tree;
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -55,20 +56,31 @@ impl PageServer {
         Ok(self.listener.local_addr()?)
     }
 
-    /// The one dump's connection, or `None` once `stop` is set first.
-    fn accept(&self, stop: &AtomicBool) -> Result<Option<TcpStream>> {
+    /// The one dump's connection, or `None` once `stop` is set first; on
+    /// loopback, with the inode of the dump's end of it.
+    fn accept(&self, stop: &AtomicBool) -> Result<Option<(TcpStream, Option<u64>)>> {
         loop {
             match self.listener.accept() {
                 Ok((sock, peer)) => {
-                    if peer.ip().is_loopback() && !peer_is_ours(&sock, peer) {
-                        // Another user's connection to our port: it could
-                        // feed pages into the archive. Not the dump's; wait on.
-                        eprintln!("criuz: page server: refused a connection from {peer}, a socket of another user");
-                        continue;
+                    let mut inode = None;
+                    if peer.ip().is_loopback() {
+                        // SAFETY: geteuid has no preconditions.
+                        let uid = unsafe { libc::geteuid() };
+                        match peer_socket(&sock, peer) {
+                            Some((owner, ino)) if owner == uid => inode = Some(ino),
+                            _ => {
+                                // Another user's connection to our port: it could
+                                // feed pages into the archive. Not the dump's; wait on.
+                                eprintln!(
+                                    "criuz: page server: refused a connection from {peer}, a socket of another user"
+                                );
+                                continue;
+                            }
+                        }
                     }
                     sock.set_nonblocking(false)?;
                     sock.set_nodelay(true)?;
-                    return Ok(Some(sock));
+                    return Ok(Some((sock, inode)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if stop.load(Ordering::Relaxed) {
@@ -110,14 +122,6 @@ fn peer_socket(sock: &TcpStream, peer: SocketAddr) -> Option<(u32, u64)> {
     })
 }
 
-/// Whether the loopback socket that connected as `peer` belongs to criuz's
-/// own user (CRIU runs as root, as criuz must).
-fn peer_is_ours(sock: &TcpStream, peer: SocketAddr) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    peer_socket(sock, peer).is_some_and(|(owner, _)| owner == uid)
-}
-
 /// Takes the cork off CRIU's end of the connection. CRIU corks its
 /// page-server socket when it connects and pushes each command that wants
 /// an answer with a one-off TCP_NODELAY, all but the last: CLOSE stays in
@@ -129,49 +133,47 @@ fn peer_is_ours(sock: &TcpStream, peer: SocketAddr) -> bool {
 /// (runc's CRIU), through pidfd_getfd(2); it is the other end of the
 /// connection criuz accepted, found by its inode. Best effort: without it
 /// the dump only ends 0.2 s later.
-fn uncork_dump(sock: &TcpStream) -> bool {
-    let Some((_, inode)) = sock.peer_addr().ok().and_then(|peer| peer_socket(sock, peer)) else { return false };
-    let link = std::ffi::OsString::from(format!("socket:[{inode}]"));
-    let me = std::process::id();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
-    for pid in procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()) {
-        if pid == me || !crate::session::guard::descends_from(pid, me) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link) {
-                let Some(n) = fd.file_name().to_str().and_then(|n| n.parse::<libc::c_int>().ok()) else { continue };
-                return set_cork_off(pid, n);
-            }
-        }
-    }
-    false
-}
-
-fn set_cork_off(pid: u32, fd: libc::c_int) -> bool {
-    // SAFETY: pidfd_open, pidfd_getfd, setsockopt and close on descriptors
-    // this function opens and closes itself.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as libc::c_int;
-        if pidfd < 0 {
-            return false;
-        }
-        let theirs = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-        libc::close(pidfd);
-        if theirs < 0 {
-            return false;
-        }
-        let off: libc::c_int = 0;
-        let r = libc::setsockopt(
-            theirs,
+fn uncork_dump(inode: u64) -> bool {
+    let Some(theirs) = socket_of_descendant(inode) else { return false };
+    let off: libc::c_int = 0;
+    // SAFETY: setsockopt on a descriptor we own, one c_int value.
+    let r = unsafe {
+        libc::setsockopt(
+            theirs.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_CORK,
             (&off as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-        libc::close(theirs);
-        r == 0
+        )
+    };
+    r == 0
+}
+
+/// A copy of the socket with `inode` as one of criuz's descendants holds it.
+fn socket_of_descendant(inode: u64) -> Option<OwnedFd> {
+    let link = format!("socket:[{inode}]");
+    let me = std::process::id() as i32;
+    tree_pids(&[me]).into_iter().filter(|&p| p != me).find_map(|pid| {
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        let fd =
+            fds.flatten().find(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))?;
+        their_fd(pid, fd.file_name().to_str()?.parse().ok()?)
+    })
+}
+
+/// A copy of descriptor `fd` of process `pid` (pidfd_getfd(2): root, or
+/// the right to ptrace it).
+fn their_fd(pid: i32, fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open and pidfd_getfd return new descriptors (or -1),
+    // each owned once here.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if pidfd < 0 {
+            return None;
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as RawFd);
+        let theirs = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
+        (theirs >= 0).then(|| OwnedFd::from_raw_fd(theirs as RawFd))
     }
 }
 
@@ -203,7 +205,7 @@ fn image_meta() -> EntryMeta {
 /// Receives one dump into `packer` (a tree archive). Returns `None` if
 /// `stop` was set before a dump connected.
 pub fn receive(server: &PageServer, packer: &Packer, stop: &AtomicBool) -> Result<Option<ReceiveReport>> {
-    let Some(mut sock) = server.accept(stop)? else { return Ok(None) };
+    let Some((mut sock, inode)) = server.accept(stop)? else { return Ok(None) };
     let meta = image_meta();
     let mut report = ReceiveReport::default();
     let mut reader = CommandReader::new();
@@ -226,9 +228,9 @@ pub fn receive(server: &PageServer, packer: &Packer, stop: &AtomicBool) -> Resul
         let Some(c) = reader.next(&mut sock)? else {
             return Err(Error::Criu("the dump closed the page-server connection before it finished".into()));
         };
-        if std::mem::take(&mut first) {
+        if let Some(inode) = inode.filter(|_| std::mem::take(&mut first)) {
             // CRIU corks before its first command: the cork is on by now.
-            let _ = uncork_dump(&sock);
+            let _ = uncork_dump(inode);
         }
         match c.cmd {
             ps::PS_IOV_OPEN2 => {
@@ -374,19 +376,22 @@ mod tests {
     use super::*;
 
     /// TCP_CORK of descriptor `fd` of process `pid`.
-    fn cork_of(pid: u32, fd: libc::c_int) -> libc::c_int {
+    fn corked(pid: u32, fd: RawFd) -> bool {
+        let theirs = their_fd(pid as i32, fd).expect("pidfd_getfd");
         let mut v: libc::c_int = -1;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: as in set_cork_off; getsockopt writes one c_int.
-        unsafe {
-            let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as libc::c_int;
-            let theirs = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-            assert!(pidfd >= 0 && theirs >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
-            libc::getsockopt(theirs, libc::IPPROTO_TCP, libc::TCP_CORK, (&mut v as *mut libc::c_int).cast(), &mut len);
-            libc::close(theirs);
-            libc::close(pidfd);
-        }
-        v
+        // SAFETY: getsockopt writes one c_int into `v`.
+        let r = unsafe {
+            libc::getsockopt(
+                theirs.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "getsockopt TCP_CORK");
+        v != 0
     }
 
     /// A page server on loopback and its port, for a test that needs root
@@ -429,11 +434,11 @@ mod tests {
         let cork =
             "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1); s.send(b'c' * 32); print(s.fileno(), flush=True)";
         let (mut dump, line) = connecting_child(&[], port, cork);
-        let fd: libc::c_int = line.parse().unwrap();
-        let mut sock = server.accept(&AtomicBool::new(false)).unwrap().unwrap();
-        assert_eq!(cork_of(dump.id(), fd), 1);
-        assert!(uncork_dump(&sock));
-        assert_eq!(cork_of(dump.id(), fd), 0);
+        let fd: RawFd = line.parse().unwrap();
+        let (mut sock, inode) = server.accept(&AtomicBool::new(false)).unwrap().unwrap();
+        assert!(corked(dump.id(), fd));
+        assert!(uncork_dump(inode.expect("a loopback connection's inode")));
+        assert!(!corked(dump.id(), fd));
         let mut held = [0u8; 32];
         std::io::Read::read_exact(&mut sock, &mut held).unwrap();
         assert_eq!(held, [b'c'; 32]);
@@ -457,7 +462,7 @@ mod tests {
             p
         });
         let stop = AtomicBool::new(false);
-        let got = server.accept(&stop).unwrap().expect("a connection");
+        let (got, _) = server.accept(&stop).unwrap().expect("a connection");
         let served = got.peer_addr().unwrap().port();
         assert_ne!(served, stranger_port, "the stranger's connection was served");
         assert_eq!(served, ours.join().unwrap(), "our own connection is served");

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use criuz::archive::Packer;
 use criuz::io::Output;
-use criuz::session::container::{self, Runc, RuncCheckpoint, RuncRestore, Via};
+use criuz::session::container::{self, RestoredHow, Runc, RuncCheckpoint, RuncRestore, Via};
 use criuz::session::receive::{self, PageServer};
 use std::path::PathBuf;
 use std::process::Command;
@@ -192,25 +192,26 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if json {
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
-            } else if let Some(l) = &r.lazy {
-                eprintln!(
-                    "restored container {} from {} lazily: running after {:.2}s, every page in after {:.2}s ({} pages copied in, {} faults)",
-                    o.id,
-                    o.input.display(),
-                    l.running_seconds,
-                    l.resident_seconds,
-                    l.lazy_pages,
-                    l.faults
-                );
-            } else if let (Some(bytes), Some(unpack)) = (r.bytes, r.unpack_seconds) {
-                eprintln!(
-                    "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
-                    o.id,
-                    o.input.display(),
-                    human(bytes),
-                    unpack,
-                    r.seconds
-                );
+            } else {
+                match &r.how {
+                    RestoredHow::Lazy(l) => eprintln!(
+                        "restored container {} from {} lazily: running after {:.2}s, every page in after {:.2}s ({} pages copied in, {} faults)",
+                        o.id,
+                        o.input.display(),
+                        l.running_seconds,
+                        l.resident_seconds,
+                        l.lazy_pages,
+                        l.faults
+                    ),
+                    RestoredHow::Eager { unpack_seconds, bytes, .. } => eprintln!(
+                        "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
+                        o.id,
+                        o.input.display(),
+                        human(*bytes),
+                        unpack_seconds,
+                        r.seconds
+                    ),
+                }
             }
         }
     }
