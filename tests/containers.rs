@@ -196,12 +196,14 @@ fn runc_containers_round_trip_by_both_routes() {
         // runc's own file travels in the archive.
         let inspect = ok(criuz(&["inspect", "--json", p(&arc)]), "inspect");
         assert!(String::from_utf8_lossy(&inspect.stdout).contains("\"descriptors.json\""));
-        // The page-server archive comes back lazily: criuz serves the pages
-        // and returns once all are in.
-        let lazy = if via == "page-server" { "--lazy" } else { "--json" };
-        let out = r.restore(&arc, &[lazy], &criu);
-        ok(out, &format!("criuz runc restore {lazy} ({via})"));
-        assert_eq!(r.sum(), before, "memory after a restore ({lazy}) of a {via} checkpoint");
+        // The page-server archive comes back as by default, lazily: criuz
+        // serves the pages and returns once all are in.
+        let (how, args): (_, &[&str]) = if via == "page-server" { ("lazy", &[]) } else { ("eager", &["--eager"]) };
+        let out = ok(r.restore(&arc, &[args, &["--json"]].concat(), &criu), &format!("criuz runc restore ({via})"));
+        let json = &out.stderr[out.stderr.iter().position(|&b| b == b'{').unwrap()..];
+        let report: serde_json::Value = serde_json::from_slice(json).unwrap();
+        assert!(report[how].is_object(), "restored {how}: {report}");
+        assert_eq!(r.sum(), before, "memory after a restore ({how}) of a {via} checkpoint");
     }
     // Encrypted with a passphrase: the wrong one restores nothing (exit 3,
     // no container, lazily or not), the right one restores it intact.
@@ -210,7 +212,7 @@ fn runc_containers_round_trip_by_both_routes() {
     std::fs::write(&bad, "incorrect horse\n").unwrap();
     let sealed = ["-o", p(&enc), "--passphrase-file", p(&pass), "--criu", p(&criu)];
     ok(r.criuz(&[&["checkpoint", &r.id][..], &sealed[..]].concat()), "criuz runc checkpoint (sealed)");
-    for lazy in ["--json", "--lazy"] {
+    for lazy in ["--eager", "--lazy"] {
         let out = r.restore(&enc, &[lazy, "--passphrase-file", p(&bad)], &criu);
         assert_eq!(out.status.code(), Some(3), "wrong passphrase, {lazy}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{lazy}: no container");
@@ -225,12 +227,13 @@ fn runc_containers_round_trip_by_both_routes() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&arc, &bytes).unwrap();
-    for lazy in ["--json", "--lazy"] {
-        let out = r.restore(&arc, &[lazy], &criu);
-        assert_eq!(out.status.code(), Some(3), "{lazy}: {}", String::from_utf8_lossy(&out.stderr));
-        // Lazily the container may have run until the damaged block came
-        // up: it was killed and deleted, never left running on zeros.
-        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{lazy}: no container is left");
+    for how in ["--eager", "--lazy"] {
+        let out = r.restore(&arc, &[how], &criu);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{how}: {err}");
+        // Lazily too, the damage is found before the container starts.
+        assert!(err.contains("checksum") && !err.contains("killed"), "{how}: {err}");
+        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{how}: no container is left");
     }
 }
 

@@ -1,9 +1,10 @@
 //! Lazy restore with real CRIU (`criu restore --lazy-pages`, criuz serving
 //! the faults): a process tree restored lazily comes back with every
 //! process's own checksum, from a file, from a pipe and from an incremental
-//! child; a damaged block deep inside the archive, found only after the
-//! process runs, kills the restored tree (no silent zeros) and fails as
-//! damaged; criuz killed or interrupted while pages still arrive ends in the
+//! child; a block damaged at rest stops the restore before the process
+//! runs, and one crafted to pass every check but its data check, found
+//! only after the process runs, kills the restored tree (no silent zeros)
+//! and fails as damaged; criuz killed or interrupted while pages still arrive ends in the
 //! tree's SIGKILL (and that of a child it forked meanwhile), not in a process
 //! running (or crashing) on zeros; memory discarded meanwhile reads as zero.
 
@@ -53,22 +54,63 @@ fn a_damaged_block_found_after_the_process_runs_kills_it() {
     dump(&w, &arc);
     w.reap_original();
 
-    // Damage the payload of a page block three quarters in: criuz's fill
-    // reaches it after the restored process already runs.
+    // Craft the LZ4 payload of a page block three quarters in: one of its
+    // last literals changed and every check but the block's data check
+    // recomputed, so the stored bytes prove good before the restore and
+    // criuz's fill finds the damage only as it decodes the block, after
+    // the restored process already runs.
     let mut bytes = std::fs::read(&arc).unwrap();
-    let blocks: Vec<_> = mutate::records(&bytes)
-        .into_iter()
-        .filter(|r| r.kind == b'B' && bytes[r.start + 2] & 1 != 0 && r.len > r.header_len + 4 + 4096)
-        .collect();
-    let b = blocks[blocks.len() * 3 / 4];
-    bytes[b.start + b.len - 17] ^= 0x10;
+    let b = page_block_three_quarters_in(&bytes, Some(1));
+    bytes[b.start + b.len - 3] ^= 0x10;
+    let payload = xxhash_rust::xxh3::xxh3_64(&bytes[b.start + b.header_len + 4..b.start + b.len]) as u32;
+    bytes[b.start + 24..b.start + 28].copy_from_slice(&payload.to_le_bytes());
+    mutate::reseal(&mut bytes, mutate::Reseal::All);
     std::fs::write(&arc, &bytes).unwrap();
 
     let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("one.czr") && err.contains("killed"), "{err}");
+    assert!(err.contains("one.czr") && err.contains("data checksum") && err.contains("killed"), "{err}");
     assert_killed(&w, "the restored process to be killed");
+}
+
+/// A block of page data three quarters into the archive (of `codec`, if
+/// given): far enough in that a lazy restore's fill reaches it late.
+fn page_block_three_quarters_in(bytes: &[u8], codec: Option<u8>) -> mutate::Rec {
+    let blocks: Vec<_> = mutate::records(bytes)
+        .into_iter()
+        .filter(|r| r.kind == b'B' && r.len > r.header_len + 4 + 4096)
+        .filter(|r| codec.is_none_or(|c| bytes[r.start + 1] == c))
+        .collect();
+    blocks[blocks.len() * 3 / 4]
+}
+
+#[test]
+fn a_damaged_block_stops_a_lazy_restore_before_the_process_runs() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("rot.czr");
+    // One bit of a stored page flipped at rest, in a raw block (proven by
+    // its data check; random pages are stored raw) and in an LZ4 one (by
+    // its payload check): every stored byte is read against its check
+    // before CRIU starts.
+    for (pattern, codec) in [("random", 0), ("mixed", 1)] {
+        let mut w = Workload::start(Spec { mib: 16, pattern, ..Default::default() });
+        w.sums();
+        dump(&w, &arc);
+        w.reap_original();
+        let mut bytes = std::fs::read(&arc).unwrap();
+        let b = page_block_three_quarters_in(&bytes, Some(codec));
+        bytes[b.start + b.len - 17] ^= 0x10;
+        std::fs::write(&arc, &bytes).unwrap();
+        let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{pattern}: {err}");
+        assert!(err.contains("rot.czr") && err.contains("checksum") && !err.contains("killed"), "{pattern}: {err}");
+        assert!(!w.alive(), "{pattern}: nothing was restored");
+        std::fs::remove_file(&arc).unwrap();
+    }
 }
 
 /// Starts a detached lazy restore of `arc` in the background; returns it once

@@ -5,14 +5,15 @@
 //! - `runc+zstd`: the same, then `tar | zstd -1 -T0` into one file (what a
 //!   runc user does for a checkpoint to keep or move; the images directory
 //!   is removed untimed) / `zstd -d | tar -x`, then `runc restore`;
-//! - `criuz-runc`: `criuz runc checkpoint -o FILE` as it is by default
-//!   (the page server: CRIU sends its pages to criuz over loopback TCP)
-//!   / `criuz runc restore -i FILE`;
+//! - `criuz-runc`: `criuz runc checkpoint -o FILE` / `criuz runc restore -i
+//!   FILE` as they are by default: the page server (CRIU sends its pages to
+//!   criuz over loopback TCP), and a lazy restore (the container runs at
+//!   once, criuz serves its pages; the command, and the time, end once every
+//!   page is in);
 //! - `criuz-runc-follow`: checkpoint `--via follow` (CRIU's images followed
 //!   in tmpfs and compressed as they grow);
-//! - `criuz-runc-lazy`: checkpoint as `criuz-runc`, restore with `--lazy`
-//!   (the container runs at once, criuz serves its pages; the command, and
-//!   the time, end once every page is in).
+//! - `criuz-runc-eager`: checkpoint as `criuz-runc`, restore `--eager` (every
+//!   page written for CRIU before it starts).
 //!
 //! Configurations alternate within each round so drift hits all alike, and
 //! each run starts after a `sync`, so no run pays for the writeback of the
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const CONFIGS: [&str; 5] = ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-lazy"];
+pub const CONFIGS: [&str; 5] = ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-eager"];
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
@@ -209,8 +210,9 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         let d = timed(c, logs, "criuz-runc-checkpoint")?;
         let mut r = Command::new(criuz);
         r.args(["runc", "restore", &b.id, "-d", "-i"]).arg(&arc).arg("-b").arg(&b.dir).arg("--root").arg(&b.root);
-        if cfg == "criuz-runc-lazy" {
-            r.args(["--lazy", "--json"]);
+        r.arg("--json");
+        if cfg == "criuz-runc-eager" {
+            r.arg("--eager");
         }
         r.arg("--criu").arg(&b.criu);
         let s = timed(r, logs, "criuz-runc-restore")?;

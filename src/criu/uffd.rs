@@ -78,10 +78,38 @@ const fn uffd_ioctl(dir: u64, nr: u64, size: u64) -> u64 {
 }
 const IOC_READ: u64 = 2;
 const IOC_READ_WRITE: u64 = 3;
+const UFFDIO_API: u64 = uffd_ioctl(IOC_READ_WRITE, 0x3F, 24);
 const UFFDIO_UNREGISTER: u64 = uffd_ioctl(IOC_READ, 0x01, 16);
 const UFFDIO_WAKE: u64 = uffd_ioctl(IOC_READ, 0x02, 16);
 const UFFDIO_COPY: u64 = uffd_ioctl(IOC_READ_WRITE, 0x03, 40);
 const UFFDIO_ZEROPAGE: u64 = uffd_ioctl(IOC_READ_WRITE, 0x04, 32);
+
+/// The API version, and the events CRIU's lazy restore needs
+/// (`NEED_UFFD_API_FEATURES` in criu/uffd.c): fork, mremap, munmap and
+/// MADV_DONTNEED of the restored memory.
+const UFFD_API: u64 = 0xAA;
+const FEATURES_CRIU_NEEDS: u64 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 6);
+
+#[repr(C)]
+struct Api {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+/// Whether this kernel gives this process a userfaultfd with the events a
+/// lazy restore needs (CRIU asks for the same in the restored tree).
+pub fn lazy_restore_available() -> bool {
+    // SAFETY: userfaultfd(2) takes only flags; a descriptor it returns is ours.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let uffd = Uffd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    let mut api = Api { api: UFFD_API, features: FEATURES_CRIU_NEEDS, ioctls: 0 };
+    uffd.ioctl(UFFDIO_API, &mut api).is_ok() && api.features & FEATURES_CRIU_NEEDS == FEATURES_CRIU_NEEDS
+}
 
 #[repr(C)]
 struct Range {
@@ -256,11 +284,21 @@ mod tests {
     #[test]
     fn ioctl_numbers_match_the_kernel_headers() {
         // Values of UFFDIO_* on x86_64 and arm64 (linux/userfaultfd.h).
+        assert_eq!(UFFDIO_API, 0xc018_aa3f);
         assert_eq!(UFFDIO_UNREGISTER, 0x8010_aa01);
         assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
         assert_eq!(UFFDIO_COPY, 0xc028_aa03);
         assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
         assert_eq!(std::mem::size_of::<Copy>(), 40);
         assert_eq!(std::mem::size_of::<ZeroPage>(), 32);
+        assert_eq!(std::mem::size_of::<Api>(), 24);
+    }
+
+    #[test]
+    fn root_gets_the_userfaultfd_a_lazy_restore_needs() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(lazy_restore_available(), "this kernel (as root) restores lazily");
+        }
     }
 }

@@ -16,10 +16,18 @@
 //!   every page (a failed archive leaves it running).
 //!   Either way runc's own files (`descriptors.json`) join the archive.
 //! - runc restore writes the images into a private work directory and runs
-//!   `runc restore --image-path` on it: all of them, every check first
-//!   (`images_dir`), or, `--lazy`, only what CRIU restores itself while
-//!   criuz serves the rest as CRIU's lazy-pages daemon (`lazy`), killing
-//!   the container's cgroup should a page fail to arrive.
+//!   `runc restore --image-path` on it. By default (where the kernel gives
+//!   the userfaultfd CRIU needs) lazily: only what CRIU restores itself is
+//!   written, every stored byte of the archive proven first, and criuz
+//!   serves the rest as CRIU's lazy-pages daemon (`lazy`) until every page
+//!   is in, killing the container's cgroup should one fail to arrive. Runc
+//!   cannot stream, so eagerly all of the pages are written to tmpfs before
+//!   CRIU starts reading them (`images_dir`, every check first): lazily that
+//!   copy overlaps CRIU's restore instead of preceding it, so the lazy
+//!   restore has every page in place sooner than the eager one has started
+//!   the container (`criuz-bench --containers`, docs/BENCHMARKS.md).
+//!   `Memory::Eager` keeps the container from running until all of its
+//!   memory is in place.
 //! - podman's checkpoint is a tar stream (`--export`); criuz packs it as a
 //!   tree and unpacks it back to a private tar file for `--import`.
 //!
@@ -30,7 +38,7 @@
 
 use crate::archive::parent::ParentSearch;
 use crate::archive::{Options, PackStats, Packer};
-use crate::criu::Criu;
+use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result};
 use crate::io::Output;
 use crate::offline::{self, Reading};
@@ -207,11 +215,22 @@ pub struct RuncRestore {
     pub bundle: Option<PathBuf>,
     pub detach: bool,
     pub pid_file: Option<PathBuf>,
-    /// The container runs before its memory is in: criuz serves its pages
-    /// (`session::lazy`) and returns once every page is in place.
-    pub lazy: bool,
+    pub memory: Memory,
     /// More `runc restore` options (e.g. `--tcp-established`).
     pub extra: Vec<String>,
+}
+
+/// How a restored container's memory comes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// Lazily where this kernel allows it
+    /// ([`uffd::lazy_restore_available`]), else eagerly.
+    Auto,
+    /// The container runs before its memory is in: criuz serves its pages
+    /// (`session::lazy`) and returns once every page is in place.
+    Lazy,
+    /// Every page written for CRIU before it starts.
+    Eager,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -239,9 +258,10 @@ pub enum RestoredHow {
 }
 
 /// `runc restore` of container `o.id` from an archive. Eagerly, the
-/// archive is proven whole (every check) before runc starts; lazily, every
-/// page still comes from a checked block, and a block that fails (or a
-/// criuz that dies) kills the container's cgroup (`guard::Victim`).
+/// archive is proven whole (every check) before runc starts; lazily, its
+/// stored bytes are, every page still comes from a checked block, and a
+/// block that fails once the container runs (or a criuz that dies) kills
+/// the container's cgroup (`guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
@@ -249,7 +269,12 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let archive = crate::archive::parent::open(&o.input, SPOOL_CAP, &ParentSearch::default())?;
     let mut cmd = runc.command(criu);
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
-    if o.lazy {
+    let lazy = match o.memory {
+        Memory::Lazy => true,
+        Memory::Eager => false,
+        Memory::Auto => uffd::lazy_restore_available(),
+    };
+    if lazy {
         cmd.arg("--lazy-pages");
         runc_restore_args(&mut cmd, o);
         let victim = Victim::Cgroup(OnceLock::new());

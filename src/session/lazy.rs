@@ -10,16 +10,23 @@
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
 //! skips). Shared memory and other page images are written whole.
 //!
+//! Nothing runs on a damaged archive: before CRIU starts, every stored byte
+//! of the archive and its parents is read against its check
+//! (`BlockSource::prove_stored`, beside the writing of the images), so
+//! damage at rest stops the restore while nothing runs. What that cannot
+//! see (a compressed payload crafted to match its payload check, a file
+//! changed after, an I/O error) is found as the block is decoded.
+//!
 //! No silent zeros: a page not yet copied reads as zero once every copy of
-//! the tree's userfaultfds is closed. A failure criuz finds (a damaged
-//! block, an I/O error) kills the tree before criuz lets go of them, and a
-//! guard process (`session::guard`) holds copies too and kills the tree if
-//! criuz dies.
+//! the tree's userfaultfds is closed. A failure criuz finds once the tree
+//! runs kills the tree before criuz lets go of them, and a guard process
+//! (`session::guard`) holds copies too and kills the tree if criuz dies.
 //!
 //! [`LazyRestore`] is the part both callers share: `criuz restore --lazy`
 //! runs `criu restore --lazy-pages` and names the tree by its pids;
-//! `criuz runc restore --lazy` runs `runc restore --lazy-pages`, whose tree
-//! lives in a pid namespace of its own, and names the container's cgroup.
+//! `criuz runc restore` (lazy by default) runs `runc restore
+//! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
+//! the container's cgroup.
 
 use crate::archive::{parent, BlockSource};
 use crate::codec::Decoder;
@@ -253,7 +260,15 @@ impl LazyRestore<'_> {
         let blocks = Blocks::new(self.source.clone());
         let touch = touch_path(self.input);
         let recorded = load_touches(touch.as_deref());
-        let (processes, eager_pages) = materialize(&blocks, self.images)?;
+        // Every stored byte is proven before the tree may run, beside the
+        // images being written (which decode and prove their own blocks).
+        let (proven, materialized) = std::thread::scope(|s| {
+            let proving = s.spawn(|| self.source.prove_stored());
+            let materialized = materialize(&blocks, self.images);
+            (proving.join().unwrap_or(Err(Error::Cancelled)), materialized)
+        });
+        proven?;
+        let (processes, eager_pages) = materialized?;
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;

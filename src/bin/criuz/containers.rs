@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use criuz::archive::Packer;
 use criuz::io::Output;
-use criuz::session::container::{self, RestoredHow, Runc, RuncCheckpoint, RuncRestore, Via};
+use criuz::session::container::{self, Memory, RestoredHow, Runc, RuncCheckpoint, RuncRestore, Via};
 use criuz::session::receive::{self, PageServer};
 use std::path::PathBuf;
 use std::process::Command;
@@ -142,9 +142,15 @@ pub enum RuncCmd {
         pid_file: Option<PathBuf>,
         /// Start the container before its memory is in: criuz serves the
         /// pages as they are touched and fills the rest, and returns once
-        /// all are in (a failure then kills the container's cgroup)
-        #[arg(long)]
+        /// all are in (a failure then kills the container's cgroup). The
+        /// default where the kernel allows it; the archive's stored bytes
+        /// are all checked before the container starts
+        #[arg(long, conflicts_with = "eager")]
         lazy: bool,
+        /// Write every page for CRIU before the container starts (the
+        /// container never runs before all of its memory is in place)
+        #[arg(long)]
+        eager: bool,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -185,11 +191,19 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 );
             }
         }
-        RuncCmd::Restore { id, input, bundle, detach, pid_file, lazy, json, global, threads, keys, extra } => {
+        RuncCmd::Restore { id, input, bundle, detach, pid_file, lazy, eager, json, global, threads, keys, extra } => {
             keys.load()?;
             let criu = global.criu.locate()?;
-            let o = RuncRestore { id, input, bundle, detach, pid_file, lazy, extra };
+            let memory = match (lazy, eager) {
+                (true, _) => Memory::Lazy,
+                (_, true) => Memory::Eager,
+                _ => Memory::Auto,
+            };
+            let o = RuncRestore { id, input, bundle, detach, pid_file, memory, extra };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
+            if memory == Memory::Auto && matches!(r.how, RestoredHow::Eager { .. }) {
+                eprintln!("criuz: this kernel gives no userfaultfd for a lazy restore: restored eagerly");
+            }
             if json {
                 eprintln!("{}", serde_json::to_string_pretty(&r)?);
             } else {
