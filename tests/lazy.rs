@@ -278,8 +278,10 @@ fn an_incremental_child_restores_lazily_through_its_parent() {
     let out = criuz(&["restore", "--lazy", "-d", "--json", "-i", child.to_str().unwrap()]);
     assert!(out.status.success(), "lazy restore: {}", String::from_utf8_lossy(&out.stderr));
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(w.sums(), before, "a child restored lazily through its parent sees other memory ({rep})");
+    // Lazily even when CRIU marked no page lazy (a page-aligned stack
+    // pointer, see `criu::images::mark_lazy`): about one run in a hundred.
     assert!(rep["lazy_pages"].as_u64().unwrap() > (48 << 20) / 4096 / 2, "{rep}");
-    assert_eq!(w.sums(), before, "a child restored lazily through its parent sees other memory");
     w.stop();
 }
 

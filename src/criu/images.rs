@@ -21,6 +21,9 @@ const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
 const PSTREE_MAGIC: u32 = 0x5027_3030;
+const CORE_MAGIC: u32 = 0x5505_3847;
+/// `core_entry.march` of x86_64 (images/core.proto).
+const MARCH_X86_64: i32 = 1;
 
 const PE_PARENT: u32 = 1 << 0;
 const PE_LAZY: u32 = 1 << 1;
@@ -84,6 +87,48 @@ pub fn pstree_pids(img: &[u8]) -> Option<Vec<u32>> {
         pids.extend(e.threads.into_iter().filter(|&t| t != e.pid));
     }
     Some(pids)
+}
+
+/// The thread ids of process `pid` (pstree.img); `None` if the image is not
+/// as expected or does not hold `pid`.
+pub fn pstree_threads(img: &[u8], pid: u32) -> Option<Vec<u32>> {
+    for obj in objects(img, PSTREE_MAGIC)? {
+        let e = PstreeEntry::decode(obj).ok()?;
+        if e.pid == pid {
+            return Some(if e.threads.is_empty() { vec![pid] } else { e.threads });
+        }
+    }
+    None
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CoreEntry {
+    #[prost(int32, required, tag = "1")]
+    mtype: i32,
+    #[prost(message, optional, tag = "2")]
+    thread_info: Option<ThreadInfoX86>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ThreadInfoX86 {
+    #[prost(message, optional, tag = "2")]
+    gpregs: Option<UserX86Regs>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct UserX86Regs {
+    #[prost(uint64, optional, tag = "20")]
+    sp: Option<u64>,
+}
+
+/// The stack pointer a thread was dumped with (core-<tid>.img); x86_64
+/// only, `None` otherwise or if the image is not as expected.
+pub fn core_stack_pointer(core: &[u8]) -> Option<u64> {
+    let c = CoreEntry::decode(*objects(core, CORE_MAGIC)?.first()?).ok()?;
+    if c.mtype != MARCH_X86_64 {
+        return None;
+    }
+    c.thread_info?.gpregs?.sp
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -198,27 +243,8 @@ pub fn plan(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool) -> Option<
 /// restore fetches each gap-free range in requests of its own, so scattered
 /// holes would multiply the requests.
 pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_run: u64) -> Option<ZeroPlan> {
-    let mm_objs = objects(mm, MM_MAGIC)?;
-    let mm = MmEntry::decode(*mm_objs.first()?).ok()?;
-    let anon: Vec<(u64, u64)> = mm
-        .vmas
-        .iter()
-        .filter(|v| {
-            v.status & VMA_AREA_REGULAR != 0
-                && v.status & VMA_ANON_PRIVATE != 0
-                && v.status & VMA_SPECIAL == 0
-                && v.flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
-                    == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
-                && v.flags & libc::MAP_SHARED as u32 == 0
-        })
-        .map(|v| (v.start, v.end))
-        .collect();
-    let mut anon = anon;
-    anon.sort_unstable();
-    let in_anon = |addr: u64| {
-        let i = anon.partition_point(|&(s, _)| s <= addr);
-        i > 0 && addr < anon[i - 1].1
-    };
+    let anon = anon_vmas(mm, 0)?;
+    let in_anon = |addr: u64| in_ranges(&anon, addr);
 
     let objs = objects(pagemap, PAGEMAP_MAGIC)?;
     let head = decode_exact::<PagemapHead>(objs.first()?)?;
@@ -285,6 +311,79 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_r
         }
     }
     Some(ZeroPlan { pages_id: head.pages_id, pagemap: out, skipped, skipped_pages })
+}
+
+/// The VMAs of plain private anonymous memory (mm-<pid>.img), sorted, none
+/// of whose flags has any of the bits in `not`.
+fn anon_vmas(mm: &[u8], not: u32) -> Option<Vec<(u64, u64)>> {
+    let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    let mut anon: Vec<(u64, u64)> = mm
+        .vmas
+        .iter()
+        .filter(|v| {
+            v.status & VMA_AREA_REGULAR != 0
+                && v.status & VMA_ANON_PRIVATE != 0
+                && v.status & VMA_SPECIAL == 0
+                && v.flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
+                    == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32
+                && v.flags & (libc::MAP_SHARED as u32 | not) == 0
+        })
+        .map(|v| (v.start, v.end))
+        .collect();
+    anon.sort_unstable();
+    Some(anon)
+}
+
+fn in_ranges(sorted: &[(u64, u64)], addr: u64) -> bool {
+    let i = sorted.partition_point(|&(s, _)| s <= addr);
+    i > 0 && addr < sorted[i - 1].1
+}
+
+/// Marks lazy (`PE_LAZY`) the present pages CRIU should have marked.
+///
+/// CRIU marks lazy the pages of the memory a lazy restore registers with
+/// userfaultfd (private anonymous, not locked, not huge), except the page
+/// holding a thread's stack pointer. But its test for that page (`is_stack`
+/// in criu/mem.c, v4.2) compares only the offset within a page, so when a
+/// thread's stack pointer is page-aligned (about one dump in 256) every
+/// page is "the stack", nothing is lazy, and a lazy restore has CRIU copy
+/// every page before the tree runs. This gives the flag back to present
+/// pages of plain private anonymous memory (`anon_vmas`, no stricter than
+/// CRIU's rule), neither locked nor huge, other than the pages at and just
+/// below each of `stack_pointers`. It only ever adds the flag, so a dump
+/// CRIU marked right comes back unchanged. `None` if anything is not as
+/// expected.
+pub fn mark_lazy(mm: &[u8], pagemap: &[u8], stack_pointers: &[u64]) -> Option<Vec<u8>> {
+    let vmas = anon_vmas(mm, (libc::MAP_LOCKED | libc::MAP_HUGETLB) as u32)?;
+    let page = !(crate::format::PAGE_SIZE as u64 - 1);
+    let near_stack =
+        |vaddr: u64| stack_pointers.iter().any(|&sp| vaddr == sp & page || vaddr == (sp & page).wrapping_sub(4096));
+    let may_be_lazy = |vaddr: u64| in_ranges(&vmas, vaddr) && !near_stack(vaddr);
+    let objs = objects(pagemap, PAGEMAP_MAGIC)?;
+    let head = decode_exact::<PagemapHead>(objs.first()?)?;
+    let mut out = pagemap[..8].to_vec();
+    push_object(&mut out, &head.encode_to_vec());
+    for obj in &objs[1..] {
+        let e = decode_exact::<PagemapEntry>(obj)?;
+        if e.flags != Some(PE_PRESENT) {
+            push_object(&mut out, obj);
+            continue;
+        }
+        let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
+        let at = |i: u64| e.vaddr.checked_add(i.checked_mul(4096)?);
+        let mut i = 0;
+        while i < nr {
+            let lazy = may_be_lazy(at(i)?);
+            let mut j = i + 1;
+            while j < nr && may_be_lazy(at(j)?) == lazy {
+                j += 1;
+            }
+            let flags = if lazy { PE_PRESENT | PE_LAZY } else { PE_PRESENT };
+            push_entry(&mut out, &PagemapEntry { flags: Some(flags), ..e.clone() }, at(i)?, j - i);
+            i = j;
+        }
+    }
+    Some(out)
 }
 
 /// Decodes a message we rewrite, only if it holds nothing but the fields we
@@ -437,6 +536,82 @@ mod tests {
             .collect();
         let lazy = Some(PE_PRESENT | PE_LAZY);
         assert_eq!(entries, vec![(0x100000, 10, lazy), (0x100000 + 30 * 4096, 10, lazy)]);
+    }
+
+    fn entries(pagemap: &[u8]) -> Vec<(u64, u64, Option<u32>)> {
+        objects(pagemap, PAGEMAP_MAGIC).unwrap()[1..]
+            .iter()
+            .map(|o| PagemapEntry::decode(*o).unwrap())
+            .map(|e| (e.vaddr, e.nr_pages64.unwrap_or(e.nr_pages.into()), e.flags))
+            .collect()
+    }
+
+    #[test]
+    fn pages_criu_left_eager_for_a_page_aligned_stack_pointer_are_marked_lazy() {
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let regular = VMA_AREA_REGULAR | VMA_ANON_PRIVATE;
+        let mm = MmEntry {
+            vmas: vec![
+                vma(0x10000, 0x20000, anon, regular),
+                vma(0x20000, 0x22000, anon | libc::MAP_LOCKED, regular),
+                vma(0x30000, 0x32000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6)),
+                // The stack: its pointer page-aligned at 0x48000.
+                vma(0x40000, 0x50000, anon | libc::MAP_GROWSDOWN, regular | (1 << 1)),
+            ],
+        };
+        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+        let entry = |vaddr, nr, flags| {
+            PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(flags), nr_pages64: None }.encode_to_vec()
+        };
+        let eager = PE_PRESENT;
+        let lazy = PE_PRESENT | PE_LAZY;
+        let pm = image(
+            PAGEMAP_MAGIC,
+            &[
+                PagemapHead { pages_id: 1 }.encode_to_vec(),
+                entry(0x10000, 16, eager),
+                entry(0x20000, 2, eager),
+                entry(0x30000, 2, eager),
+                entry(0x40000, 16, eager),
+            ],
+        );
+        let marked = mark_lazy(&mm, &pm, &[0x48000]).unwrap();
+        assert_eq!(
+            entries(&marked),
+            vec![
+                (0x10000, 16, Some(lazy)),
+                (0x20000, 2, Some(eager)),
+                (0x30000, 2, Some(eager)),
+                (0x40000, 7, Some(lazy)),
+                (0x47000, 2, Some(eager)),
+                (0x49000, 7, Some(lazy)),
+            ],
+            "locked and file memory stay eager, and the pages at and below the stack pointer"
+        );
+        // A dump CRIU marked right is left as it is: its pages images match.
+        assert_eq!(mark_lazy(&mm, &marked, &[0x48000]).unwrap(), marked);
+        // Without the pointer's page, nothing near it stays eager.
+        assert_eq!(entries(&mark_lazy(&mm, &pm, &[0x100000]).unwrap())[3], (0x40000, 16, Some(lazy)));
+    }
+
+    #[test]
+    fn stack_pointers_come_from_the_threads_core_images() {
+        let regs = UserX86Regs { sp: Some(0x7ffe_1234_5000) };
+        let core = CoreEntry { mtype: MARCH_X86_64, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }) };
+        assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[core.encode_to_vec()])), Some(0x7ffe_1234_5000));
+        let other = CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }) };
+        assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[other.encode_to_vec()])), None, "aarch64");
+        assert_eq!(core_stack_pointer(&image(MM_MAGIC, &[core.encode_to_vec()])), None, "not a core image");
+        let tree = image(
+            PSTREE_MAGIC,
+            &[
+                PstreeEntry { pid: 7, threads: vec![7, 9] }.encode_to_vec(),
+                PstreeEntry { pid: 8, threads: vec![] }.encode_to_vec(),
+            ],
+        );
+        assert_eq!(pstree_threads(&tree, 7), Some(vec![7, 9]));
+        assert_eq!(pstree_threads(&tree, 8), Some(vec![8]));
+        assert_eq!(pstree_threads(&tree, 10), None);
     }
 
     #[test]

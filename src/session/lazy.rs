@@ -91,11 +91,15 @@ struct LazyPagemap {
 }
 
 /// Rewrites a process's pagemap without its long zero runs (those read as
-/// zero anyway); `None` if CRIU's pagemap is not one criuz can rewrite.
+/// zero anyway) and with the lazy flags CRIU should have set
+/// (`marked_lazy`); `None` if CRIU's pagemap is not one criuz can rewrite.
 fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
     let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
     let plan = zero_plan(source, pid, pagemap, LAZY_MIN_ZERO_RUN)?;
-    let written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
+    let mut written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
+    if let Some(marked) = marked_lazy(source, pid, &written)? {
+        written = marked;
+    }
     let Some((_, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
     let mut by_vaddr = original.clone();
     by_vaddr.sort_by_key(|r| r.vaddr);
@@ -112,6 +116,25 @@ fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<O
     let image_pages = runs.iter().map(|(r, _)| r.nr).sum();
     let pid = pid.parse().map_err(|_| Error::corrupt(0, format!("pagemap-{pid}.img: not a pid")))?;
     Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages })))
+}
+
+/// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
+/// from the process's VMAs and its threads' stack pointers; `None` where
+/// they cannot be read (then CRIU's flags stand).
+fn marked_lazy(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<Vec<u8>>> {
+    let read = |name: &str| source.find(name).map(|f| source.read_file(f)).transpose();
+    let (Some(mm), Some(pstree), Ok(pid_n)) = (read(&format!("mm-{pid}.img"))?, read("pstree.img")?, pid.parse())
+    else {
+        return Ok(None);
+    };
+    let Some(threads) = images::pstree_threads(&pstree, pid_n) else { return Ok(None) };
+    let mut stack_pointers = Vec::with_capacity(threads.len());
+    for tid in threads {
+        let Some(core) = read(&format!("core-{tid}.img"))? else { return Ok(None) };
+        let Some(sp) = images::core_stack_pointer(&core) else { return Ok(None) };
+        stack_pointers.push(sp);
+    }
+    Ok(images::mark_lazy(&mm, pagemap, &stack_pointers))
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
