@@ -151,6 +151,7 @@ pub enum RuncCmd {
         /// container never runs before all of its memory is in place)
         #[arg(long)]
         eager: bool,
+        /// Print a JSON report
         #[arg(long)]
         json: bool,
         #[command(flatten)]
