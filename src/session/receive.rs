@@ -33,7 +33,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 /// CRIU numbers the pages images its page server writes from here on.
 const FIRST_PAGES_ID: u32 = 1 + 0x10000;
@@ -49,6 +48,7 @@ impl PageServer {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::Usage(format!("page server: cannot listen on {addr}: {e}")))?;
         listener.set_nonblocking(true)?;
+        widen_receive_buffer(&listener);
         Ok(PageServer { listener })
     }
 
@@ -86,10 +86,39 @@ impl PageServer {
                     if stop.load(Ordering::Relaxed) {
                         return Ok(None);
                     }
-                    std::thread::sleep(Duration::from_millis(20));
+                    // CRIU waits for the answer to its first command: a
+                    // connection is taken at once, `stop` seen within 20 ms.
+                    let mut ready = libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                    // SAFETY: poll(2) on one pollfd that lives across the call.
+                    unsafe { libc::poll(&mut ready, 1, 20) };
                 }
                 Err(e) => return Err(Error::Protocol(format!("page server: accept: {e}"))),
             }
+        }
+    }
+}
+
+/// Room for this many bytes of pages queued on an accepted connection.
+const RECEIVE_BUFFER: libc::c_int = 16 << 20;
+
+/// Gives the connections this listener accepts a receive buffer of
+/// [`RECEIVE_BUFFER`] (root may exceed `net.core.rmem_max`), so CRIU can
+/// splice ahead while criuz's receiving thread waits for a core. Best
+/// effort: without it the kernel's autotuning stays in charge.
+fn widen_receive_buffer(listener: &TcpListener) {
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt on a descriptor we own, one c_int value.
+        let r = unsafe {
+            libc::setsockopt(
+                listener.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&RECEIVE_BUFFER as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return;
         }
     }
 }
@@ -374,6 +403,7 @@ pub fn run_dump(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// TCP_CORK of descriptor `fd` of process `pid`.
     fn corked(pid: u32, fd: RawFd) -> bool {
