@@ -11,7 +11,7 @@
 //! restore before the process runs.
 //!
 //! The work directory is always removed. When CRIU fails, its log is kept in
-//! [`log_dir`] (the newest few only, so failures do not pile up) and named in
+//! [`log_dir`](crate::session::workdir::log_dir) (the newest few only, so failures do not pile up) and named in
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
@@ -25,8 +25,8 @@ use crate::io::Output;
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::serve::{self, ServeOptions};
+use crate::session::workdir::WorkDir;
 use prost::Message;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,60 +120,6 @@ pub fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
         pages_scanned: e.pages_scanned,
         pages_written: e.pages_written,
     })
-}
-
-/// A private temporary images directory, always removed; CRIU's log is
-/// saved to [`log_dir`] when something failed.
-pub(crate) struct WorkDir(tempfile::TempDir);
-
-/// How many failure logs [`log_dir`] keeps.
-const KEPT_LOGS: usize = 8;
-
-/// Where the logs of failed CRIU runs are kept: `$TMPDIR/criuz-logs` (0700).
-pub fn log_dir() -> PathBuf {
-    std::env::temp_dir().join("criuz-logs")
-}
-
-impl WorkDir {
-    pub(crate) fn new(prefix: &str) -> Result<Self> {
-        Self::new_in(&std::env::temp_dir(), prefix)
-    }
-    pub(crate) fn new_in(base: &Path, prefix: &str) -> Result<Self> {
-        Ok(WorkDir(tempfile::Builder::new().prefix(prefix).tempdir_in(base).at(base)?))
-    }
-    pub(crate) fn path(&self) -> &Path {
-        self.0.path()
-    }
-    /// Keeps the directory (something in it is all that is left of a
-    /// checkpoint); returns where it is.
-    pub(crate) fn keep(self) -> PathBuf {
-        self.0.keep()
-    }
-    /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest
-    /// saved logs beyond [`KEPT_LOGS`]; returns where it went.
-    pub(crate) fn save_log(&self, name: &str) -> PathBuf {
-        let src = self.path().join(name);
-        let dir = log_dir();
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let dest =
-            dir.join(format!("{}-{}-{}.log", name.trim_end_matches(".log"), stamp.as_secs(), std::process::id()));
-        let saved = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .and_then(|_| std::fs::copy(&src, &dest));
-        if saved.is_err() {
-            return src;
-        }
-        let mut logs: Vec<_> = std::fs::read_dir(&dir)
-            .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).collect())
-            .unwrap_or_default();
-        logs.sort_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-        for old in logs.iter().take(logs.len().saturating_sub(KEPT_LOGS)) {
-            let _ = std::fs::remove_file(old.path());
-        }
-        dest
-    }
 }
 
 pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {

@@ -32,7 +32,7 @@
 //!   tree and unpacks it back to a private tar file for `--import`.
 //!
 //! runc is told which CRIU to use (`runc --criu`), the one criuz found. A
-//! failed runc leaves its CRIU log in `checkpoint::log_dir`, named in the
+//! failed runc leaves its CRIU log in `workdir::log_dir`, named in the
 //! error; the work directory is removed unless it holds images that are the
 //! only copy of a checkpoint.
 
@@ -43,11 +43,12 @@ use crate::error::{Error, IoContext, Result};
 use crate::io::Output;
 use crate::offline::{self, Reading};
 use crate::progress::Progress;
-use crate::session::checkpoint::{criu_failure, WorkDir};
+use crate::session::checkpoint::criu_failure;
 use crate::session::follow::follow_pages;
 use crate::session::guard::{wait_guarded, Victim};
 use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
+use crate::session::workdir::WorkDir;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -35,12 +35,11 @@ use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
 use crate::session::blocks::Blocks;
-use crate::session::checkpoint::{
-    check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions, WorkDir,
-};
+use crate::session::checkpoint::{check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions};
 use crate::session::guard::{Guard, Victim};
 use crate::session::pager::{LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::serve::zero_plan;
+use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;

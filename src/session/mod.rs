@@ -6,7 +6,8 @@
 //! from decoded `blocks`) under a `guard`. `receive` is criuz as the page
 //! server of a dump, `follow` packs a dump directory while CRIU writes it,
 //! `images_dir` writes one for a CRIU that reads a directory, and
-//! `container` runs runc and podman with them.
+//! `container` runs runc and podman with them. `workdir` holds the private
+//! directories CRIU runs in, and cleans up after a criuz that was killed.
 
 pub mod blocks;
 pub mod capture;
@@ -19,3 +20,4 @@ pub mod lazy;
 pub mod pager;
 pub mod receive;
 pub mod serve;
+pub mod workdir;
