@@ -4,7 +4,8 @@
 //! An [`Output`] is published only by [`Output::commit`]: a file is written
 //! under a temporary name beside the target (mode 0600, since archives hold
 //! process memory), fsynced, then renamed into place; dropped uncommitted, the
-//! temporary file is removed. Standard output cannot be taken back, so a
+//! temporary file is removed, and one left by a criuz that was killed is
+//! removed by the next writer of the same target ([`leftover`]). Standard output cannot be taken back, so a
 //! writer that fails must stop short of the trailer (see `archive::write`):
 //! the reader then sees a truncated archive. An object is a multipart
 //! upload that only `commit` completes.
@@ -15,6 +16,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+pub mod leftover;
 pub mod s3;
 mod store;
 
@@ -39,10 +41,20 @@ impl AtomicFile {
         }
         let name = target.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file name", target.display())))?;
         let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let prefix = format!(".{}.criuz-tmp-", name.to_string_lossy());
-        remove_dead_writers(dir, &prefix);
+        let name = name.to_string_lossy();
+        let prefix = format!(".{name}.criuz-tmp-");
+        leftover::remove_abandoned(dir, &prefix);
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
-        let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).at(&tmp)?;
+        if tmp.symlink_metadata().is_ok() {
+            // Held: another writer of this target in this very process.
+            return Err(Error::Exists(tmp));
+        }
+        let staging = dir.join(format!(".{name}.criuz-new-{}", std::process::id()));
+        let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(&staging)?;
+        if let Err(e) = leftover::publish_held(&file, &staging, &tmp) {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e).at(&tmp);
+        }
         Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force })
     }
 
@@ -72,24 +84,6 @@ impl Drop for AtomicFile {
     fn drop(&mut self) {
         if self.file.take().is_some() {
             let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
-/// Removes the temporary files (`{prefix}{pid}`) of earlier writers of the
-/// same target whose process is gone (SIGKILLed, or the machine went down):
-/// never renamed into place, they are incomplete archives, of no use and as
-/// large as what was written. A live pid, even another program's after a
-/// reboot, keeps its file. Best effort.
-fn remove_dead_writers(dir: &Path, prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(e.path());
         }
     }
 }
@@ -234,16 +228,16 @@ mod tests {
     #[test]
     fn a_dead_writers_temporary_file_is_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ended = std::process::Command::new("true").spawn().unwrap();
-        let dead = ended.id();
-        ended.wait().unwrap();
-        let stale = dir.path().join(format!(".a.czr.criuz-tmp-{dead}"));
-        // pid 1 lives: its file may be a writer's at work.
+        // Nobody holds it: its writer is gone.
+        let stale = dir.path().join(".a.czr.criuz-tmp-4242");
+        std::fs::write(&stale, b"partial").unwrap();
+        // Held: a writer at work (in whatever pid namespace).
         let live = dir.path().join(".a.czr.criuz-tmp-1");
-        let other = dir.path().join(format!(".b.czr.criuz-tmp-{dead}"));
-        for f in [&stale, &live, &other] {
-            std::fs::write(f, b"partial").unwrap();
-        }
+        let staging = dir.path().join("staging");
+        let holder = File::create(&staging).unwrap();
+        leftover::publish_held(&holder, &staging, &live).unwrap();
+        let other = dir.path().join(".b.czr.criuz-tmp-4242");
+        std::fs::write(&other, b"partial").unwrap();
         let out = AtomicFile::create(&dir.path().join("a.czr"), false).unwrap();
         assert!(!stale.exists(), "a dead writer's temporary file is removed");
         assert!(live.exists() && other.exists(), "a live writer's, and another target's, are not");

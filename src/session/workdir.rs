@@ -2,29 +2,17 @@
 //! writes (in `$TMPDIR`, or on tmpfs for containers, where it holds RAM),
 //! removed when the run ends, and where CRIU's logs go when it fails.
 //!
-//! A criuz that is SIGKILLed (or whose machine loses power) cannot remove
-//! its directory, and on `/dev/shm` a container's images are memory held
-//! until reboot. So each directory is locked (`flock`) for its owner's
-//! lifetime, and every new one first removes the abandoned directories of
-//! its kind: unlocked, and unchanged for [`ABANDONED_AFTER`] (the age covers
-//! the instant between a directory's creation and its lock). A lock, unlike
-//! a pid, is released by the kernel when its holder dies, whatever pid
-//! namespace either side runs in. A directory kept on purpose (it holds the
-//! only copy of a checkpoint) is renamed `…-kept` and never removed.
+//! A work directory is held while it lives ([`leftover`]), so one that a
+//! killed criuz left behind is removed by the next criuz that makes one of
+//! its kind; one kept on purpose (it holds the only copy of a checkpoint)
+//! is renamed `…-kept` and stays.
 
 use crate::error::{IoContext, Result};
+use crate::io::leftover::{self, KEPT_SUFFIX};
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
-
-/// How long an unlocked work directory must have been left alone before
-/// it counts as abandoned.
-const ABANDONED_AFTER: Duration = Duration::from_secs(60);
-
-/// What a kept directory's name ends with.
-const KEPT_SUFFIX: &str = "-kept";
+use std::time::SystemTime;
 
 /// How many failure logs [`log_dir`] keeps.
 const KEPT_LOGS: usize = 8;
@@ -34,11 +22,12 @@ pub fn log_dir() -> PathBuf {
     std::env::temp_dir().join("criuz-logs")
 }
 
-/// A private work directory (0700), locked while it lives and removed on
+/// A private work directory (0700), held while it lives and removed on
 /// drop unless [`kept`](WorkDir::keep).
 pub struct WorkDir {
-    dir: tempfile::TempDir,
-    _lock: File,
+    path: PathBuf,
+    _held: File,
+    kept: bool,
 }
 
 impl WorkDir {
@@ -49,28 +38,31 @@ impl WorkDir {
     /// A new directory `base/{prefix}XXXXXX`, after removing the abandoned
     /// ones with the same prefix.
     pub fn new_in(base: &Path, prefix: &str) -> Result<Self> {
-        remove_abandoned(base, prefix);
-        let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(base).at(base)?;
-        let lock = File::open(dir.path()).at(dir.path())?;
-        // A fresh name nobody else has seen: the lock is free.
-        let _ = try_lock(&lock);
-        Ok(WorkDir { dir, _lock: lock })
+        leftover::remove_abandoned(base, prefix);
+        let staging = tempfile::Builder::new().prefix(".criuz-new-").tempdir_in(base).at(base)?;
+        let held = File::open(staging.path()).at(staging.path())?;
+        let unique = staging.path().file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let path = base.join(format!("{prefix}{}", unique.trim_start_matches(".criuz-new-")));
+        leftover::publish_held(&held, staging.path(), &path).at(&path)?;
+        // Renamed: nothing is left under the staging name to remove.
+        let _ = staging.keep();
+        Ok(WorkDir { path, _held: held, kept: false })
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.path
     }
 
     /// Keeps the directory (something in it is all that is left of a
     /// checkpoint) under a name no later run removes; returns it.
-    pub fn keep(self) -> PathBuf {
-        let path = self.dir.keep();
-        let mut kept = path.clone().into_os_string();
+    pub fn keep(mut self) -> PathBuf {
+        self.kept = true;
+        let mut kept = self.path.clone().into_os_string();
         kept.push(KEPT_SUFFIX);
         let kept = PathBuf::from(kept);
-        match std::fs::rename(&path, &kept) {
+        match std::fs::rename(&self.path, &kept) {
             Ok(()) => kept,
-            Err(_) => path,
+            Err(_) => self.path.clone(),
         }
     }
 
@@ -101,34 +93,10 @@ impl WorkDir {
     }
 }
 
-/// An exclusive lock on `f`, if nobody holds one.
-fn try_lock(f: &File) -> bool {
-    // SAFETY: flock on a descriptor we own.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
-}
-
-/// Removes `base/{prefix}*` directories of criuz's own user that nobody
-/// holds and nobody touched for [`ABANDONED_AFTER`]. Best effort.
-fn remove_abandoned(base: &Path, prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(base) else { return };
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(prefix) || name.ends_with(KEPT_SUFFIX) {
-            continue;
-        }
-        let path = e.path();
-        // Not through a symlink: only a directory of our own is taken.
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
-        let idle = meta.modified().ok().and_then(|m| m.elapsed().ok()).unwrap_or_default();
-        if !meta.is_dir() || meta.uid() != uid || idle < ABANDONED_AFTER {
-            continue;
-        }
-        let Ok(dir) = File::open(&path) else { continue };
-        if try_lock(&dir) {
-            let _ = std::fs::remove_dir_all(&path);
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_dir_all(&self.path);
         }
     }
 }
@@ -137,41 +105,29 @@ fn remove_abandoned(base: &Path, prefix: &str) {
 mod tests {
     use super::*;
 
-    /// A directory named like a work directory, last changed `age` ago.
-    fn left_behind(base: &Path, name: &str, age: Duration) -> PathBuf {
-        let p = base.join(name);
-        std::fs::create_dir(&p).unwrap();
-        std::fs::write(p.join("pages-1.img"), b"x").unwrap();
-        let then = SystemTime::now() - age;
-        File::open(&p).unwrap().set_modified(then).unwrap();
-        p
-    }
-
     #[test]
-    fn abandoned_work_directories_are_removed_and_no_other() {
+    fn a_work_directory_is_held_removed_or_kept() {
         let base = tempfile::tempdir().unwrap();
-        let old = Duration::from_secs(3600);
-        let abandoned = left_behind(base.path(), "criuz-t-dead", old);
-        let held = left_behind(base.path(), "criuz-t-live", old);
-        let holder = File::open(&held).unwrap();
-        assert!(try_lock(&holder));
-        let kept = left_behind(base.path(), "criuz-t-x-kept", old);
-        let young = left_behind(base.path(), "criuz-t-young", Duration::ZERO);
-        let other = left_behind(base.path(), "someone-else", old);
+        let left = base.path().join("criuz-t-dead");
+        std::fs::create_dir(&left).unwrap();
+        std::fs::write(left.join("pages-1.img"), b"x").unwrap();
 
         let w = WorkDir::new_in(base.path(), "criuz-t-").unwrap();
-        assert!(!abandoned.exists(), "an unlocked, idle work directory is removed");
-        for p in [&held, &kept, &young, &other] {
-            assert!(p.join("pages-1.img").exists(), "{} was removed", p.display());
-        }
-        // The new one is locked against the next run's sweep.
-        assert!(!try_lock(&File::open(w.path()).unwrap()));
-        let kept_now = w.keep();
-        assert!(kept_now.to_str().unwrap().ends_with(KEPT_SUFFIX));
-        File::open(&kept_now).unwrap().set_modified(SystemTime::now() - old).unwrap();
-        drop(holder);
+        assert!(!left.exists(), "a directory nobody holds is removed");
+        let second = WorkDir::new_in(base.path(), "criuz-t-").unwrap();
+        assert!(w.path().exists(), "a held one stays");
+        let dropped = second.path().to_path_buf();
+        drop(second);
+        assert!(!dropped.exists(), "dropped, it is removed");
+        let kept = w.keep();
+        assert!(kept.to_str().unwrap().ends_with(KEPT_SUFFIX));
         let _next = WorkDir::new_in(base.path(), "criuz-t-").unwrap();
-        assert!(!held.exists(), "released by its holder, it is abandoned");
-        assert!(kept_now.exists(), "a kept directory stays");
+        assert!(kept.exists(), "a kept directory stays");
+        let staged = std::fs::read_dir(base.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".criuz-new-"))
+            .count();
+        assert_eq!(staged, 0, "no staging name is left");
     }
 }
