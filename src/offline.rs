@@ -5,8 +5,8 @@
 
 use crate::archive::check::{Checked, CheckedRecords, Payloads};
 use crate::archive::dedup::DedupIndex;
-use crate::archive::parent::{self, ParentSearch};
-use crate::archive::records::{read_full, StreamInput};
+use crate::archive::records::StreamInput;
+use crate::archive::OpenOptions;
 use crate::archive::{
     read_sequential, read_source, Archive, BlockSource, EntryStart, Options, PackStats, Packer, SeqSink,
 };
@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::{
     BlockCodec, DedupPayload, FileKind, Header, Origin, FLAG_IDS, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, PAGE_SIZE,
 };
+use crate::io::Location;
 use crate::progress::Progress;
 pub use crate::tree::dir::UnpackStats;
 use crate::tree::{self, dir::DirSink};
@@ -91,39 +92,21 @@ pub enum Reading {
 }
 
 impl Reading {
-    /// Opens `spec` (a path or `-`) as the archive's header asks: what a
-    /// pipe gives is streamed unless it is version 2 (then spooled, up to
-    /// `spool_cap` bytes).
-    pub fn open(spec: &Path, spool_cap: u64, search: &ParentSearch) -> Result<Reading> {
-        let label = if crate::io::is_stdio(spec) { "stdin".to_string() } else { spec.display().to_string() };
-        let base = if crate::io::is_stdio(spec) { std::path::PathBuf::from(".") } else { parent::dir_of(spec) };
-        Reading::from_reader(crate::io::open_input(spec)?, label, spool_cap, &base, search)
-    }
-
-    /// As [`open`](Self::open), for an archive from any reader; parents'
-    /// hints are relative to `base`.
-    pub fn from_reader(
-        mut inp: Box<dyn Read + Send>,
-        label: String,
-        spool_cap: u64,
-        base: &Path,
-        search: &ParentSearch,
-    ) -> Result<Reading> {
-        let mut head = vec![0u8; HEADER_LEN];
-        let n = read_full(&mut inp, &mut head).map_err(|e| Error::from(e).context(label.clone()))?;
-        head.truncate(n);
-        let v2 = head.len() == HEADER_LEN
-            && Header::decode(head[..].try_into().expect("header"))
-                .is_ok_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0);
-        let whole: Box<dyn Read + Send> = Box::new(std::io::Cursor::new(head).chain(inp));
-        if !v2 {
-            if !search.files.is_empty() {
-                return Err(Error::Usage(format!("{label}: has no parents, but --parent was given")));
-            }
-            return Ok(Reading::Stream(label, whole));
+    /// Opens the archive at `at` as its header asks: a self-contained
+    /// archive is streamed (from a pipe too, without spooling it), one with
+    /// page ids or parents is opened through [`crate::archive::open`].
+    pub fn new(at: &Location, o: &OpenOptions) -> Result<Reading> {
+        let v2 = at
+            .head(HEADER_LEN)
+            .and_then(|head| Header::decode(head[..].try_into().ok()?).ok())
+            .is_some_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0);
+        if v2 {
+            return Ok(Reading::Source(crate::archive::open(at, o)?));
         }
-        let archive = Arc::new(Archive::from_reader(whole, spool_cap, &label)?);
-        Ok(Reading::Source(parent::attach(archive, base, search)?))
+        if !o.search.files.is_empty() {
+            return Err(Error::Usage(format!("{}: has no parents, but --parent was given", at.label())));
+        }
+        Ok(Reading::Stream(at.label(), at.reader()?))
     }
 
     /// Decodes every file into `sink`.
@@ -186,7 +169,7 @@ pub fn verify(inp: Reading, opts: &Options, progress: Progress) -> Result<(usize
     let mut sink = CountSink { files: 0, bytes: 0, progress };
     if let Reading::Source(archive) = &inp {
         for a in std::iter::once(archive).chain(archive.parents()) {
-            parent::check_page_ids(a)?;
+            crate::archive::ids::check_page_ids(a)?;
         }
     }
     inp.decode(opts, &mut sink)?;

@@ -4,9 +4,10 @@
 
 mod common;
 use common::{criuz, CRIUZ};
-use criuz::archive::{read_sequential, Archive, BlockSource, EntryStart, Options, Packer, SeqSink};
+use criuz::archive::{read_sequential, BlockSource, EntryStart, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig, Decoder, Encoder};
 use criuz::format::PAGE_SIZE;
+use criuz::io::Location;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -205,7 +206,7 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
         let want: BTreeMap<String, Vec<u8>> = files.iter().cloned().collect();
         assert!(got == want, "sequential read differs for {cfg:?}");
 
-        let arc = Archive::open(tmp.path()).unwrap();
+        let arc = criuz::archive::open(&Location::File(tmp.path().into()), &Default::default()).unwrap();
         for (name, data) in &files {
             let back = arc.read_file(arc.find(name).unwrap()).unwrap();
             assert!(&back == data, "indexed read of {name} differs");
@@ -243,7 +244,7 @@ fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
     assert!(stats.blocks_hurried > 0, "a spent budget hurried nothing: {stats:?}");
     assert_eq!(stats.blocks_lz4, stats.blocks_hurried, "{stats:?}");
     assert!(stats.blocks_zstd >= 16, "the backlog after capture_done was not zstd: {stats:?}");
-    let arc = Archive::open(tmp.path()).unwrap();
+    let arc = criuz::archive::open(&Location::File(tmp.path().into()), &Default::default()).unwrap();
     assert!(arc.read_file(arc.find("pages-1.img").unwrap()).unwrap() == data);
 }
 
@@ -294,7 +295,7 @@ fn verify_catches_every_single_byte_corruption() {
             assert!(r.is_err(), "flipping byte {i} with {flip:#x} went unnoticed");
             assert_eq!(r.unwrap_err().kind(), criuz::Kind::Archive);
             // The restore path: open by index, then read every file.
-            let served = Archive::from_store(Box::new(bad), "bad".into())
+            let served = criuz::archive::open(&Location::memory("bad", bad), &Default::default())
                 .and_then(|a| a.index().files.iter().try_for_each(|f| a.read_file(f).map(drop)));
             assert!(
                 matches!(&served, Err(e) if e.kind() == criuz::Kind::Archive),
@@ -597,7 +598,7 @@ fn a_swap_every_check_agrees_with_fails_to_open() {
     packer.finish().unwrap();
     let good = std::fs::read(tmp.path()).unwrap();
 
-    let archive = Archive::from_store(Box::new(good.clone()), "good".into()).unwrap();
+    let archive = criuz::archive::open(&Location::memory("good", good.clone()), &Default::default()).unwrap();
     let key = archive.key().expect("encrypted").clone();
     let mut index = archive.index().clone();
     let f = &mut index.files[0];
@@ -616,7 +617,8 @@ fn a_swap_every_check_agrees_with_fails_to_open() {
     bad.extend_from_slice(&tail);
     assert_eq!(bad.len(), good.len());
 
-    let forged = Archive::from_store(Box::new(bad), "forged".into()).expect("every check but the seal agrees");
+    let forged = criuz::archive::open(&Location::memory("forged", bad), &Default::default())
+        .expect("every check but the seal agrees");
     let e = forged.block(0, 0).err().expect("a swapped block must not open");
     assert_eq!(e.kind(), criuz::Kind::Archive);
     assert!(e.to_string().contains("does not open"), "{e}");

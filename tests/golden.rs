@@ -4,8 +4,9 @@
 //! disagree, one of them is wrong.
 
 use criuz::archive::records::ArchiveWriter;
-use criuz::archive::{Archive, BlockSource};
+use criuz::archive::{open, BlockSource, OpenOptions, Proof};
 use criuz::format::{FileKind, Header};
+use criuz::io::Location;
 use xxhash_rust::xxh3::xxh3_64;
 
 const ID: [u8; 16] = *b"golden-archiveid";
@@ -110,7 +111,7 @@ fn writer_produces_the_worked_example_byte_for_byte() {
 #[test]
 fn every_reader_accepts_the_worked_example() {
     let spec = from_the_spec();
-    let a = Archive::from_store(Box::new(spec.clone()), "golden".into()).unwrap();
+    let a = open(&Location::memory("golden", spec.clone()), &OpenOptions::default()).unwrap();
     assert_eq!(a.index().files.len(), 1);
     let x = a.find("x").unwrap();
     assert_eq!(a.read_file(x).unwrap(), Vec::<u8>::new());
@@ -185,10 +186,14 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
     w.end_file(id).unwrap();
     let (written, _, _) = w.finish().unwrap();
     assert_eq!(written, spec, "the writer and FORMAT.md's block table differ");
-    let a = Archive::open_indexed(Box::new(spec.clone()), "golden".into()).unwrap();
+    let a = open(
+        &Location::memory("golden", spec.clone()),
+        &OpenOptions { proof: Proof::Behind, ..OpenOptions::default() },
+    )
+    .unwrap();
     assert_eq!(a.read_file(a.find("x").unwrap()).unwrap(), b"hi");
     a.proven().unwrap();
-    let walked = Archive::from_store(Box::new(spec), "golden".into()).unwrap();
+    let walked = open(&Location::memory("golden", spec), &OpenOptions::default()).unwrap();
     assert_eq!(walked.index(), a.index());
 }
 

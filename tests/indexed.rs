@@ -1,4 +1,4 @@
-//! Opening an archive from its index (`Archive::open_indexed`, what a restore
+//! Opening an archive from its index (`archive::open` with `Proof::Behind`, what a restore
 //! from an object store does) against crafted indexes, without CRIU: what
 //! the index alone can prove is refused at once, what only the records can
 //! tell (a forged index with every check recomputed) is refused by the walk
@@ -8,9 +8,10 @@
 mod common;
 use common::{forge_index, swap_indexed_blocks};
 use criuz::archive::records::ArchiveWriter;
-use criuz::archive::{Archive, BlockSource, Options, Packer};
+use criuz::archive::{Archive, BlockSource, OpenOptions, Options, Packer, Proof};
 use criuz::error::Kind;
 use criuz::format::{FileKind, Header, FLAG_TABLE};
+use criuz::io::Location;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -52,7 +53,8 @@ fn archive() -> Vec<u8> {
 }
 
 fn open(bytes: Vec<u8>) -> criuz::error::Result<Arc<Archive>> {
-    Archive::open_indexed(Box::new(bytes), "test.czr".into())
+    let how = OpenOptions { proof: Proof::Behind, ..OpenOptions::default() };
+    criuz::archive::open(&Location::memory("test.czr", bytes), &how)
 }
 
 fn read_all(a: &Archive) -> Vec<(&'static str, Vec<u8>)> {

@@ -172,7 +172,7 @@ fn frozen_in_dir(dir: &Path) -> Option<f64> {
 /// Raw bytes and frozen time recorded in a criuz archive.
 fn archive_facts(path: &Path) -> Result<(u64, Option<f64>)> {
     use criuz::archive::BlockSource;
-    let arc = criuz::archive::Archive::open(path)?;
+    let arc = criuz::archive::open(&criuz::io::Location::File(path.into()), &Default::default())?;
     let raw = arc.index().files.iter().map(|f| f.raw_size).sum();
     let frozen = arc.find("stats-dump").and_then(|e| frozen_from_stats(&arc.read_file(e).ok()?));
     Ok((raw, frozen))

@@ -131,7 +131,7 @@ fn reap_all(pids: &[i32]) -> Result<()> {
 
 fn raw_of(arc: &Path) -> Result<u64> {
     use criuz::archive::BlockSource;
-    let a = criuz::archive::Archive::open(arc)?;
+    let a = criuz::archive::open(&criuz::io::Location::File(arc.into()), &Default::default())?;
     Ok(a.index().files.iter().map(|f| f.raw_size).sum())
 }
 

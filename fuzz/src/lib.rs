@@ -9,9 +9,9 @@
 //!
 //! Every case runs through each reader entry point: `verify` (sequential
 //! decode), `inspect`, `unpack` (every 16th case), the random-access block
-//! source that restore and serve read through (`Archive::from_store`), the
-//! pipe path (`Archive::from_reader`), and the index-first open of a restore
-//! from an object (`Archive::open_indexed`: every file read, then the proof
+//! source that restore and serve read through (`archive::open`), the pipe
+//! path (spooled to a file, then opened), and the index-first open of a
+//! restore from an object (`Proof::Behind`: every file read, then the proof
 //! waited for, as a restore does before CRIU can finish). The oracle:
 //! - no reader panics or hangs;
 //! - the readers agree: the block sources (walked, piped, index-first)
@@ -26,10 +26,10 @@
 pub mod mutate;
 pub use mutate::{mutate, records, reseal, Rec, Reseal, Rng};
 
-use criuz::archive::parent::ParentSearch;
-use criuz::archive::{Archive, BlockSource, EntryStart, Options, Packer, SeqSink};
+use criuz::archive::{open, BlockSource, EntryStart, OpenOptions, Options, Packer, ParentSearch, Proof, SeqSink};
 use criuz::codec::{Codec, CodecConfig};
 use criuz::format::{EntryMeta, FileKind};
+use criuz::io::Location;
 use criuz::offline::Reading;
 use criuz::Kind;
 use std::collections::BTreeMap;
@@ -85,47 +85,33 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     // record; for the oracle that is a rejection of the archive like any other.
     let kind = |e: criuz::Error| if matches!(e.root(), criuz::Error::NotFound(_)) { Kind::Archive } else { e.kind() };
     let search = ParentSearch { files: parent.map(Path::to_path_buf).into_iter().collect(), dirs: Vec::new() };
-    let nowhere = Path::new("/nonexistent");
-    let with_parents = |a: Archive| -> criuz::Result<Arc<Archive>> {
-        let a = Arc::new(a);
-        if a.chain().is_empty() {
-            return Ok(a);
-        }
-        criuz::archive::parent::attach(a, nowhere, &search)
-    };
+    // In memory an archive is nowhere: its parents come from `--parent` alone.
+    let memory = || Location::memory("fuzz", bytes.to_vec());
+    let how = |proof| OpenOptions { search: search.clone(), proof, ..OpenOptions::default() };
     // verify and unpack as users run them: streamed for version 1, through
     // the block source (with parents) for version 2.
-    let v2 = bytes.len() >= 64
-        && criuz::format::Header::decode(bytes[..64].try_into().expect("64 bytes"))
-            .is_ok_and(|h| h.flags & (criuz::format::FLAG_PARENT | criuz::format::FLAG_IDS) != 0);
-    let reading = || -> criuz::Result<Reading> {
-        if v2 {
-            Archive::from_reader(bytes, 1 << 30, "fuzz").and_then(&with_parents).map(Reading::Source)
-        } else {
-            Ok(Reading::Stream("fuzz".into(), Box::new(std::io::Cursor::new(bytes.to_vec()))))
-        }
-    };
+    let reading = || Reading::new(&memory(), &how(Proof::First));
     let verify = {
         let mut c = Collect::default();
         reading().and_then(|r| r.decode(&opts, &mut c)).map(|_| c.0.into_values().collect::<Files>()).map_err(kind)
     };
-    let source = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into())
-        .and_then(&with_parents)
-        .and_then(|a| read_all(&*a))
-        .map_err(kind);
-    let piped =
-        Archive::from_reader(bytes, 1 << 30, "pipe").and_then(&with_parents).and_then(|a| read_all(&*a)).map_err(kind);
-    let indexed = Archive::open_indexed(Box::new(bytes.to_vec()), "indexed".into())
-        .and_then(|a| if a.chain().is_empty() { Ok(a) } else { criuz::archive::parent::attach(a, nowhere, &search) })
+    let source = open(&memory(), &how(Proof::First)).and_then(|a| read_all(&*a)).map_err(kind);
+    // A pipe is spooled to a private file and opened from there.
+    let piped = {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("pipe.czr");
+        std::fs::write(&path, bytes).expect("spool");
+        open(&Location::File(path), &how(Proof::First)).and_then(|a| read_all(&*a)).map_err(kind)
+    };
+    let indexed = open(&memory(), &how(Proof::Behind))
         .and_then(|a| {
             let files = read_all(&*a)?;
             a.proven().map(|()| files)
         })
         .map_err(kind);
     let inspect = criuz::offline::inspect(bytes).map(drop).map_err(kind);
-    let page_ids = Archive::from_store(Box::new(bytes.to_vec()), "fuzz".into())
-        .and_then(|a| criuz::archive::parent::check_page_ids(&a))
-        .map_err(kind);
+    let page_ids =
+        open(&memory(), &OpenOptions::default()).and_then(|a| criuz::archive::ids::check_page_ids(&a)).map_err(kind);
     let unpack = unpack.then(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("out");
@@ -288,7 +274,8 @@ pub fn synthetic_seeds() -> Vec<Seed> {
     changed.rotate_left(4 * 4096);
     let child_files: Vec<(&str, Vec<u8>)> =
         files.iter().map(|(n, d)| (*n, if *n == "pages-1.img" { changed.clone() } else { d.clone() })).collect();
-    let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
+    let index =
+        criuz::archive::ids::dedup_index(&parent_path, &Location::File(dir.path().join("child.czr"))).expect("dedup");
     let child = pack(&child_files, &opts(8192, Codec::Lz4, false), Some(Arc::new(index)));
     seeds.push(Seed { bytes: child, parent: Some(parent) });
     // Encrypted: a full archive with ids and its child. This process keeps
@@ -302,7 +289,8 @@ pub fn synthetic_seeds() -> Vec<Seed> {
     seeds.push(Seed { bytes: pack(&files, &sealed(8192, Codec::Zstd, false), None), parent: None });
     let parent = pack(&files, &sealed(16384, Codec::Lz4, true), None);
     std::fs::write(&parent_path, &parent).expect("parent");
-    let index = criuz::archive::parent::dedup_index(&parent_path, &dir.path().join("child.czr")).expect("dedup");
+    let index =
+        criuz::archive::ids::dedup_index(&parent_path, &Location::File(dir.path().join("child.czr"))).expect("dedup");
     let child = pack(&child_files, &sealed(8192, Codec::None, false), Some(Arc::new(index)));
     seeds.push(Seed { bytes: child, parent: Some(parent) });
     // A tree: nested page images, a directory, links (what pack writes of a

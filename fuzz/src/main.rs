@@ -217,5 +217,5 @@ fn fuzz(args: &Args) -> i32 {
 
 /// Whether the block source accepts an archive (cheap: no decoding).
 fn run_accepts(bytes: &[u8]) -> bool {
-    criuz::archive::Archive::from_store(Box::new(bytes.to_vec()), "x".into()).is_ok()
+    criuz::archive::open(&criuz::io::Location::memory("x", bytes.to_vec()), &Default::default()).is_ok()
 }

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 /// Where the bytes of a page are stored: stored page `page` of block `block`
 /// of file `file_id` of archive `source` (0: the archive being written).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Location {
+pub struct PageAt {
     pub source: u16,
     pub file_id: u32,
     pub block: u32,
@@ -33,9 +33,9 @@ pub struct DedupIndex {
     /// The parents named in the C record, first the direct parent.
     pub chain: Vec<ChainEntry>,
     /// Pages of the parent chain, by id, each at the archive storing it.
-    parents: HashMap<PageId, Location>,
+    parents: HashMap<PageId, PageAt>,
     /// Pages stored in this archive so far, by id.
-    own: Mutex<HashMap<PageId, Location>>,
+    own: Mutex<HashMap<PageId, PageAt>>,
     /// How ids are made: keyed in an encrypted chain.
     pub page_ids: PageIds,
     /// The parents' chain key when they are encrypted (the child is sealed
@@ -46,13 +46,13 @@ pub struct DedupIndex {
 impl DedupIndex {
     /// An index over a parent chain's pages; `chain` empty for an archive
     /// that only dedups within itself.
-    pub fn new(chain: Vec<ChainEntry>, parents: HashMap<PageId, Location>) -> Self {
+    pub fn new(chain: Vec<ChainEntry>, parents: HashMap<PageId, PageAt>) -> Self {
         Self::keyed(chain, parents, None)
     }
 
     /// As [`new`](Self::new), for a chain encrypted with `key` (`None`: not
     /// encrypted): ids are keyed with it.
-    pub fn keyed(chain: Vec<ChainEntry>, parents: HashMap<PageId, Location>, key: Option<ChainKey>) -> Self {
+    pub fn keyed(chain: Vec<ChainEntry>, parents: HashMap<PageId, PageAt>, key: Option<ChainKey>) -> Self {
         let page_ids = key.as_ref().map_or_else(PageIds::plain, |k| k.page_ids());
         DedupIndex { chain, parents, own: Mutex::new(HashMap::new()), page_ids, chain_key: key }
     }
@@ -88,7 +88,7 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
         let origin = match found {
             Some(l) => Origin::Ref { source: l.source, file_id: l.file_id, block: l.block, first: l.page },
             None => {
-                own.insert(*id, Location { source: 0, file_id, block, page: i as u32 });
+                own.insert(*id, PageAt { source: 0, file_id, block, page: i as u32 });
                 literal.extend_from_slice(&stored[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                 literal_ids.push(*id);
                 Origin::Literal

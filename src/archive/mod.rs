@@ -1,19 +1,36 @@
-//! The archive side: record framing (`records`), every reading rule
-//! (`check`), the block source every reader goes through (`source`), the
-//! writer (`write`, its block buffers in `slab`) and whole-archive decoding for unpack and verify (`read`).
-//! Byte layout lives in `crate::format`; this module adds I/O and checks.
+//! The archive side. Byte layout lives in `crate::format`; this module adds
+//! I/O and checks.
+//!
+//! Reading: [`open`] is the one way in (`open`: a location and options ->
+//! a proven [`Archive`] with its parents). Below it, in the order data
+//! flows up: `records` frames records, `check` holds every reading rule,
+//! `prove` proves an archive as it is opened (a walk, or its index with the
+//! walk behind), `fetch` reads a record against that proof, `resolve`
+//! pieces dedup blocks together, `block` is the [`BlockSource`] seam every
+//! reader reads through, `stored` is the opened archive. `read` decodes
+//! whole archives (unpack, verify); `ids` gives a chain's page ids.
+//!
+//! Writing: `write` (its block buffers in `slab`), `dedup` the write side of
+//! incremental archives.
 
+pub mod block;
 pub mod check;
 pub mod dedup;
-pub mod parent;
+mod fetch;
+pub mod ids;
+pub mod open;
+mod prove;
 pub mod read;
 pub mod records;
+mod resolve;
 pub(crate) mod slab;
-pub mod source;
+mod stored;
 pub mod write;
 
+pub use block::{BlockSource, CheckedBlock, PIN_FACTOR};
+pub use open::{open, OpenOptions, ParentSearch, Parents, Proof};
 pub use read::{read_sequential, read_source, EntryStart, SeqSink};
-pub use source::{Archive, BlockSource, CheckedBlock};
+pub use stored::Archive;
 pub use write::{FileSink, Packer};
 
 use crate::codec::CodecConfig;
@@ -97,6 +114,11 @@ pub struct PackStats {
 }
 
 impl PackStats {
+    /// Archive bytes per raw byte.
+    pub fn ratio(&self) -> f64 {
+        self.archive_bytes as f64 / self.raw_bytes.max(1) as f64
+    }
+
     fn add_block(&mut self, h: &BlockHeader) {
         self.blocks += 1;
         self.raw_bytes += u64::from(h.raw_len);

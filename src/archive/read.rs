@@ -7,9 +7,9 @@
 //! end. [`read_source`] reads through a block source: the only way for
 //! version 2 archives, whose dedup blocks refer to other blocks and parents.
 
+use super::block::BlockSource;
 use super::check::{Checked, CheckedRecords, Payloads};
 use super::records::StreamInput;
-use super::source::BlockSource;
 use super::Options;
 use crate::codec::Decoder;
 use crate::engine;

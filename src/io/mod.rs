@@ -1,12 +1,13 @@
 //! Where archive bytes go and come from: files, `-` (standard input or
-//! output) and `s3://bucket/key` objects ([`s3`]).
+//! output) and `s3://bucket/key` objects ([`s3`]), each named by a
+//! [`Location`] parsed once from what the user typed.
 //!
 //! An [`Output`] is published only by [`Output::commit`]: a file is written
 //! under a temporary name beside the target (mode 0600, since archives hold
 //! process memory), fsynced, then renamed into place; dropped uncommitted, the
 //! temporary file is removed, and one left by a criuz that was killed is
-//! removed by the next writer of the same target ([`leftover`]). Standard output cannot be taken back, so a
-//! writer that fails must stop short of the trailer (see `archive::write`):
+//! removed by the next writer of the same target ([`leftover`]).
+//! Standard output cannot be taken back, so a writer that fails must stop short of the trailer (see `archive::write`):
 //! the reader then sees a truncated archive. An object is a multipart
 //! upload that only `commit` completes.
 
@@ -17,9 +18,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub mod leftover;
+mod location;
 pub mod s3;
 mod store;
 
+pub use location::{Location, SPOOL_CAP};
 pub use store::RecordStore;
 
 /// Bytes shared between a reader and the pipe they are handed to: kept
@@ -146,39 +149,10 @@ pub enum Output {
     Object(s3::Upload),
 }
 
-/// `-` names standard input or output.
-pub fn is_stdio(spec: &Path) -> bool {
-    spec == Path::new("-")
-}
-
-/// Whether `spec` names an object in an object store (`s3://...`).
-pub fn is_object(spec: &Path) -> bool {
-    s3::is_url(spec)
-}
-
-/// Opens an archive to read front to back: a file, an object, or standard
-/// input for `-`.
-pub fn open_input(spec: &Path) -> Result<Box<dyn std::io::Read + Send>> {
-    if is_stdio(spec) {
-        return Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())));
-    }
-    if s3::is_url(spec) {
-        let url = s3::ObjectUrl::parse(spec)?;
-        return Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, s3::Download::start(&url)?.reader())));
-    }
-    let f = File::open(spec).at(spec)?;
-    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))
-}
-
 impl Output {
+    /// A new archive at `spec` (see [`Location::output`]).
     pub fn open(spec: &Path, force: bool) -> Result<Self> {
-        if is_stdio(spec) {
-            Ok(Output::Stdout)
-        } else if s3::is_url(spec) {
-            Ok(Output::Object(s3::Upload::start(s3::ObjectUrl::parse(spec)?, force)?))
-        } else {
-            Ok(Output::File(AtomicFile::create(spec, force)?))
-        }
+        Location::parse(spec)?.output(force)
     }
 
     pub fn writer(&self) -> Result<Box<dyn Write + Send>> {
@@ -197,28 +171,6 @@ impl Output {
             Output::Object(u) => u.commit(),
         }
     }
-}
-
-/// Random access to an archive that is not a pipe: a file, or an object
-/// being fetched (reads wait for the bytes they need); with its label.
-pub fn open_store(spec: &Path) -> Result<(Box<dyn RecordStore>, String)> {
-    if s3::is_url(spec) {
-        let url = s3::ObjectUrl::parse(spec)?;
-        return Ok((Box::new(s3::Download::start(&url)?), url.to_string()));
-    }
-    let file = File::open(spec).at(spec)?;
-    Ok((Box::new(file), spec.display().to_string()))
-}
-
-/// The first `len` bytes of a file or object (`None` if it is shorter or
-/// cannot be read): enough to tell what an archive is without fetching it.
-pub fn read_head(spec: &Path, len: usize) -> Option<Vec<u8>> {
-    if s3::is_url(spec) {
-        return s3::read_head(&s3::ObjectUrl::parse(spec).ok()?, len).ok();
-    }
-    let mut b = vec![0u8; len];
-    std::io::Read::read_exact(&mut File::open(spec).ok()?, &mut b).ok()?;
-    Some(b)
 }
 
 #[cfg(test)]

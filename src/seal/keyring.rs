@@ -15,7 +15,7 @@ use crate::format::KeyRecord;
 use age::secrecy::{ExposeSecret, SecretString};
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
@@ -218,4 +218,63 @@ pub fn recipients_of_identity_file(path: &Path) -> Result<Vec<String>> {
         out.push(id.to_public().to_string());
     }
     Ok(out)
+}
+
+/// The keys a command was given: identity files and a passphrase file.
+/// Loaded into the process's keyring, they open every encrypted archive it
+/// reads; for a new archive they also say whom it is encrypted for.
+#[derive(Clone, Debug, Default)]
+pub struct Keys {
+    /// age identity files (`--identity`).
+    pub identities: Vec<PathBuf>,
+    /// A file whose first line is a passphrase (`--passphrase-file`).
+    pub passphrase_file: Option<PathBuf>,
+}
+
+impl Keys {
+    /// Gives the keys to the keyring, through which every archive this
+    /// process opens is unlocked.
+    pub fn load(&self) -> Result<()> {
+        for f in &self.identities {
+            add_identity_file(f)?;
+        }
+        if let Some(f) = &self.passphrase_file {
+            add_passphrase_file(f)?;
+        }
+        Ok(())
+    }
+
+    /// Loads the keys, and says whom a new archive is encrypted for:
+    /// `recipients` keys and `recipients_files`, or the passphrase; with
+    /// none of those, the public keys of the identities given (a child
+    /// dumped with `--identity` only is encrypted for the key that opens
+    /// its parent); `None` when the archive is not to be encrypted.
+    pub fn for_new_archive(&self, recipients: &[String], recipients_files: &[PathBuf]) -> Result<Option<Recipients>> {
+        self.load()?;
+        let mut keys = recipients.to_vec();
+        if keys.is_empty() && recipients_files.is_empty() && self.passphrase_file.is_none() {
+            for f in &self.identities {
+                keys.extend(recipients_of_identity_file(f)?);
+            }
+        }
+        Recipients::from_args(&keys, recipients_files, self.passphrase_file.as_deref())
+    }
+}
+
+/// Makes a new age identity at `path` (mode 0600, published whole; a
+/// missing key directory is made, private, as ssh-keygen does) and gives
+/// its public key.
+pub fn write_identity(path: &Path, force: bool) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::DirBuilderExt;
+    let (secret, public) = generate();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).at(dir)?;
+    }
+    let file = crate::io::AtomicFile::create(path, force)?;
+    let mut w = file.writer()?;
+    w.write_all(secret.expose_secret().as_bytes()).and_then(|()| w.flush()).at(path)?;
+    drop(w);
+    file.commit()?;
+    Ok(public)
 }

@@ -15,13 +15,13 @@
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
-use crate::archive::parent::ParentSearch;
 use crate::archive::{BlockSource, Options, PackStats, Packer};
+use crate::archive::{OpenOptions, ParentSearch, Parents, Proof};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::{self, images, Criu};
 use crate::engine;
 use crate::error::{Error, IoContext, Result};
-use crate::io::Output;
+use crate::io::{Location, Output};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::serve::{self, ServeOptions};
@@ -136,7 +136,7 @@ pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<Dedu
     if same {
         return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", parent.display())));
     }
-    Ok(Some(Arc::new(crate::archive::parent::dedup_index(parent, output)?)))
+    Ok(Some(Arc::new(crate::archive::ids::dedup_index(parent, &Location::parse(output)?)?)))
 }
 
 /// A dump's archive options with its absorb budget: `requested` bytes
@@ -146,7 +146,8 @@ pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<Dedu
 /// absorbs first ([`Options::absorb_first`]); at it (`--absorb 0`), CRIU and
 /// the workers share the cores throughout, as in a pack.
 pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Options {
-    let default = if crate::io::is_object(output) { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
+    let object = Location::parse(output).is_ok_and(|at| at.is_object());
+    let default = if object { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
     let budget = requested.unwrap_or(default).max(engine::DEFAULT_MEMORY_BUDGET);
     Options { memory_budget: budget, absorb_first: budget > engine::DEFAULT_MEMORY_BUDGET, ..opts }
 }
@@ -159,7 +160,7 @@ pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Op
 /// waits for it. Archives with parents are left as they are (flattening
 /// would drop the parents).
 pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
-    let source = crate::archive::Archive::open(path)?;
+    let source = crate::archive::open(&Location::File(path.to_path_buf()), &OpenOptions::default())?;
     let out = Output::open(path, true)?;
     let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
     let stats = crate::offline::flatten(source, out.writer()?, &bounded)?;
@@ -299,10 +300,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     };
     // The process is done with; the archive is durable. Only now are hurried
     // blocks worth redoing, and only where rewriting the archive is cheap.
-    let rewrite = pack.blocks_hurried > 0
-        && o.parent.is_none()
-        && !crate::io::is_stdio(&o.output)
-        && !crate::io::is_object(&o.output);
+    let rewrite =
+        pack.blocks_hurried > 0 && o.parent.is_none() && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
     let mut archive_bytes = pack.archive_bytes;
     let (recompressed, recompress_failed) = match rewrite.then(|| recompress(&o.output, archive)) {
         None => (false, None),
@@ -333,10 +332,10 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     })
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RestoreOptions {
-    /// Archive path, or "-" for standard input.
-    pub input: PathBuf,
+    /// Where the archive is.
+    pub input: Location,
     pub detach: bool,
     pub shell_job: bool,
     pub extra: Vec<String>,
@@ -396,8 +395,14 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     // parents are walked while CRIU starts and reads its metadata images
     // (ten parents of a 1 GiB process: 0.03-0.05 s, a tenth of the
     // restore), and the first page that needs them waits for that walk.
-    let located = crate::archive::parent::locate_spec(&o.input, o.pipe_buffer, &o.parents, true)?;
-    let tree = check_pids_free(located.archive())?;
+    let how = OpenOptions {
+        search: o.parents.clone(),
+        spool_cap: o.pipe_buffer,
+        proof: Proof::BehindIfArriving,
+        parents: Parents::Behind,
+    };
+    let source = crate::archive::open(&o.input, &how)?;
+    let tree = check_pids_free(&*source)?;
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
@@ -413,15 +418,13 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
 
     let (status, served) = std::thread::scope(|s| {
         let srv = s.spawn(|| {
-            let (source, walk) = located.open_behind();
-            let served = serve::serve(&listener, source, opts, &stop);
-            match walk.join() {
+            let served = serve::serve(&listener, source.clone(), opts, &stop);
+            match source.parents_walked() {
                 // Pages that needed the parents failed as cancelled (CRIU
                 // aborted before the process ran): the walk says why. A
                 // restore that needed nothing of them stands.
-                Ok(Err(e)) if served.is_err() => Err(e),
-                Err(_) => Err(Error::Cancelled),
-                Ok(_) => served,
+                Err(e) if served.is_err() => Err(e),
+                _ => served,
             }
         });
         let status = cmd.status();

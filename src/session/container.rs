@@ -36,11 +36,11 @@
 //! error; the work directory is removed unless it holds images that are the
 //! only copy of a checkpoint.
 
-use crate::archive::parent::ParentSearch;
+use crate::archive::OpenOptions;
 use crate::archive::{Options, PackStats, Packer};
 use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result};
-use crate::io::Output;
+use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::progress::Progress;
 use crate::session::checkpoint::criu_failure;
@@ -55,9 +55,6 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
-
-/// Most of an archive read from a pipe that is spooled to a private file.
-const SPOOL_CAP: u64 = 2 << 30;
 
 /// How to run runc.
 #[derive(Clone, Debug)]
@@ -202,7 +199,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
         via: o.via,
         raw_bytes: stats.raw_bytes,
         archive_bytes: stats.archive_bytes,
-        ratio: stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64,
+        ratio: stats.ratio(),
         seconds: started.elapsed().as_secs_f64(),
         files: stats.files,
         zero_pages: stats.zero_pages,
@@ -212,7 +209,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
 #[derive(Clone, Debug)]
 pub struct RuncRestore {
     pub id: String,
-    pub input: PathBuf,
+    pub input: Location,
     pub bundle: Option<PathBuf>,
     pub detach: bool,
     pub pid_file: Option<PathBuf>,
@@ -267,7 +264,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
-    let archive = crate::archive::parent::open(&o.input, SPOOL_CAP, &ParentSearch::default())?;
+    let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
     let mut cmd = runc.command(criu);
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
     let lazy = match o.memory {
@@ -381,11 +378,11 @@ pub fn podman_checkpoint(
 
 /// `podman container restore --import` from an archive of a podman export:
 /// unpacked to a private tar file first (podman reads an import as a file).
-pub fn podman_restore(podman: &Path, criu: &Criu, input: &Path, extra: &[String], opts: &Options) -> Result<()> {
+pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[String], opts: &Options) -> Result<()> {
     let work = work_dir("criuz-podman-")?;
     let tar = work.path().join("checkpoint.tar");
     let out = Output::open(&tar, false)?;
-    let inp = Reading::open(input, SPOOL_CAP, &ParentSearch::default())?;
+    let inp = Reading::new(input, &OpenOptions::default())?;
     offline::unpack_tar(inp, out.writer()?, opts)?;
     out.commit()?;
     let status = podman_command(podman, criu, &work)?

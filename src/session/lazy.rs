@@ -28,12 +28,13 @@
 //! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
 //! the container's cgroup.
 
-use crate::archive::{parent, BlockSource};
+use crate::archive::{BlockSource, OpenOptions};
 use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
+use crate::io::Location;
 use crate::session::blocks::Blocks;
 use crate::session::checkpoint::{check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions};
 use crate::session::guard::{Guard, Victim};
@@ -207,9 +208,9 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>
 /// always come from checked blocks. The record's first line:
 const TOUCH_HEADER: &str = "criuz working set 1";
 
-fn touch_path(input: &Path) -> Option<std::path::PathBuf> {
-    (input != Path::new("-")).then(|| {
-        let mut p = input.as_os_str().to_owned();
+fn touch_path(input: &Location) -> Option<std::path::PathBuf> {
+    input.path().map(|path| {
+        let mut p = path.as_os_str().to_owned();
         p.push(".touch");
         p.into()
     })
@@ -260,7 +261,7 @@ fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<(
 pub(crate) struct LazyRestore<'a> {
     pub source: Arc<dyn BlockSource>,
     /// The archive as named (its working-set record goes beside it).
-    pub input: &'a Path,
+    pub input: &'a Location,
     pub images: &'a Path,
     pub work: &'a Path,
     pub victim: &'a Victim,
@@ -364,7 +365,8 @@ impl LazyRestore<'_> {
 /// Restores lazily: see the module documentation.
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let started = Instant::now();
-    let archive = parent::open(&o.input, o.pipe_buffer, &o.parents)?;
+    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
+    let archive = crate::archive::open(&o.input, &how)?;
     let pids = check_pids_free(&*archive)?;
     let source: Arc<dyn BlockSource> = archive;
     if pids.is_empty() {

@@ -6,7 +6,9 @@
 //! from decoded `blocks`) under a `guard`. `receive` is criuz as the page
 //! server of a dump, `follow` packs a dump directory while CRIU writes it,
 //! `images_dir` writes one for a CRIU that reads a directory, and
-//! `container` runs runc and podman with them. `workdir` holds the private
+//! `container` runs runc and podman with them. `restore` picks eager or
+//! lazy for `criuz restore`; `standalone` is criuz on one side of a CRIU
+//! the user runs (capture, serve, page server). `workdir` holds the private
 //! directories CRIU runs in, and cleans up after a criuz that was killed.
 
 pub mod blocks;
@@ -19,5 +21,7 @@ pub mod images_dir;
 pub mod lazy;
 pub mod pager;
 pub mod receive;
+pub mod restore;
 pub mod serve;
+pub mod standalone;
 pub mod workdir;

@@ -223,7 +223,7 @@ fn stream_pages(
     // A resolved dedup block may keep up to PIN_FACTOR times its size alive
     // (the blocks its pieces lie in): fewer of them ahead keeps the
     // restore's memory near a full archive's.
-    let pinning = if source.header().may_hold_dedup() { crate::archive::source::PIN_FACTOR } else { 1 };
+    let pinning = if source.header().may_hold_dedup() { crate::archive::PIN_FACTOR } else { 1 };
     let window = (opts.prefetch_bytes / pinning / block_size.max(PAGE_SIZE)).max(2 * opts.threads).max(2);
     let file_id = entry.file_id;
     let (sub, mut results) =

@@ -1,13 +1,13 @@
 //! `criuz page-server`, `criuz runc ...` and `criuz podman ...`: argument
 //! parsing and printing; the work is in `criuz::session::{receive, container}`.
 
-use super::{human, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
+use crate::args::{location, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
+use crate::print::{self, human};
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use criuz::archive::Packer;
-use criuz::io::Output;
 use criuz::session::container::{self, Memory, RestoredHow, Runc, RuncCheckpoint, RuncRestore, Via};
-use criuz::session::receive::{self, PageServer};
+use criuz::session::receive::PageServer;
+use criuz::session::standalone;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -37,8 +37,7 @@ pub struct PageServerArgs {
 }
 
 pub fn page_server(a: PageServerArgs) -> Result<()> {
-    let mut opts = a.write.options()?;
-    opts.tree = true;
+    let opts = a.write.options()?;
     let server = PageServer::bind(&a.listen)?;
     let addr = server.local_addr()?;
     if !addr.ip().is_loopback() {
@@ -52,19 +51,15 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
     eprintln!("criuz: page server on {addr}, running {}", args.join(" "));
     let mut cmd = Command::new(&args[0]);
     cmd.args(&args[1..]);
-    let out = Output::open(&a.output, a.force)?;
     let t = Instant::now();
-    let packer = Packer::start(out.writer()?, &opts, None)?;
-    let (stats, rx) = receive::run_dump(&server, cmd, &args[0], &a.dir, packer)?;
-    out.commit()?;
+    let output = location(&a.output)?;
+    let (stats, rx) = standalone::page_server_dump(&server, cmd, &args[0], &a.dir, &output, a.force, &opts)?;
     eprintln!(
-        "received {} pages ({} protocol) and {} files: {} -> {} ({:.3} of raw), {:.2}s",
+        "received {} pages ({} protocol) and {} files: {}, {:.2}s",
         rx.pages,
         rx.protocol,
         stats.files,
-        human(stats.raw_bytes),
-        human(stats.archive_bytes),
-        stats.archive_bytes as f64 / stats.raw_bytes.max(1) as f64,
+        print::sizes(&stats),
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -178,7 +173,7 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             let o = RuncCheckpoint { id, output, force, leave_running, via, extra };
             let r = container::runc_checkpoint(&global.runc(), &o, &opts, &criu)?;
             if json {
-                eprintln!("{}", serde_json::to_string_pretty(&r)?);
+                print::json(&r, true)?;
             } else {
                 eprintln!(
                     "checkpointed container {} into {} ({}): {} -> {} ({:.3} of raw), {:.2}s",
@@ -200,19 +195,19 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 (_, true) => Memory::Eager,
                 _ => Memory::Auto,
             };
-            let o = RuncRestore { id, input, bundle, detach, pid_file, memory, extra };
+            let o = RuncRestore { id, input: location(&input)?, bundle, detach, pid_file, memory, extra };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if memory == Memory::Auto && matches!(r.how, RestoredHow::Eager { .. }) {
                 eprintln!("criuz: this kernel gives no userfaultfd for a lazy restore: restored eagerly");
             }
             if json {
-                eprintln!("{}", serde_json::to_string_pretty(&r)?);
+                print::json(&r, true)?;
             } else {
                 match &r.how {
                     RestoredHow::Lazy(l) => eprintln!(
                         "restored container {} from {} lazily: running after {:.2}s, every page in after {:.2}s ({} pages copied in, {} faults)",
                         o.id,
-                        o.input.display(),
+                        o.input,
                         l.running_seconds,
                         l.resident_seconds,
                         l.lazy_pages,
@@ -221,7 +216,7 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                     RestoredHow::Eager { unpack_seconds, bytes, .. } => eprintln!(
                         "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
                         o.id,
-                        o.input.display(),
+                        o.input,
                         human(*bytes),
                         unpack_seconds,
                         r.seconds
@@ -283,11 +278,9 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             let t = Instant::now();
             let s = container::podman_checkpoint(&podman, &criu, &id, &output, force, &extra, &opts)?;
             eprintln!(
-                "checkpointed container {id} into {}: {} -> {} ({:.3} of raw), {:.2}s",
+                "checkpointed container {id} into {}: {}, {:.2}s",
                 output.display(),
-                human(s.raw_bytes),
-                human(s.archive_bytes),
-                s.archive_bytes as f64 / s.raw_bytes.max(1) as f64,
+                print::sizes(&s),
                 t.elapsed().as_secs_f64()
             );
         }
@@ -295,7 +288,7 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             keys.load()?;
             let criu = criu.locate()?;
             let t = Instant::now();
-            container::podman_restore(&podman, &criu, &input, &extra, &threads.options())?;
+            container::podman_restore(&podman, &criu, &location(&input)?, &extra, &threads.options())?;
             eprintln!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
         }
     }

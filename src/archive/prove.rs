@@ -1,0 +1,143 @@
+//! Proving an archive as it is opened, two ways.
+//!
+//! [`walk`] proves a seekable archive whole: every record header from the
+//! first to the trailer through `check` (file ids, block order, sizes,
+//! chained file checks, E records, the index against the stream), keeping
+//! the proven block headers, a few dozen bytes per block. A block read
+//! later must then be, byte for byte, the header proven at its position (so
+//! a file changed after opening is caught too), with a payload that matches
+//! its payload check; decoding it proves its data.
+//!
+//! [`from_table`] is the one exception, for a restore from an object still
+//! arriving: header, C record and index alone (every archive criuz writes
+//! carries a copy of each block header in its index), after
+//! `check::check_table`. Blocks read are checked against the table as
+//! against a walk, but the index itself may be a forgery with every check
+//! recomputed, so the opened archive runs [`walk`] behind and a reader
+//! waits for it before its point of no return.
+
+use super::check::{check_table, Checked, CheckedRecords, Payloads};
+use super::fetch::StoreInput;
+use crate::error::{Error, Result};
+use crate::format::{
+    decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry, Header, Index, FLAG_PARENT, FLAG_TABLE,
+    HEADER_LEN, INDEX_FIXED, TRAILER_LEN,
+};
+use crate::io::RecordStore;
+use crate::seal::ArchiveKey;
+use std::sync::Arc;
+
+/// What the opening walk proved about a block.
+pub(crate) struct ProvenBlock {
+    pub(crate) header: BlockHeader,
+    /// Position of its first byte in its file.
+    pub(crate) raw_pos: u64,
+    /// For a dedup block, the pages its P record lists: its literal pages
+    /// must be exactly these (checked whenever it is decoded).
+    pub(crate) literal_pages: Option<u32>,
+}
+
+/// What a walk of every record header through the checks proved.
+pub(crate) struct Walked {
+    pub(crate) header: Header,
+    pub(crate) index: Index,
+    pub(crate) blocks: Vec<Vec<ProvenBlock>>,
+    pub(crate) chain: Vec<ChainEntry>,
+    pub(crate) key: Option<Arc<ArchiveKey>>,
+}
+
+/// Walks every record header of `store` through the checks.
+pub(crate) fn walk(store: &dyn RecordStore) -> Result<Walked> {
+    let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
+    let header = records.header().clone();
+    let key = records.key().cloned();
+    let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
+    let mut chain = Vec::new();
+    loop {
+        match records.next_record()? {
+            Some((_, Checked::FileBegin { .. })) => blocks.push(Vec::new()),
+            Some((_, Checked::Block { header, raw_pos, .. })) => {
+                blocks[header.file_id as usize].push(ProvenBlock { header, raw_pos, literal_pages: None });
+            }
+            Some((_, Checked::Ids { file_id, count, .. })) => {
+                if let Some(b) = blocks[file_id as usize].last_mut().filter(|b| b.header.codec == BlockCodec::Dedup) {
+                    b.literal_pages = Some(count);
+                }
+            }
+            Some((_, Checked::Chain(entries))) => chain = entries,
+            Some((_, Checked::FileEnd(_))) => {}
+            Some((_, Checked::Index(index))) => return Ok(Walked { header, index, blocks, chain, key }),
+            None => unreachable!("the index ends the records"),
+        }
+    }
+}
+
+/// Reads and checks the trailer and the index it points at; returns the
+/// index and its offset.
+fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Result<(Index, u64)> {
+    let size = store.size();
+    let truncated = || Error::corrupt(size, "archive is truncated (no trailer)");
+    if size < (HEADER_LEN + TRAILER_LEN) as u64 {
+        return Err(truncated());
+    }
+    let at = size - TRAILER_LEN as u64;
+    let trailer: [u8; TRAILER_LEN] = store.read_vec(TRAILER_LEN, at)?.try_into().expect("trailer length");
+    let (offset, len) = decode_trailer(&trailer, at)?;
+    // The format bounds the index body below 4 GiB, so a damaged trailer
+    // cannot make this read more.
+    if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
+        return Err(Error::corrupt(at, "trailer does not point at the index"));
+    }
+    let rec = store.read_vec(len as usize, offset)?;
+    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
+    if body_len + (INDEX_FIXED + 8) as u64 != len {
+        return Err(Error::corrupt(at, "trailer does not point at the index"));
+    }
+    let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
+    let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().expect("index check"));
+    let index = super::records::index_from_body(key, body, check, count, offset + INDEX_FIXED as u64, header.flags)?;
+    Ok((index, offset))
+}
+
+/// What [`from_table`] read: as a walk would give it, but proven only
+/// against the index's own block table.
+///
+/// `None` for an archive without a block table (`FLAG_TABLE`), which must be
+/// walked instead.
+pub(crate) fn from_table(store: &dyn RecordStore) -> Result<Option<Walked>> {
+    let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
+    let header = records.header().clone();
+    if header.flags & FLAG_TABLE == 0 {
+        return Ok(None);
+    }
+    let key = records.key().cloned();
+    let after_key = records.offset();
+    let (chain, data_start) = if header.flags & FLAG_PARENT != 0 {
+        match records.next_record()? {
+            Some((_, Checked::Chain(chain))) => (chain, records.offset()),
+            _ => unreachable!("the checks let only the chain record come first"),
+        }
+    } else {
+        (Vec::new(), after_key)
+    };
+    drop(records);
+    let (index, index_offset) = read_index(store, &header, key.as_deref())?;
+    check_table(&header, &chain, data_start, &index, index_offset)?;
+    let blocks = index
+        .files
+        .iter()
+        .map(|f| {
+            let mut raw_pos = 0;
+            f.table
+                .iter()
+                .map(|t| {
+                    let literal_pages = (t.header.codec == BlockCodec::Dedup).then_some(t.ids);
+                    let b = ProvenBlock { header: t.header.clone(), raw_pos, literal_pages };
+                    raw_pos += u64::from(t.header.raw_len);
+                    b
+                })
+                .collect()
+        })
+        .collect();
+    Ok(Some(Walked { header, index, blocks, chain, key }))
+}

@@ -1,0 +1,258 @@
+//! One short function per command: flags to the library's option types,
+//! one library call, the result printed.
+
+use crate::args::{location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, KeyArgs, ParentArgs, ThreadArgs};
+use crate::containers;
+use crate::print::{self, human, out, rate};
+use anyhow::{Context, Result};
+use criuz::archive::OpenOptions;
+use criuz::io::Output;
+use criuz::offline::{self, Reading};
+use criuz::progress::{Meter, Progress, Ticker};
+use criuz::session::checkpoint::{self, DumpOptions, RestoreOptions};
+
+use criuz::session::standalone;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Runs the command; the exit code when it did not fail (a restore without
+/// `--restore-detached` exits with the restored tree's status).
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Pack { dir, tar, output, force, parent, write } => pack(dir, tar, &output, force, parent, &write)?,
+        Cmd::Flatten { archive, output, force, parents, write } => flatten(&archive, &output, force, &parents, &write)?,
+        Cmd::Unpack { archive, dir, tar, force, parents, threads, keys } => {
+            unpack(&archive, dir, tar, force, &parents, &threads, &keys)?
+        }
+        Cmd::Inspect { archive, json, keys } => inspect(&archive, json, &keys)?,
+        Cmd::Verify { archive, parents, threads, keys } => verify(&archive, &parents, &threads, &keys)?,
+        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, write, absorb, extra } => {
+            let o = DumpOptions { pid, output, force, leave_running, shell_job, extra, parent, meter: None };
+            dump(o, &criu, json, &write, &absorb)?
+        }
+        Cmd::Restore {
+            input,
+            detach,
+            criu,
+            shell_job,
+            pipe_buffer,
+            keep_zero_pages,
+            lazy,
+            json,
+            pidfile,
+            parents,
+            threads,
+            keys,
+            extra,
+        } => {
+            keys.load()?;
+            let o = RestoreOptions {
+                input: location(&input)?,
+                detach,
+                shell_job,
+                extra,
+                pipe_buffer,
+                keep_zero_pages,
+                parents: parents.search(),
+                pidfile,
+                meter: Some(Meter::new()),
+            };
+            return restore(&o, lazy, json, &criu, &threads);
+        }
+        Cmd::Capture { dir, output, force, write, absorb } => capture(&dir, &output, force, &write, &absorb)?,
+        Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads, keys } => {
+            keys.load()?;
+            let o = RestoreOptions {
+                input: location(&input)?,
+                detach: false,
+                shell_job: false,
+                extra: Vec::new(),
+                pipe_buffer,
+                keep_zero_pages,
+                parents: parents.search(),
+                pidfile: None,
+                meter: Some(Meter::new()),
+            };
+            serve(&dir, &o, &threads)?
+        }
+        Cmd::PageServer(a) => containers::page_server(a)?,
+        Cmd::Runc(c) => containers::runc(c)?,
+        Cmd::Podman(c) => containers::podman(c)?,
+        Cmd::Keygen { output, force } => keygen(&output, force)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pack(
+    dir: Option<PathBuf>,
+    tar: Option<PathBuf>,
+    output: &Path,
+    force: bool,
+    parent: Option<PathBuf>,
+    write: &ArchiveArgs,
+) -> Result<()> {
+    let opts = write.options()?;
+    let dedup = checkpoint::dedup_for(parent.as_deref(), output)?;
+    let t = Instant::now();
+    let (stats, progress, out) = if let Some(tar) = tar {
+        if dedup.is_some() {
+            return Err(criuz::Error::Usage("--parent works with a directory, not --tar".into()).into());
+        }
+        let tar = location(&tar)?;
+        let inp = tar.reader()?;
+        let out = Output::open(output, force)?;
+        let mut progress = Progress::new("pack", None);
+        let stats = offline::pack_tar(inp, &tar.label(), out.writer()?, &opts, &mut progress)?;
+        (stats, progress, out)
+    } else {
+        let dir = dir.expect("clap requires a directory or --tar");
+        let entries = criuz::tree::scan(&dir)?;
+        let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
+        let out = Output::open(output, force)?;
+        let mut progress = Progress::new("pack", Some(total));
+        let stats = offline::pack_dir(&dir, &entries, out.writer()?, &opts, dedup, &mut progress)
+            .with_context(|| format!("packing {}", dir.display()))?;
+        (stats, progress, out)
+    };
+    progress.finish();
+    out.commit()?;
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "packed {} files: {}, {} zero pages elided, {:.2}s, {}",
+        stats.files,
+        print::sizes(&stats),
+        stats.zero_pages,
+        secs,
+        rate(stats.raw_bytes, secs)
+    );
+    Ok(())
+}
+
+fn flatten(archive: &Path, output: &Path, force: bool, parents: &ParentArgs, write: &ArchiveArgs) -> Result<()> {
+    let opts = write.options()?;
+    let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
+    let source = criuz::archive::open(&location(archive)?, &how)?;
+    let out = Output::open(output, force)?;
+    let t = Instant::now();
+    let stats = offline::flatten(source, out.writer()?, &opts)?;
+    out.commit()?;
+    let (from, to, secs) = (archive.display(), output.display(), t.elapsed().as_secs_f64());
+    eprintln!("flattened {from} into {to}: {} files, {}, {secs:.2}s", stats.files, print::sizes(&stats));
+    Ok(())
+}
+
+fn unpack(
+    archive: &Path,
+    dir: Option<PathBuf>,
+    tar: Option<PathBuf>,
+    force: bool,
+    parents: &ParentArgs,
+    threads: &ThreadArgs,
+    keys: &KeyArgs,
+) -> Result<()> {
+    keys.load()?;
+    let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
+    let inp = Reading::new(&location(archive)?, &how)?;
+    let t = Instant::now();
+    if let Some(tar) = tar {
+        let out = Output::open(&tar, force)?;
+        let (entries, bytes, w) = offline::unpack_tar(inp, out.writer()?, &threads.options())?;
+        drop(w);
+        out.commit()?;
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!("unpacked {entries} entries, {} into tar {}, {secs:.2}s", human(bytes), tar.display());
+        return Ok(());
+    }
+    let dir = dir.expect("clap requires a directory or --tar");
+    let st = offline::unpack(inp, &dir, force, &threads.options(), Progress::new("unpack", None))?;
+    let secs = t.elapsed().as_secs_f64();
+    let (files, bytes) = (st.files, human(st.bytes));
+    eprintln!("unpacked {files} files, {bytes} into {}, {secs:.2}s, {}", dir.display(), rate(st.bytes, secs));
+    Ok(())
+}
+
+fn inspect(archive: &Path, json: bool, keys: &KeyArgs) -> Result<()> {
+    keys.load()?;
+    let rep = offline::inspect(location(archive)?.reader()?).with_context(|| archive.display().to_string())?;
+    if json {
+        return print::json(&rep, false);
+    }
+    print::inspect(&rep);
+    Ok(())
+}
+
+fn verify(archive: &Path, parents: &ParentArgs, threads: &ThreadArgs, keys: &KeyArgs) -> Result<()> {
+    keys.load()?;
+    let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
+    let inp = Reading::new(&location(archive)?, &how)?;
+    let (files, bytes) = offline::verify(inp, &threads.options(), Progress::new("verify", None))?;
+    out!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
+    Ok(())
+}
+
+fn dump(mut o: DumpOptions, criu: &CriuArgs, json: bool, write: &ArchiveArgs, absorb: &AbsorbArgs) -> Result<()> {
+    let opts = checkpoint::with_absorb(write.options()?, absorb.absorb, &o.output);
+    let c = criu.locate()?;
+    let meter = Meter::new();
+    o.meter = Some(meter.clone());
+    let ticker = Ticker::start(move || meter.dump_line());
+    let r = checkpoint::dump(&o, &opts, &c);
+    drop(ticker);
+    let r = r?;
+    if json {
+        // With the archive on stdout, the report goes to stderr.
+        return print::json(&r, location(&o.output)?.is_stdio());
+    }
+    print::dump(o.pid, &r);
+    Ok(())
+}
+
+fn restore(o: &RestoreOptions, lazy: bool, json: bool, criu: &CriuArgs, threads: &ThreadArgs) -> Result<ExitCode> {
+    let c = criu.locate()?;
+    let meter = o.meter.clone().unwrap_or_default();
+    // The lazy restore reports its own stages; the eager one's progress is the pages served.
+    let ticker = (!lazy).then(|| Ticker::start(move || meter.restore_line()));
+    let r = criuz::session::restore::restore(o, lazy, &threads.options(), &c);
+    drop(ticker);
+    let r = r?;
+    if json {
+        print::json(&r, false)?;
+    } else {
+        print::restored(&o.input, &r);
+    }
+    // Without -d, CRIU's exit status is the restored tree's.
+    if !o.detach && r.criu_exit() != 0 {
+        return Ok(ExitCode::from(r.criu_exit().clamp(1, 255) as u8));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn capture(dir: &Path, output: &Path, force: bool, write: &ArchiveArgs, absorb: &AbsorbArgs) -> Result<()> {
+    let opts = checkpoint::with_absorb(write.options()?, absorb.absorb, output);
+    let capture = standalone::Capture::bind(dir)?;
+    eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
+    let stats = capture.run(&location(output)?, force, &opts)?;
+    eprintln!("captured {} files: {}", stats.files, print::sizes(&stats));
+    Ok(())
+}
+
+fn serve(dir: &Path, o: &RestoreOptions, threads: &ThreadArgs) -> Result<()> {
+    let serve = standalone::Serve::bind(dir, o)?;
+    eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
+    let r = serve.run(o, threads.options().threads)?;
+    let (served, missing) = (r.served.len(), r.missing.len());
+    let skipped = r.zero_pages_skipped;
+    eprintln!(
+        "served {served} files ({}), {missing} not in the archive, {skipped} zero pages left out",
+        human(r.bytes)
+    );
+    Ok(())
+}
+
+fn keygen(output: &Path, force: bool) -> Result<()> {
+    let public = criuz::seal::keyring::write_identity(output, force)?;
+    eprintln!("criuz: wrote the identity to {} (keep it secret; it opens your archives)", output.display());
+    out!("{public}");
+    Ok(())
+}

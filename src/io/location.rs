@@ -1,0 +1,268 @@
+//! Where an archive is, parsed once from what the user typed: standard
+//! input or output (`-`), a file, an object (`s3://bucket/key`), or bytes
+//! in memory (tests and the fuzzer). Every question whose answer depends on
+//! that is answered here and nowhere else: the archive's label in messages,
+//! the directory its parents' hints are relative to, a reader front to
+//! back, a random-access store, an output.
+//!
+//! Standard input cannot be read twice, so its first bytes, once peeked
+//! ([`Location::head`], to tell what an archive is), are kept and handed
+//! back in front of the rest by [`Location::reader`]. A random-access store
+//! of a pipe is the pipe spooled to a private unnamed temporary file, of at
+//! most [`SPOOL_CAP`] bytes unless the caller gives another cap: CRIU asks
+//! for `inventory.img` first and it is written last, so a restore cannot
+//! start before the stream has ended anyway, and one read path with bounded
+//! memory beats holding the archive in RAM.
+
+use super::{s3, Output, RecordStore};
+use crate::error::{Error, IoContext, Result, ResultContext};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// What an archive arriving on a pipe may spool by default (`--pipe-buffer`).
+pub const SPOOL_CAP: u64 = 2 << 30;
+
+/// Read buffer of a front-to-back reader.
+const READ_BUF: usize = 1 << 20;
+
+/// Where an archive is.
+#[derive(Clone, Debug)]
+pub enum Location {
+    /// `-`: standard input to read, standard output to write.
+    Stdio,
+    File(PathBuf),
+    Object(s3::ObjectUrl),
+    /// Bytes held in memory, under a label for messages.
+    Memory {
+        label: String,
+        bytes: Arc<Vec<u8>>,
+    },
+}
+
+/// Bytes of standard input read ahead to tell what the archive is; handed
+/// back first by the next reader of standard input.
+static STDIN_PEEKED: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+impl Location {
+    /// `-`, an `s3://` URL, or a path.
+    pub fn parse(spec: &Path) -> Result<Location> {
+        if spec == Path::new("-") {
+            Ok(Location::Stdio)
+        } else if s3::is_url(spec) {
+            Ok(Location::Object(s3::ObjectUrl::parse(spec)?))
+        } else {
+            Ok(Location::File(spec.to_path_buf()))
+        }
+    }
+
+    /// An archive held in memory.
+    pub fn memory(label: impl Into<String>, bytes: Vec<u8>) -> Location {
+        Location::Memory { label: label.into(), bytes: Arc::new(bytes) }
+    }
+
+    pub fn is_stdio(&self) -> bool {
+        matches!(self, Location::Stdio)
+    }
+
+    pub fn is_object(&self) -> bool {
+        matches!(self, Location::Object(_))
+    }
+
+    /// The file's path, for a file.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Location::File(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Names the archive in messages (`stdin` for standard input).
+    pub fn label(&self) -> String {
+        match self {
+            Location::Stdio => "stdin".into(),
+            Location::File(p) => p.display().to_string(),
+            Location::Object(u) => u.to_string(),
+            Location::Memory { label, .. } => label.clone(),
+        }
+    }
+
+    /// The directory a parent's hint is relative to: the archive's own, the
+    /// current directory for a pipe; `None` for bytes in memory, which are
+    /// nowhere (their hints are not followed).
+    pub fn base_dir(&self) -> Option<PathBuf> {
+        let spec = match self {
+            Location::File(p) => p.clone(),
+            Location::Object(u) => PathBuf::from(u.to_string()),
+            Location::Stdio => return Some(PathBuf::from(".")),
+            Location::Memory { .. } => return None,
+        };
+        match spec.parent() {
+            Some(d) if !d.as_os_str().is_empty() => Some(d.to_path_buf()),
+            _ => Some(PathBuf::from(".")),
+        }
+    }
+
+    /// The first `len` bytes (`None` if there are fewer or they cannot be
+    /// read): enough to tell what an archive is without fetching it. On
+    /// standard input they are kept for the next reader.
+    pub fn head(&self, len: usize) -> Option<Vec<u8>> {
+        match self {
+            Location::Stdio => {
+                let mut peeked = STDIN_PEEKED.lock().unwrap_or_else(|e| e.into_inner());
+                if peeked.len() < len {
+                    let have = peeked.len();
+                    peeked.resize(len, 0);
+                    let got = read_up_to(&mut std::io::stdin().lock(), &mut peeked[have..]);
+                    peeked.truncate(have + got);
+                }
+                peeked.get(..len).map(<[u8]>::to_vec)
+            }
+            Location::File(p) => {
+                let mut b = vec![0u8; len];
+                File::open(p).ok()?.read_exact(&mut b).ok()?;
+                Some(b)
+            }
+            Location::Object(u) => s3::read_head(u, len).ok(),
+            Location::Memory { bytes, .. } => bytes.get(..len).map(<[u8]>::to_vec),
+        }
+    }
+
+    /// The archive front to back.
+    pub fn reader(&self) -> Result<Box<dyn Read + Send>> {
+        Ok(match self {
+            Location::Stdio => {
+                let peeked = std::mem::take(&mut *STDIN_PEEKED.lock().unwrap_or_else(|e| e.into_inner()));
+                let rest = std::io::BufReader::with_capacity(READ_BUF, std::io::stdin());
+                Box::new(std::io::Cursor::new(peeked).chain(rest))
+            }
+            Location::File(p) => Box::new(std::io::BufReader::with_capacity(READ_BUF, File::open(p).at(p)?)),
+            Location::Object(u) => {
+                Box::new(std::io::BufReader::with_capacity(READ_BUF, s3::Download::start(u)?.reader()))
+            }
+            Location::Memory { bytes, .. } => Box::new(std::io::Cursor::new(SharedVec(bytes.clone()))),
+        })
+    }
+
+    /// Random access to the archive: a file, an object being fetched (reads
+    /// wait for the bytes they need), memory, or standard input spooled to
+    /// a private unnamed temporary file of at most `spool_cap` bytes.
+    pub fn store(&self, spool_cap: u64) -> Result<Box<dyn RecordStore>> {
+        Ok(match self {
+            Location::Stdio => Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?),
+            Location::File(p) => Box::new(File::open(p).at(p)?),
+            Location::Object(u) => Box::new(s3::Download::start(u)?),
+            Location::Memory { bytes, .. } => Box::new(SharedVec(bytes.clone())),
+        })
+    }
+
+    /// A new archive here, published only by [`Output::commit`]; an existing
+    /// one is refused unless `force`.
+    pub fn output(&self, force: bool) -> Result<Output> {
+        match self {
+            Location::Stdio => Ok(Output::Stdout),
+            Location::File(p) => Ok(Output::File(super::AtomicFile::create(p, force)?)),
+            Location::Object(u) => Ok(Output::Object(s3::Upload::start(u.clone(), force)?)),
+            Location::Memory { label, .. } => Err(Error::Usage(format!("{label}: cannot write an archive to memory"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // What the user typed.
+            Location::Stdio => f.write_str("-"),
+            _ => f.write_str(&self.label()),
+        }
+    }
+}
+
+/// Bytes in memory shared by every reader of a [`Location::Memory`].
+#[derive(Clone, Debug)]
+struct SharedVec(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedVec {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl RecordStore for SharedVec {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+}
+
+/// Reads until `buf` is full or the input ends; the bytes read.
+fn read_up_to(inp: &mut impl Read, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match inp.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+/// Copies an archive arriving on a pipe into an unnamed temporary file
+/// (mode 0600, gone when closed).
+fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
+    let dir = std::env::temp_dir();
+    let mut file = tempfile::tempfile_in(&dir).at(&dir)?;
+    let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file).at(&dir)?;
+    if copied > cap {
+        return Err(Error::Usage(format!(
+            "the archive is larger than --pipe-buffer ({cap} bytes); raise it, or restore from a file"
+        )));
+    }
+    file.flush().at(&dir)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_is_parsed_once_with_its_label_and_base() {
+        let stdio = Location::parse(Path::new("-")).unwrap();
+        assert!(stdio.is_stdio());
+        assert_eq!((stdio.label(), stdio.base_dir()), ("stdin".to_string(), Some(PathBuf::from("."))));
+        let file = Location::parse(Path::new("dir/a.czr")).unwrap();
+        assert_eq!((file.label(), file.base_dir()), ("dir/a.czr".to_string(), Some(PathBuf::from("dir"))));
+        assert_eq!(Location::parse(Path::new("a.czr")).unwrap().base_dir(), Some(PathBuf::from(".")));
+        let object = Location::parse(Path::new("s3://bucket/dir/a.czr")).unwrap();
+        assert!(object.is_object());
+        assert_eq!(object.base_dir(), Some(PathBuf::from("s3://bucket/dir")));
+        assert_eq!(Location::memory("m", Vec::new()).base_dir(), None);
+        assert!(Location::parse(Path::new("s3://bucket/")).is_err());
+    }
+
+    #[test]
+    fn memory_reads_front_to_back_and_at_random() {
+        let loc = Location::memory("m", b"0123456789".to_vec());
+        assert_eq!(loc.head(4).unwrap(), b"0123");
+        assert!(loc.head(11).is_none());
+        let mut all = Vec::new();
+        loc.reader().unwrap().read_to_end(&mut all).unwrap();
+        assert_eq!(all, b"0123456789");
+        let store = loc.store(0).unwrap();
+        assert_eq!(store.read_vec(3, 7).unwrap(), b"789");
+    }
+
+    #[test]
+    fn a_pipe_larger_than_its_cap_is_refused() {
+        let e = spool(&b"0123456789"[..], 4).unwrap_err();
+        assert_eq!(e.kind(), crate::Kind::Usage);
+        let f = spool(&b"0123"[..], 4).unwrap();
+        assert_eq!(RecordStore::size(&f), 4);
+    }
+}

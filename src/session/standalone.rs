@@ -1,0 +1,88 @@
+//! criuz on one side of a CRIU the user runs: `capture` and `serve` answer
+//! a `criu dump/restore --stream` started by hand, and the page server
+//! receives the pages of a dump command the user gives. Each is bound
+//! first (so the caller can say where CRIU should connect), then run as one
+//! call; the rules of a complete dump are those of `capture::settle` and
+//! `receive::run_dump`.
+
+use crate::archive::{Archive, OpenOptions, Options, PackStats, Packer};
+use crate::criu::streamer::{self, Listener};
+use crate::error::Result;
+use crate::io::Location;
+use crate::session::receive::{self, PageServer, ReceiveReport};
+use crate::session::serve::{self, ServeOptions, ServeReport};
+use crate::session::{capture, checkpoint::RestoreOptions};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Waits for `criu dump --stream -D DIR` and writes what it sends.
+pub struct Capture(Listener);
+
+impl Capture {
+    pub fn bind(dir: &Path) -> Result<Capture> {
+        Listener::bind(dir, streamer::CAPTURE_SOCKET).map(Capture)
+    }
+
+    /// Writes the dump CRIU streams into a new archive at `output`,
+    /// published only if the stream was complete.
+    pub fn run(self, output: &Location, force: bool, opts: &Options) -> Result<PackStats> {
+        let out = output.output(force)?;
+        let packer = Packer::start(out.writer()?, opts, None)?;
+        let never = AtomicBool::new(false);
+        let captured = capture::capture(&self.0, &packer, &never);
+        let (packer, _) = capture::settle(packer, captured).map_err(|e| e.context(format!("{output} not written")))?;
+        let (stats, _) = packer.finish()?;
+        out.commit()?;
+        Ok(stats)
+    }
+}
+
+/// Waits for `criu restore --stream -D DIR` and answers it from an archive.
+pub struct Serve {
+    listener: Listener,
+    source: Arc<Archive>,
+}
+
+impl Serve {
+    /// Opens and proves the archive `o.input`, with its parents, then
+    /// listens in `dir`.
+    pub fn bind(dir: &Path, o: &RestoreOptions) -> Result<Serve> {
+        let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
+        let source = crate::archive::open(&o.input, &how)?;
+        Ok(Serve { listener: Listener::bind(dir, streamer::SERVE_SOCKET)?, source })
+    }
+
+    /// Serves the archive to the CRIU that connects, as `o` asks.
+    pub fn run(self, o: &RestoreOptions, threads: usize) -> Result<ServeReport> {
+        let never = AtomicBool::new(false);
+        let sopts = ServeOptions {
+            meter: o.meter.clone().unwrap_or_default(),
+            threads,
+            prefetch_bytes: serve::PREFETCH_BYTES,
+            skip_zero_pages: !o.keep_zero_pages,
+        };
+        Ok(serve::serve(&self.listener, self.source, sopts, &never)?.expect("serve waits for CRIU"))
+    }
+}
+
+/// Runs `cmd` (its program named `program`), a dump told to send its pages
+/// to `server` and its other images to `dir`, into a new tree archive at
+/// `output`, published only if the dump was complete.
+pub fn page_server_dump(
+    server: &PageServer,
+    cmd: Command,
+    program: &str,
+    dir: &Path,
+    output: &Location,
+    force: bool,
+    opts: &Options,
+) -> Result<(PackStats, ReceiveReport)> {
+    let opts = Options { tree: true, ..opts.clone() };
+    let out = output.output(force)?;
+    let packer = Packer::start(out.writer()?, &opts, None)?;
+    let done = receive::run_dump(server, cmd, program, dir, packer)?;
+    out.commit()?;
+    Ok(done)
+}
