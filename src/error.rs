@@ -49,6 +49,11 @@ pub enum Error {
     /// CRIU failed, could not be run, or left the job incomplete.
     #[error("{0}")]
     Criu(String),
+    /// CRIU (or what runs it) could not be run or talked to: what we were
+    /// doing, and the I/O error (kept, but printed rather than chained as a
+    /// `source`, like [`Error::File`]).
+    #[error("{what}: {err}")]
+    CriuIo { what: String, err: io::Error },
     /// A pipeline stage stopped because another stage failed first.
     #[error("cancelled")]
     Cancelled,
@@ -132,6 +137,9 @@ impl Error {
             Error::Protocol(s) => Error::Protocol(s.clone()),
             Error::Remote(s) => Error::Remote(s.clone()),
             Error::Criu(s) => Error::Criu(s.clone()),
+            Error::CriuIo { what, err } => {
+                Error::CriuIo { what: what.clone(), err: io::Error::new(err.kind(), err.to_string()) }
+            }
             Error::Cancelled => Error::Cancelled,
             Error::Context { context, inner } => {
                 Error::Context { context: context.clone(), inner: Box::new(inner.duplicate()) }
@@ -178,5 +186,8 @@ mod tests {
         assert_eq!(e.to_string(), "serving pages-1.img: a.czr: offset 7: bad");
         assert_eq!(Error::Usage("x".into()).kind().exit_code(), 2);
         assert_eq!(Error::Criu("x".into()).kind().exit_code(), 1);
+        let e = Error::CriuIo { what: "cannot run criu".into(), err: io::Error::from(io::ErrorKind::NotFound) };
+        assert_eq!(e.kind().exit_code(), 1);
+        assert_eq!(e.to_string(), format!("cannot run criu: {}", io::Error::from(io::ErrorKind::NotFound)));
     }
 }

@@ -13,7 +13,9 @@
 //! `session::container` follows the directory CRIU writes
 //! (`session::follow`) or is its page server (`criu::page_server` →
 //! `session::receive`), and restores through a directory without the zero
-//! pages (`session::images_dir`).
+//! pages (`session::images_dir`). `proc` is the OS machinery under the
+//! sessions (/proc process trees, the forked guard, cgroup v2, socket
+//! tricks); it imports no session.
 
 pub mod archive;
 pub mod codec;
@@ -23,6 +25,7 @@ pub mod error;
 pub mod format;
 pub mod io;
 pub mod offline;
+pub mod proc;
 pub mod progress;
 pub mod seal;
 pub mod session;

@@ -340,7 +340,7 @@ fn corrupt_block_aborts_restore_before_the_process_runs() {
     w.reap_original();
     // Damage one byte in the payload of a block in the middle of the pages image.
     use criuz::archive::BlockSource;
-    let a = criuz::archive::open(&criuz::io::Location::File(arc.clone().into()), &Default::default()).unwrap();
+    let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default()).unwrap();
     let pages = a.index().files.iter().find(|f| f.name.starts_with("pages-")).unwrap();
     let b = pages.blocks[pages.blocks.len() / 2];
     let mut bytes = std::fs::read(&arc).unwrap();

@@ -161,7 +161,7 @@ pub struct Restored {
 
 /// CRIU's frozen time, in seconds, from a stats-dump image.
 pub fn frozen_from_stats(bytes: &[u8]) -> Option<f64> {
-    criuz::session::checkpoint::parse_stats(bytes).map(|s| f64::from(s.frozen_time_us) / 1e6)
+    criuz::criu::stats::parse_stats(bytes).map(|s| f64::from(s.frozen_time_us) / 1e6)
 }
 
 /// CRIU writes stats-dump into its --work-dir (the run's log directory).

@@ -219,7 +219,7 @@ fn one(cfg: &str, b: &Bundle, criuz: &Path, work: &Path, logs: &Path) -> Result<
         running = lazy_running(&logs.join("criuz-runc-restore-0.stderr"));
         let raw = {
             use criuz::archive::BlockSource;
-            let a = criuz::archive::open(&criuz::io::Location::File(arc.clone().into()), &Default::default())?;
+            let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default())?;
             a.index().files.iter().map(|f| f.raw_size).sum()
         };
         (d, s, raw, proc::file_bytes(&arc))

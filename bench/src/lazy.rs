@@ -198,7 +198,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     }
     let raw_bytes = {
         use criuz::archive::BlockSource;
-        let a = criuz::archive::open(&criuz::io::Location::File(arc.clone().into()), &Default::default())?;
+        let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default())?;
         a.index().files.iter().map(|f| f.raw_size).sum()
     };
     let row = LazyRow {

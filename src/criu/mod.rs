@@ -1,6 +1,7 @@
 //! The CRIU side: finding a usable CRIU (>= 4.0) here; its streamer protocol
-//! (`streamer`), handing bytes to its pipes (`splice`) and the few image files
-//! criuz reads (`images`) in the submodules.
+//! (`streamer`), handing bytes to its pipes (`splice`), the few image files
+//! criuz reads (`images`) and CRIU's dump statistics (`stats`) in the
+//! submodules.
 //!
 //! Order: `--criu PATH`, then `$CRIUZ_CRIU`, then the build cache that
 //! `scripts/setup.sh` fills (`$CRIUZ_CACHE`, else `$XDG_CACHE_HOME/criuz`, else
@@ -15,6 +16,7 @@ pub mod images;
 pub mod page_server;
 pub mod scm;
 pub mod splice;
+pub mod stats;
 pub mod streamer;
 pub mod uffd;
 

@@ -5,7 +5,7 @@
 //! `inventory.img` (CRIU writes it last); otherwise the packer is aborted and
 //! nothing is published (no file under the output name; on stdout, an archive
 //! without its trailer, which every reader rejects). CRIU's `stats-dump`
-//! (written locally, not streamed) is added to the archive and reported.
+//! (written locally, not streamed; `criu::stats`) is added to the archive and reported.
 //! Restore: the archive is proven whole before CRIU starts (`archive::source`)
 //! and every block is checked as it is served; a failed check aborts CRIU's
 //! restore before the process runs.
@@ -15,18 +15,23 @@
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
-use crate::archive::{BlockSource, Options, PackStats, Packer};
-use crate::archive::{OpenOptions, ParentSearch, Parents, Proof};
+use crate::archive::{OpenOptions, Parents, Proof};
+use crate::archive::{Options, PackStats, Packer};
+use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
-use crate::criu::{self, images, Criu};
+use crate::criu::Criu;
 use crate::engine;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::io::{Location, Output};
+use crate::proc::guard::Guard;
+use crate::proc::tree::{self, end_aborted_tree};
 use crate::progress::Meter;
 use crate::session::capture;
+use crate::session::criu_run::{
+    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions,
+};
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
-use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,17 +50,6 @@ pub struct DumpOptions {
     pub parent: Option<PathBuf>,
     /// Counts what is taken in and written, for a progress line.
     pub meter: Option<Arc<Meter>>,
-}
-
-/// CRIU's own dump statistics (stats-dump), in microseconds and pages.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct CriuDumpStats {
-    pub freezing_time_us: u32,
-    pub frozen_time_us: u32,
-    pub memdump_time_us: u32,
-    pub memwrite_time_us: u32,
-    pub pages_scanned: u64,
-    pub pages_written: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -81,50 +75,6 @@ pub struct DumpReport {
     pub criu_stats: Option<CriuDumpStats>,
     #[serde(skip)]
     pub pack: PackStats,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct DumpStatsEntry {
-    #[prost(uint32, required, tag = "1")]
-    freezing_time: u32,
-    #[prost(uint32, required, tag = "2")]
-    frozen_time: u32,
-    #[prost(uint32, required, tag = "3")]
-    memdump_time: u32,
-    #[prost(uint32, required, tag = "4")]
-    memwrite_time: u32,
-    #[prost(uint64, required, tag = "5")]
-    pages_scanned: u64,
-    #[prost(uint64, required, tag = "6")]
-    pages_skipped_parent: u64,
-    #[prost(uint64, required, tag = "7")]
-    pages_written: u64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct StatsEntry {
-    #[prost(message, optional, tag = "1")]
-    dump: Option<DumpStatsEntry>,
-}
-
-/// Parses CRIU's stats-dump: two magics (service image), then a u32-length
-/// prefixed stats_entry.
-pub fn parse_stats(bytes: &[u8]) -> Option<CriuDumpStats> {
-    let len = u32::from_ne_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
-    let e = StatsEntry::decode(bytes.get(12..12 + len)?).ok()?.dump?;
-    Some(CriuDumpStats {
-        freezing_time_us: e.freezing_time,
-        frozen_time_us: e.frozen_time,
-        memdump_time_us: e.memdump_time,
-        memwrite_time_us: e.memwrite_time,
-        pages_scanned: e.pages_scanned,
-        pages_written: e.pages_written,
-    })
-}
-
-pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
-    let errs = criu::log_errors(log, 3).join(" | ");
-    Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
 }
 
 /// What an incremental archive written to `output` dedups against: the pages
@@ -170,53 +120,10 @@ pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
 
 /// A process that CRIU could dump: one that exists.
 fn check_dumpable(pid: i32) -> Result<()> {
-    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+    if !tree::exists(pid) {
         return Err(Error::Usage(format!("process {pid} does not exist")));
     }
     Ok(())
-}
-
-/// CRIU restores every process and thread under its old id; one still in use
-/// (often the dumped process itself, not yet reaped by its parent) would make
-/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids.
-pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
-    let Some(entry) = source.find("pstree.img") else { return Ok(Vec::new()) };
-    let pids: Vec<i32> =
-        images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
-    for &pid in &pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-        if let Ok(stat) = stat {
-            let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
-            let why = if is_zombie(&stat) { "a zombie its parent has not reaped yet" } else { "running" };
-            return Err(Error::Criu(format!(
-                "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
-                 a dumped process keeps its pid until its parent reaps it"
-            )));
-        }
-    }
-    Ok(pids)
-}
-
-fn is_zombie(stat: &str) -> bool {
-    stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-}
-
-/// After an aborted restore: CRIU kills the tree it had begun but does not
-/// wait for it, so criuz waits until none of the tree's pids (free before
-/// the restore) runs, killing what is still running after a second.
-/// "Exit 3, nothing runs" then holds when criuz returns.
-pub(crate) fn end_aborted_tree(pids: &[i32]) {
-    let running = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !is_zombie(&s));
-    let t = Instant::now();
-    while pids.iter().any(running) {
-        if t.elapsed() > std::time::Duration::from_secs(1) {
-            crate::session::guard::kill_tree(pids);
-        }
-        if t.elapsed() > std::time::Duration::from_secs(5) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
@@ -250,14 +157,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     cmd.args(&o.extra);
 
     // Resumes the tree should criuz die while CRIU leaves it stopped.
-    let mut guard = if o.leave_running { None } else { Some(crate::session::guard::Guard::resuming(&[o.pid])?) };
+    let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid])?) };
     let (status, captured) = std::thread::scope(|s| {
         let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
         let status = cmd.status();
         stop.store(true, Ordering::Relaxed);
         (status, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
+    let status = status.map_err(|e| cannot_run(criu.path.display(), e))?;
     if !status.success() {
         // CRIU stopped because the archive could not be written (a full
         // disk, a dead object store): that is the cause to report.
@@ -285,7 +192,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {
-                crate::session::guard::kill_tree(&[o.pid]);
+                tree::kill_tree(&[o.pid]);
             }
             if let Some(mut g) = guard.take() {
                 g.release();
@@ -294,7 +201,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         Err(e) if o.leave_running => return Err(e),
         Err(e) => {
-            crate::session::guard::signal_tree(&[o.pid], libc::SIGCONT);
+            tree::signal_tree(&[o.pid], libc::SIGCONT);
             return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
         }
     };
@@ -332,25 +239,6 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     })
 }
 
-#[derive(Clone, Debug)]
-pub struct RestoreOptions {
-    /// Where the archive is.
-    pub input: Location,
-    pub detach: bool,
-    pub shell_job: bool,
-    pub extra: Vec<String>,
-    /// Cap on the archive bytes spooled to a temporary file when it comes from a pipe.
-    pub pipe_buffer: u64,
-    /// Send CRIU every zero page instead of leaving them out where that is safe.
-    pub keep_zero_pages: bool,
-    /// Where to look for the parents of an incremental archive.
-    pub parents: ParentSearch,
-    /// Written with the restored pid once the tree runs (with `detach`).
-    pub pidfile: Option<PathBuf>,
-    /// Counts the page bytes served, for a progress line.
-    pub meter: Option<Arc<Meter>>,
-}
-
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RestoreReport {
     pub pid: Option<i32>,
@@ -359,33 +247,6 @@ pub struct RestoreReport {
     pub zero_pages_skipped: u64,
     pub files: usize,
     pub criu_exit: i32,
-}
-
-/// Copies CRIU's pidfile in `work` to the user's `to`, complete or not at
-/// all (written beside it, then renamed).
-pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
-    let Some(to) = to else { return Ok(()) };
-    let pid = std::fs::read_to_string(ours).at(ours)?;
-    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = to.with_file_name(format!(".{name}.criuz-tmp"));
-    std::fs::write(&tmp, format!("{}\n", pid.trim())).at(&tmp)?;
-    std::fs::rename(&tmp, to).at(to)
-}
-
-/// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
-/// the user's options; the restored pid goes to `pidfile`.
-pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
-    let mut cmd = Command::new(&criu.path);
-    cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
-    if o.detach {
-        cmd.arg("--restore-detached");
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    }
-    if o.shell_job {
-        cmd.arg("--shell-job");
-    }
-    cmd.args(&o.extra);
-    cmd
 }
 
 /// Restores from an archive through CRIU's stream mode.
@@ -431,7 +292,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
         stop.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let status = status.map_err(|e| Error::Criu(format!("cannot run {}: {e}", criu.path.display())))?;
+    let status = status.map_err(|e| cannot_run(criu.path.display(), e))?;
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let report = match served {
         Err(e) => {

@@ -42,10 +42,10 @@ use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
+use crate::proc::guard::{wait_guarded, Victim};
 use crate::progress::Progress;
-use crate::session::checkpoint::criu_failure;
+use crate::session::criu_run::{cannot_run, criu_failure};
 use crate::session::follow::follow_pages;
-use crate::session::guard::{wait_guarded, Victim};
 use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
 use crate::session::workdir::WorkDir;
@@ -161,7 +161,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
             let done = AtomicBool::new(false);
             let (status, followed) = std::thread::scope(|s| {
                 let f = s.spawn(|| follow_pages(&images, &packer, &done));
-                let status = cmd.spawn().map_err(Error::from).and_then(|mut c| wait_guarded(&mut c));
+                let status = cmd.spawn().and_then(|mut c| wait_guarded(&mut c));
                 done.store(true, Ordering::Release);
                 (status, f.join().unwrap_or(Err(Error::Cancelled)))
             });
@@ -172,7 +172,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
                     return Err(packer.abort().unwrap_or(e));
                 }
                 Err(e) => {
-                    let e = Error::Criu(format!("cannot run {}: {e}", runc.binary.display()));
+                    let e = cannot_run(runc.binary.display(), e);
                     return Err(packer.abort().unwrap_or(e));
                 }
             }
@@ -259,7 +259,7 @@ pub enum RestoredHow {
 /// archive is proven whole (every check) before runc starts; lazily, its
 /// stored bytes are, every page still comes from a checked block, and a
 /// block that fails once the container runs (or a criuz that dies) kills
-/// the container's cgroup (`guard::Victim`).
+/// the container's cgroup (`proc::guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
@@ -293,7 +293,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
     runc_restore_args(&mut cmd, o);
-    let status = cmd.status().map_err(|e| Error::Criu(format!("cannot run {}: {e}", runc.binary.display())))?;
+    let status = cmd.status().map_err(|e| cannot_run(runc.binary.display(), e))?;
     if !status.success() {
         return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
     }
@@ -356,7 +356,7 @@ pub fn podman_checkpoint(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()
-        .map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
+        .map_err(|e| cannot_run(podman.display(), e))?;
     if !status.success() {
         return Err(Error::Criu(format!("podman container checkpoint {id} failed ({status}); nothing written")));
     }
@@ -391,7 +391,7 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
         .args(extra)
         .stdin(Stdio::null())
         .status()
-        .map_err(|e| Error::Criu(format!("cannot run {}: {e}", podman.display())))?;
+        .map_err(|e| cannot_run(podman.display(), e))?;
     if !status.success() {
         return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
     }

@@ -20,7 +20,7 @@
 //! No silent zeros: a page not yet copied reads as zero once every copy of
 //! the tree's userfaultfds is closed. A failure criuz finds once the tree
 //! runs kills the tree before criuz lets go of them, and a guard process
-//! (`session::guard`) holds copies too and kills the tree if criuz dies.
+//! (`proc::guard`) holds copies too and kills the tree if criuz dies.
 //!
 //! [`LazyRestore`] is the part both callers share: `criuz restore --lazy`
 //! runs `criu restore --lazy-pages` and names the tree by its pids;
@@ -35,9 +35,11 @@ use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
 use crate::io::Location;
+use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
-use crate::session::checkpoint::{check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions};
-use crate::session::guard::{Guard, Victim};
+use crate::session::criu_run::{
+    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions,
+};
 use crate::session::pager::{LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::serve::zero_plan;
 use crate::session::workdir::WorkDir;
@@ -333,7 +335,7 @@ impl LazyRestore<'_> {
         let report = pager.into_report();
         guard.release();
         let program = cmd.get_program().to_string_lossy().into_owned();
-        let status = status.map_err(|e| Error::Criu(format!("cannot run {program}: {e}")))?;
+        let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
         paged.map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
         published?;

@@ -1,22 +1,26 @@
 //! Sessions: what happens between CRIU and an archive. `capture` and `serve`
-//! speak for one side of CRIU's streamer protocol; `checkpoint` runs CRIU
-//! against them and owns the rules every command shares: when a dump is
-//! complete, what a failure leaves behind, where CRIU's log goes. `lazy`
-//! restores lazily, criuz serving the tree's page faults itself (`pager`,
-//! from decoded `blocks`) under a `guard`. `receive` is criuz as the page
-//! server of a dump, `follow` packs a dump directory while CRIU writes it,
-//! `images_dir` writes one for a CRIU that reads a directory, and
-//! `container` runs runc and podman with them. `restore` picks eager or
-//! lazy for `criuz restore`; `standalone` is criuz on one side of a CRIU
-//! the user runs (capture, serve, page server). `workdir` holds the private
-//! directories CRIU runs in, and cleans up after a criuz that was killed.
+//! speak for one side of CRIU's streamer protocol; `checkpoint` runs CRIU's
+//! dump and restore against them and owns the rules they follow: when a dump
+//! is complete, what a failure leaves behind. `criu_run` is what every
+//! command that runs CRIU shares: the restore command line and options, the
+//! pidfile, CRIU failures and their log, the pids a restore needs free.
+//! `lazy` restores lazily, criuz serving the tree's page faults itself
+//! (`pager`, from decoded `blocks`) under a guard (`proc::guard`). `receive`
+//! is criuz as the page server of a dump, `follow` packs a dump directory
+//! while CRIU writes it, `images_dir` writes one for a CRIU that reads a
+//! directory, and `container` runs runc and podman with them. `restore`
+//! picks eager or lazy for `criuz restore`; `standalone` is criuz on one side
+//! of a CRIU the user runs (capture, serve, page server). `workdir` holds the
+//! private directories CRIU runs in, and cleans up after a criuz that was
+//! killed. The OS machinery (/proc trees, the forked guard,
+//! cgroups, socket tricks) is in `proc`, which knows nothing of sessions.
 
 pub mod blocks;
 pub mod capture;
 pub mod checkpoint;
 pub mod container;
+pub mod criu_run;
 pub mod follow;
-pub mod guard;
 pub mod images_dir;
 pub mod lazy;
 pub mod pager;

@@ -25,8 +25,9 @@ use crate::criu::images::PageRun;
 use crate::criu::uffd::{self, Copied, Event, Handover, Uffd};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::PAGE_SIZE;
+use crate::proc::cgroup::cgroup_kill_of;
+use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
-use crate::session::guard::{cgroup_kill_of, Guard, Victim};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -280,7 +281,8 @@ impl<'a> Pager<'a> {
 
     fn read_events(&mut self, i: usize) -> Result<()> {
         let pid = self.spaces[i].pid;
-        let failed = |e: std::io::Error| Error::Criu(format!("userfaultfd of restored process {pid}: {e}"));
+        let failed =
+            |err: std::io::Error| Error::CriuIo { what: format!("userfaultfd of restored process {pid}"), err };
         while let Some(ev) = self.spaces[i].uffd.read_event().map_err(failed)? {
             let s = &mut self.spaces[i];
             match ev {
@@ -379,8 +381,8 @@ impl<'a> Pager<'a> {
             .context(|| format!("{label}: pages of restored process {}", s.pid))
     }
 
-    fn uffd_failed(&self, i: usize, e: std::io::Error) -> Error {
-        Error::Criu(format!("userfaultfd of restored process {}: {e}", self.spaces[i].pid))
+    fn uffd_failed(&self, i: usize, err: std::io::Error) -> Error {
+        Error::CriuIo { what: format!("userfaultfd of restored process {}", self.spaces[i].pid), err }
     }
 
     /// Copies `data` to `dst` in space `i`, page by page where a page is

@@ -16,7 +16,7 @@
 //! Authentication: none in the protocol (CRIU's `--tls` is not spoken).
 //! The listener binds to loopback unless told otherwise and serves exactly
 //! one connection; on loopback, one only from a socket of criuz's own user
-//! (the kernel's socket table says whose), so another local user cannot
+//! (the kernel's socket table says whose: `proc::socket`), so another local user cannot
 //! race CRIU to the port and feed the archive pages. Across hosts, carry it
 //! over a tunnel (SSH, WireGuard) rather than an open port.
 
@@ -25,12 +25,13 @@ use crate::criu::images::{pe, PagemapBuilder};
 use crate::criu::page_server::{self as ps, proto, CommandReader, Target};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{EntryMeta, FileKind, PAGE_SIZE};
-use crate::session::guard::tree_pids;
+use crate::proc::socket::{peer_socket, uncork_dump, widen_receive_buffer};
+use crate::session::criu_run::cannot_run;
 use crate::tree;
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -95,114 +96,6 @@ impl PageServer {
                 Err(e) => return Err(Error::Protocol(format!("page server: accept: {e}"))),
             }
         }
-    }
-}
-
-/// Room for this many bytes of pages queued on an accepted connection.
-const RECEIVE_BUFFER: libc::c_int = 16 << 20;
-
-/// Gives the connections this listener accepts a receive buffer of
-/// [`RECEIVE_BUFFER`] (root may exceed `net.core.rmem_max`), so CRIU can
-/// splice ahead while criuz's receiving thread waits for a core. Best
-/// effort: without it the kernel's autotuning stays in charge.
-fn widen_receive_buffer(listener: &TcpListener) {
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: setsockopt on a descriptor we own, one c_int value.
-        let r = unsafe {
-            libc::setsockopt(
-                listener.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&RECEIVE_BUFFER as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return;
-        }
-    }
-}
-
-/// The kernel's view of the loopback socket that connected as `peer`: its
-/// owner's uid and its inode, from the socket table (/proc/net/tcp, tcp6),
-/// where that socket has `peer` as its local address and ours as its
-/// remote one.
-fn peer_socket(sock: &TcpStream, peer: SocketAddr) -> Option<(u32, u64)> {
-    let local = sock.local_addr().ok()?;
-    let hex = |a: SocketAddr| -> String {
-        let ip = match a.ip() {
-            std::net::IpAddr::V4(v4) => v4.octets().iter().rev().map(|b| format!("{b:02X}")).collect::<String>(),
-            std::net::IpAddr::V6(v6) => {
-                // Four 32-bit words, each in host (little-endian) order.
-                v6.octets().chunks(4).flat_map(|w| w.iter().rev()).map(|b| format!("{b:02X}")).collect()
-            }
-        };
-        format!("{ip}:{:04X}", a.port())
-    };
-    let (want_local, want_remote) = (hex(peer), hex(local));
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|table| {
-        let t = std::fs::read_to_string(table).ok()?;
-        t.lines().skip(1).find_map(|l| {
-            // sl local remote st queues timer retransmits uid timeout inode
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 9 && f[1] == want_local && f[2] == want_remote)
-                .then(|| Some((f[7].parse().ok()?, f[9].parse().ok()?)))?
-        })
-    })
-}
-
-/// Takes the cork off CRIU's end of the connection. CRIU corks its
-/// page-server socket when it connects and pushes each command that wants
-/// an answer with a one-off TCP_NODELAY, all but the last: CLOSE stays in
-/// the cork until the kernel's 200 ms cork timer sends it
-/// (`disconnect_from_page_server` in criu/page-xfer.c). Measured: CRIU sent
-/// CLOSE and criuz read it 0.200 s later (`strace -tt` on CRIU, timestamps
-/// in criuz), every time, whatever the size of the dump. The socket is
-/// reached in the process that holds it, one of criuz's own descendants
-/// (runc's CRIU), through pidfd_getfd(2); it is the other end of the
-/// connection criuz accepted, found by its inode. Best effort: without it
-/// the dump only ends 0.2 s later.
-fn uncork_dump(inode: u64) -> bool {
-    let Some(theirs) = socket_of_descendant(inode) else { return false };
-    let off: libc::c_int = 0;
-    // SAFETY: setsockopt on a descriptor we own, one c_int value.
-    let r = unsafe {
-        libc::setsockopt(
-            theirs.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CORK,
-            (&off as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    r == 0
-}
-
-/// A copy of the socket with `inode` as one of criuz's descendants holds it.
-fn socket_of_descendant(inode: u64) -> Option<OwnedFd> {
-    let link = format!("socket:[{inode}]");
-    let me = std::process::id() as i32;
-    tree_pids(&[me]).into_iter().filter(|&p| p != me).find_map(|pid| {
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-        let fd =
-            fds.flatten().find(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))?;
-        their_fd(pid, fd.file_name().to_str()?.parse().ok()?)
-    })
-}
-
-/// A copy of descriptor `fd` of process `pid` (pidfd_getfd(2): root, or
-/// the right to ptrace it).
-fn their_fd(pid: i32, fd: RawFd) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open and pidfd_getfd return new descriptors (or -1),
-    // each owned once here.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return None;
-        }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as RawFd);
-        let theirs = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        (theirs >= 0).then(|| OwnedFd::from_raw_fd(theirs as RawFd))
     }
 }
 
@@ -375,7 +268,7 @@ pub fn run_dump(
         (status, rx.join().unwrap_or(Err(Error::Cancelled)))
     });
     let failure = match (status, received) {
-        (Err(e), _) => Error::Criu(format!("cannot run {what}: {e}")),
+        (Err(e), _) => cannot_run(what, e),
         (Ok(st), Ok(Some(report))) if st.success() => {
             // CRIU writes no page images locally when it has a page server.
             match std::fs::read_dir(dir)
@@ -403,6 +296,8 @@ pub fn run_dump(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proc::socket::their_fd;
+    use std::os::fd::RawFd;
     use std::time::Duration;
 
     /// TCP_CORK of descriptor `fd` of process `pid`.

@@ -5,7 +5,8 @@
 use crate::archive::Options;
 use crate::criu::Criu;
 use crate::error::Result;
-use crate::session::checkpoint::{self, RestoreOptions, RestoreReport};
+use crate::session::checkpoint::{self, RestoreReport};
+use crate::session::criu_run::RestoreOptions;
 use crate::session::lazy::{self, LazyReport};
 
 /// How a restore went.

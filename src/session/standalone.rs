@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::io::Location;
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
-use crate::session::{capture, checkpoint::RestoreOptions};
+use crate::session::{capture, criu_run::RestoreOptions};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;

@@ -9,7 +9,8 @@ use criuz::archive::OpenOptions;
 use criuz::io::Output;
 use criuz::offline::{self, Reading};
 use criuz::progress::{Meter, Progress, Ticker};
-use criuz::session::checkpoint::{self, DumpOptions, RestoreOptions};
+use criuz::session::checkpoint::{self, DumpOptions};
+use criuz::session::criu_run::RestoreOptions;
 
 use criuz::session::standalone;
 use std::path::{Path, PathBuf};

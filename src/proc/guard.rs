@@ -1,0 +1,374 @@
+//! The guard of a tree criuz is responsible for: a process forked from
+//! criuz that signals the tree if criuz dies before its work is done. A lazy
+//! restore's guard kills the restored tree (below); a dump's guard resumes
+//! the tree CRIU left stopped (`--leave-stopped`, so that it ends only once
+//! its archive is committed), so a criuz killed meanwhile leaves the
+//! process running instead of stopped for good.
+//!
+//! criuz serves the tree's page faults itself (`session::lazy`) through the
+//! userfaultfds CRIU hands it. Were criuz to die, those descriptors would
+//! close, the kernel would unregister the lazy ranges, and every page not
+//! yet copied would read as zero: silent data loss. So criuz passes a copy
+//! of each userfaultfd to the guard as it gets it. With the guard's copies
+//! open, a thread faulting after criuz died waits instead of reading zeros,
+//! and the guard, seeing its command pipe close, kills the tree first and
+//! only then exits (releasing the copies). Once kill(2) has queued SIGKILL
+//! for a process, none of its threads returns to user space from a fault,
+//! so nothing can read a zero page after that.
+//!
+//! The tree is its restored pids and everything they forked since (a child
+//! forked while pages still arrive misses pages too): `tree::kill_tree` finds
+//! the descendants through /proc before it kills.
+//!
+//! A container's restored tree lives in a pid namespace of its own, so its
+//! pids mean nothing here: a container's lazy restore kills its cgroup
+//! instead ([`Victim::Cgroup`], cgroup v2 `cgroup.kill`, which also takes
+//! whatever the tree forks meanwhile). criuz learns the cgroup from CRIU's
+//! lazy-pages connection before the first userfaultfd arrives and tells
+//! the guard first ([`Guard::target_cgroup`]).
+//!
+//! The guard ignores SIGINT, SIGHUP and SIGTERM: a Ctrl-C that reaches the
+//! whole group and kills criuz must still end in the tree's kill.
+//!
+//! The guard is a fork of a threaded process, so it calls only
+//! async-signal-safe functions (poll, read, recvmsg, open, getdents64,
+//! kill, signal, close, _exit) on memory prepared before the fork.
+
+use crate::criu::scm;
+use crate::error::{Error, Result};
+use crate::proc::tree::{end_aborted_tree, kill_tree, signal_tree};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Command from criuz: exit and leave the tree alone (its pages are all in
+/// place, the restore failed before it ran, or criuz killed it already). Any
+/// other byte, or the pipe closing, kills the tree.
+const QUIT: u8 = b'q';
+
+/// On the descriptor socket: a cgroup's `cgroup.kill` path follows (u16
+/// length, then the bytes). A held userfaultfd comes with any other byte.
+const CGROUP: u8 = b'K';
+
+/// Longest `cgroup.kill` path the guard takes (its buffer is on the stack).
+const CGROUP_PATH_MAX: usize = 1024;
+
+/// What a lazy restore kills should its pages be unable to all arrive.
+pub enum Victim {
+    /// A restored tree by its pids, and whatever it forked since.
+    Tree(Vec<i32>),
+    /// A container: everything in its cgroup (the path of its
+    /// `cgroup.kill`), known once CRIU connects.
+    Cgroup(OnceLock<PathBuf>),
+}
+
+impl Victim {
+    /// Kills it now; a cgroup not yet known has no process that could read
+    /// a missing page.
+    pub fn kill(&self) {
+        match self {
+            Victim::Tree(pids) => kill_tree(pids),
+            Victim::Cgroup(c) => {
+                if let Some(path) = c.get() {
+                    let _ = std::fs::write(path, b"1");
+                }
+            }
+        }
+    }
+
+    /// Waits (a few seconds at most) until it is gone, killing it again
+    /// after a second.
+    pub fn wait_gone(&self) {
+        match self {
+            Victim::Tree(pids) => end_aborted_tree(pids),
+            Victim::Cgroup(c) => {
+                let Some(procs) = c.get().map(|k| k.with_file_name("cgroup.procs")) else { return };
+                let t = std::time::Instant::now();
+                while std::fs::read_to_string(&procs).is_ok_and(|s| !s.trim().is_empty()) {
+                    if t.elapsed() > std::time::Duration::from_secs(1) {
+                        self.kill();
+                    }
+                    if t.elapsed() > std::time::Duration::from_secs(5) {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+    }
+}
+
+pub struct Guard {
+    tell: Option<OwnedFd>,
+    fds: UnixStream,
+    pid: libc::pid_t,
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+impl Guard {
+    /// Forks the guard of a lazily restored `tree`: it kills the tree if
+    /// criuz dies before [`release`](Self::release).
+    pub fn start(tree: &[i32]) -> Result<Guard> {
+        Self::signalling(tree, libc::SIGKILL)
+    }
+
+    /// Forks the guard of a dumped `tree` CRIU leaves stopped: it resumes
+    /// the tree (SIGCONT) if criuz dies before [`release`](Self::release).
+    pub fn resuming(tree: &[i32]) -> Result<Guard> {
+        Self::signalling(tree, libc::SIGCONT)
+    }
+
+    fn signalling(tree: &[i32], sig: i32) -> Result<Guard> {
+        let (tell_r, tell_w) = pipe()?;
+        let (ours, theirs) = UnixStream::pair()?;
+        let tree = tree.to_vec();
+        let fds = GuardFds {
+            tell: tell_r.as_raw_fd(),
+            fds: theirs.as_raw_fd(),
+            not_ours: [tell_w.as_raw_fd(), ours.as_raw_fd()],
+        };
+        // SAFETY: the child runs only async-signal-safe calls on memory
+        // prepared above (see the module documentation), and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child, which does nothing else: guard_main keeps
+            // to async-signal-safe calls on `fds` and `tree`, made above.
+            unsafe { guard_main(fds, &tree, sig) }
+        }
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        drop((tell_r, theirs));
+        Ok(Guard { tell: Some(tell_w), fds: ours, pid })
+    }
+
+    /// Forks the guard of a lazily restored container: it kills the cgroup
+    /// named by [`target_cgroup`](Self::target_cgroup) if criuz dies before
+    /// [`release`](Self::release).
+    pub fn start_for(victim: &Victim) -> Result<Guard> {
+        match victim {
+            Victim::Tree(pids) => Self::start(pids),
+            Victim::Cgroup(_) => Self::signalling(&[], libc::SIGKILL),
+        }
+    }
+
+    /// Tells the guard which cgroup to kill; sent before any userfaultfd
+    /// it holds, on the same socket, so it arrives first.
+    pub fn target_cgroup(&self, kill: &Path) -> Result<()> {
+        let bytes = kill.as_os_str().as_bytes();
+        if bytes.len() >= CGROUP_PATH_MAX || bytes.contains(&0) {
+            return Err(Error::Criu(format!("{}: cgroup path too long for the guard", kill.display())));
+        }
+        let mut msg = vec![CGROUP];
+        msg.extend_from_slice(&(bytes.len() as u16).to_ne_bytes());
+        msg.extend_from_slice(bytes);
+        std::io::Write::write_all(&mut &self.fds, &msg)
+            .map_err(|err| Error::CriuIo { what: "cannot tell the guard the restored container's cgroup".into(), err })
+    }
+
+    /// Gives the guard a copy of a userfaultfd of the tree.
+    pub fn hold(&self, fd: RawFd) -> Result<()> {
+        scm::send_fd(&self.fds, fd).map_err(|err| Error::CriuIo {
+            what: "cannot pass the restored tree's userfaultfd to the guard".into(),
+            err,
+        })
+    }
+
+    /// Lets the guard exit without touching the tree.
+    pub fn release(&mut self) {
+        if let Some(fd) = self.tell.take() {
+            // SAFETY: one byte from a local to our pipe; a guard already gone
+            // gives EPIPE (SIGPIPE is ignored in Rust programs).
+            unsafe { libc::write(fd.as_raw_fd(), (&QUIT as *const u8).cast(), 1) };
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
+impl Drop for Guard {
+    /// criuz is alive to drop it, so criuz itself killed the tree where that
+    /// was needed; killing the pids again could hit unrelated processes (a
+    /// restore that failed before the tree ran).
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Waits for `child` under a guard that kills it and everything it forked
+/// should criuz die first. For a runc checkpoint criuz follows: runc would
+/// finish a checkpoint nobody packs and end the container; killed, its CRIU
+/// lets go of the container mid-dump and it runs on. The guard is released
+/// before the child is reaped, while its pid cannot have been reused.
+pub fn wait_guarded(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+    let guard = Guard::start(&[child.id() as i32]).ok();
+    loop {
+        // SAFETY: siginfo_t is plain data, for which all zeros is valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with WNOWAIT on our own child: reports its end and
+        // leaves it a zombie, so its pid stays taken.
+        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+    }
+    drop(guard);
+    child.wait()
+}
+
+/// Descriptors the guard works with, and criuz's ends it must close.
+#[derive(Clone, Copy)]
+struct GuardFds {
+    tell: RawFd,
+    fds: RawFd,
+    not_ours: [RawFd; 2],
+}
+
+/// The guard process (see the module documentation): only async-signal-safe
+/// calls, on memory prepared before the fork.
+///
+/// # Safety
+///
+/// Only in the child of a fork, which must call nothing else: `f` holds the
+/// descriptors made for it before the fork, and it never returns.
+unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
+    // criuz's ends must close when criuz dies.
+    for fd in f.not_ours {
+        // SAFETY: criuz's ends, inherited: this process never uses them.
+        unsafe { libc::close(fd) };
+    }
+    // SAFETY: signal(2) with SIG_IGN installs no handler.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+    }
+    let mut fds = [
+        libc::pollfd { fd: f.tell, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: f.fds, events: libc::POLLIN, revents: 0 },
+    ];
+    // A cgroup's `cgroup.kill`, NUL-terminated, once criuz names one.
+    let mut cgroup = [0u8; CGROUP_PATH_MAX + 1];
+    let mut has_cgroup = false;
+    loop {
+        // SAFETY: poll(2) on the two pollfds of `fds`, which live across it.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            continue;
+        }
+        // SAFETY: take_message is async-signal-safe and fills our own buffers.
+        if fds[1].revents != 0 && !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup) } {
+            // criuz's end closed: the command pipe says what to do.
+            fds[1].fd = -1;
+        }
+        if fds[0].revents != 0 {
+            let mut b = 0u8;
+            // SAFETY: reads at most one byte into `b`.
+            let r = unsafe { libc::read(f.tell, (&mut b as *mut u8).cast(), 1) };
+            // SAFETY: __errno_location points at this thread's errno.
+            if r < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            if !(r == 1 && b == QUIT) {
+                // What criuz sent before it went, the cgroup above all.
+                let mut one = libc::pollfd { fd: fds[1].fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: poll(2) on `one`, which lives across it.
+                while one.fd >= 0 && unsafe { libc::poll(&mut one, 1, 0) } == 1 {
+                    // SAFETY: as above, our own buffers.
+                    if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup) } {
+                        one.fd = -1;
+                    }
+                }
+                signal_tree(tree, sig);
+                if has_cgroup {
+                    // SAFETY: `cgroup` holds a NUL-terminated path (take_message).
+                    let fd = unsafe { libc::open(cgroup.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC) };
+                    if fd >= 0 {
+                        // SAFETY: one byte from a static to the descriptor
+                        // just opened, then closed once.
+                        unsafe {
+                            libc::write(fd, b"1".as_ptr().cast(), 1);
+                            libc::close(fd);
+                        }
+                    }
+                }
+            }
+            // SAFETY: ends this process without running anything of criuz's
+            // (no destructors, no atexit handlers).
+            unsafe { libc::_exit(0) };
+        }
+    }
+}
+
+/// Takes one message from criuz: a userfaultfd to hold (receiving it is
+/// holding it, never closed until the guard exits) or a cgroup to kill.
+/// False once criuz's end is closed. Async-signal-safe.
+///
+/// # Safety
+///
+/// No precondition on the caller: recvmsg and read write only into buffers
+/// of its own stack and into `cgroup`.
+unsafe fn take_message(sock: RawFd, cgroup: &mut [u8; CGROUP_PATH_MAX + 1], has_cgroup: &mut bool) -> bool {
+    let mut byte = 0u8;
+    let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data, for which all zeros is valid (no
+    // buffers, filled in below).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` (one byte, `byte`) and `control`, all
+    // of which live across the call and are as long as it says.
+    if unsafe { libc::recvmsg(sock, &mut msg, 0) } <= 0 {
+        return false;
+    }
+    if byte == CGROUP {
+        let mut len = [0u8; 2];
+        // SAFETY: read_exactly writes only into `len`.
+        if !unsafe { read_exactly(sock, &mut len) } {
+            return false;
+        }
+        let n = u16::from_ne_bytes(len) as usize;
+        // SAFETY: read_exactly writes only into `cgroup[..n]`.
+        if n == 0 || n > CGROUP_PATH_MAX || !unsafe { read_exactly(sock, &mut cgroup[..n]) } {
+            return false;
+        }
+        cgroup[n] = 0;
+        *has_cgroup = true;
+    }
+    true
+}
+
+/// Reads exactly `buf.len()` bytes (async-signal-safe: the guard uses it).
+///
+/// # Safety
+///
+/// No precondition on the caller: read writes only into `buf`.
+unsafe fn read_exactly(fd: RawFd, buf: &mut [u8]) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        // SAFETY: read writes at most `buf.len() - at` bytes into `buf[at..]`.
+        let r = unsafe { libc::read(fd, buf[at..].as_mut_ptr().cast(), buf.len() - at) };
+        // SAFETY: __errno_location points at this thread's errno.
+        if r < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            continue;
+        }
+        if r <= 0 {
+            return false;
+        }
+        at += r as usize;
+    }
+    true
+}

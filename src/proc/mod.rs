@@ -1,0 +1,23 @@
+//! OS machinery under the sessions: what criuz asks of Linux beyond plain
+//! files and pipes. `tree` walks a process tree through /proc and signals
+//! it without allocating, so that `guard`, a process forked from criuz that
+//! ends (or resumes) a tree should criuz die first, can use it too; `cgroup`
+//! finds the cgroup v2 group of a container that may be killed whole;
+//! `socket` holds the page server's kernel socket tricks (a forced receive
+//! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
+//! TCP_CORK taken off through pidfd_getfd).
+//!
+//! Trade-offs: Linux only, by design. The socket tricks are best effort (a
+//! failure costs time, never correctness) and want root; the /proc walks
+//! race with the processes they look at, so they are used where a stale
+//! answer is harmless or is checked again. Unsafe code (system calls) lives
+//! here rather than in the sessions, every block with the reason it is
+//! sound. Nothing here knows about archives or sessions: `proc` imports
+//! only `error` and `criu::scm`.
+
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+pub mod cgroup;
+pub mod guard;
+pub mod socket;
+pub mod tree;

@@ -1,0 +1,231 @@
+//! A process tree through /proc: its pids and every descendant they have
+//! now, found and signalled without allocation (open, read, getdents64,
+//! close and kill on stack memory), so that the forked guard
+//! (`proc::guard`) can use the same walk; and the pid checks around a
+//! restore (what holds a pid, waiting for an aborted tree to be gone).
+
+use std::path::Path;
+use std::time::Instant;
+
+/// Most processes `kill_tree` finds and kills (pids on the stack: the guard
+/// cannot allocate).
+const MAX_TREE: usize = 4096;
+
+/// Whether process `pid` exists (a positive pid with a /proc entry).
+pub(crate) fn exists(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The process that holds a pid now.
+pub(crate) struct Holder {
+    /// Its command name ("?" where /proc/PID/stat does not say).
+    pub comm: String,
+    /// A zombie its parent has not reaped yet.
+    pub zombie: bool,
+}
+
+/// What holds `pid` now, if anything (from /proc/PID/stat).
+pub(crate) fn holder_of(pid: i32) -> Option<Holder> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
+    Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat) })
+}
+
+/// Whether the /proc/PID/stat text `stat` is a zombie's.
+fn is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+}
+
+/// After an aborted restore: CRIU kills the tree it had begun but does not
+/// wait for it, so criuz waits until none of the tree's pids (free before
+/// the restore) runs, killing what is still running after a second.
+/// "Exit 3, nothing runs" then holds when criuz returns.
+pub(crate) fn end_aborted_tree(pids: &[i32]) {
+    let running = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !is_zombie(&s));
+    let t = Instant::now();
+    while pids.iter().any(running) {
+        if t.elapsed() > std::time::Duration::from_secs(1) {
+            kill_tree(pids);
+        }
+        if t.elapsed() > std::time::Duration::from_secs(5) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Whether `pid` is `ancestor` or below it (parents through /proc).
+pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..4096 {
+        if pid == ancestor {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        // The parent is the second field after the command's closing paren.
+        match stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()) {
+            Some(parent) if parent > 0 && parent != pid => pid = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// SIGKILLs every pid of a restored tree and every descendant they have
+/// now: a process the tree forked while its pages still arrived misses
+/// pages too. Descendants are found first (killing a parent would re-parent
+/// its children out of reach), through `/proc/PID/task/TID/children`.
+/// Async-signal-safe (open, read, getdents64, close, kill on stack memory),
+/// so the guard uses it too.
+pub(crate) fn kill_tree(tree: &[i32]) {
+    signal_tree(tree, libc::SIGKILL);
+}
+
+/// Sends `sig` to every pid of `tree` and every descendant they have now,
+/// the deepest first (see [`kill_tree`]).
+pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
+    let mut pids = [0i32; MAX_TREE];
+    let n = collect_tree(tree, &mut pids);
+    for &p in pids[..n].iter().rev() {
+        // SAFETY: a tree criuz restored or dumped, and what it forked.
+        unsafe { libc::kill(p, sig) };
+    }
+}
+
+/// The pids of `tree` and every descendant they have now, parents before
+/// children (not async-signal-safe: it allocates).
+pub(crate) fn tree_pids(tree: &[i32]) -> Vec<i32> {
+    let mut pids = Box::new([0i32; MAX_TREE]);
+    let n = collect_tree(tree, &mut pids);
+    pids[..n].to_vec()
+}
+
+/// Fills `pids` with `tree` and its descendants, parents first; returns
+/// how many. Async-signal-safe.
+fn collect_tree(tree: &[i32], pids: &mut [i32; MAX_TREE]) -> usize {
+    let mut n = 0;
+    for &p in tree.iter().take(MAX_TREE) {
+        pids[n] = p;
+        n += 1;
+    }
+    let mut i = 0;
+    while i < n {
+        // SAFETY: only system calls on stack buffers we own.
+        n = unsafe { add_children(pids[i], pids, n) };
+        i += 1;
+    }
+    n
+}
+
+/// A piece of a /proc path: text, or a number written in decimal.
+enum Part<'a> {
+    Text(&'a [u8]),
+    Num(i64),
+}
+
+/// Writes `parts` and a NUL into `buf` (no allocation: the guard uses it).
+fn proc_path<'a>(buf: &'a mut [u8; 64], parts: &[Part]) -> &'a [u8] {
+    let mut at = 0;
+    for part in parts {
+        let mut digits = [0u8; 20];
+        let bytes: &[u8] = match *part {
+            Part::Text(b) => b,
+            Part::Num(mut v) => {
+                let mut k = digits.len();
+                loop {
+                    k -= 1;
+                    digits[k] = b'0' + (v % 10) as u8;
+                    v /= 10;
+                    if v == 0 {
+                        break;
+                    }
+                }
+                &digits[k..]
+            }
+        };
+        let end = (at + bytes.len()).min(buf.len() - 1);
+        buf[at..end].copy_from_slice(&bytes[..end - at]);
+        at = end;
+    }
+    buf[at] = 0;
+    &buf[..=at]
+}
+
+/// Appends the children of every thread of `pid` not yet in `pids[..n]`;
+/// returns the new count.
+///
+/// # Safety
+///
+/// No precondition on the caller: it makes system calls (open, getdents64,
+/// read, close) only on paths and buffers of its own stack and descriptors
+/// it opened itself.
+unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> usize {
+    let mut path = [0u8; 64];
+    let task = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/task")]);
+    // SAFETY: `task` is a NUL-terminated path (proc_path) that outlives the call.
+    let dir = unsafe { libc::open(task.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if dir < 0 {
+        return n;
+    }
+    let mut entries = [0u8; 2048];
+    loop {
+        // SAFETY: getdents64 on our own directory descriptor writes at most
+        // `entries.len()` bytes into `entries`.
+        let got = unsafe { libc::syscall(libc::SYS_getdents64, dir, entries.as_mut_ptr(), entries.len()) };
+        if got <= 0 {
+            break;
+        }
+        let mut at = 0usize;
+        while at + 19 < got as usize {
+            // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
+            let reclen = u16::from_ne_bytes([entries[at + 16], entries[at + 17]]) as usize;
+            let name = &entries[at + 19..at + reclen.max(19)];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            at += reclen.max(1);
+            if name.is_empty() || !name.iter().all(u8::is_ascii_digit) {
+                continue;
+            }
+            let mut path = [0u8; 64];
+            let tid = name.iter().fold(0i64, |v, d| v * 10 + i64::from(d - b'0'));
+            let children = proc_path(
+                &mut path,
+                &[
+                    Part::Text(b"/proc/"),
+                    Part::Num(pid.into()),
+                    Part::Text(b"/task/"),
+                    Part::Num(tid),
+                    Part::Text(b"/children"),
+                ],
+            );
+            // SAFETY: `children` is a NUL-terminated path (proc_path) that
+            // outlives the call.
+            let fd = unsafe { libc::open(children.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            if fd < 0 {
+                continue;
+            }
+            let mut text = [0u8; 4096];
+            // SAFETY: read on the descriptor just opened writes at most
+            // `text.len()` bytes into `text`.
+            let len = unsafe { libc::read(fd, text.as_mut_ptr().cast(), text.len()) };
+            // SAFETY: `fd` is ours, closed once and not used after.
+            unsafe { libc::close(fd) };
+            let mut child = 0i32;
+            let mut in_number = false;
+            for &b in text[..len.max(0) as usize].iter().chain(b" ") {
+                if b.is_ascii_digit() {
+                    child = child * 10 + i32::from(b - b'0');
+                    in_number = true;
+                } else if in_number {
+                    if n < MAX_TREE && !pids[..n].contains(&child) {
+                        pids[n] = child;
+                        n += 1;
+                    }
+                    child = 0;
+                    in_number = false;
+                }
+            }
+        }
+    }
+    // SAFETY: `dir` is ours, closed once and not used after.
+    unsafe { libc::close(dir) };
+    n
+}

@@ -1,0 +1,94 @@
+//! Running CRIU, the parts every command that runs it shares: the options
+//! and command line of a `criu restore` (streamed or lazy), the restored pid
+//! handed to the user, what a CRIU that failed or could not be run is
+//! reported as, and the check that a checkpointed tree's pids are free
+//! before a restore.
+
+use crate::archive::{BlockSource, ParentSearch};
+use crate::criu::{self, images, Criu};
+use crate::error::{Error, IoContext, Result};
+use crate::io::Location;
+use crate::proc::tree;
+use crate::progress::Meter;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+/// A restore from an archive, streamed (`checkpoint::restore`) or lazy
+/// (`lazy::restore_lazy`).
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    /// Where the archive is.
+    pub input: Location,
+    pub detach: bool,
+    pub shell_job: bool,
+    pub extra: Vec<String>,
+    /// Cap on the archive bytes spooled to a temporary file when it comes from a pipe.
+    pub pipe_buffer: u64,
+    /// Send CRIU every zero page instead of leaving them out where that is safe.
+    pub keep_zero_pages: bool,
+    /// Where to look for the parents of an incremental archive.
+    pub parents: ParentSearch,
+    /// Written with the restored pid once the tree runs (with `detach`).
+    pub pidfile: Option<PathBuf>,
+    /// Counts the page bytes served, for a progress line.
+    pub meter: Option<Arc<Meter>>,
+}
+
+/// CRIU (or runc, podman: `what`) exited with `status`; its log is kept as
+/// `log`, and its last errors go into the message.
+pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
+    let errs = criu::log_errors(log, 3).join(" | ");
+    Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
+}
+
+/// `program` (CRIU, runc, podman) could not be run.
+pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -> Error {
+    Error::CriuIo { what: format!("cannot run {program}"), err }
+}
+
+/// CRIU restores every process and thread under its old id; one still in use
+/// (often the dumped process itself, not yet reaped by its parent) would make
+/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids.
+pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
+    let Some(entry) = source.find("pstree.img") else { return Ok(Vec::new()) };
+    let pids: Vec<i32> =
+        images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
+    for &pid in &pids {
+        if let Some(tree::Holder { comm, zombie }) = tree::holder_of(pid) {
+            let why = if zombie { "a zombie its parent has not reaped yet" } else { "running" };
+            return Err(Error::Criu(format!(
+                "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
+                 a dumped process keeps its pid until its parent reaps it"
+            )));
+        }
+    }
+    Ok(pids)
+}
+
+/// Copies CRIU's pidfile in `work` to the user's `to`, complete or not at
+/// all (written beside it, then renamed).
+pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
+    let Some(to) = to else { return Ok(()) };
+    let pid = std::fs::read_to_string(ours).at(ours)?;
+    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = to.with_file_name(format!(".{name}.criuz-tmp"));
+    std::fs::write(&tmp, format!("{}\n", pid.trim())).at(&tmp)?;
+    std::fs::rename(&tmp, to).at(to)
+}
+
+/// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
+/// the user's options; the restored pid goes to `pidfile`.
+pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
+    let mut cmd = Command::new(&criu.path);
+    cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    if o.detach {
+        cmd.arg("--restore-detached");
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    }
+    if o.shell_job {
+        cmd.arg("--shell-job");
+    }
+    cmd.args(&o.extra);
+    cmd
+}
