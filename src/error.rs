@@ -12,9 +12,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The archive bytes are not what the format says they must be
-    /// (damaged, truncated, crafted, or not a criuz archive at all).
-    #[error("offset {offset}: {what}")]
-    Corrupt { offset: u64, what: String },
+    /// (damaged, truncated, crafted, or not a criuz archive at all). It
+    /// prints `why` itself, so `why` is not also a `source` (that would
+    /// print it twice).
+    #[error("offset {offset}: {why}")]
+    Corrupt { offset: u64, why: Damage },
     /// A well-formed archive using a feature this build does not implement.
     #[error("offset {offset}: unsupported: {what}")]
     Unsupported { offset: u64, what: String },
@@ -59,6 +61,31 @@ pub enum Error {
     Context { context: String, inner: Box<Error> },
 }
 
+/// Why archive bytes are corrupt ([`Error::Corrupt`]): a payload that does
+/// not decode, a sealed part that does not open, or a rule of the format
+/// broken, said in words.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Damage {
+    #[error("{0}")]
+    Format(String),
+    #[error(transparent)]
+    Codec(#[from] crate::codec::DecodeError),
+    #[error(transparent)]
+    Seal(#[from] crate::seal::SealError),
+}
+
+impl From<String> for Damage {
+    fn from(what: String) -> Self {
+        Damage::Format(what)
+    }
+}
+
+impl From<&str> for Damage {
+    fn from(what: &str) -> Self {
+        Damage::Format(what.to_string())
+    }
+}
+
 /// What kind of failure an error is; decides the exit status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -81,8 +108,10 @@ impl Kind {
 }
 
 impl Error {
-    pub fn corrupt(offset: u64, what: impl Into<String>) -> Self {
-        Error::Corrupt { offset, what: what.into() }
+    /// Archive bytes at `offset` that are not as they must be, and why: a
+    /// message, or a typed cause ([`Damage`]).
+    pub fn corrupt(offset: u64, why: impl Into<Damage>) -> Self {
+        Error::Corrupt { offset, why: why.into() }
     }
 
     pub fn unsupported(offset: u64, what: impl Into<String>) -> Self {
@@ -118,7 +147,7 @@ impl Error {
     /// must each report (an I/O cause keeps its kind and message).
     pub fn duplicate(&self) -> Error {
         match self {
-            Error::Corrupt { offset, what } => Error::Corrupt { offset: *offset, what: what.clone() },
+            Error::Corrupt { offset, why } => Error::Corrupt { offset: *offset, why: why.clone() },
             Error::Unsupported { offset, what } => Error::Unsupported { offset: *offset, what: what.clone() },
             Error::File { path, err } => {
                 Error::File { path: path.clone(), err: io::Error::new(err.kind(), err.to_string()) }
@@ -178,5 +207,19 @@ mod tests {
         assert_eq!(e.to_string(), "serving pages-1.img: a.czr: offset 7: bad");
         assert_eq!(Error::Usage("x".into()).kind().exit_code(), 2);
         assert_eq!(Error::Criu("x".into()).kind().exit_code(), 1);
+    }
+
+    #[test]
+    fn typed_damage_reads_as_its_message() {
+        use crate::codec::DecodeError;
+        use crate::seal::SealError;
+        let e = Error::corrupt(5, DecodeError::RawLength { got: 1, expect: 2 }).context("a.czr");
+        assert_eq!(e.to_string(), "a.czr: offset 5: raw block holds 1 bytes, expected 2");
+        assert_eq!(e.duplicate().to_string(), e.to_string());
+        assert_eq!(e.kind(), Kind::Archive);
+        assert!(matches!(e.root(), Error::Corrupt { why: Damage::Codec(DecodeError::RawLength { .. }), .. }));
+        let e = Error::corrupt(9, SealError::Name);
+        assert_eq!(e.to_string(), "offset 9: file name does not open with the archive's key");
+        assert!(std::error::Error::source(&e).is_none(), "the cause would print twice under {{:#}}");
     }
 }

@@ -290,7 +290,7 @@ fn stored_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, Location)>>
                 let stored = header.pages() - header.zero_pages();
                 let literal: Vec<u32> = if header.codec == BlockCodec::Dedup {
                     let payload = payload.expect("dedup payloads are read");
-                    let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
+                    let dp = DedupPayload::decode(&payload, stored, offset)?.head;
                     let slots = dp.literal_slots().enumerate();
                     slots.filter_map(|(i, k)| k.map(|_| i as u32)).collect()
                 } else {
@@ -353,7 +353,8 @@ pub fn check_page_ids(archive: &Archive) -> Result<()> {
                 let payload = payload.expect("payloads are read");
                 let done = if header.codec == BlockCodec::Dedup {
                     let stored = header.pages() - header.zero_pages();
-                    let (dp, inner) = DedupPayload::decode(&payload, stored, at).context(|| label.clone())?;
+                    let crate::format::DecodedDedup { head: dp, inner_payload: inner } =
+                        DedupPayload::decode(&payload, stored, at).context(|| label.clone())?;
                     dec.decompress(dp.inner, inner, dp.literal_len as usize, &mut literal)
                 } else {
                     dec.decompress(header.codec, &payload, header.stored_raw_len(), &mut literal)

@@ -38,9 +38,8 @@ use super::records::Input;
 use crate::codec::Decoder;
 use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{
-    decode_block_header, decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry, DedupPayload,
-    FileEntry, Header, Index, Origin, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, INDEX_FIXED, PAGE_SIZE, SEAL_OVERHEAD,
-    TRAILER_LEN,
+    BlockCodec, BlockHeader, ChainEntry, DecodedBlockHeader, DedupPayload, FileEntry, Header, Index, IndexFixed,
+    Origin, Trailer, FLAG_PARENT, FLAG_TABLE, HEADER_LEN, INDEX_FIXED, PAGE_SIZE, SEAL_OVERHEAD, TRAILER_LEN,
 };
 use crate::io::SharedBytes;
 use crate::seal::ArchiveKey;
@@ -182,7 +181,7 @@ impl CheckedBlock {
         Ok(self.pieces.into_iter().map(|(h, r)| (h as SharedBytes, r)).collect())
     }
 
-    fn damaged(&self, why: String) -> Error {
+    fn damaged(&self, why: crate::codec::DecodeError) -> Error {
         if !self.resolved {
             return Error::corrupt(self.offset, why);
         }
@@ -621,7 +620,7 @@ impl Archive {
             }
         })?;
         let range = start..start + r.record_len as usize;
-        let (header, header_len) = decode_block_header(&buf[range.clone()], r.offset)?;
+        let DecodedBlockHeader { header, len: header_len } = BlockHeader::decode(&buf[range.clone()], r.offset)?;
         if header != *proven || header_len + header.stored_len as usize != range.len() {
             return Err(Error::corrupt(
                 r.offset,
@@ -689,7 +688,8 @@ impl Archive {
         offset: u64,
     ) -> Result<(DedupPayload, &'b [u8])> {
         let stored = header.pages() - header.zero_pages();
-        let (dp, inner) = DedupPayload::decode(payload, stored, offset)?;
+        let crate::format::DecodedDedup { head: dp, inner_payload: inner } =
+            DedupPayload::decode(payload, stored, offset)?;
         let listed = self.blocks[file_id as usize].get(block as usize).and_then(|b| b.literal_pages);
         if listed != Some(dp.literal_pages()) {
             return Err(Error::corrupt(offset, "the page id record does not list the block's literal pages"));
@@ -897,14 +897,15 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
     }
     let at = size - TRAILER_LEN as u64;
     let trailer: [u8; TRAILER_LEN] = store.read_vec(TRAILER_LEN, at)?.try_into().expect("trailer length");
-    let (offset, len) = decode_trailer(&trailer, at)?;
+    let Trailer { index_offset: offset, index_len: len } = Trailer::decode(&trailer, at)?;
     // The format bounds the index body below 4 GiB, so a damaged trailer
     // cannot make this read more.
     if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
     }
     let rec = store.read_vec(len as usize, offset)?;
-    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
+    let IndexFixed { count, body_len } =
+        IndexFixed::decode(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
     if body_len + (INDEX_FIXED + 8) as u64 != len {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
     }

@@ -15,6 +15,7 @@
 //! Anything unexpected (magics, fields, flags) means no plan: the images are
 //! served untouched, which is always correct.
 
+use crate::format::PageBits;
 use prost::Message;
 
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
@@ -222,14 +223,14 @@ pub struct ZeroPlan {
     pub pages_id: u32,
     /// The rewritten pagemap image.
     pub pagemap: Vec<u8>,
-    /// One bit per page of the pages image: set = left out.
-    skipped: Vec<u64>,
+    /// The pages of the pages image left out.
+    skipped: PageBits,
     pub skipped_pages: u64,
 }
 
 impl ZeroPlan {
     pub fn is_skipped(&self, page: u64) -> bool {
-        self.skipped.get((page / 64) as usize).is_some_and(|w| w & (1 << (page % 64)) != 0)
+        self.skipped.contains(page as usize)
     }
 }
 
@@ -250,7 +251,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_r
     let head = decode_exact::<PagemapHead>(objs.first()?)?;
     let mut out = pagemap[..8].to_vec();
     push_object(&mut out, &head.encode_to_vec());
-    let mut skipped: Vec<u64> = Vec::new();
+    let mut skipped = PageBits::new();
     let mut skipped_pages = 0u64;
     let mut page = 0u64; // next page of the pages image
     for obj in &objs[1..] {
@@ -283,11 +284,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_r
             }
             if end > i && end - i >= min_run {
                 for p in page + i..page + end {
-                    let w = (p / 64) as usize;
-                    if skipped.len() <= w {
-                        skipped.resize(w + 1, 0);
-                    }
-                    skipped[w] |= 1 << (p % 64);
+                    skipped.insert_growing(p as usize);
                 }
                 skipped_pages += end - i;
                 if let Some((start, n)) = run.take() {

@@ -161,7 +161,7 @@ impl ThreadArgs {
 
 impl CodecArgs {
     fn options(&self) -> Result<Options> {
-        let codec = CodecConfig::new(self.codec, self.level).map_err(criuz::Error::Usage)?;
+        let codec = CodecConfig::new(self.codec, self.level).map_err(|e| criuz::Error::Usage(e.to_string()))?;
         let opts = Options { codec, block_size: self.block_size, ids: self.ids, ..self.threads.options() };
         opts.validate()?;
         Ok(opts)
@@ -779,11 +779,11 @@ fn print_inspect(rep: &offline::InspectReport) {
             human(p.referenced_bytes)
         );
     }
-    if rep.total.blocks_lz4 > 0 && rep.total.blocks_zstd > 0 {
+    if rep.total.codecs.lz4 > 0 && rep.total.codecs.zstd > 0 {
         out!(
             "codecs: {} blocks zstd, {} LZ4 (a dump hurries blocks to LZ4 while its absorb budget is spent)",
-            rep.total.blocks_zstd,
-            rep.total.blocks_lz4
+            rep.total.codecs.zstd,
+            rep.total.codecs.lz4
         );
     }
     if !rep.chain.is_empty() || rep.total.referenced_bytes > 0 {
@@ -815,10 +815,10 @@ fn print_inspect(rep: &offline::InspectReport) {
             f.ratio,
             f.pages,
             f.zero_pages,
-            f.blocks_raw,
-            f.blocks_lz4,
-            f.blocks_zstd,
-            f.blocks_dedup
+            f.codecs.raw,
+            f.codecs.lz4,
+            f.codecs.zstd,
+            f.codecs.dedup
         );
     }
 }
