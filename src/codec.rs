@@ -10,8 +10,11 @@
 //! knob that trades ratio for speed; both decode at memory speed. Encoders and
 //! decoders keep their buffers and zstd contexts, one per worker thread.
 
-use crate::format::{BlockCodec, BlockHeader, PAGE_SIZE};
+use crate::format::{BlockCodec, BlockHeader, PageBits, PAGE_SIZE};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
+
+pub use crate::error::DecodeError;
 
 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 
@@ -24,14 +27,25 @@ pub enum Codec {
     Zstd,
 }
 
+/// A codec setting that cannot be had: a usage error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown codec {0:?} (expected lz4, zstd or none)")]
+    UnknownCodec(String),
+    #[error("LZ4 acceleration must be 1..=65537, got {0}")]
+    Lz4Acceleration(i32),
+    #[error("zstd level must be in {range:?} and not 0, got {level}")]
+    ZstdLevel { level: i32, range: std::ops::RangeInclusive<i32> },
+}
+
 impl std::str::FromStr for Codec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "none" => Ok(Codec::None),
             "lz4" => Ok(Codec::Lz4),
             "zstd" => Ok(Codec::Zstd),
-            _ => Err(format!("unknown codec {s:?} (expected lz4, zstd or none)")),
+            _ => Err(ConfigError::UnknownCodec(s.to_string())),
         }
     }
 }
@@ -55,13 +69,11 @@ pub struct CodecConfig {
 }
 
 impl CodecConfig {
-    pub fn new(codec: Codec, level: Option<i32>) -> Result<Self, String> {
+    pub fn new(codec: Codec, level: Option<i32>) -> Result<Self, ConfigError> {
         let level = match (codec, level) {
-            (Codec::Lz4, Some(l)) if !(1..=65537).contains(&l) => {
-                return Err(format!("LZ4 acceleration must be 1..=65537, got {l}"))
-            }
+            (Codec::Lz4, Some(l)) if !(1..=65537).contains(&l) => return Err(ConfigError::Lz4Acceleration(l)),
             (Codec::Zstd, Some(l)) if !(zstd::compression_level_range().contains(&l)) || l == 0 => {
-                return Err(format!("zstd level must be in {:?} and not 0, got {l}", zstd::compression_level_range()))
+                return Err(ConfigError::ZstdLevel { level: l, range: zstd::compression_level_range() })
             }
             (_, Some(l)) => l,
             (Codec::Lz4, None) => 1,
@@ -134,19 +146,18 @@ impl Encoder {
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
     pub fn encode(&mut self, file_id: u32, data: &[u8], page_aware: bool) -> EncodedBlock {
-        let zero_bitmap = if page_aware { zero_bitmap(data) } else { Vec::new() };
+        let zero_bitmap = if page_aware { zero_bitmap(data) } else { PageBits::new() };
         let stored = self.gather(data, &zero_bitmap);
         let (codec, payload) = self.compress(&stored);
         EncodedBlock::new(codec, file_id, data.len(), zero_bitmap, &stored, payload)
     }
 
     /// The stored pages of `data`: all but those `zero_bitmap` marks.
-    pub fn gather(&mut self, data: &[u8], zero_bitmap: &[u8]) -> Vec<u8> {
-        let is_zero = |i: usize| !zero_bitmap.is_empty() && zero_bitmap[i / 8] & (1 << (i % 8)) != 0;
+    pub fn gather(&mut self, data: &[u8], zero_bitmap: &PageBits) -> Vec<u8> {
         let mut out = std::mem::take(&mut self.gathered);
         out.clear();
         for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
-            if !is_zero(i) {
+            if !zero_bitmap.contains(i) {
                 out.extend_from_slice(page);
             }
         }
@@ -170,11 +181,11 @@ impl Encoder {
 /// One bit per page of `data` (LSB first), set for all-zero whole pages; a
 /// short tail is always stored. An all-clear bitmap is kept so readers know
 /// the block is page-aware.
-pub fn zero_bitmap(data: &[u8]) -> Vec<u8> {
-    let mut bitmap = vec![0u8; data.len().div_ceil(PAGE_SIZE).div_ceil(8)];
+pub fn zero_bitmap(data: &[u8]) -> PageBits {
+    let mut bitmap = PageBits::with_pages(data.len().div_ceil(PAGE_SIZE));
     for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
         if page.len() == PAGE_SIZE && page == ZERO_PAGE {
-            bitmap[i / 8] |= 1 << (i % 8);
+            bitmap.insert(i);
         }
     }
     bitmap
@@ -188,7 +199,7 @@ impl EncodedBlock {
         codec: BlockCodec,
         file_id: u32,
         raw_len: usize,
-        zero_bitmap: Vec<u8>,
+        zero_bitmap: PageBits,
         stored: &[u8],
         payload: Vec<u8>,
     ) -> Self {
@@ -269,7 +280,7 @@ impl Decoder {
 
     /// Decodes a block into `out` (replacing its contents) and checks its data
     /// checksum. The error says what is wrong; the caller adds where.
-    pub fn decode(&mut self, header: &BlockHeader, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub fn decode(&mut self, header: &BlockHeader, payload: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
         if header.zero_pages() == 0 {
             return self.decode_stored(header, payload, out);
         }
@@ -283,17 +294,22 @@ impl Decoder {
     }
 
     /// Checks a raw block's payload, which is its stored pages as they are.
-    pub fn check_raw(&self, header: &BlockHeader, payload: &[u8]) -> Result<(), String> {
+    pub fn check_raw(&self, header: &BlockHeader, payload: &[u8]) -> Result<(), DecodeError> {
         check_parts(header, &[payload])
     }
 
     /// Decodes only the stored pages of a block (zero pages left out) into
     /// `stored` and checks them against the block's data check.
-    pub fn decode_stored(&mut self, header: &BlockHeader, payload: &[u8], stored: &mut Vec<u8>) -> Result<(), String> {
+    pub fn decode_stored(
+        &mut self,
+        header: &BlockHeader,
+        payload: &[u8],
+        stored: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
         self.decompress(header.codec, payload, header.stored_raw_len(), stored)?;
         let check = xxh3_64(stored);
         if check != header.data_check {
-            return Err("block data checksum mismatch".into());
+            return Err(DecodeError::DataCheck);
         }
         Ok(())
     }
@@ -306,7 +322,7 @@ impl Decoder {
         payload: &[u8],
         expect: usize,
         out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DecodeError> {
         out.clear();
         self.decompress_after(codec, payload, expect, out)
     }
@@ -320,13 +336,13 @@ impl Decoder {
         payload: &[u8],
         expect: usize,
         out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DecodeError> {
         let at = out.len();
         match codec {
-            BlockCodec::Dedup => return Err("a dedup block must be resolved by its archive first".into()),
+            BlockCodec::Dedup => return Err(DecodeError::Unresolved),
             BlockCodec::Raw => {
                 if payload.len() != expect {
-                    return Err(format!("raw block holds {} bytes, expected {expect}", payload.len()));
+                    return Err(DecodeError::RawLength { got: payload.len(), expect });
                 }
                 out.extend_from_slice(payload);
             }
@@ -345,24 +361,22 @@ impl Decoder {
                     )
                 };
                 if n < 0 {
-                    return Err("LZ4 block does not decompress".to_string());
+                    return Err(DecodeError::Lz4);
                 }
                 // SAFETY: LZ4 initialised the `n` (<= expect) bytes after `at`.
                 unsafe { out.set_len(at + n as usize) };
                 if n as usize != expect {
-                    return Err(format!("LZ4 block decompresses to {n} bytes, expected {expect}"));
+                    return Err(DecodeError::Lz4Length { got: n as usize, expect });
                 }
             }
             BlockCodec::Zstd => {
                 out.reserve(expect);
                 let mut after = std::io::Cursor::new(&mut *out);
                 after.set_position(at as u64);
-                let n = self
-                    .zstd
-                    .decompress_to_buffer(payload, &mut after)
-                    .map_err(|e| format!("zstd block does not decompress: {e}"))?;
+                let n =
+                    self.zstd.decompress_to_buffer(payload, &mut after).map_err(|e| DecodeError::Zstd(Arc::new(e)))?;
                 if n != expect {
-                    return Err(format!("zstd block decompresses to {n} bytes, expected {expect}"));
+                    return Err(DecodeError::ZstdLength { got: n, expect });
                 }
             }
         }
@@ -372,10 +386,10 @@ impl Decoder {
 
 /// Checks a block's stored pages, given as consecutive parts (a raw payload,
 /// or the pieces a resolved dedup block is made of), against its data check.
-pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), String> {
+pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), DecodeError> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     if len != header.stored_raw_len() {
-        return Err(format!("raw block holds {len} bytes, expected {}", header.stored_raw_len()));
+        return Err(DecodeError::RawLength { got: len, expect: header.stored_raw_len() });
     }
     let check = match parts {
         [one] => xxh3_64(one),
@@ -386,7 +400,7 @@ pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), String> 
         }
     };
     if check != header.data_check {
-        return Err("block data checksum mismatch".into());
+        return Err(DecodeError::DataCheck);
     }
     Ok(())
 }

@@ -12,9 +12,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The archive bytes are not what the format says they must be
-    /// (damaged, truncated, crafted, or not a criuz archive at all).
-    #[error("offset {offset}: {what}")]
-    Corrupt { offset: u64, what: String },
+    /// (damaged, truncated, crafted, or not a criuz archive at all). It
+    /// prints `why` itself, so `why` is not also a `source` (that would
+    /// print it twice).
+    #[error("offset {offset}: {why}")]
+    Corrupt { offset: u64, why: Damage },
     /// A well-formed archive using a feature this build does not implement.
     #[error("offset {offset}: unsupported: {what}")]
     Unsupported { offset: u64, what: String },
@@ -64,6 +66,31 @@ pub enum Error {
     Context { context: String, inner: Box<Error> },
 }
 
+/// Why archive bytes are corrupt ([`Error::Corrupt`]): a payload that does
+/// not decode, a sealed part that does not open, or a rule of the format
+/// broken, said in words.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Damage {
+    #[error("{0}")]
+    Format(String),
+    #[error(transparent)]
+    Codec(#[from] DecodeError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+}
+
+impl From<String> for Damage {
+    fn from(what: String) -> Self {
+        Damage::Format(what)
+    }
+}
+
+impl From<&str> for Damage {
+    fn from(what: &str) -> Self {
+        Damage::Format(what.to_string())
+    }
+}
+
 /// What kind of failure an error is; decides the exit status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -86,8 +113,10 @@ impl Kind {
 }
 
 impl Error {
-    pub fn corrupt(offset: u64, what: impl Into<String>) -> Self {
-        Error::Corrupt { offset, what: what.into() }
+    /// Archive bytes at `offset` that are not as they must be, and why: a
+    /// message, or a typed cause ([`Damage`]).
+    pub fn corrupt(offset: u64, why: impl Into<Damage>) -> Self {
+        Error::Corrupt { offset, why: why.into() }
     }
 
     pub fn unsupported(offset: u64, what: impl Into<String>) -> Self {
@@ -123,7 +152,7 @@ impl Error {
     /// must each report (an I/O cause keeps its kind and message).
     pub fn duplicate(&self) -> Error {
         match self {
-            Error::Corrupt { offset, what } => Error::Corrupt { offset: *offset, what: what.clone() },
+            Error::Corrupt { offset, why } => Error::Corrupt { offset: *offset, why: why.clone() },
             Error::Unsupported { offset, what } => Error::Unsupported { offset: *offset, what: what.clone() },
             Error::File { path, err } => {
                 Error::File { path: path.clone(), err: io::Error::new(err.kind(), err.to_string()) }
@@ -175,6 +204,42 @@ impl<T> ResultContext<T> for Result<T> {
     }
 }
 
+/// Why a block's payload is not what its header says. It says what is
+/// wrong; the caller adds where (`Error::corrupt`, which takes it as is).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("a dedup block must be resolved by its archive first")]
+    Unresolved,
+    #[error("raw block holds {got} bytes, expected {expect}")]
+    RawLength { got: usize, expect: usize },
+    #[error("LZ4 block does not decompress")]
+    Lz4,
+    #[error("LZ4 block decompresses to {got} bytes, expected {expect}")]
+    Lz4Length { got: usize, expect: usize },
+    /// zstd's own error, printed as part of this one (so not also chained
+    /// as its `source`: `{:#}` would print it twice).
+    #[error("zstd block does not decompress: {0}")]
+    Zstd(std::sync::Arc<std::io::Error>),
+    #[error("zstd block decompresses to {got} bytes, expected {expect}")]
+    ZstdLength { got: usize, expect: usize },
+    #[error("block data checksum mismatch")]
+    DataCheck,
+}
+
+/// Why a sealed part of an archive does not open. It says what is wrong;
+/// the caller adds where (`Error::corrupt`, which takes it as is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    #[error("block is not sealed as an encrypted archive's blocks are")]
+    NotSealed,
+    #[error("block does not open with the archive's key (damaged, moved or from another archive)")]
+    Block,
+    #[error("file name does not open with the archive's key")]
+    Name,
+    #[error("index does not open with the archive's key")]
+    Index,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +254,17 @@ mod tests {
         let e = Error::CriuIo { what: "cannot run criu".into(), err: io::Error::from(io::ErrorKind::NotFound) };
         assert_eq!(e.kind().exit_code(), 1);
         assert_eq!(e.to_string(), format!("cannot run criu: {}", io::Error::from(io::ErrorKind::NotFound)));
+    }
+
+    #[test]
+    fn typed_damage_reads_as_its_message() {
+        let e = Error::corrupt(5, DecodeError::RawLength { got: 1, expect: 2 }).context("a.czr");
+        assert_eq!(e.to_string(), "a.czr: offset 5: raw block holds 1 bytes, expected 2");
+        assert_eq!(e.duplicate().to_string(), e.to_string());
+        assert_eq!(e.kind(), Kind::Archive);
+        assert!(matches!(e.root(), Error::Corrupt { why: Damage::Codec(DecodeError::RawLength { .. }), .. }));
+        let e = Error::corrupt(9, SealError::Name);
+        assert_eq!(e.to_string(), "offset 9: file name does not open with the archive's key");
+        assert!(std::error::Error::source(&e).is_none(), "the cause would print twice under {{:#}}");
     }
 }

@@ -1,21 +1,29 @@
 //! criuz: small, fast, safe CRIU checkpoints with stock CRIU.
 //!
+//! Module map (lower layers first; a module imports only those above it in
+//! its own row or earlier rows, and there is no import cycle):
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | layout | `format` | the byte layout, one file per record family; pure, no I/O |
+//! | blocks | `codec`, `seal`, `engine` | zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
+//! | storage | `io` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores, S3, what a killed criuz left |
+//! | archive | `archive` | writing (`write`, `dedup`); reading through one door, `archive::open`: `prove` → `fetch` → `resolve` → `block` (the `BlockSource` seam, every block through `check`) → `stored` (the opened archive); `ids` for page ids |
+//! | CRIU | `criu` | everything CRIU speaks: streamer socket, page-server protocol, userfaultfd hand-over, images, stats |
+//! | OS | `proc` | process trees through /proc, the forked guard, cgroup v2, socket tricks; knows no session |
+//! | work | `offline`, `tree`, `session` | pack/unpack/inspect/verify; directory trees and tar; sessions: one library call per command (dump, restore, lazy, capture/serve, containers) |
+//!
 //! Data flows one way. Dump: CRIU → `criu::streamer` → `session::capture` →
 //! `archive::write` (on the `engine`, blocks through the `codec`) → `io`
-//! sink. Restore: `io` source → `archive::source` (every block through
-//! `archive::check`) → `session::serve` → CRIU. `format` is the byte layout
-//! (pure, no I/O); `offline` packs, unpacks, inspects and verifies without
-//! CRIU. A lower module never calls a higher one. `seal` encrypts archives:
-//! the writer seals blocks on the engine's workers, and every reader opens
-//! them where it checks them (`archive::check`, `archive::source`). `tree`
-//! carries whole directory trees (and tar streams) in and out of tree
-//! archives. Containers: CRIU driven by runc or podman cannot stream, so
+//! output. Restore: `io::Location` → `archive::open` (proven; every block
+//! through `archive::check`) → `session::serve` → CRIU; lazily,
+//! `session::pager` copies pages into the process through userfaultfd.
+//! Containers: CRIU driven by runc or podman cannot stream, so
 //! `session::container` follows the directory CRIU writes
 //! (`session::follow`) or is its page server (`criu::page_server` →
 //! `session::receive`), and restores through a directory without the zero
-//! pages (`session::images_dir`). `proc` is the OS machinery under the
-//! sessions (/proc process trees, the forked guard, cgroup v2, socket
-//! tricks); it imports no session.
+//! pages (`session::images_dir`). The command line (`src/bin/criuz`) only
+//! turns flags into these modules' option types and prints.
 
 pub mod archive;
 pub mod codec;

@@ -186,10 +186,8 @@ pub struct FileReport {
     pub ratio: f64,
     pub pages: u64,
     pub zero_pages: u64,
-    pub blocks_raw: u64,
-    pub blocks_lz4: u64,
-    pub blocks_zstd: u64,
-    pub blocks_dedup: u64,
+    #[serde(flatten)]
+    pub codecs: crate::archive::CodecCounts,
     /// Bytes of pages stored as references (to a parent or elsewhere in this archive).
     pub referenced_bytes: u64,
 }
@@ -292,7 +290,7 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                 // read: what a dedup block refers to is then not counted.
                 if let (BlockCodec::Dedup, Some(payload)) = (header.codec, payload) {
                     let stored = header.pages() - header.zero_pages();
-                    let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
+                    let dp = DedupPayload::decode(&payload, stored, offset)?.head;
                     for e in &dp.extents {
                         if let Origin::Ref { source, .. } = e.origin {
                             let bytes = u64::from(e.count) * PAGE_SIZE as u64;
@@ -310,12 +308,7 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
                     f.pages += header.pages() as u64;
                     f.zero_pages += header.zero_pages() as u64;
                 }
-                match header.codec {
-                    BlockCodec::Raw => f.blocks_raw += 1,
-                    BlockCodec::Lz4 => f.blocks_lz4 += 1,
-                    BlockCodec::Zstd => f.blocks_zstd += 1,
-                    BlockCodec::Dedup => f.blocks_dedup += 1,
-                }
+                f.codecs.add(header.codec);
             }
             Checked::Chain(entries) => {
                 rep.chain = entries
@@ -340,10 +333,7 @@ pub fn inspect<R: std::io::Read + Send>(inp: R) -> Result<InspectReport> {
         t.stored_bytes += f.stored_bytes;
         t.pages += f.pages;
         t.zero_pages += f.zero_pages;
-        t.blocks_raw += f.blocks_raw;
-        t.blocks_lz4 += f.blocks_lz4;
-        t.blocks_zstd += f.blocks_zstd;
-        t.blocks_dedup += f.blocks_dedup;
+        t.codecs += f.codecs;
         t.referenced_bytes += f.referenced_bytes;
     }
     t.stored_bytes = rep.archive_bytes;

@@ -242,8 +242,8 @@ fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
     sink.finish().unwrap();
     let (stats, _) = packer.finish().unwrap();
     assert!(stats.blocks_hurried > 0, "a spent budget hurried nothing: {stats:?}");
-    assert_eq!(stats.blocks_lz4, stats.blocks_hurried, "{stats:?}");
-    assert!(stats.blocks_zstd >= 16, "the backlog after capture_done was not zstd: {stats:?}");
+    assert_eq!(stats.codecs.lz4, stats.blocks_hurried, "{stats:?}");
+    assert!(stats.codecs.zstd >= 16, "the backlog after capture_done was not zstd: {stats:?}");
     let arc = criuz::archive::open(&Location::File(tmp.path().into()), &Default::default()).unwrap();
     assert!(arc.read_file(arc.find("pages-1.img").unwrap()).unwrap() == data);
 }

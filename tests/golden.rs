@@ -179,7 +179,7 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
         stored_len: 2,
         data_check: xxh3_64(b"hi"),
         payload_check: xxh3_64(b"hi") as u32,
-        zero_bitmap: Vec::new(),
+        zero_bitmap: criuz::format::PageBits::new(),
         sealed: false,
     };
     w.write_block(&block, b"hi").unwrap();

@@ -88,7 +88,7 @@ impl CheckedBlock {
         Ok(self.pieces.into_iter().map(|(h, r)| (h as SharedBytes, r)).collect())
     }
 
-    fn damaged(&self, why: String) -> Error {
+    fn damaged(&self, why: crate::codec::DecodeError) -> Error {
         if !self.resolved {
             return Error::corrupt(self.offset, why);
         }

@@ -434,7 +434,7 @@ pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64, authenti
         return Err(Error::corrupt(offset, "block payload checksum mismatch"));
     }
     if header.codec == BlockCodec::Dedup {
-        let (dp, _) = DedupPayload::decode(payload, header.pages() - header.zero_pages(), offset)?;
+        let dp = DedupPayload::decode(payload, header.pages() - header.zero_pages(), offset)?.head;
         return Ok(Some(dp.literal_pages()));
     }
     Ok(None)
@@ -476,7 +476,7 @@ pub fn check_table(
             return Err(corrupt("the block table does not list every block"));
         }
         for (r, t) in f.blocks.iter().zip(&f.table) {
-            let header_len = (BLOCK_FIXED + t.header.zero_bitmap.len() + 4) as u64;
+            let header_len = (BLOCK_FIXED + t.header.zero_bitmap.byte_len() + 4) as u64;
             check.block(r.offset, &t.header, header_len + u64::from(t.header.stored_len))?;
             spans.push((r.offset, u64::from(r.record_len)));
             if with_ids && f.kind == FileKind::Pages {

@@ -11,7 +11,7 @@
 
 use super::records::Input;
 use crate::error::{Error, Result};
-use crate::format::{decode_block_header, BlockHeader, BlockRef, PAGE_SIZE, SEAL_OVERHEAD};
+use crate::format::{BlockHeader, BlockRef, DecodedBlockHeader, PAGE_SIZE, SEAL_OVERHEAD};
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
 use std::io;
@@ -179,7 +179,7 @@ impl RecordReader {
             }
         })?;
         let range = start..start + at.record_len as usize;
-        let (header, header_len) = decode_block_header(&buf[range.clone()], at.offset)?;
+        let DecodedBlockHeader { header, len: header_len } = BlockHeader::decode(&buf[range.clone()], at.offset)?;
         if header != *proven || header_len + header.stored_len as usize != range.len() {
             return Err(Error::corrupt(at.offset, format!("block {i} of {file} changed after the archive was opened")));
         }

@@ -9,7 +9,9 @@ use super::dedup::{DedupIndex, PageAt};
 use super::open::{open, OpenOptions, ParentSearch};
 use super::stored::Archive;
 use crate::error::{Error, Result, ResultContext};
-use crate::format::{BlockCodec, BlockHeader, ChainEntry, DedupPayload, FileKind, PageId, FLAG_IDS, PAGE_SIZE};
+use crate::format::{
+    BlockCodec, BlockHeader, ChainEntry, DecodedDedup, DedupPayload, FileKind, PageId, FLAG_IDS, PAGE_SIZE,
+};
 use crate::io::Location;
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -75,7 +77,7 @@ fn stored_ids(archive: &Archive, source: u16) -> Result<Vec<(PageId, PageAt)>> {
                 let stored = header.pages() - header.zero_pages();
                 let literal: Vec<u32> = if header.codec == BlockCodec::Dedup {
                     let payload = payload.expect("dedup payloads are read");
-                    let (dp, _) = DedupPayload::decode(&payload, stored, offset)?;
+                    let dp = DedupPayload::decode(&payload, stored, offset)?.head;
                     let slots = dp.literal_slots().enumerate();
                     slots.filter_map(|(i, k)| k.map(|_| i as u32)).collect()
                 } else {
@@ -138,7 +140,8 @@ pub fn check_page_ids(archive: &Archive) -> Result<()> {
                 let payload = payload.expect("payloads are read");
                 let done = if header.codec == BlockCodec::Dedup {
                     let stored = header.pages() - header.zero_pages();
-                    let (dp, inner) = DedupPayload::decode(&payload, stored, at).context(|| label.clone())?;
+                    let DecodedDedup { head: dp, inner_payload: inner } =
+                        DedupPayload::decode(&payload, stored, at).context(|| label.clone())?;
                     dec.decompress(dp.inner, inner, dp.literal_len as usize, &mut literal)
                 } else {
                     dec.decompress(header.codec, &payload, header.stored_raw_len(), &mut literal)

@@ -105,10 +105,9 @@ pub struct PackStats {
     pub archive_bytes: u64,
     pub zero_pages: u64,
     pub blocks: u64,
-    pub blocks_raw: u64,
-    pub blocks_lz4: u64,
-    pub blocks_zstd: u64,
-    pub blocks_dedup: u64,
+    /// Blocks by codec (`blocks_raw`, `blocks_lz4`, ... in JSON).
+    #[serde(flatten)]
+    pub codecs: CodecCounts,
     /// Blocks compressed with the hurried codec under backlog.
     pub blocks_hurried: u64,
 }
@@ -123,11 +122,61 @@ impl PackStats {
         self.blocks += 1;
         self.raw_bytes += u64::from(h.raw_len);
         self.zero_pages += h.zero_pages() as u64;
-        match h.codec {
-            BlockCodec::Raw => self.blocks_raw += 1,
-            BlockCodec::Lz4 => self.blocks_lz4 += 1,
-            BlockCodec::Zstd => self.blocks_zstd += 1,
-            BlockCodec::Dedup => self.blocks_dedup += 1,
+        self.codecs.add(h.codec);
+    }
+}
+
+/// Blocks counted by how they are stored: of an archive being written
+/// ([`PackStats`]), of each file `inspect` reports and of their total.
+/// Serialised flat as `blocks_raw`, `blocks_lz4`, `blocks_zstd` and
+/// `blocks_dedup` (with `#[serde(flatten)]` where it is a field).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CodecCounts {
+    #[serde(rename = "blocks_raw")]
+    pub raw: u64,
+    #[serde(rename = "blocks_lz4")]
+    pub lz4: u64,
+    #[serde(rename = "blocks_zstd")]
+    pub zstd: u64,
+    #[serde(rename = "blocks_dedup")]
+    pub dedup: u64,
+}
+
+impl CodecCounts {
+    /// Counts one block stored with `codec`.
+    pub fn add(&mut self, codec: BlockCodec) {
+        match codec {
+            BlockCodec::Raw => self.raw += 1,
+            BlockCodec::Lz4 => self.lz4 += 1,
+            BlockCodec::Zstd => self.zstd += 1,
+            BlockCodec::Dedup => self.dedup += 1,
         }
+    }
+}
+
+impl std::ops::AddAssign for CodecCounts {
+    fn add_assign(&mut self, other: CodecCounts) {
+        self.raw += other.raw;
+        self.lz4 += other.lz4;
+        self.zstd += other.zstd;
+        self.dedup += other.dedup;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codec_counts_keep_their_json_names() {
+        let mut stats = PackStats::default();
+        stats.codecs.add(BlockCodec::Lz4);
+        stats.codecs += CodecCounts { raw: 2, lz4: 1, zstd: 3, dedup: 4 };
+        assert_eq!(
+            serde_json::to_string(&stats).unwrap(),
+            r#"{"files":0,"raw_bytes":0,"archive_bytes":0,"zero_pages":0,"blocks":0,"blocks_raw":2,"blocks_lz4":2,"#
+                .to_string()
+                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_hurried":0}"#
+        );
     }
 }

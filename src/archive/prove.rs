@@ -20,8 +20,8 @@ use super::check::{check_table, Checked, CheckedRecords, Payloads};
 use super::fetch::StoreInput;
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_index_fixed, decode_trailer, BlockCodec, BlockHeader, ChainEntry, Header, Index, FLAG_PARENT, FLAG_TABLE,
-    HEADER_LEN, INDEX_FIXED, TRAILER_LEN,
+    BlockCodec, BlockHeader, ChainEntry, Header, Index, IndexFixed, Trailer, FLAG_PARENT, FLAG_TABLE, HEADER_LEN,
+    INDEX_FIXED, TRAILER_LEN,
 };
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
@@ -82,14 +82,15 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
     }
     let at = size - TRAILER_LEN as u64;
     let trailer: [u8; TRAILER_LEN] = store.read_vec(TRAILER_LEN, at)?.try_into().expect("trailer length");
-    let (offset, len) = decode_trailer(&trailer, at)?;
+    let Trailer { index_offset: offset, index_len: len } = Trailer::decode(&trailer, at)?;
     // The format bounds the index body below 4 GiB, so a damaged trailer
     // cannot make this read more.
     if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
     }
     let rec = store.read_vec(len as usize, offset)?;
-    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
+    let IndexFixed { count, body_len } =
+        IndexFixed::decode(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
     if body_len + (INDEX_FIXED + 8) as u64 != len {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
     }

@@ -10,13 +10,13 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    block_header_len, chain_body_len, check_index_body, decode_block_header, decode_chain_record, decode_end_record,
-    decode_file_record_bytes, decode_ids_fixed, decode_index_body, decode_index_fixed, decode_key_record,
-    decode_name_field, decode_trailer, encode_chain_record, encode_end_record, encode_file_record_bytes,
-    encode_ids_record, encode_index_body_and_trailer, encode_key_record, encode_name_field, file_record_name_len,
-    key_record_len, BlockHeader, BlockRef, ChainEntry, EntryMeta, FileEnd, FileEntry, FileKind, Header, Index,
-    KeyRecord, PageId, RecordType, TableEntry, BLOCK_FIXED, CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE,
-    FLAG_TREE, HEADER_LEN, IDS_FIXED, INDEX_FIXED, KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
+    block_header_len, chain_body_len, check_index_body, decode_chain_record, decode_end_record, decode_index_body,
+    decode_key_record, encode_chain_record, encode_end_record, encode_file_record_bytes, encode_ids_record,
+    encode_index_body_and_trailer, encode_key_record, encode_name_field, file_record_name_len, key_record_len,
+    BlockHeader, BlockRef, ChainEntry, DecodedBlockHeader, EntryMeta, FileEnd, FileEntry, FileKind, FileRecord, Header,
+    IdsFixed, Index, IndexFixed, KeyRecord, NameField, PageId, RecordType, TableEntry, Trailer, BLOCK_FIXED,
+    CHAIN_FIXED, END_LEN, FILE_FIXED, FLAG_SEALED, FLAG_TABLE, FLAG_TREE, HEADER_LEN, IDS_FIXED, INDEX_FIXED,
+    KEY_FIXED, MAGIC, PAGE_ID_LEN, TRAILER_LEN,
 };
 use crate::seal::ArchiveKey;
 use std::io::{self, Read, Write};
@@ -381,13 +381,13 @@ impl<I: Input> SeqReader<I> {
                 self.exact(&mut rec[1..], "a file record")?;
                 rec.resize(FILE_FIXED + file_record_name_len(&rec) + 4, 0);
                 self.exact(&mut rec[FILE_FIXED..], "a file record")?;
-                let (file_id, name, kind) = decode_file_record_bytes(&rec, start)?;
+                let FileRecord { file_id, name, kind } = FileRecord::decode(&rec, start)?;
                 let at = start + FILE_FIXED as u64;
                 let tree = self.header.flags & FLAG_TREE != 0;
-                let (name, meta) = match &self.key {
-                    Some(k) => decode_name_field(k.open_name(file_id, kind, name, at)?, tree, at)?,
-                    None if self.locked() => (format!("#{file_id}"), None),
-                    None => decode_name_field(name.to_vec(), tree, at)?,
+                let NameField { name, meta } = match &self.key {
+                    Some(k) => NameField::decode(k.open_name(file_id, kind, name, at)?, tree, at)?,
+                    None if self.locked() => NameField { name: format!("#{file_id}"), meta: None },
+                    None => NameField::decode(name.to_vec(), tree, at)?,
                 };
                 Record::FileBegin { file_id, name, kind, meta }
             }
@@ -398,7 +398,7 @@ impl<I: Input> SeqReader<I> {
                 let len = block_header_len(&rec, start)?;
                 rec.resize(len + 4, 0);
                 self.exact(&mut rec[BLOCK_FIXED..], "a block header")?;
-                let (header, header_len) = decode_block_header(&rec, start)?;
+                let DecodedBlockHeader { header, len: header_len } = BlockHeader::decode(&rec, start)?;
                 if header.raw_len > self.header.block_size {
                     return Err(Error::corrupt(start, "block is larger than the archive's block size"));
                 }
@@ -417,7 +417,7 @@ impl<I: Input> SeqReader<I> {
                 let mut rec = [0u8; IDS_FIXED];
                 rec[0] = t[0];
                 self.exact(&mut rec[1..], "a page id record")?;
-                let (file_id, count) = decode_ids_fixed(&rec, start)?;
+                let IdsFixed { file_id, count } = IdsFixed::decode(&rec, start)?;
                 self.pending_payload = count as u64 * PAGE_ID_LEN as u64 + 8;
                 Record::Ids { file_id, count }
             }
@@ -432,7 +432,7 @@ impl<I: Input> SeqReader<I> {
                 let mut rec = [0u8; INDEX_FIXED];
                 rec[0] = t[0];
                 self.exact(&mut rec[1..], "the index header")?;
-                let (count, body_len) = decode_index_fixed(&rec, start)?;
+                let IndexFixed { count, body_len } = IndexFixed::decode(&rec, start)?;
                 let body_off = self.offset;
                 let mut body = vec![0u8; body_len as usize];
                 self.exact(&mut body, "the index")?;
@@ -448,7 +448,8 @@ impl<I: Input> SeqReader<I> {
                 let record_len = self.offset - start;
                 let mut t = [0u8; TRAILER_LEN];
                 self.exact(&mut t, "the trailer")?;
-                let (toff, tlen) = decode_trailer(&t, self.offset - TRAILER_LEN as u64)?;
+                let Trailer { index_offset: toff, index_len: tlen } =
+                    Trailer::decode(&t, self.offset - TRAILER_LEN as u64)?;
                 if toff != start || tlen != record_len {
                     return Err(Error::corrupt(
                         self.offset - TRAILER_LEN as u64,

@@ -13,7 +13,7 @@ use super::check::check_payload;
 use super::fetch::{page_aligned, page_aligned_share, Fetched};
 use crate::codec::Decoder;
 use crate::error::{Error, Result};
-use crate::format::{BlockCodec, BlockHeader, DedupPayload, Origin, PAGE_SIZE};
+use crate::format::{BlockCodec, BlockHeader, DecodedDedup, DedupPayload, Origin, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -72,7 +72,7 @@ fn dedup_payload<'b>(
     offset: u64,
 ) -> Result<(DedupPayload, &'b [u8])> {
     let stored = header.pages() - header.zero_pages();
-    let (dp, inner) = DedupPayload::decode(payload, stored, offset)?;
+    let DecodedDedup { head: dp, inner_payload: inner } = DedupPayload::decode(payload, stored, offset)?;
     let listed = src.literal_pages(file_id, block);
     if listed != Some(dp.literal_pages()) {
         return Err(Error::corrupt(offset, "the page id record does not list the block's literal pages"));

@@ -15,6 +15,7 @@
 //! Anything unexpected (magics, fields, flags) means no plan: the images are
 //! served untouched, which is always correct.
 
+use crate::format::PageBits;
 use prost::Message;
 
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
@@ -222,14 +223,14 @@ pub struct ZeroPlan {
     pub pages_id: u32,
     /// The rewritten pagemap image.
     pub pagemap: Vec<u8>,
-    /// One bit per page of the pages image: set = left out.
-    skipped: Vec<u64>,
+    /// The pages of the pages image left out.
+    skipped: PageBits,
     pub skipped_pages: u64,
 }
 
 impl ZeroPlan {
     pub fn is_skipped(&self, page: u64) -> bool {
-        self.skipped.get((page / 64) as usize).is_some_and(|w| w & (1 << (page % 64)) != 0)
+        self.skipped.contains(page as usize)
     }
 }
 
@@ -250,7 +251,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_r
     let head = decode_exact::<PagemapHead>(objs.first()?)?;
     let mut out = pagemap[..8].to_vec();
     push_object(&mut out, &head.encode_to_vec());
-    let mut skipped: Vec<u64> = Vec::new();
+    let mut skipped = PageBits::new();
     let mut skipped_pages = 0u64;
     let mut page = 0u64; // next page of the pages image
     for obj in &objs[1..] {
@@ -283,11 +284,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], is_zero: &dyn Fn(u64) -> bool, min_r
             }
             if end > i && end - i >= min_run {
                 for p in page + i..page + end {
-                    let w = (p / 64) as usize;
-                    if skipped.len() <= w {
-                        skipped.resize(w + 1, 0);
-                    }
-                    skipped[w] |= 1 << (p % 64);
+                    skipped.insert_growing(p as usize);
                 }
                 skipped_pages += end - i;
                 if let Some((start, n)) = run.take() {
@@ -465,191 +462,4 @@ pub mod pe {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
-        let mut v = IMG_COMMON_MAGIC.to_ne_bytes().to_vec();
-        v.extend_from_slice(&magic.to_ne_bytes());
-        for o in objs {
-            push_object(&mut v, o);
-        }
-        v
-    }
-
-    fn vma(start: u64, end: u64, flags: i32, status: u32) -> VmaEntry {
-        VmaEntry { start, end, flags: flags as u32, status }
-    }
-
-    #[test]
-    fn zero_pages_of_private_anonymous_memory_are_left_out() {
-        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let mm = MmEntry {
-            vmas: vec![
-                vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
-                vma(0x20000, 0x24000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6)),
-            ],
-        };
-        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
-        let entry = |vaddr, nr| {
-            PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
-                .encode_to_vec()
-        };
-        let pm =
-            image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 7 }.encode_to_vec(), entry(0x10000, 4), entry(0x20000, 4)]);
-        // pages 0..8: anon 0 1 2 3, file 4 5 6 7; zero: 1, 2, 5
-        let zero = |p: u64| [1, 2, 5].contains(&p);
-        let plan = plan(&mm, &pm, &zero).unwrap();
-        assert_eq!(plan.pages_id, 7);
-        assert_eq!(plan.skipped_pages, 2);
-        assert!(plan.is_skipped(1) && plan.is_skipped(2));
-        assert!(!plan.is_skipped(5), "a zero page of a private file mapping must be kept");
-        let objs = objects(&plan.pagemap, PAGEMAP_MAGIC).unwrap();
-        let entries: Vec<(u64, u32)> =
-            objs[1..].iter().map(|o| PagemapEntry::decode(*o).unwrap()).map(|e| (e.vaddr, e.nr_pages)).collect();
-        assert_eq!(entries, vec![(0x10000, 1), (0x13000, 1), (0x20000, 4)]);
-    }
-
-    #[test]
-    fn only_long_zero_runs_are_left_out_when_asked() {
-        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let mm = MmEntry { vmas: vec![vma(0x100000, 0x100000 + 40 * 4096, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
-        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
-        let e = PagemapEntry {
-            vaddr: 0x100000,
-            nr_pages: 40,
-            in_parent: None,
-            flags: Some(PE_PRESENT | PE_LAZY),
-            nr_pages64: None,
-        };
-        let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 3 }.encode_to_vec(), e.encode_to_vec()]);
-        // Zero: 2..5 (too short to leave out), 10..30 (long), 39 (short, at the end).
-        let zero = |p: u64| (2..5).contains(&p) || (10..30).contains(&p) || p == 39;
-        let plan = plan_runs(&mm, &pm, &zero, 16).unwrap();
-        assert_eq!(plan.skipped_pages, 20);
-        assert!((0..40).all(|p| plan.is_skipped(p) == (10..30).contains(&p)));
-        let objs = objects(&plan.pagemap, PAGEMAP_MAGIC).unwrap();
-        let entries: Vec<(u64, u32, Option<u32>)> = objs[1..]
-            .iter()
-            .map(|o| PagemapEntry::decode(*o).unwrap())
-            .map(|e| (e.vaddr, e.nr_pages, e.flags))
-            .collect();
-        let lazy = Some(PE_PRESENT | PE_LAZY);
-        assert_eq!(entries, vec![(0x100000, 10, lazy), (0x100000 + 30 * 4096, 10, lazy)]);
-    }
-
-    fn entries(pagemap: &[u8]) -> Vec<(u64, u64, Option<u32>)> {
-        objects(pagemap, PAGEMAP_MAGIC).unwrap()[1..]
-            .iter()
-            .map(|o| PagemapEntry::decode(*o).unwrap())
-            .map(|e| (e.vaddr, e.nr_pages64.unwrap_or(e.nr_pages.into()), e.flags))
-            .collect()
-    }
-
-    #[test]
-    fn pages_criu_left_eager_for_a_page_aligned_stack_pointer_are_marked_lazy() {
-        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let regular = VMA_AREA_REGULAR | VMA_ANON_PRIVATE;
-        let mm = MmEntry {
-            vmas: vec![
-                vma(0x10000, 0x20000, anon, regular),
-                vma(0x20000, 0x22000, anon | libc::MAP_LOCKED, regular),
-                vma(0x30000, 0x32000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6)),
-                // The stack: its pointer page-aligned at 0x48000.
-                vma(0x40000, 0x50000, anon | libc::MAP_GROWSDOWN, regular | (1 << 1)),
-            ],
-        };
-        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
-        let entry = |vaddr, nr, flags| {
-            PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(flags), nr_pages64: None }.encode_to_vec()
-        };
-        let eager = PE_PRESENT;
-        let lazy = PE_PRESENT | PE_LAZY;
-        let pm = image(
-            PAGEMAP_MAGIC,
-            &[
-                PagemapHead { pages_id: 1 }.encode_to_vec(),
-                entry(0x10000, 16, eager),
-                entry(0x20000, 2, eager),
-                entry(0x30000, 2, eager),
-                entry(0x40000, 16, eager),
-            ],
-        );
-        let marked = mark_lazy(&mm, &pm, &[0x48000]).unwrap();
-        assert_eq!(
-            entries(&marked),
-            vec![
-                (0x10000, 16, Some(lazy)),
-                (0x20000, 2, Some(eager)),
-                (0x30000, 2, Some(eager)),
-                (0x40000, 7, Some(lazy)),
-                (0x47000, 2, Some(eager)),
-                (0x49000, 7, Some(lazy)),
-            ],
-            "locked and file memory stay eager, and the pages at and below the stack pointer"
-        );
-        // A dump CRIU marked right is left as it is: its pages images match.
-        assert_eq!(mark_lazy(&mm, &marked, &[0x48000]).unwrap(), marked);
-        // Without the pointer's page, nothing near it stays eager.
-        assert_eq!(entries(&mark_lazy(&mm, &pm, &[0x100000]).unwrap())[3], (0x40000, 16, Some(lazy)));
-    }
-
-    #[test]
-    fn stack_pointers_come_from_the_threads_core_images() {
-        let regs = UserX86Regs { sp: Some(0x7ffe_1234_5000) };
-        let core = CoreEntry { mtype: MARCH_X86_64, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }) };
-        assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[core.encode_to_vec()])), Some(0x7ffe_1234_5000));
-        let other = CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }) };
-        assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[other.encode_to_vec()])), None, "aarch64");
-        assert_eq!(core_stack_pointer(&image(MM_MAGIC, &[core.encode_to_vec()])), None, "not a core image");
-        let tree = image(
-            PSTREE_MAGIC,
-            &[
-                PstreeEntry { pid: 7, threads: vec![7, 9] }.encode_to_vec(),
-                PstreeEntry { pid: 8, threads: vec![] }.encode_to_vec(),
-            ],
-        );
-        assert_eq!(pstree_threads(&tree, 7), Some(vec![7, 9]));
-        assert_eq!(pstree_threads(&tree, 8), Some(vec![8]));
-        assert_eq!(pstree_threads(&tree, 10), None);
-    }
-
-    #[test]
-    fn a_pagemap_with_fields_we_do_not_know_gets_no_plan() {
-        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let mm = MmEntry { vmas: vec![vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
-        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
-        let mut entry =
-            PagemapEntry { vaddr: 0x10000, nr_pages: 4, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
-                .encode_to_vec();
-        let pm = |entry: &[u8]| image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 1 }.encode_to_vec(), entry.to_vec()]);
-        assert!(plan(&mm, &pm(&entry), &|_| true).is_some(), "the plain pagemap gets a plan");
-        // Pages compressed by CRIU itself (upstream `--compress`, PR 2895):
-        // the sizes of the compressed blocks are in new pagemap fields, and
-        // "page N of the pages image" no longer means N * 4096 bytes in. Both
-        // schemas seen upstream must disable the plan.
-        let compressed_a = [
-            vec![6 << 3 | 2, 2, 0xd2, 0x09], // repeated uint32 compressed_size = 6 [packed]: [1234]
-            vec![7 << 3, 0xd2, 0x09],        // optional uint64 total_compressed_size = 7
-            vec![8 << 3, 64],                // optional uint32 region_pages = 8
-        ]
-        .concat();
-        let compressed_b = vec![6 << 3 | 2, 7, 1 << 3 | 2, 2, 0xd2, 0x09, 2 << 3, 0xd2, 0x09]; // blocks = 6 {..}
-        for extra in [compressed_a, compressed_b] {
-            let mut e = entry.clone();
-            e.extend_from_slice(&extra);
-            assert!(plan(&mm, &pm(&e), &|_| true).is_none(), "a compressed pagemap must get no plan");
-        }
-        // PE_PAYLOAD_ALIGNED (1 << 3), which compressed images use, is unknown to the plan too.
-        let aligned =
-            PagemapEntry { flags: Some(PE_PRESENT | 8), ..PagemapEntry::decode(&entry[..]).unwrap() }.encode_to_vec();
-        assert!(plan(&mm, &pm(&aligned), &|_| true).is_none());
-        entry.extend_from_slice(&[9 << 3, 1]);
-        assert!(plan(&mm, &pm(&entry), &|_| true).is_none(), "any unknown field must disable the plan");
-    }
-
-    #[test]
-    fn unexpected_images_get_no_plan() {
-        assert!(plan(b"garbage", b"garbage", &|_| true).is_none());
-    }
-}
+mod tests;

@@ -15,8 +15,6 @@
 //! sound. Nothing here knows about archives or sessions: `proc` imports
 //! only `error` and `criu::scm`.
 
-#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
-
 pub mod cgroup;
 pub mod guard;
 pub mod socket;

@@ -30,6 +30,8 @@ use crate::format::{BlockHeader, FileKind, Header, PageId, HEADER_LEN, PAGE_ID_L
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use ring::hkdf;
 
+pub use crate::error::SealError;
+
 /// Nonce domains: what a nonce seals (its first byte).
 const NONCE_BLOCK: u8 = 1;
 const NONCE_NAME: u8 = 2;
@@ -153,7 +155,7 @@ impl ArchiveKey {
     /// header as stored with its payload check zeroed (it is computed over
     /// the sealed payload, after sealing).
     fn block_ad(&self, h: &BlockHeader) -> Vec<u8> {
-        let mut ad = Vec::with_capacity(56 + 32 + h.zero_bitmap.len());
+        let mut ad = Vec::with_capacity(56 + 32 + h.zero_bitmap.byte_len());
         ad.extend_from_slice(&self.header_ad);
         let plain = BlockHeader { payload_check: 0, ..h.clone() };
         plain.encode(&mut ad);
@@ -187,16 +189,16 @@ impl ArchiveKey {
     /// success the plain payload is `payload[SEAL_OVERHEAD..]` and the header
     /// returned is the block as written before sealing (its data check
     /// restored). The error says what is wrong; the caller adds where.
-    pub fn open_block(&self, stored: &BlockHeader, block: u32, payload: &mut [u8]) -> Result<BlockHeader, String> {
+    pub fn open_block(&self, stored: &BlockHeader, block: u32, payload: &mut [u8]) -> Result<BlockHeader, SealError> {
         if !stored.sealed || payload.len() != stored.stored_len as usize || payload.len() < SEAL_OVERHEAD {
-            return Err("block is not sealed as an encrypted archive's blocks are".into());
+            return Err(SealError::NotSealed);
         }
         let tag = Tag::from(<[u8; TAG_LEN]>::try_from(&payload[..TAG_LEN]).expect("tag length"));
         let ad = self.block_ad(stored);
         let n = nonce(NONCE_BLOCK, stored.file_id, block);
         self.aead
             .open_in_place_separate_tag(n, Aad::from(&ad), tag, &mut payload[TAG_LEN..], 0..)
-            .map_err(|_| "block does not open with the archive's key (damaged, moved or from another archive)")?;
+            .map_err(|_| SealError::Block)?;
         let data_check = u64::from_le_bytes(payload[TAG_LEN..SEAL_OVERHEAD].try_into().expect("8 bytes"));
         let plain_len = payload.len() - SEAL_OVERHEAD;
         Ok(BlockHeader { data_check, stored_len: plain_len as u32, payload_check: 0, sealed: false, ..stored.clone() })
@@ -224,7 +226,7 @@ impl ArchiveKey {
         let plain = self
             .aead
             .open_in_place(nonce(NONCE_NAME, file_id, 0), Aad::from(self.name_ad(kind)), &mut buf)
-            .map_err(|_| Error::corrupt(offset, "file name does not open with the archive's key"))?;
+            .map_err(|_| Error::corrupt(offset, SealError::Name))?;
         let n = plain.len();
         buf.truncate(n);
         Ok(buf)
@@ -244,7 +246,7 @@ impl ArchiveKey {
         let n = self
             .aead
             .open_in_place(nonce(NONCE_INDEX, count, 0), Aad::from(&self.header_ad), &mut buf)
-            .map_err(|_| Error::corrupt(offset, "index does not open with the archive's key"))?
+            .map_err(|_| Error::corrupt(offset, SealError::Index))?
             .len();
         buf.truncate(n);
         Ok(buf)
@@ -259,7 +261,7 @@ impl ArchiveKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::BlockCodec;
+    use crate::format::{BlockCodec, PageBits};
 
     fn header(id: u8) -> Header {
         let mut h = Header::with_id(256 << 10, [id; 16]);
@@ -276,7 +278,7 @@ mod tests {
             stored_len: payload.len() as u32,
             data_check: 0x1234_5678_9abc_def0,
             payload_check: 0,
-            zero_bitmap: vec![0b10],
+            zero_bitmap: PageBits::from_bytes(vec![0b10]),
             sealed: false,
         };
         (h, payload)
@@ -304,7 +306,8 @@ mod tests {
         };
         assert!(fails(&stored, 6, &key, &sealed), "another block index");
         assert!(fails(&BlockHeader { file_id: 4, ..stored.clone() }, 7, &key, &sealed), "another file");
-        assert!(fails(&BlockHeader { zero_bitmap: vec![0], ..stored.clone() }, 7, &key, &sealed), "another bitmap");
+        let other = PageBits::from_bytes(vec![0]);
+        assert!(fails(&BlockHeader { zero_bitmap: other, ..stored.clone() }, 7, &key, &sealed), "another bitmap");
         assert!(fails(&BlockHeader { codec: BlockCodec::Lz4, ..stored.clone() }, 7, &key, &sealed), "another codec");
         assert!(fails(&stored, 7, &ck.archive(&header(2)), &sealed), "another archive of the chain");
         assert!(fails(&stored, 7, &ChainKey::random().unwrap().archive(&header(1)), &sealed), "another key");

@@ -25,7 +25,7 @@ use crate::criu::splice::{write_pipe, Chunk, SplicePipe};
 use crate::criu::streamer::{grow_pipe, read_request, send_reply, Listener};
 use crate::engine;
 use crate::error::{Error, Result, ResultContext};
-use crate::format::{BlockCodec, FileEntry, FileKind, PAGE_SIZE};
+use crate::format::{BlockCodec, FileEntry, FileKind, PageBits, PAGE_SIZE};
 use crate::progress::Meter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -157,7 +157,7 @@ pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min
         return Ok(None);
     }
     let mm = source.read_file(mm)?;
-    let mut zero: Vec<u64> = Vec::new();
+    let mut zero = PageBits::new();
     let mut i = 0;
     while let Some((h, raw_pos)) = source.block_header(pages.file_id, i) {
         if raw_pos % PAGE_SIZE as u64 != 0 {
@@ -166,17 +166,12 @@ pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min
         let first = raw_pos / PAGE_SIZE as u64;
         for p in 0..h.pages() {
             if h.is_zero_page(p) {
-                let page = first + p as u64;
-                let w = (page / 64) as usize;
-                if zero.len() <= w {
-                    zero.resize(w + 1, 0);
-                }
-                zero[w] |= 1 << (page % 64);
+                zero.insert_growing((first + p as u64) as usize);
             }
         }
         i += 1;
     }
-    let is_zero = |p: u64| zero.get((p / 64) as usize).is_some_and(|w| w & (1 << (p % 64)) != 0);
+    let is_zero = |p: u64| zero.contains(p as usize);
     Ok(images::plan_runs(&mm, pagemap, &is_zero, min_run))
 }
 

@@ -257,9 +257,10 @@ pub fn forge_index(bytes: &[u8], edit: impl FnOnce(&mut criuz::format::Index)) -
     use criuz::format::*;
     let header = Header::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
     let at = bytes.len() - TRAILER_LEN;
-    let (ioff, ilen) = decode_trailer(bytes[at..].try_into().unwrap(), at as u64).unwrap();
+    let Trailer { index_offset: ioff, index_len: ilen } =
+        Trailer::decode(bytes[at..].try_into().unwrap(), at as u64).unwrap();
     let rec = &bytes[ioff as usize..(ioff + ilen) as usize];
-    let (count, body_len) = decode_index_fixed(rec[..INDEX_FIXED].try_into().unwrap(), ioff).unwrap();
+    let IndexFixed { count, body_len } = IndexFixed::decode(rec[..INDEX_FIXED].try_into().unwrap(), ioff).unwrap();
     let body = &rec[INDEX_FIXED..INDEX_FIXED + body_len as usize];
     let check = u64::from_le_bytes(rec[INDEX_FIXED + body.len()..].try_into().unwrap());
     let mut index = decode_index_body(body, check, count, ioff + INDEX_FIXED as u64, header.flags).unwrap();

@@ -128,7 +128,8 @@ impl ThreadArgs {
 
 impl CodecArgs {
     pub fn options(&self) -> Result<Options> {
-        let codec = CodecConfig::new(self.codec, self.level).map_err(criuz::Error::Usage)?;
+        // A usage error (exit 2), not a plain failure.
+        let codec = CodecConfig::new(self.codec, self.level).map_err(|e| criuz::Error::Usage(e.to_string()))?;
         let opts = Options { codec, block_size: self.block_size, ids: self.ids, ..self.threads.options() };
         opts.validate()?;
         Ok(opts)

@@ -125,11 +125,11 @@ pub fn inspect(rep: &offline::InspectReport) {
             human(p.referenced_bytes)
         );
     }
-    if rep.total.blocks_lz4 > 0 && rep.total.blocks_zstd > 0 {
+    if rep.total.codecs.lz4 > 0 && rep.total.codecs.zstd > 0 {
         out!(
             "codecs: {} blocks zstd, {} LZ4 (a dump hurries blocks to LZ4 while its absorb budget is spent)",
-            rep.total.blocks_zstd,
-            rep.total.blocks_lz4
+            rep.total.codecs.zstd,
+            rep.total.codecs.lz4
         );
     }
     if !rep.chain.is_empty() || rep.total.referenced_bytes > 0 {
@@ -161,10 +161,10 @@ pub fn inspect(rep: &offline::InspectReport) {
             f.ratio,
             f.pages,
             f.zero_pages,
-            f.blocks_raw,
-            f.blocks_lz4,
-            f.blocks_zstd,
-            f.blocks_dedup
+            f.codecs.raw,
+            f.codecs.lz4,
+            f.codecs.zstd,
+            f.codecs.dedup
         );
     }
 }
