@@ -27,7 +27,7 @@
 //!
 //! Readers that need random access (restore, later lazy restore, parents,
 //! object stores) first walk a seekable archive's record headers through the
-//! same checks (`source::Archive::open`), so a block served by index is one
+//! same checks (`archive::prove`), so a block served by index is one
 //! the whole-stream rules have accepted at that position.
 
 use super::records::{Input, Record, SeqReader};
@@ -441,7 +441,7 @@ pub fn check_payload(header: &BlockHeader, payload: &[u8], offset: u64, authenti
 }
 
 /// The rules for an archive opened from its index alone (`FLAG_TABLE`, see
-/// `source::Archive::open_indexed`): the index and its block table must pass
+/// `archive::open` with the proof behind): the index and its block table must pass
 /// every stream rule as if the records lay where the index places them, file
 /// after file, and the records it places (F, B, and with page ids P) must lie
 /// between the header (and C record) and the index without overlapping, so

@@ -6,7 +6,7 @@
 //! nothing is published (no file under the output name; on stdout, an archive
 //! without its trailer, which every reader rejects). CRIU's `stats-dump`
 //! (written locally, not streamed; `criu::stats`) is added to the archive and reported.
-//! Restore: the archive is proven whole before CRIU starts (`archive::source`)
+//! Restore: the archive is proven whole before CRIU starts (`archive::open`)
 //! and every block is checked as it is served; a failed check aborts CRIU's
 //! restore before the process runs.
 //!

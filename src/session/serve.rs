@@ -8,7 +8,7 @@
 //! CRIU reads them by exact length, so a block that fails its check closes the
 //! pipe and the connection, and CRIU aborts the restore before the process
 //! runs. The source has proven the archive's structure (see
-//! `archive::source`), so what is served is what the index says, in its order;
+//! `archive::open`), so what is served is what the index says, in its order;
 //! a source opened from its index proves the rest while CRIU reads, and the
 //! last block of each page image waits for that proof, so a failed one stops
 //! CRIU before the process runs.
