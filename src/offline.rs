@@ -96,14 +96,13 @@ impl Reading {
     /// archive is streamed (from a pipe too, without spooling it), one with
     /// page ids or parents is opened through [`crate::archive::open`].
     pub fn new(at: &Location, o: &OpenOptions) -> Result<Reading> {
-        let v2 = at
-            .head(HEADER_LEN)
-            .and_then(|head| Header::decode(head[..].try_into().ok()?).ok())
-            .is_some_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0);
-        if v2 {
+        let header = at.head(HEADER_LEN).and_then(|head| Header::decode(head[..].try_into().ok()?).ok());
+        if header.as_ref().is_some_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0) {
             return Ok(Reading::Source(crate::archive::open(at, o)?));
         }
-        if !o.search.files.is_empty() {
+        // What is not an archive is streamed, so the reader says what is
+        // wrong with it (exit 3), not that `--parent` was given in vain.
+        if header.is_some() && !o.search.files.is_empty() {
             return Err(Error::Usage(format!("{}: has no parents, but --parent was given", at.label())));
         }
         Ok(Reading::Stream(at.label(), at.reader()?))
