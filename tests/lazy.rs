@@ -104,11 +104,44 @@ fn a_damaged_block_stops_a_lazy_restore_before_the_process_runs() {
         let b = page_block_three_quarters_in(&bytes, Some(codec));
         bytes[b.start + b.len - 17] ^= 0x10;
         std::fs::write(&arc, &bytes).unwrap();
-        let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
+        let out = criuz(&["restore", "--lazy", "--verify-first", "-d", "-i", arc.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{pattern}: {err}");
         assert!(err.contains("rot.czr") && err.contains("checksum") && !err.contains("killed"), "{pattern}: {err}");
         assert!(!w.alive(), "{pattern}: nothing was restored");
+        std::fs::remove_file(&arc).unwrap();
+    }
+}
+
+#[test]
+fn a_damaged_block_found_behind_a_lazily_restored_process_kills_it() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("rot.czr");
+    // As above, but in the default order: the proof of the stored bytes
+    // runs behind the process, and the damage it (or the fill) finds kills
+    // the tree; the command fails as damaged.
+    for (pattern, codec) in [("random", 0), ("mixed", 1)] {
+        let mut w = Workload::start(Spec { mib: 16, pattern, ..Default::default() });
+        w.sums();
+        dump(&w, &arc);
+        w.reap_original();
+        let mut bytes = std::fs::read(&arc).unwrap();
+        let b = page_block_three_quarters_in(&bytes, Some(codec));
+        bytes[b.start + b.len - 17] ^= 0x10;
+        std::fs::write(&arc, &bytes).unwrap();
+        let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{pattern}: {err}");
+        assert!(err.contains("rot.czr") && err.contains("checksum") && err.contains("killed"), "{pattern}: {err}");
+        // Killed, whether CRIU was still finishing it (CRIU reaps it) or it
+        // ran (ours to reap, as subreaper).
+        wait_for(pattern, std::time::Duration::from_secs(10), || {
+            // SAFETY: non-blocking reap of zombies re-parented to us.
+            while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+            !w.alive()
+        });
         std::fs::remove_file(&arc).unwrap();
     }
 }

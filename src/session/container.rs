@@ -214,6 +214,9 @@ pub struct RuncRestore {
     pub detach: bool,
     pub pid_file: Option<PathBuf>,
     pub memory: Memory,
+    /// A lazy restore proves every stored byte before runc starts instead
+    /// of behind the running container (see `session::lazy`).
+    pub verify_first: bool,
     /// More `runc restore` options (e.g. `--tcp-established`).
     pub extra: Vec<String>,
 }
@@ -257,9 +260,10 @@ pub enum RestoredHow {
 
 /// `runc restore` of container `o.id` from an archive. Eagerly, the
 /// archive is proven whole (every check) before runc starts; lazily, its
-/// stored bytes are, every page still comes from a checked block, and a
-/// block that fails once the container runs (or a criuz that dies) kills
-/// the container's cgroup (`proc::guard::Victim`).
+/// stored bytes are proven behind the running container (before runc
+/// starts with `verify_first`), every page still comes from a checked
+/// block, and a block or proof that fails once the container runs (or a
+/// criuz that dies) kills the container's cgroup (`proc::guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
@@ -276,8 +280,14 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         cmd.arg("--lazy-pages");
         runc_restore_args(&mut cmd, o);
         let victim = Victim::Cgroup(OnceLock::new());
-        let lazy =
-            LazyRestore { source: archive, input: &o.input, images: &images, work: work.path(), victim: &victim };
+        let lazy = LazyRestore {
+            source: archive,
+            input: &o.input,
+            images: &images,
+            work: work.path(),
+            victim: &victim,
+            verify_first: o.verify_first,
+        };
         let (status, report) = lazy.run(cmd, started, || Ok(())).inspect_err(|_| {
             if matches!(&victim, Victim::Cgroup(c) if c.get().is_some()) {
                 // Ours (CRIU connected for it), killed: no stopped container

@@ -33,6 +33,9 @@ pub struct RestoreOptions {
     pub pidfile: Option<PathBuf>,
     /// Counts the page bytes served, for a progress line.
     pub meter: Option<Arc<Meter>>,
+    /// A lazy restore proves every stored byte before CRIU starts instead
+    /// of behind the running tree (see `session::lazy`).
+    pub verify_first: bool,
 }
 
 /// CRIU (or runc, podman: `what`) exited with `status`; its log is kept as

@@ -10,12 +10,16 @@
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
 //! skips). Shared memory and other page images are written whole.
 //!
-//! Nothing runs on a damaged archive: before CRIU starts, every stored byte
-//! of the archive and its parents is read against its check
-//! (`BlockSource::prove_stored`, beside the writing of the images), so
-//! damage at rest stops the restore while nothing runs. What that cannot
-//! see (a compressed payload crafted to match its payload check, a file
-//! changed after, an I/O error) is found as the block is decoded.
+//! The proof of the stored bytes: every stored byte of the archive and its
+//! parents is read against its check (`BlockSource::prove_stored`). By
+//! default it runs behind the process, so the tree runs as soon as CRIU has
+//! restored it, whatever the archive's size; damage it finds kills the tree,
+//! as a block that fails mid-fill does (every page copied in comes from a
+//! block checked as it is decoded anyway). With `verify_first` it runs
+//! before CRIU starts, beside the writing of the images, so damage at rest
+//! stops the restore while nothing runs. What the proof cannot see (a
+//! compressed payload crafted to match its payload check, a file changed
+//! after, an I/O error) is found as the block is decoded.
 //!
 //! No silent zeros: a page not yet copied reads as zero once every copy of
 //! the tree's userfaultfds is closed. A failure criuz finds once the tree
@@ -40,7 +44,7 @@ use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions,
 };
-use crate::session::pager::{LazyProcess, Pager, TOUCHED_MAX};
+use crate::session::pager::{Abort, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::serve::zero_plan;
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
@@ -267,6 +271,8 @@ pub(crate) struct LazyRestore<'a> {
     pub images: &'a Path,
     pub work: &'a Path,
     pub victim: &'a Victim,
+    /// Prove the stored bytes before CRIU starts, not behind the process.
+    pub verify_first: bool,
 }
 
 impl LazyRestore<'_> {
@@ -285,12 +291,13 @@ impl LazyRestore<'_> {
         let blocks = Blocks::new(self.source.clone());
         let touch = touch_path(self.input);
         let recorded = load_touches(touch.as_deref());
-        // Every stored byte is proven before the tree may run, beside the
-        // images being written (which decode and prove their own blocks).
+        // With `verify_first`, every stored byte is proven before the tree
+        // may run, beside the images being written (which decode and prove
+        // their own blocks); otherwise behind the running tree, below.
         let (proven, materialized) = std::thread::scope(|s| {
-            let proving = s.spawn(|| self.source.prove_stored());
+            let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
             let materialized = materialize(&blocks, self.images);
-            (proving.join().unwrap_or(Err(Error::Cancelled)), materialized)
+            (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
         let (processes, eager_pages) = materialized?;
@@ -299,12 +306,24 @@ impl LazyRestore<'_> {
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
         let mut guard = Guard::start_for(self.victim)?;
         let (stop_tx, stop_rx) = UnixStream::pair()?;
+        let abort = Abort::new()?;
         let victim = self.victim;
         let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded);
-        let (paged, status, running, published) = std::thread::scope(|s| {
+        let (paged, proof, status, running, published) = std::thread::scope(|s| {
             s.spawn(|| blocks.decode_ahead());
+            let proving = (!self.verify_first).then(|| {
+                s.spawn(|| {
+                    let proven = self.source.prove_stored();
+                    if let Err(e) = &proven {
+                        // The pager fails with it, killing the tree, once
+                        // CRIU has handed every userfaultfd over.
+                        abort.fail(e.duplicate());
+                    }
+                    proven
+                })
+            });
             let paging = s.spawn(|| {
-                let r = pager.run(&listener, &stop_rx);
+                let r = pager.run(&listener, &stop_rx, &abort);
                 blocks.finish();
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
@@ -323,9 +342,10 @@ impl LazyRestore<'_> {
                 // nothing more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
             }
-            (paging.join().unwrap_or(Err(Error::Cancelled)), status, running, published)
+            let proof = proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled)));
+            (paging.join().unwrap_or(Err(Error::Cancelled)), proof, status, running, published)
         });
-        if paged.is_err() {
+        if paged.is_err() || proof.is_err() {
             // Again, now that the restore has returned: the tree may not have
             // existed at the first kill, and it must be dead before the pager's
             // and the guard's copies of its userfaultfds close.
@@ -337,7 +357,7 @@ impl LazyRestore<'_> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
-        paged.map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
+        paged.and(proof).map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
         published?;
         // Beside the archive, where the archive's directory allows it: a
         // read-only place costs the next restore its head start, not this one.
@@ -378,7 +398,14 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     let pidfile = work.path().join("restored.pid");
     let cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
     let victim = Victim::Tree(pids);
-    let lazy = LazyRestore { source, input: &o.input, images: work.path(), work: work.path(), victim: &victim };
+    let lazy = LazyRestore {
+        source,
+        input: &o.input,
+        images: work.path(),
+        work: work.path(),
+        victim: &victim,
+        verify_first: o.verify_first,
+    };
     let (status, mut report) = lazy.run(cmd, started, || publish_pidfile(&pidfile, o.pidfile.as_deref()))?;
     if o.detach && !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));

@@ -31,6 +31,7 @@ use crate::session::blocks::Blocks;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -114,6 +115,31 @@ pub(crate) struct PagerReport {
     pub working_set_in: Option<Instant>,
 }
 
+/// A failure found beside the pager (the proof of the stored bytes, behind
+/// the running tree). The pager fails with it once CRIU has handed over
+/// every userfaultfd, not before: then the victim is known (a container's
+/// cgroup is learnt from CRIU's connection) and no userfaultfd is still in
+/// flight to be dropped unserved, so the victim is killed before any copy
+/// of a userfaultfd closes, as for a copy that failed.
+pub(crate) struct Abort {
+    why: OnceLock<Error>,
+    wake: UnixStream,
+    woken: UnixStream,
+}
+
+impl Abort {
+    pub(crate) fn new() -> std::io::Result<Abort> {
+        let (wake, woken) = UnixStream::pair()?;
+        Ok(Abort { why: OnceLock::new(), wake, woken })
+    }
+
+    /// Makes the pager fail with `why` (the first failure given wins).
+    pub(crate) fn fail(&self, why: Error) {
+        let _ = self.why.set(why);
+        let _ = self.wake.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// How many faulted pages are kept for the working set record.
 pub(crate) const TOUCHED_MAX: usize = 1 << 20;
 
@@ -166,11 +192,15 @@ impl<'a> Pager<'a> {
     }
 
     /// Serves the tree until every lazy page is in place, or `stop` becomes
-    /// readable (the restore failed: nothing will come). The report, also
-    /// on error, says how far it got.
-    pub(crate) fn run(&mut self, listener: &UnixListener, stop: &UnixStream) -> Result<()> {
+    /// readable (the restore failed: nothing will come), or `abort` says to
+    /// fail. The report, also on error, says how far it got.
+    pub(crate) fn run(&mut self, listener: &UnixListener, stop: &UnixStream, abort: &Abort) -> Result<()> {
         let mut criu: Option<UnixStream> = None;
+        let mut woken = false;
         loop {
+            if let Some(why) = abort.why.get().filter(|_| self.finished) {
+                return Err(why.duplicate());
+            }
             let busy = !self.faults.is_empty() || (self.finished && self.spaces.iter().any(|s| !s.missing.is_empty()));
             if self.finished && !busy {
                 self.report.resident = Some(Instant::now());
@@ -180,6 +210,11 @@ impl<'a> Pager<'a> {
                 return Ok(());
             }
             let mut fds = vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            fds.push(libc::pollfd {
+                fd: if woken { -1 } else { abort.woken.as_raw_fd() },
+                events: libc::POLLIN,
+                revents: 0,
+            });
             let conn_at = fds.len();
             fds.push(libc::pollfd {
                 fd: criu.as_ref().map_or(listener.as_raw_fd(), |c| c.as_raw_fd()),
@@ -205,6 +240,8 @@ impl<'a> Pager<'a> {
             if fds[0].revents != 0 {
                 return Ok(());
             }
+            // Seen once: the failure is taken at the top of the loop.
+            woken |= fds[1].revents != 0;
             if fds[conn_at].revents != 0 {
                 match criu.as_mut() {
                     None => {

@@ -194,6 +194,12 @@ pub enum Cmd {
         /// Run the process at once and fetch its memory on demand (criu lazy-pages, criuz as page server); returns when every page is in
         #[arg(long, conflicts_with = "keep_zero_pages")]
         lazy: bool,
+        /// With --lazy: read every stored byte against its check before the
+        /// process runs (damage at rest then stops the restore while nothing
+        /// runs), instead of behind the running process (damage found then
+        /// kills it); the process then starts later
+        #[arg(long, requires = "lazy")]
+        verify_first: bool,
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,

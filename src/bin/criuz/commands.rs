@@ -40,6 +40,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             pipe_buffer,
             keep_zero_pages,
             lazy,
+            verify_first,
             json,
             pidfile,
             parents,
@@ -58,6 +59,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 parents: parents.search(),
                 pidfile,
                 meter: Some(Meter::new()),
+                verify_first,
             };
             return restore(&o, lazy, json, &criu, &threads);
         }
@@ -74,6 +76,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 parents: parents.search(),
                 pidfile: None,
                 meter: Some(Meter::new()),
+                verify_first: false,
             };
             serve(&dir, &o, &threads)?
         }

@@ -139,9 +139,14 @@ pub enum RuncCmd {
         /// pages as they are touched and fills the rest, and returns once
         /// all are in (a failure then kills the container's cgroup). The
         /// default where the kernel allows it; the archive's stored bytes
-        /// are all checked before the container starts
+        /// are all checked behind the running container (--verify-first:
+        /// before it starts)
         #[arg(long, conflicts_with = "eager")]
         lazy: bool,
+        /// Lazily: read every stored byte against its check before the
+        /// container starts, instead of behind the running container
+        #[arg(long, conflicts_with = "eager")]
+        verify_first: bool,
         /// Write every page for CRIU before the container starts (the
         /// container never runs before all of its memory is in place)
         #[arg(long)]
@@ -187,7 +192,21 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 );
             }
         }
-        RuncCmd::Restore { id, input, bundle, detach, pid_file, lazy, eager, json, global, threads, keys, extra } => {
+        RuncCmd::Restore {
+            id,
+            input,
+            bundle,
+            detach,
+            pid_file,
+            lazy,
+            eager,
+            verify_first,
+            json,
+            global,
+            threads,
+            keys,
+            extra,
+        } => {
             keys.load()?;
             let criu = global.criu.locate()?;
             let memory = match (lazy, eager) {
@@ -195,7 +214,8 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 (_, true) => Memory::Eager,
                 _ => Memory::Auto,
             };
-            let o = RuncRestore { id, input: location(&input)?, bundle, detach, pid_file, memory, extra };
+            let input = location(&input)?;
+            let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if memory == Memory::Auto && matches!(r.how, RestoredHow::Eager { .. }) {
                 eprintln!("criuz: this kernel gives no userfaultfd for a lazy restore: restored eagerly");
