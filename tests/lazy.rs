@@ -380,3 +380,95 @@ fn the_pages_a_lazy_restore_saw_faulted_come_first_the_next_time() {
     assert_eq!(w.sums(), before, "a process restored with its working set first sees other memory");
     w.stop();
 }
+
+#[test]
+fn an_eager_restore_placed_by_criuz_keeps_its_checksums() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("placed.czr");
+    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", mode: "tree", ..Default::default() });
+    let before = w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+
+    let out = criuz(&["restore", "--fill", "place", "-d", "--json", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "placed restore: {}", String::from_utf8_lossy(&out.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The memory came through criuz's copies, not through CRIU's images,
+    // and the tree ran only once all of it was in.
+    let placed = rep["lazy_pages"].as_u64().unwrap();
+    assert!(placed > (48 << 20) / 4096 / 2, "{rep}");
+    assert!(rep["eager_pages"].as_u64().unwrap() < placed / 10, "{rep}");
+    assert!(rep["running_seconds"].as_f64().unwrap() >= rep["resident_seconds"].as_f64().unwrap(), "{rep}");
+    assert!(!tmp.path().join("placed.czr.touch").exists(), "a placed restore records no working set");
+    assert_eq!(w.sums(), before, "a process restored by placing its memory sees other memory");
+    w.stop();
+}
+
+#[test]
+fn a_crafted_block_kills_a_placed_restore_before_it_runs() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("one.czr");
+    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
+    w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+    // As in a_damaged_block_found_after_the_process_runs_kills_it: only the
+    // block's data check can tell, as the block is decoded.
+    let mut bytes = std::fs::read(&arc).unwrap();
+    let b = page_block_three_quarters_in(&bytes, Some(1));
+    bytes[b.start + b.len - 3] ^= 0x10;
+    let payload = xxhash_rust::xxh3::xxh3_64(&bytes[b.start + b.header_len + 4..b.start + b.len]) as u32;
+    bytes[b.start + 24..b.start + 28].copy_from_slice(&payload.to_le_bytes());
+    mutate::reseal(&mut bytes, mutate::Reseal::All);
+    std::fs::write(&arc, &bytes).unwrap();
+
+    let out = criuz(&["restore", "--fill", "place", "-d", "-i", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("one.czr") && err.contains("data checksum") && err.contains("killed"), "{err}");
+    // Held stopped, it is killed before it runs (by CRIU's own reaping if
+    // CRIU was still finishing, else ours as subreaper).
+    wait_for("the held tree to be gone", std::time::Duration::from_secs(10), || {
+        // SAFETY: non-blocking reap of zombies re-parented to us.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        !w.alive()
+    });
+}
+
+#[test]
+fn without_detach_the_restored_tree_reads_its_zero_pages_once_all_are_in() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("attached.czr");
+    // Mixed memory is half zero pages; runs of them are left out of the lazy
+    // pagemap and read as zero once criuz lets go of the userfaultfds. Without
+    // -d, CRIU (and criuz) wait for the tree: it must not wait for them.
+    for how in [&["--lazy"][..], &["--fill", "place"]] {
+        let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
+        let before = w.sums();
+        dump(&w, &arc);
+        w.reap_original();
+        let restore = std::process::Command::new(CRIUZ)
+            .args(["restore", "-i", arc.to_str().unwrap()])
+            .args(how)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for("the restored tree", std::time::Duration::from_secs(30), || w.alive());
+        // Time for every page to come in, so the checksum reads the pages
+        // left out after criuz is done (before, it would serve them).
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        assert_eq!(w.sums(), before, "{how:?}: the attached restore sees other memory");
+        w.stop();
+        let out = restore.wait_with_output().unwrap();
+        assert!(out.status.success(), "{how:?}: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::remove_file(&arc).unwrap();
+    }
+}

@@ -31,6 +31,11 @@ pub enum Config {
     CriuzLz4Sealed,
     /// criuz-zstd, encrypted.
     CriuzZstdSealed,
+    /// criuz-lz4, restored with `--fill place` (criuz copies every page in
+    /// while the tree is held stopped).
+    CriuzLz4Place,
+    /// criuz-zstd, restored with `--fill place`.
+    CriuzZstdPlace,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -55,6 +60,9 @@ impl Config {
     /// Run only when asked for: encrypted archives (issue 12's comparison).
     pub const SEALED: [Config; 2] = [Config::CriuzLz4Sealed, Config::CriuzZstdSealed];
 
+    /// Run only when asked for: restores placed by criuz (`--fill place`).
+    pub const PLACE: [Config; 2] = [Config::CriuzLz4Place, Config::CriuzZstdPlace];
+
     pub fn name(self) -> &'static str {
         match self {
             Config::CriuDir => "criu-dir",
@@ -66,13 +74,15 @@ impl Config {
             Config::CriuzZstd => "criuz-zstd",
             Config::CriuzLz4Sealed => "criuz-lz4-sealed",
             Config::CriuzZstdSealed => "criuz-zstd-sealed",
+            Config::CriuzLz4Place => "criuz-lz4-place",
+            Config::CriuzZstdPlace => "criuz-zstd-place",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
     }
 
     pub fn parse(s: &str) -> Option<Config> {
-        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).find(|c| c.name() == s)
+        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).chain(Config::PLACE).find(|c| c.name() == s)
     }
 
     pub fn uses_s3(self) -> bool {
@@ -261,8 +271,14 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let (raw_bytes, bytes, frozen_s) = dump_report(&done.stdout)?;
             return Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage });
         }
-        Config::CriuzLz4 | Config::CriuzZstd | Config::CriuzLz4Sealed | Config::CriuzZstdSealed => {
-            let codec = if matches!(cfg, Config::CriuzZstd | Config::CriuzZstdSealed) { "zstd" } else { "lz4" };
+        Config::CriuzLz4
+        | Config::CriuzZstd
+        | Config::CriuzLz4Sealed
+        | Config::CriuzZstdSealed
+        | Config::CriuzLz4Place
+        | Config::CriuzZstdPlace => {
+            let zstd = matches!(cfg, Config::CriuzZstd | Config::CriuzZstdSealed | Config::CriuzZstdPlace);
+            let codec = if zstd { "zstd" } else { "lz4" };
             let pid = pid.to_string();
             let seal = env.seal_args(cfg);
             let seal: Vec<&str> = seal.iter().map(String::as_str).collect();
@@ -367,10 +383,18 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
             usage.add(proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criuz-restore")?.usage);
             return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
         }
-        Config::CriuzLz4 | Config::CriuzZstd | Config::CriuzLz4Sealed | Config::CriuzZstdSealed => {
+        Config::CriuzLz4
+        | Config::CriuzZstd
+        | Config::CriuzLz4Sealed
+        | Config::CriuzZstdSealed
+        | Config::CriuzLz4Place
+        | Config::CriuzZstdPlace => {
             let input = if link { "-" } else { s(&ckpt) };
             let keys = env.key_args(cfg);
             let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];
+            if Config::PLACE.contains(&cfg) {
+                args.extend(["--fill", "place"]);
+            }
             args.extend(keys.iter().map(String::as_str));
             let cmd = criuz_cmd(env, &args);
             let src = if link { from_dest() } else { Src::Null };

@@ -33,10 +33,11 @@ pub struct BenchArgs {
     /// redis,jvm,python (applications)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all but the S3 and sealed ones]: criu-dir,
+    /// Configurations, comma separated [default: all but the S3, sealed and place ones]: criu-dir,
     /// criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a
     /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
-    /// criuz-zstd-sealed (encrypted to an age key made in the work dir)
+    /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
+    /// criuz-zstd-place (restored with --fill place)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub configs: Option<Vec<String>>,
     /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
@@ -98,6 +99,10 @@ pub struct BenchArgs {
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
+    /// Pin the whole run (this process, CRIU, criuz, the workloads) to the
+    /// first N of the CPUs it may use, to show scaling (e.g. 1, 2, 4, 8, 16)
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<usize>,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -149,8 +154,13 @@ impl Plan {
             Some(list) => {
                 for c in list {
                     let cfg = Config::parse(c.trim()).ok_or_else(|| {
-                        let known: Vec<&str> =
-                            Config::ALL.iter().chain(&Config::S3).chain(&Config::SEALED).map(|c| c.name()).collect();
+                        let known: Vec<&str> = Config::ALL
+                            .iter()
+                            .chain(&Config::S3)
+                            .chain(&Config::SEALED)
+                            .chain(&Config::PLACE)
+                            .map(|c| c.name())
+                            .collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
                     })?;
                     if !configs.contains(&cfg) {
@@ -280,6 +290,11 @@ fn human(b: u64) -> String {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if let Some(n) = args.cpus {
+        // Before any thread or child: they all inherit the mask.
+        let pinned = proc::pin_to_cpus(n)?;
+        eprintln!("bench: pinned to CPUs {pinned:?}");
+    }
     if args.aead {
         let rows = aead::rows();
         print!("{}", aead::table(&rows));

@@ -38,6 +38,35 @@ pub fn become_subreaper() -> Result<()> {
     Ok(())
 }
 
+/// Restricts this process (and all it starts later) to the first `n` CPUs
+/// of its current affinity mask; returns them.
+pub fn pin_to_cpus(n: usize) -> Result<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills it, with its own size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a cpu_set_t we own, its size with it.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(Error::Invalid(format!("sched_getaffinity: {}", io::Error::last_os_error())));
+    }
+    // SAFETY: CPU_ISSET reads a set we own, for indexes below its capacity.
+    let allowed: Vec<usize> =
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    if n == 0 || n > allowed.len() {
+        return Err(Error::Invalid(format!("--cpus {n}: this run may use {} CPUs", allowed.len())));
+    }
+    // SAFETY: as above, an empty set filled with valid CPU indexes.
+    let mut pinned: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in &allowed[..n] {
+        // SAFETY: `c` is below CPU_SETSIZE (it came from the set).
+        unsafe { libc::CPU_SET(c, &mut pinned) };
+    }
+    // SAFETY: `pinned` is a cpu_set_t we own, its size with it.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &pinned) } != 0 {
+        return Err(Error::Invalid(format!("sched_setaffinity: {}", io::Error::last_os_error())));
+    }
+    Ok(allowed[..n].to_vec())
+}
+
 /// wait4 on one pid; None if it has not exited (with WNOHANG).
 fn wait4(pid: i32, nohang: bool) -> io::Result<Option<(i32, Usage)>> {
     loop {

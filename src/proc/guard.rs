@@ -78,6 +78,14 @@ impl Victim {
         }
     }
 
+    /// Lets a tree held stopped run (SIGCONT to it and all it forked); a
+    /// container is never held.
+    pub fn resume(&self) {
+        if let Victim::Tree(pids) = self {
+            signal_tree(pids, libc::SIGCONT);
+        }
+    }
+
     /// Waits (a few seconds at most) until it is gone, killing it again
     /// after a second.
     pub fn wait_gone(&self) {
@@ -101,7 +109,8 @@ impl Victim {
 }
 
 pub struct Guard {
-    tell: Option<OwnedFd>,
+    /// Taken by the first release.
+    tell: std::sync::Mutex<Option<OwnedFd>>,
     fds: UnixStream,
     pid: libc::pid_t,
 }
@@ -150,7 +159,7 @@ impl Guard {
             return Err(std::io::Error::last_os_error().into());
         }
         drop((tell_r, theirs));
-        Ok(Guard { tell: Some(tell_w), fds: ours, pid })
+        Ok(Guard { tell: std::sync::Mutex::new(Some(tell_w)), fds: ours, pid })
     }
 
     /// Forks the guard of a lazily restored container: it kills the cgroup
@@ -186,8 +195,9 @@ impl Guard {
     }
 
     /// Lets the guard exit without touching the tree.
-    pub fn release(&mut self) {
-        if let Some(fd) = self.tell.take() {
+    pub fn release(&self) {
+        let tell = self.tell.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(fd) = tell {
             // SAFETY: one byte from a local to our pipe; a guard already gone
             // gives EPIPE (SIGPIPE is ignored in Rust programs).
             unsafe { libc::write(fd.as_raw_fd(), (&QUIT as *const u8).cast(), 1) };

@@ -194,7 +194,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             if !o.leave_running {
                 tree::kill_tree(&[o.pid]);
             }
-            if let Some(mut g) = guard.take() {
+            if let Some(g) = guard.take() {
                 g.release();
             }
             pack

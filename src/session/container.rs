@@ -287,6 +287,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             work: work.path(),
             victim: &victim,
             verify_first: o.verify_first,
+            hold: false,
         };
         let (status, report) = lazy.run(cmd, started, || Ok(())).inspect_err(|_| {
             if matches!(&victim, Victim::Cgroup(c) if c.get().is_some()) {

@@ -52,7 +52,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -273,6 +273,10 @@ pub(crate) struct LazyRestore<'a> {
     pub victim: &'a Victim,
     /// Prove the stored bytes before CRIU starts, not behind the process.
     pub verify_first: bool,
+    /// Hold the tree stopped (CRIU's `--leave-stopped`) until every page is
+    /// in and every stored byte proven, then let it run: an eager restore
+    /// whose memory criuz places itself. A bare tree only.
+    pub hold: bool,
 }
 
 impl LazyRestore<'_> {
@@ -289,7 +293,9 @@ impl LazyRestore<'_> {
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         let blocks = Blocks::new(self.source.clone());
-        let touch = touch_path(self.input);
+        // A held tree never runs before every page is in: no working set to
+        // learn from, nor to bring first.
+        let touch = if self.hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
         // With `verify_first`, every stored byte is proven before the tree
         // may run, beside the images being written (which decode and prove
@@ -304,21 +310,30 @@ impl LazyRestore<'_> {
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
-        let mut guard = Guard::start_for(self.victim)?;
+        let guard = Guard::start_for(self.victim)?;
         let (stop_tx, stop_rx) = UnixStream::pair()?;
         let abort = Abort::new()?;
         let victim = self.victim;
         let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded);
+        // Whether every stored byte proved good (set at once when proven first).
+        let proof_passed: OnceLock<bool> = OnceLock::new();
+        if self.verify_first {
+            let _ = proof_passed.set(true);
+        }
+        let resumed: OnceLock<Instant> = OnceLock::new();
         let (paged, proof, status, running, published) = std::thread::scope(|s| {
             s.spawn(|| blocks.decode_ahead());
             let proving = (!self.verify_first).then(|| {
                 s.spawn(|| {
-                    let proven = self.source.prove_stored();
+                    // Set however it ends: a held tree waits for it.
+                    let proving = std::panic::AssertUnwindSafe(|| self.source.prove_stored());
+                    let proven = std::panic::catch_unwind(proving).unwrap_or(Err(Error::Cancelled));
                     if let Err(e) = &proven {
                         // The pager fails with it, killing the tree, once
                         // CRIU has handed every userfaultfd over.
                         abort.fail(e.duplicate());
                     }
+                    let _ = proof_passed.set(proven.is_ok());
                     proven
                 })
             });
@@ -328,22 +343,53 @@ impl LazyRestore<'_> {
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
+                } else if pager.all_in() {
+                    // Held, it runs only with every page in and proven.
+                    let held = self.hold.then(|| *proof_passed.wait());
+                    if held == Some(false) {
+                        victim.kill();
+                    }
+                    // Every page is in: the userfaultfds (ours and the
+                    // guard's copies) are let go, so that pages left out as
+                    // zero read as zero from now on (without -d, CRIU waits
+                    // for the tree, and the tree must not wait for us).
+                    pager.let_go();
+                    guard.release();
+                    if held == Some(true) {
+                        let _ = resumed.set(Instant::now());
+                        victim.resume();
+                    }
                 }
                 r
             });
             let status = cmd.status();
-            let running = started.elapsed().as_secs_f64();
+            let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
+            let mut paging = Some(paging);
+            let mut paged = None;
             if status.as_ref().is_ok_and(|s| s.success()) {
-                // The tree runs while its pages still arrive.
-                published = on_running();
+                if self.hold {
+                    // Restored, held stopped: it runs once the pager is done.
+                    let r = paging.take().map_or(Err(Error::Cancelled), |p| p.join().unwrap_or(Err(Error::Cancelled)));
+                    if let Some(t) = resumed.get() {
+                        running = (*t - started).as_secs_f64();
+                        published = on_running();
+                    }
+                    paged = Some(r);
+                } else {
+                    // The tree runs while its pages still arrive.
+                    published = on_running();
+                }
             } else {
                 // The restore failed (or, without -d, the tree ended badly):
                 // nothing more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
             }
             let proof = proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled)));
-            (paging.join().unwrap_or(Err(Error::Cancelled)), proof, status, running, published)
+            let paged = paged
+                .or_else(|| paging.map(|p| p.join().unwrap_or(Err(Error::Cancelled))))
+                .unwrap_or(Err(Error::Cancelled));
+            (paged, proof, status, running, published)
         });
         if paged.is_err() || proof.is_err() {
             // Again, now that the restore has returned: the tree may not have
@@ -386,6 +432,19 @@ impl LazyRestore<'_> {
 
 /// Restores lazily: see the module documentation.
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
+    restore_through_pager(o, criu, false)
+}
+
+/// Restores eagerly, criuz placing the memory: CRIU restores the tree with
+/// lazy pages and leaves it stopped; criuz copies every page in (as a lazy
+/// restore's fill does, never through CRIU's pipe) and proves every stored
+/// byte meanwhile, and only then lets the tree run. No process runs with a
+/// page missing or unproven; a failure kills the tree before it ran.
+pub fn restore_placed(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
+    restore_through_pager(o, criu, true)
+}
+
+fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<LazyReport> {
     let started = Instant::now();
     let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
     let archive = crate::archive::open(&o.input, &how)?;
@@ -396,7 +455,10 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
     }
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");
-    let cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
+    let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
+    if hold {
+        cmd.arg("--leave-stopped");
+    }
     let victim = Victim::Tree(pids);
     let lazy = LazyRestore {
         source,
@@ -405,6 +467,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
         work: work.path(),
         victim: &victim,
         verify_first: o.verify_first,
+        hold,
     };
     let (status, mut report) = lazy.run(cmd, started, || publish_pidfile(&pidfile, o.pidfile.as_deref()))?;
     if o.detach && !status.success() {

@@ -291,6 +291,18 @@ impl<'a> Pager<'a> {
         Ok(())
     }
 
+    /// Closes its userfaultfds: with every page in place, a page left out
+    /// of the lazy pagemap as zero then reads as zero instead of waiting
+    /// for a copy that will not come.
+    pub(crate) fn let_go(&mut self) {
+        self.spaces.clear();
+    }
+
+    /// Whether every lazy page is in place.
+    pub(crate) fn all_in(&self) -> bool {
+        self.report.resident.is_some()
+    }
+
     pub(crate) fn into_report(self) -> PagerReport {
         self.report
     }

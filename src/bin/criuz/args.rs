@@ -200,6 +200,12 @@ pub enum Cmd {
         /// kills it); the process then starts later
         #[arg(long, requires = "lazy")]
         verify_first: bool,
+        /// How an eager restore's memory comes back: stream (through CRIU's
+        /// image stream) or place (criuz copies every page in with
+        /// userfaultfd while CRIU holds the restored tree stopped, then lets
+        /// it run)
+        #[arg(long, value_enum, default_value = "stream", conflicts_with = "lazy")]
+        fill: Fill,
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
@@ -395,6 +401,13 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     };
     let n: usize = num.parse().map_err(|_| format!("not a size: {s:?} (use e.g. 256K or 1M)"))?;
     n.checked_mul(mul).ok_or_else(|| format!("size too large: {s}"))
+}
+
+/// How an eager restore's memory comes back (`--fill`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Fill {
+    Stream,
+    Place,
 }
 
 /// `--pipe-buffer`: a size, as `parse_size` reads it.

@@ -1,7 +1,7 @@
 //! One short function per command: flags to the library's option types,
 //! one library call, the result printed.
 
-use crate::args::{location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, KeyArgs, ParentArgs, ThreadArgs};
+use crate::args::{location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, Fill, KeyArgs, ParentArgs, ThreadArgs};
 use crate::containers;
 use crate::print::{self, human, out, rate};
 use anyhow::{Context, Result};
@@ -12,6 +12,7 @@ use criuz::progress::{Meter, Progress, Ticker};
 use criuz::session::checkpoint::{self, DumpOptions};
 use criuz::session::criu_run::RestoreOptions;
 
+use criuz::session::restore::How;
 use criuz::session::standalone;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             keep_zero_pages,
             lazy,
             verify_first,
+            fill,
             json,
             pidfile,
             parents,
@@ -61,7 +63,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 meter: Some(Meter::new()),
                 verify_first,
             };
-            return restore(&o, lazy, json, &criu, &threads);
+            let how = match (lazy, fill) {
+                (true, _) => How::Lazy,
+                (false, Fill::Stream) => How::Stream,
+                (false, Fill::Place) => How::Placed,
+            };
+            return restore(&o, how, json, &criu, &threads);
         }
         Cmd::Capture { dir, output, force, write, absorb } => capture(&dir, &output, force, &write, &absorb)?,
         Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads, keys } => {
@@ -212,12 +219,12 @@ fn dump(mut o: DumpOptions, criu: &CriuArgs, json: bool, write: &ArchiveArgs, ab
     Ok(())
 }
 
-fn restore(o: &RestoreOptions, lazy: bool, json: bool, criu: &CriuArgs, threads: &ThreadArgs) -> Result<ExitCode> {
+fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &ThreadArgs) -> Result<ExitCode> {
     let c = criu.locate()?;
     let meter = o.meter.clone().unwrap_or_default();
-    // The lazy restore reports its own stages; the eager one's progress is the pages served.
-    let ticker = (!lazy).then(|| Ticker::start(move || meter.restore_line()));
-    let r = criuz::session::restore::restore(o, lazy, &threads.options(), &c);
+    // A streamed restore's progress is the pages served; the others report their own stages.
+    let ticker = (how == How::Stream).then(|| Ticker::start(move || meter.restore_line()));
+    let r = criuz::session::restore::restore(o, how, &threads.options(), &c);
     drop(ticker);
     let r = r?;
     if json {

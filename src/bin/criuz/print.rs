@@ -181,6 +181,15 @@ pub fn restored(input: &Location, r: &Restored) {
                 );
             }
         }
+        Restored::Placed(r) => {
+            if let Some(pid) = r.pid {
+                eprintln!(
+                    "restored {pid} from {input}: every page placed by criuz, running after {:.2}s \
+                     ({} pages restored by CRIU, {} copied in)",
+                    r.running_seconds, r.eager_pages, r.lazy_pages
+                );
+            }
+        }
         Restored::Eager(r) => {
             if let Some(pid) = r.pid {
                 eprintln!(
