@@ -356,6 +356,12 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
     Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage })
 }
 
+/// Where `dump` stored the checkpoint of `cfg` (a file or a directory);
+/// `None` when it is in object storage.
+pub fn checkpoint_path(cfg: Config, env: &Env, p: &Place) -> Option<PathBuf> {
+    (!cfg.uses_s3()).then(|| p.store.join(cfg.checkpoint_file(env.link.is_some())))
+}
+
 /// Restores from the checkpoint `dump` stored; returns once CRIU reports the
 /// process tree restored (it runs detached, re-parented to the bench).
 pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {

@@ -251,7 +251,15 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     }
     let dumped_cpu = if all_ours { (cpu_after - cpu_before).max(0.0) } else { 0.0 };
 
+    // Cold: the disk's plain sequential read of the same checkpoint first,
+    // then the restore, each from a dropped page cache.
+    let mut disk_read_bps = None;
     if ctx.cold {
+        if let Some(path) = config::checkpoint_path(cfg, ctx.env, &place) {
+            proc::drop_caches()?;
+            let (n, secs) = proc::read_through(&path)?;
+            disk_read_bps = Some(n as f64 / secs.max(1e-9));
+        }
         proc::drop_caches()?;
     }
     let r = config::restore(cfg, ctx.env, &place)?;
@@ -276,6 +284,8 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         cpu_s: d.usage.cpu_s + dumped_cpu + r.usage.cpu_s + restored_cpu,
         peak_rss_kib: d.usage.maxrss_kib.max(r.usage.maxrss_kib),
         dump_rss_kib: d.usage.maxrss_kib,
+        cold_read_bps: disk_read_bps.map(|_| d.bytes as f64 / r.restore_s.max(1e-9)),
+        disk_read_bps,
     })
 }
 

@@ -496,6 +496,35 @@ pub fn drop_caches() -> Result<()> {
         .map_err(|e| Error::Invalid(format!("cannot drop the page cache (/proc/sys/vm/drop_caches): {e}")))
 }
 
+/// Reads every file under `path` (a file or a directory) front to back
+/// through a 1 MiB buffer, as `cat` would: the device's plain sequential
+/// read rate when the page cache was dropped first. Returns the bytes read
+/// and the seconds it took.
+pub fn read_through(path: &Path) -> Result<(u64, f64)> {
+    fn walk(p: &Path, buf: &mut [u8], total: &mut u64) -> Result<()> {
+        let meta = std::fs::symlink_metadata(p).map_err(|e| Error::file(p, e))?;
+        if meta.is_dir() {
+            for e in std::fs::read_dir(p).map_err(|e| Error::file(p, e))?.flatten() {
+                walk(&e.path(), buf, total)?;
+            }
+        } else if meta.is_file() {
+            let mut f = std::fs::File::open(p).map_err(|e| Error::file(p, e))?;
+            loop {
+                match std::io::Read::read(&mut f, buf).map_err(|e| Error::file(p, e))? {
+                    0 => break,
+                    n => *total += n as u64,
+                }
+            }
+        }
+        Ok(())
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0;
+    let t = std::time::Instant::now();
+    walk(path, &mut buf, &mut total)?;
+    Ok((total, t.elapsed().as_secs_f64()))
+}
+
 /// A tmpfs mounted for the run, unmounted on drop.
 pub struct Tmpfs(PathBuf);
 

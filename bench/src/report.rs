@@ -18,6 +18,13 @@ pub struct Sample {
     /// The dump's alone (with `--absorb`, criuz holds the pages CRIU wrote
     /// until they are compressed).
     pub dump_rss_kib: u64,
+    /// With `--cold`: the checkpoint's bytes over the restore's seconds, and
+    /// a plain sequential read of the same checkpoint (bytes per second),
+    /// both from a dropped page cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold_read_bps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_read_bps: Option<f64>,
 }
 
 /// Everything measured for one workload x configuration.
@@ -133,6 +140,12 @@ pub struct ResultJson {
     /// Largest over the runs: dump or restore, and the dump's alone.
     pub peak_rss_kib: Option<u64>,
     pub dump_rss_kib: Option<u64>,
+    /// With `--cold`: the restore's read rate (checkpoint bytes / restore
+    /// seconds) and the plain sequential read rate of the same checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold_read_bps: Option<Figure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_read_bps: Option<Figure>,
     pub failures: Vec<String>,
     pub samples: Vec<Sample>,
 }
@@ -179,6 +192,8 @@ impl ResultJson {
             ratio: bytes.zip(raw_bytes).map(|(b, r)| b as f64 / r.max(1) as f64),
             peak_rss_kib: if ok { p.samples.iter().map(|s| s.peak_rss_kib).max() } else { None },
             dump_rss_kib: if ok { p.samples.iter().map(|s| s.dump_rss_kib).max() } else { None },
+            cold_read_bps: fig(&|s| s.cold_read_bps),
+            disk_read_bps: fig(&|s| s.disk_read_bps),
             failures: p.failures.clone(),
             samples: p.samples.clone(),
         }
@@ -211,6 +226,7 @@ pub fn table(results: &[ResultJson]) -> String {
         "cpu s",
         "dump RSS MiB",
         "peak RSS MiB",
+        "cold read MB/s (disk)",
         "intact",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
@@ -234,6 +250,10 @@ pub fn table(results: &[ResultJson]) -> String {
             fmt_fig(r.cpu_s, r.runs),
             r.dump_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
+            match (r.cold_read_bps, r.disk_read_bps) {
+                (Some(c), Some(d)) => format!("{:.0} ({:.0})", c.median / 1e6, d.median / 1e6),
+                _ => "-".into(),
+            },
             "yes".into(),
         ]);
     }
