@@ -8,11 +8,14 @@
 //! Submitting blocks while the window is full, so a slow consumer paces the
 //! producers (and, through them, CRIU) instead of growing queues.
 //!
-//! A [`Hold`] keeps the workers idle while a producer must have the cores to
-//! itself (CRIU writing a frozen process's pages): they take jobs only when
-//! the queue passes its high-water mark, and freely once the hold is
-//! released or every submitter is gone. Work done under the hold is work
-//! done under backlog, which [`Hold::is_held`] lets the job know.
+//! A [`Hold`] keeps the workers idle while a producer must have the cores
+//! it needs (CRIU writing a frozen process's pages): they take jobs only
+//! when the queue passes its high-water mark, and freely once the hold is
+//! released or every submitter is gone. A hold may leave some workers free
+//! (the cores the producer does not need): they work as jobs arrive, so
+//! the queue grows only by what they cannot keep up with. Work a held
+//! worker does under the hold is work done under backlog, which
+//! [`Hold::hurried`] lets the job know.
 
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -38,6 +41,19 @@ pub fn default_absorb() -> usize {
     usize::try_from(quarter).unwrap_or(usize::MAX).max(DEFAULT_MEMORY_BUDGET)
 }
 
+/// Cores a dump leaves to CRIU and to criuz's own threads that take its
+/// pages in while it writes (CRIU writes from one thread; the pipes are
+/// drained by another).
+pub const CAPTURE_CORES: usize = 2;
+
+/// Workers of `threads` that compress while CRIU still writes, on the cores
+/// it leaves spare: none on 2 cores (the process would be frozen longer),
+/// 14 of 16 on 16. What they cannot keep up with is absorbed (the budget),
+/// and held workers join only when it is nearly spent.
+pub fn free_while_capturing(threads: usize) -> usize {
+    threads.min(default_threads().saturating_sub(CAPTURE_CORES))
+}
+
 /// Number of worker threads to use when the user did not say: all cores.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -53,14 +69,33 @@ pub fn window_for(budget: usize, block_size: usize, threads: usize) -> usize {
 #[derive(Default)]
 pub struct Hold {
     held: AtomicBool,
+    /// Workers (the first ones) that the hold never holds.
+    free: usize,
     lock: Mutex<()>,
     turn: Condvar,
+}
+
+thread_local! {
+    /// Whether this thread is a worker its hold leaves free.
+    static FREE_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Hold {
     /// A hold in force from the start.
     pub fn new() -> Arc<Hold> {
-        Arc::new(Hold { held: AtomicBool::new(true), ..Hold::default() })
+        Hold::with_free(0)
+    }
+
+    /// A hold in force from the start that leaves the first `free` workers
+    /// free.
+    pub fn with_free(free: usize) -> Arc<Hold> {
+        Arc::new(Hold { held: AtomicBool::new(true), free, ..Hold::default() })
+    }
+
+    /// Whether the calling worker runs under backlog: held, it was started
+    /// only because the queue neared full.
+    pub fn hurried(&self) -> bool {
+        self.is_held() && !FREE_WORKER.with(|f| f.get())
     }
 
     /// A hold that never holds.
@@ -229,9 +264,13 @@ where
             std::thread::Builder::new()
                 .name(format!("criuz-worker-{i}"))
                 .spawn(move || {
+                    let free = i < hold.free;
+                    FREE_WORKER.with(|f| f.set(free));
                     let mut state = init();
                     loop {
-                        hold.wait_turn(&|| job_rx.len(), high_water);
+                        if !free {
+                            hold.wait_turn(&|| job_rx.len(), high_water);
+                        }
                         let Ok((seq, job)) = job_rx.recv() else { break };
                         if res_tx.send((seq, work(&mut state, job))).is_err() {
                             break;
@@ -338,6 +377,42 @@ mod tests {
         drop(sub);
         assert_eq!(col.collect::<Vec<_>>(), (1..6).collect::<Vec<_>>());
         assert_eq!(ran.load(Ordering::SeqCst), 6);
+    }
+
+    #[test]
+    fn a_free_worker_runs_while_held_and_is_not_hurried() {
+        // One free worker of two: below high water it takes every job, and
+        // knows it does not work under backlog.
+        let (sub, mut col) = start_held(2, 8, Hold::with_free(1), || (), |_, x: u32| x);
+        for i in 0..3 {
+            sub.submit(i).unwrap();
+        }
+        let got: Vec<u32> = (0..3)
+            .map(|_| {
+                (0..400)
+                    .find_map(|_| {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        col.try_next()
+                    })
+                    .expect("a free worker took the job below high water")
+            })
+            .collect();
+        assert_eq!(got, vec![0, 1, 2]);
+        let hold = Hold::with_free(1);
+        let (sub, col) = start_held(2, 8, hold.clone(), || (), {
+            let hold = hold.clone();
+            move |_, x: u32| (x, hold.hurried())
+        });
+        let mut col = col;
+        sub.submit(9).unwrap();
+        // Still held (the submitter lives): only the free worker can run it.
+        let done = (0..400).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            col.try_next()
+        });
+        assert_eq!(done, Some((9, false)), "the free worker ran it under the hold, not hurried");
+        assert!(hold.is_held());
+        drop(sub);
     }
 
     #[test]

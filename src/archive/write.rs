@@ -102,7 +102,11 @@ impl Packer {
             _ => None,
         };
         let block_key = sealing.as_ref().map(|(k, _)| k.clone());
-        let hold = if opts.absorb_first { engine::Hold::new() } else { engine::Hold::released() };
+        let hold = if opts.absorb_first {
+            engine::Hold::with_free(engine::free_while_capturing(opts.threads))
+        } else {
+            engine::Hold::released()
+        };
         let backlog = hold.clone();
         let (submitter, collector) = engine::start_held(
             opts.threads,
@@ -114,7 +118,7 @@ impl Packer {
                 PackJob::Block { key, data, page_aware, block } => {
                     // A held worker runs only when the budget is nearly
                     // spent: catch up fast rather than stall CRIU.
-                    let hurried = backlog.is_held();
+                    let hurried = backlog.hurried();
                     enc.hurry(hurried);
                     let mut encoded = match (&dedup, page_aware) {
                         (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
