@@ -403,7 +403,12 @@ impl LazyRestore<'_> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
-        paged.and(proof).map_err(|e| e.context("lazy restore failed, restored tree killed".to_string()))?;
+        let failed = if self.hold {
+            "restore failed, held tree killed before it ran"
+        } else {
+            "lazy restore failed, restored tree killed"
+        };
+        paged.and(proof).map_err(|e| e.context(failed.to_string()))?;
         published?;
         // Beside the archive, where the archive's directory allows it: a
         // read-only place costs the next restore its head start, not this one.
