@@ -472,3 +472,35 @@ fn without_detach_the_restored_tree_reads_its_zero_pages_once_all_are_in() {
         std::fs::remove_file(&arc).unwrap();
     }
 }
+
+#[test]
+fn a_restore_retried_right_after_a_failed_one_succeeds() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("good.czr");
+    let bad = tmp.path().join("bad.czr");
+    let mut w = Workload::start(Spec { mib: 16, pattern: "mixed", ..Default::default() });
+    let before = w.sums();
+    dump(&w, &arc);
+    w.reap_original();
+    // A page block damaged three quarters in: CRIU has forked the tree when
+    // it is found, and CRIU leaves the tree's corpses behind. criuz, their
+    // subreaper, reaps them before it returns, so the pids are free again.
+    let mut bytes = std::fs::read(&arc).unwrap();
+    let b = page_block_three_quarters_in(&bytes, Some(1));
+    bytes[b.start + b.len - 17] ^= 0x10;
+    std::fs::write(&bad, &bytes).unwrap();
+    let rounds: Vec<&[&str]> =
+        std::iter::repeat_n(&[][..], 20).chain([&["--fill", "place"][..], &["--fill", "place"], &["--lazy"]]).collect();
+    for (round, how) in rounds.into_iter().enumerate() {
+        let out = criuz(&[&["restore", "-d", "-i", bad.to_str().unwrap()][..], how].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "round {round} {how:?}: {err}");
+        let out = criuz(&[&["restore", "-d", "-i", arc.to_str().unwrap()][..], how].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "round {round} {how:?}: the retry failed: {err}");
+        assert_eq!(w.sums(), before, "round {round} {how:?}: restored memory differs");
+        w.stop();
+    }
+}

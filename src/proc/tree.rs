@@ -36,14 +36,34 @@ fn is_zombie(stat: &str) -> bool {
     stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
 }
 
+/// Makes criuz the child subreaper of what it starts: what CRIU leaves of a
+/// tree it began to restore and abandoned becomes criuz's to reap, not
+/// init's (which may reap it late, or, in many containers, never), so a
+/// failed restore returns with the tree's pids free (`end_aborted_tree`).
+/// A restored tree that outlives criuz goes on to init (or the next
+/// subreaper up) when criuz exits, as before.
+pub(crate) fn become_subreaper() {
+    // SAFETY: prctl with constant arguments; it only changes who inherits
+    // our orphaned descendants.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
 /// After an aborted restore: CRIU kills the tree it had begun but does not
 /// wait for it, so criuz waits until none of the tree's pids (free before
-/// the restore) runs, killing what is still running after a second.
-/// "Exit 3, nothing runs" then holds when criuz returns.
+/// the restore) is taken, reaping those that are its own zombies (it is
+/// the subreaper of the restore, `become_subreaper`) and killing what still
+/// runs after a second; it gives up after five. "Exit 3, nothing runs, the
+/// pids are free" then holds when criuz returns, so a restore retried at
+/// once can have them.
 pub(crate) fn end_aborted_tree(pids: &[i32]) {
-    let running = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !is_zombie(&s));
+    let taken = |p: &i32| {
+        // SAFETY: a non-blocking wait for one pid; for a process that is not
+        // our child it fails with ECHILD and changes nothing.
+        unsafe { libc::waitpid(*p, std::ptr::null_mut(), libc::WNOHANG) };
+        exists(*p)
+    };
     let t = Instant::now();
-    while pids.iter().any(running) {
+    while pids.iter().any(taken) {
         if t.elapsed() > std::time::Duration::from_secs(1) {
             kill_tree(pids);
         }

@@ -264,6 +264,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     };
     let source = crate::archive::open(&o.input, &how)?;
     let tree = check_pids_free(&*source)?;
+    tree::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");

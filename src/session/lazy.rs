@@ -454,6 +454,7 @@ fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<
     let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
     let archive = crate::archive::open(&o.input, &how)?;
     let pids = check_pids_free(&*archive)?;
+    crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
     if pids.is_empty() {
         return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
