@@ -456,3 +456,39 @@ fn a_dump_that_fails_after_criu_resumes_the_process() {
     assert_eq!(w.sums(), before, "the resumed process's memory changed");
     w.stop();
 }
+
+/// A dump takes its absorb memory from the machine's share, which every
+/// criuz on the machine draws on (`/run/criuz`, grants held by `flock`):
+/// alone it gets about what the tree holds; while another criuz holds the
+/// whole share it compresses as CRIU writes, within the pipeline's own
+/// memory, and the archive restores intact.
+#[test]
+fn a_dump_takes_its_absorb_memory_from_the_machine_share() {
+    use std::os::fd::AsRawFd;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "mixed", mib: 96, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let pipeline = 64u64 << 20;
+    let alone = dump(&w, &tmp.path().join("alone.czr"), &["--leave-running"]);
+    let granted = alone["absorb_budget"].as_u64().unwrap();
+    assert!(granted > pipeline + (48 << 20) && granted < pipeline + (1 << 30), "{alone}");
+
+    // Another criuz holding the whole share (a grant file it keeps locked).
+    std::fs::create_dir_all("/run/criuz").unwrap();
+    let other = std::path::Path::new("/run/criuz").join(format!("grant-test-{}", std::process::id()));
+    std::fs::write(&other, format!("{}", u64::MAX / 4)).unwrap();
+    let held = std::fs::File::open(&other).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let arc = tmp.path().join("squeezed.czr");
+    let squeezed = dump(&w, &arc, &[]);
+    drop(held);
+    let _ = std::fs::remove_file(&other);
+    assert_eq!(squeezed["absorb_budget"].as_u64(), Some(pipeline), "{squeezed}");
+    w.reap_original();
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}

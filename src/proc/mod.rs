@@ -5,7 +5,8 @@
 //! finds the cgroup v2 group of a container that may be killed whole;
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
-//! TCP_CORK taken off through pidfd_getfd).
+//! TCP_CORK taken off through pidfd_getfd); `budget` is the machine-wide
+//! memory share every criuz's absorb memory comes from.
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -13,8 +14,9 @@
 //! answer is harmless or is checked again. Unsafe code (system calls) lives
 //! here rather than in the sessions, every block with the reason it is
 //! sound. Nothing here knows about archives or sessions: `proc` imports
-//! only `error` and `criu::scm`.
+//! only `error`, `criu::scm` and `io::leftover`.
 
+pub mod budget;
 pub mod cgroup;
 pub mod guard;
 pub mod socket;

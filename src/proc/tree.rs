@@ -74,6 +74,21 @@ pub(crate) fn end_aborted_tree(pids: &[i32]) {
     }
 }
 
+/// Resident bytes of the tree rooted at `pid` (VmRSS summed; pages shared
+/// between its processes counted each time): about the most a dump of it
+/// can hold.
+pub(crate) fn resident_bytes(pid: i32) -> usize {
+    tree_pids(&[pid])
+        .iter()
+        .filter_map(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<usize>().ok()
+        })
+        .map(|kib| kib.saturating_mul(1024))
+        .sum()
+}
+
 /// Whether `pid` is `ancestor` or below it (parents through /proc).
 pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..4096 {

@@ -23,6 +23,7 @@ use crate::criu::Criu;
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::io::{Location, Output};
+use crate::proc::budget;
 use crate::proc::guard::Guard;
 use crate::proc::tree::{self, end_aborted_tree};
 use crate::progress::Meter;
@@ -73,6 +74,9 @@ pub struct DumpReport {
     /// Why that rewrite failed; the hurried archive stands.
     pub recompress_failed: Option<String>,
     pub criu_stats: Option<CriuDumpStats>,
+    /// Bytes of CRIU's pages the dump could hold uncompressed: the
+    /// pipeline's own, plus what it was granted of the machine's share.
+    pub absorb_budget: u64,
     #[serde(skip)]
     pub pack: PackStats,
 }
@@ -118,6 +122,21 @@ pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
     Ok(stats)
 }
 
+/// The options a dump runs with, and what it was granted: its absorb memory
+/// beyond the pipeline's own comes from the machine's share
+/// (`proc::budget`), no more than the tree holds, so concurrent dumps stay
+/// within the share together; what is not granted is compressed as it
+/// comes (as with `--absorb 0`).
+fn granted(opts: &Options, pid: i32) -> (Options, budget::Grant) {
+    if !opts.absorb_first {
+        return (opts.clone(), budget::Grant::none());
+    }
+    let wanted = opts.memory_budget.saturating_sub(engine::DEFAULT_MEMORY_BUDGET);
+    let grant = budget::reserve(wanted.min(tree::resident_bytes(pid)));
+    let memory_budget = engine::DEFAULT_MEMORY_BUDGET + grant.bytes;
+    (Options { memory_budget, absorb_first: grant.bytes > 0, ..opts.clone() }, grant)
+}
+
 /// A process that CRIU could dump: one that exists.
 fn check_dumpable(pid: i32) -> Result<()> {
     if !tree::exists(pid) {
@@ -130,6 +149,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
     check_dumpable(o.pid)?;
+    let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;
     let work = WorkDir::new("criuz-dump-")?;
@@ -235,6 +255,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         recompressed,
         recompress_failed,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
+        absorb_budget: archive.memory_budget as u64,
         pack,
     })
 }
