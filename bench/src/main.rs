@@ -12,6 +12,7 @@ mod containers;
 mod error;
 mod incremental;
 mod lazy;
+mod load;
 mod plot;
 mod proc;
 mod report;
@@ -99,6 +100,12 @@ pub struct BenchArgs {
     /// Where to put checkpoints and scratch files (on the disk to measure)
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub work_dir: PathBuf,
+    /// Instead of the comparison: an eviction wave of N processes of each
+    /// workload (criuz-lz4): N dumps started together, then N restores,
+    /// against the same work one at a time; peak RSS of the criuz processes
+    /// added up, against the machine share of memory they draw on
+    #[arg(long, value_name = "N", conflicts_with_all = ["incremental", "lazy", "containers"])]
+    pub load: Option<usize>,
     /// Pin the whole run (this process, CRIU, criuz, the workloads) to the
     /// first N of the CPUs it may use, to show scaling (e.g. 1, 2, 4, 8, 16)
     #[arg(long, value_name = "N")]
@@ -474,6 +481,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None
     };
     let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone(), key };
+    if let Some(n) = args.load {
+        let mut rows = Vec::new();
+        for w in &plan.workloads {
+            eprintln!("bench: load: {n} x {w}, {} MiB", plan.mib);
+            let row = load::measure(w, n, plan.mib, work.path(), &tools, &env)?;
+            if !row.intact {
+                return Err(Error::Invalid(format!("{w}: a restore under load is not intact")));
+            }
+            rows.push(row);
+        }
+        print!("{}", load::table(&rows));
+        if let Some(path) = &args.json {
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "load": rows }))?;
+        }
+        return Ok(());
+    }
     let ctx = Ctx {
         env: &env,
         tools: &tools,
