@@ -28,7 +28,9 @@ if [ "$(id -u)" -eq 0 ]; then
   if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png" &&
     ./target/release/criuz-bench --quick --incremental --workloads mixed,redis --json "$out/incremental.json" &&
     ./target/release/criuz-bench --quick --workloads mixed --configs criuz-s3,criuz+boto3 --json "$out/s3.json" &&
-    ./target/release/criuz-bench --quick --containers --json "$out/containers.json"; then
+    ./target/release/criuz-bench --quick --containers --json "$out/containers.json" &&
+    ./target/release/criuz-bench --quick --workloads mixed --configs criuz-lz4-place,criuz-zstd-place --cold --json "$out/place.json" &&
+    ./target/release/criuz-bench --quick --load 2 --workloads mixed --json "$out/load.json"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))

@@ -39,11 +39,12 @@ fn place(work: &Path, i: usize) -> Result<Place> {
     Ok(Place { store, logs, key: format!("load-{i}.czr") })
 }
 
-/// Starts `n` workloads and fingerprints them.
-fn start(w: &str, n: usize, mib: u64, work: &Path, tools: &Tools) -> Result<Vec<(Running, String)>> {
+/// Starts `n` workloads (in directories of their own, named by `phase`)
+/// and fingerprints them.
+fn start(w: &str, n: usize, mib: u64, work: &Path, phase: &str, tools: &Tools) -> Result<Vec<(Running, String)>> {
     (0..n)
         .map(|i| {
-            let mut app = Running::start(w, mib, &work.join(format!("app-{i}")), tools)?;
+            let mut app = Running::start(w, mib, &work.join(format!("app-{phase}-{i}")), tools)?;
             let sum = app.fingerprint()?;
             Ok((app, sum))
         })
@@ -73,7 +74,7 @@ pub fn measure(w: &str, n: usize, mib: u64, work: &Path, tools: &Tools, env: &En
     let places: Vec<Place> = (0..n).map(|i| place(work, i)).collect::<Result<_>>()?;
 
     // The wave: N dumps at once, then N restores at once.
-    let apps = start(w, n, mib, work, tools)?;
+    let apps = start(w, n, mib, work, "wave", tools)?;
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
     let t = Instant::now();
@@ -100,7 +101,7 @@ pub fn measure(w: &str, n: usize, mib: u64, work: &Path, tools: &Tools, env: &En
         let _ = std::fs::remove_dir_all(&p.store);
     }
     let places: Vec<Place> = (0..n).map(|i| place(work, i)).collect::<Result<_>>()?;
-    let apps = start(w, n, mib, work, tools)?;
+    let apps = start(w, n, mib, work, "serial", tools)?;
     for ((app, _), p) in apps.iter().zip(&places) {
         // SAFETY: as above.
         unsafe { libc::sync() };
