@@ -131,9 +131,14 @@ fn granted(opts: &Options, pid: i32) -> (Options, budget::Grant) {
     if !opts.absorb_first {
         return (opts.clone(), budget::Grant::none());
     }
+    // A budget counts each block's input and output, and held workers start
+    // at three quarters of it: three times what the tree holds absorbs all
+    // of it. What it can hold of CRIU's pages is half its budget, and that
+    // is what the machine's share gives.
     let wanted = opts.memory_budget.saturating_sub(engine::DEFAULT_MEMORY_BUDGET);
-    let grant = budget::reserve(wanted.min(tree::resident_bytes(pid)));
-    let memory_budget = engine::DEFAULT_MEMORY_BUDGET + grant.bytes;
+    let wanted = wanted.min(tree::resident_bytes(pid).saturating_mul(3));
+    let grant = budget::reserve(wanted / 2);
+    let memory_budget = engine::DEFAULT_MEMORY_BUDGET + 2 * grant.bytes;
     (Options { memory_budget, absorb_first: grant.bytes > 0, ..opts.clone() }, grant)
 }
 
