@@ -36,7 +36,7 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{end_aborted_tree, kill_tree, signal_tree};
+use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -87,22 +87,28 @@ impl Victim {
     }
 
     /// Waits (a few seconds at most) until it is gone, killing it again
-    /// after a second.
-    pub fn wait_gone(&self) {
+    /// after a second. Says how the processes criuz reaped ended (a tree's,
+    /// with criuz its subreaper; nothing of a container).
+    pub fn wait_gone(&self) -> String {
         match self {
-            Victim::Tree(pids) => end_aborted_tree(pids),
+            Victim::Tree(pids) => {
+                let ended = end_aborted_tree(pids);
+                let said: Vec<String> = ended.iter().map(|(p, st)| format!("pid {p} {}", describe_end(*st))).collect();
+                said.join(", ")
+            }
             Victim::Cgroup(c) => {
-                let Some(procs) = c.get().map(|k| k.with_file_name("cgroup.procs")) else { return };
+                let Some(procs) = c.get().map(|k| k.with_file_name("cgroup.procs")) else { return String::new() };
                 let t = std::time::Instant::now();
                 while std::fs::read_to_string(&procs).is_ok_and(|s| !s.trim().is_empty()) {
                     if t.elapsed() > std::time::Duration::from_secs(1) {
                         self.kill();
                     }
                     if t.elapsed() > std::time::Duration::from_secs(5) {
-                        return;
+                        break;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
+                String::new()
             }
         }
     }

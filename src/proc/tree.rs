@@ -54,23 +54,38 @@ pub(crate) fn become_subreaper() {
 /// the subreaper of the restore, `become_subreaper`) and killing what still
 /// runs after a second; it gives up after five. "Exit 3, nothing runs, the
 /// pids are free" then holds when criuz returns, so a restore retried at
-/// once can have them.
-pub(crate) fn end_aborted_tree(pids: &[i32]) {
-    let taken = |p: &i32| {
+/// once can have them. Returns how those criuz reaped ended (pid, wait
+/// status): a tree that was killed, not one that crashed on a page.
+pub(crate) fn end_aborted_tree(pids: &[i32]) -> Vec<(i32, i32)> {
+    let mut ended = Vec::new();
+    let mut taken = |p: &i32| {
+        let mut status = 0;
         // SAFETY: a non-blocking wait for one pid; for a process that is not
         // our child it fails with ECHILD and changes nothing.
-        unsafe { libc::waitpid(*p, std::ptr::null_mut(), libc::WNOHANG) };
+        if unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) } == *p {
+            ended.push((*p, status));
+        }
         exists(*p)
     };
     let t = Instant::now();
-    while pids.iter().any(taken) {
+    while pids.iter().fold(false, |any, p| taken(p) | any) {
         if t.elapsed() > std::time::Duration::from_secs(1) {
             kill_tree(pids);
         }
         if t.elapsed() > std::time::Duration::from_secs(5) {
-            return;
+            break;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    ended
+}
+
+/// How a reaped process ended, in words ("killed by signal 9").
+pub(crate) fn describe_end(status: i32) -> String {
+    if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
     }
 }
 

@@ -3,9 +3,10 @@
 //!
 //! The pager (`session::pager`) fills memory in address order while faults
 //! land anywhere, so a block would be decoded again at every switch without
-//! a cache. Bounded in bytes, least recently used first out; a second thread
-//! decodes the blocks after the one the fill last asked for, so the fill's
-//! thread mostly copies.
+//! a cache. Bounded in bytes, least recently used first out; decoder threads
+//! (one while the tree runs, leaving a core to it; every core while it is
+//! held stopped) decode the blocks after the one the fill last asked for,
+//! each a block no other is decoding, so the fill's thread mostly copies.
 
 use crate::archive::BlockSource;
 use crate::codec::Decoder;
@@ -25,9 +26,11 @@ struct Cache {
     blocks: HashMap<Key, Arc<Vec<u8>>>,
     order: std::collections::VecDeque<Key>,
     bytes: usize,
-    /// The last block asked for, and whether the decoder should stop.
+    /// The last block asked for, and whether the decoders should stop.
     cursor: Option<Key>,
     done: bool,
+    /// Blocks a decoder thread is decoding now.
+    decoding: std::collections::HashSet<Key>,
 }
 
 impl Cache {
@@ -111,6 +114,10 @@ impl Blocks {
             if fill {
                 c.cursor = Some(k);
             }
+            // A decoder thread at work on it: wait rather than decode twice.
+            while c.decoding.contains(&k) && !c.blocks.contains_key(&k) {
+                c = self.wake.wait(c).expect("cache lock");
+            }
             c.get(k)
         };
         if fill {
@@ -161,18 +168,26 @@ impl Blocks {
                 continue;
             };
             let n = self.starts(file).len();
-            let next = (i + 1..(i + 1 + DECODE_AHEAD).min(n)).find(|&j| !c.blocks.contains_key(&(file, j)));
+            let next = (i + 1..(i + 1 + DECODE_AHEAD).min(n))
+                .find(|&j| !c.blocks.contains_key(&(file, j)) && !c.decoding.contains(&(file, j)));
             let Some(j) = next else {
                 c = self.wake.wait(c).expect("cache lock");
                 continue;
             };
+            c.decoding.insert((file, j));
             drop(c);
             let got = self.decode(&mut dec, (file, j));
             c = self.cache.lock().expect("cache lock");
-            match got {
-                Ok(d) => c.put((file, j), d),
+            c.decoding.remove(&(file, j));
+            let failed = got.is_err();
+            if let Ok(d) = got {
+                c.put((file, j), d);
+            }
+            // Whoever waits for this block (or for work) looks again.
+            self.wake.notify_all();
+            if failed {
                 // Leave it to the request path; wait for the next request.
-                Err(_) => c = self.wake.wait(c).expect("cache lock"),
+                c = self.wake.wait(c).expect("cache lock");
             }
         }
     }

@@ -323,7 +323,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let report = match served {
         Err(e) => {
-            end_aborted_tree(&tree);
+            let _ = end_aborted_tree(&tree);
             let log = work.save_log("restore.log");
             return Err(e.context(format!("restore aborted (CRIU log: {})", log.display())));
         }

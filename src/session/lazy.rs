@@ -321,8 +321,14 @@ impl LazyRestore<'_> {
             let _ = proof_passed.set(true);
         }
         let resumed: OnceLock<Instant> = OnceLock::new();
+        // Decoders: every core while the tree is held (nothing else runs),
+        // one less while it runs (a core for the tree).
+        let cores = crate::engine::default_threads();
+        let decoders = if self.hold { cores } else { cores.saturating_sub(1) }.max(1);
         let (paged, proof, status, running, published) = std::thread::scope(|s| {
-            s.spawn(|| blocks.decode_ahead());
+            for _ in 0..decoders {
+                s.spawn(|| blocks.decode_ahead());
+            }
             let proving = (!self.verify_first).then(|| {
                 s.spawn(|| {
                     // Set however it ends: a held tree waits for it.
@@ -391,12 +397,13 @@ impl LazyRestore<'_> {
                 .unwrap_or(Err(Error::Cancelled));
             (paged, proof, status, running, published)
         });
+        let mut ended = String::new();
         if paged.is_err() || proof.is_err() {
             // Again, now that the restore has returned: the tree may not have
             // existed at the first kill, and it must be dead before the pager's
             // and the guard's copies of its userfaultfds close.
             victim.kill();
-            victim.wait_gone();
+            ended = victim.wait_gone();
         }
         let report = pager.into_report();
         guard.release();
@@ -408,7 +415,8 @@ impl LazyRestore<'_> {
         } else {
             "lazy restore failed, restored tree killed"
         };
-        paged.and(proof).map_err(|e| e.context(failed.to_string()))?;
+        let failed = if ended.is_empty() { failed.to_string() } else { format!("{failed}: {ended}") };
+        paged.and(proof).map_err(|e| e.context(failed))?;
         published?;
         // Beside the archive, where the archive's directory allows it: a
         // read-only place costs the next restore its head start, not this one.
