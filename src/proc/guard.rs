@@ -36,7 +36,7 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree};
+use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree, wait_untraced};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -304,6 +304,10 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
                     if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup) } {
                         one.fd = -1;
                     }
+                }
+                if sig == libc::SIGCONT {
+                    // A dump's tree: only once CRIU has let go of it.
+                    wait_untraced(tree, 60_000);
                 }
                 signal_tree(tree, sig);
                 if has_cgroup {

@@ -104,6 +104,54 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
         .sum()
 }
 
+/// Waits, a few times a second and for at most `limit_ms`, until none of
+/// `pids` is traced (its /proc status says `TracerPid:\t0`, or it is gone):
+/// until CRIU has let go of a tree it was dumping. Async-signal-safe (open,
+/// read, close, nanosleep on stack memory), for the forked guard: a SIGCONT
+/// sent while CRIU still holds the tree seized reaches CRIU as a stop it did
+/// not expect, and CRIU 4.2 then hangs with the tree traced (seen once in
+/// tests/criu_stream.rs's kill-mid-dump test).
+pub(crate) fn wait_untraced(pids: &[i32], limit_ms: u32) {
+    for waited in 0..=limit_ms / 10 {
+        // SAFETY: `traced` only opens, reads and closes on stack memory.
+        if !pids.iter().any(|&p| unsafe { traced(p) }) || waited == limit_ms / 10 {
+            return;
+        }
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+        // SAFETY: nanosleep reads `pause`, which outlives the call; the
+        // remainder is not wanted.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
+}
+
+/// Whether `pid` has a tracer (from /proc/PID/status; false if it is gone).
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn traced(pid: i32) -> bool {
+    let mut path = [0u8; 64];
+    let status = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/status")]);
+    // SAFETY: `status` is a NUL-terminated path (proc_path) that outlives the call.
+    let fd = unsafe { libc::open(status.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 4096];
+    // SAFETY: reads at most `buf.len()` bytes into our own buffer; closes
+    // the descriptor just opened, once.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let text = &buf[..n.max(0) as usize];
+    const KEY: &[u8] = b"TracerPid:\t";
+    match text.windows(KEY.len()).position(|w| w == KEY) {
+        Some(at) => text.get(at + KEY.len()).is_some_and(|&c| c != b'0'),
+        None => false,
+    }
+}
+
 /// Whether `pid` is `ancestor` or below it (parents through /proc).
 pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..4096 {
@@ -278,4 +326,35 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
     // SAFETY: `dir` is ours, closed once and not used after.
     unsafe { libc::close(dir) };
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traced_process_is_waited_for_until_its_tracer_lets_go() {
+        let spawn = || std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut held = spawn();
+        let pid = held.id() as i32;
+        // SAFETY: seizing our own child (root in CI); it is killed below.
+        if unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) } == 0 {
+            // SAFETY: reads /proc on stack memory.
+            assert!(unsafe { traced(pid) }, "a seized process is traced");
+            let t = Instant::now();
+            wait_untraced(&[pid], 100);
+            assert!(t.elapsed() >= std::time::Duration::from_millis(90), "it waits while the tracer holds on");
+        }
+        held.kill().unwrap();
+        held.wait().unwrap();
+        let mut free = spawn();
+        let pid = free.id() as i32;
+        // SAFETY: as above.
+        assert!(!unsafe { traced(pid) }, "a process nobody traces is not traced");
+        let t = Instant::now();
+        wait_untraced(&[pid, i32::MAX], 10_000);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "nothing to wait for");
+        free.kill().unwrap();
+        free.wait().unwrap();
+    }
 }
