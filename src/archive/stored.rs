@@ -180,7 +180,10 @@ impl Archive {
         let Some(entry) = self.index.files.get(file_id as usize) else { return Ok(None) };
         let Some(at) = entry.blocks.get(i) else { return Ok(None) };
         let proven = &self.blocks[file_id as usize][i].header;
-        self.reader.fetch(at, proven, i, &entry.name, pieced).map(Some)
+        // A read that failed (a download cut off, a disk error) names the
+        // archive; what the checks find names the block instead.
+        let fetched = self.reader.fetch(at, proven, i, &entry.name, pieced);
+        fetched.map(Some).map_err(|e| if matches!(e, Error::Io(_)) { e.context(self.label.to_string()) } else { e })
     }
 
     /// Record `i` of a file as fetched, as a block of its own, its payload
