@@ -49,24 +49,8 @@ fn a_damaged_block_found_after_the_process_runs_kills_it() {
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("one.czr");
-    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
-    w.sums();
-    dump(&w, &arc);
-    w.reap_original();
-
-    // Craft the LZ4 payload of a page block three quarters in: one of its
-    // last literals changed and every check but the block's data check
-    // recomputed, so the stored bytes prove good before the restore and
-    // criuz's fill finds the damage only as it decodes the block, after
-    // the restored process already runs.
-    let mut bytes = std::fs::read(&arc).unwrap();
-    let b = page_block_three_quarters_in(&bytes, Some(1));
-    bytes[b.start + b.len - 3] ^= 0x10;
-    let payload = xxhash_rust::xxh3::xxh3_64(&bytes[b.start + b.header_len + 4..b.start + b.len]) as u32;
-    bytes[b.start + 24..b.start + 28].copy_from_slice(&payload.to_le_bytes());
-    mutate::reseal(&mut bytes, mutate::Reseal::All);
-    std::fs::write(&arc, &bytes).unwrap();
-
+    // The restored process already runs when criuz's fill finds the damage.
+    let w = dumped_with_a_crafted_block(&arc);
     let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
@@ -75,6 +59,26 @@ fn a_damaged_block_found_after_the_process_runs_kills_it() {
     // how it ended: killed, not crashed on a page that read as zeros.
     assert!(err.contains(&format!("pid {} killed by signal 9", w.pid)), "{err}");
     assert!(!w.alive(), "the restored process was killed");
+}
+
+/// A 48 MiB mixed workload dumped into `arc`, its original reaped, and the
+/// LZ4 payload of a page block three quarters in crafted: one of its last
+/// literals changed and every check but the block's data check recomputed,
+/// so the stored bytes prove good and the damage is found only as the block
+/// is decoded.
+fn dumped_with_a_crafted_block(arc: &Path) -> Workload {
+    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
+    w.sums();
+    dump(&w, arc);
+    w.reap_original();
+    let mut bytes = std::fs::read(arc).unwrap();
+    let b = page_block_three_quarters_in(&bytes, Some(1));
+    bytes[b.start + b.len - 3] ^= 0x10;
+    let payload = xxhash_rust::xxh3::xxh3_64(&bytes[b.start + b.header_len + 4..b.start + b.len]) as u32;
+    bytes[b.start + 24..b.start + 28].copy_from_slice(&payload.to_le_bytes());
+    mutate::reseal(&mut bytes, mutate::Reseal::All);
+    std::fs::write(arc, &bytes).unwrap();
+    w
 }
 
 /// A block of page data three quarters into the archive (of `codec`, if
@@ -415,19 +419,8 @@ fn a_crafted_block_kills_a_placed_restore_before_it_runs() {
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("one.czr");
-    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
-    w.sums();
-    dump(&w, &arc);
-    w.reap_original();
-    // As in a_damaged_block_found_after_the_process_runs_kills_it: only the
-    // block's data check can tell, as the block is decoded.
-    let mut bytes = std::fs::read(&arc).unwrap();
-    let b = page_block_three_quarters_in(&bytes, Some(1));
-    bytes[b.start + b.len - 3] ^= 0x10;
-    let payload = xxhash_rust::xxh3::xxh3_64(&bytes[b.start + b.header_len + 4..b.start + b.len]) as u32;
-    bytes[b.start + 24..b.start + 28].copy_from_slice(&payload.to_le_bytes());
-    mutate::reseal(&mut bytes, mutate::Reseal::All);
-    std::fs::write(&arc, &bytes).unwrap();
+    // Only the block's data check can tell, as the block is decoded.
+    let w = dumped_with_a_crafted_block(&arc);
 
     let out = criuz(&["restore", "--fill", "place", "-d", "-i", arc.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
