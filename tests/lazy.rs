@@ -92,6 +92,16 @@ fn page_block_three_quarters_in(bytes: &[u8], codec: Option<u8>) -> mutate::Rec 
     blocks[blocks.len() * 3 / 4]
 }
 
+/// Writes `arc` to `to` with one bit of a stored page flipped at rest, in a
+/// page block of `codec` three quarters in (0 raw: its data check finds it;
+/// 1 LZ4: its payload check does).
+fn write_rotted(arc: &Path, codec: u8, to: &Path) {
+    let mut bytes = std::fs::read(arc).unwrap();
+    let b = page_block_three_quarters_in(&bytes, Some(codec));
+    bytes[b.start + b.len - 17] ^= 0x10;
+    std::fs::write(to, &bytes).unwrap();
+}
+
 #[test]
 fn a_damaged_block_stops_a_lazy_restore_before_the_process_runs() {
     let Some(_criu) = criu() else { return };
@@ -107,10 +117,7 @@ fn a_damaged_block_stops_a_lazy_restore_before_the_process_runs() {
         w.sums();
         dump(&w, &arc);
         w.reap_original();
-        let mut bytes = std::fs::read(&arc).unwrap();
-        let b = page_block_three_quarters_in(&bytes, Some(codec));
-        bytes[b.start + b.len - 17] ^= 0x10;
-        std::fs::write(&arc, &bytes).unwrap();
+        write_rotted(&arc, codec, &arc);
         let out = criuz(&["restore", "--lazy", "--verify-first", "-d", "-i", arc.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{pattern}: {err}");
@@ -134,10 +141,7 @@ fn a_damaged_block_found_behind_a_lazily_restored_process_kills_it() {
         w.sums();
         dump(&w, &arc);
         w.reap_original();
-        let mut bytes = std::fs::read(&arc).unwrap();
-        let b = page_block_three_quarters_in(&bytes, Some(codec));
-        bytes[b.start + b.len - 17] ^= 0x10;
-        std::fs::write(&arc, &bytes).unwrap();
+        write_rotted(&arc, codec, &arc);
         let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{pattern}: {err}");
@@ -483,10 +487,7 @@ fn a_restore_retried_right_after_a_failed_one_succeeds() {
     // A page block damaged three quarters in: CRIU has forked the tree when
     // it is found, and CRIU leaves the tree's corpses behind. criuz, their
     // subreaper, reaps them before it returns, so the pids are free again.
-    let mut bytes = std::fs::read(&arc).unwrap();
-    let b = page_block_three_quarters_in(&bytes, Some(1));
-    bytes[b.start + b.len - 17] ^= 0x10;
-    std::fs::write(&bad, &bytes).unwrap();
+    write_rotted(&arc, 1, &bad);
     let rounds: Vec<&[&str]> =
         std::iter::repeat_n(&[][..], 20).chain([&["--fill", "place"][..], &["--fill", "place"], &["--lazy"]]).collect();
     for (round, how) in rounds.into_iter().enumerate() {
