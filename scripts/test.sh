@@ -2,7 +2,8 @@
 # criuz test suite: unit, format, golden and corruption tests, the streamer
 # protocol against a fake CRIU (no root needed), real-CRIU round trips and
 # attacks (as root; CI always runs them and fails if CRIU is missing), the
-# fuzz regressions and a short fuzz run, lint, and a benchmark smoke run.
+# fuzz regressions and a short fuzz run, lint, a benchmark smoke run and the
+# fault campaign's short form (criuz-faults).
 # Run scripts/setup.sh first.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,9 +36,16 @@ if [ "$(id -u)" -eq 0 ]; then
   else
     failed=$((failed + 1))
   fi
+  # The fault campaign's short form (docs/RELIABILITY.md): 36 faults on
+  # every path, each followed by the retry, every invariant checked.
+  if ./target/release/criuz-faults --faults 36 --json "$out/faults.json"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+  fi
   rm -rf "$out"
 else
-  echo "SKIP: criuz-bench --quick needs root (CRIU); CI runs it as root"
+  echo "SKIP: criuz-bench --quick and criuz-faults need root (CRIU); CI runs them as root"
 fi
 
 echo "tests: $passed passed, $failed failed"

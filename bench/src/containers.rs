@@ -54,23 +54,24 @@ pub struct ContainerRow {
     pub intact: bool,
 }
 
-struct Bundle {
-    dir: PathBuf,
-    root: PathBuf,
-    id: String,
-    criu: PathBuf,
+/// A runc bundle whose container runs `criuz-workload` (mixed pattern).
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    pub id: String,
+    pub criu: PathBuf,
 }
 
 impl Bundle {
-    fn runc(&self) -> Command {
+    pub fn runc(&self) -> Command {
         let mut c = Command::new("runc");
         c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu);
         c
     }
-    fn wl(&self) -> PathBuf {
+    pub fn wl(&self) -> PathBuf {
         self.dir.join("rootfs/wl")
     }
-    fn wait(&self, f: &Path, what: &str) -> Result<()> {
+    pub fn wait(&self, f: &Path, what: &str) -> Result<()> {
         let t = Instant::now();
         while !f.exists() {
             if t.elapsed() > Duration::from_secs(120) {
@@ -80,7 +81,7 @@ impl Bundle {
         }
         Ok(())
     }
-    fn start(&self) -> Result<()> {
+    pub fn start(&self) -> Result<()> {
         let _ = std::fs::remove_file(self.wl().join("ready"));
         // The container keeps runc's stdio: nothing a wait could hang on.
         let st = self
@@ -97,14 +98,17 @@ impl Bundle {
         }
         self.wait(&self.wl().join("ready"), "the container's workload")
     }
-    fn sum(&self) -> Result<String> {
+    pub fn sum(&self) -> Result<String> {
         let f = self.wl().join("sum-root");
         let _ = std::fs::remove_file(&f);
         quiet(self.runc().args(["kill", &self.id, "USR1"]), "runc kill")?;
         self.wait(&f, "the workload's checksum")?;
         std::fs::read_to_string(&f).map_err(|e| Error::file(&f, e))
     }
-    fn delete(&self) {
+    pub fn delete(&self) {
+        // A restore cut short can leave the rootfs mounted in the state
+        // directory, which `runc delete` removes recursively.
+        criuz::io::leftover::detach_mounts_below(&self.root.join(&self.id));
         let _ = self.runc().args(["delete", "-f", &self.id]).output();
     }
 }
@@ -124,7 +128,7 @@ fn timed(cmd: Command, logs: &Path, what: &str) -> Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Result<Bundle> {
+pub fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Result<Bundle> {
     let dir = work.join(format!("bundle-{mib}"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/rootfs.sh");
     quiet(Command::new("bash").arg(&script).arg(dir.join("rootfs")).arg(workload), "scripts/rootfs.sh")?;

@@ -5,22 +5,9 @@
 //! process about its own state; a restore that does not check out is a
 //! failure, never a time. See docs/BENCHMARKS.md.
 
-mod aead;
-mod codecs;
-mod config;
-mod containers;
-mod error;
-mod incremental;
-mod lazy;
-mod load;
-mod plot;
-mod proc;
-mod report;
-mod s3;
-mod workload;
-
-use crate::error::{Error, Result};
 use config::{Config, Env, Place};
+use criuz_bench::error::{Error, Result};
+use criuz_bench::{aead, codecs, config, containers, incremental, lazy, load, plot, proc, report, s3, workload};
 use report::{Document, Machine, Pair, ResultJson, Sample, Settings};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -296,12 +283,6 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     })
 }
 
-fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
-    let to = dir.join(exe.file_name().unwrap_or_default());
-    std::fs::copy(exe, &to).map_err(|e| Error::file(exe, e))?;
-    Ok(to)
-}
-
 fn human(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
@@ -390,8 +371,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !criuz.is_file() {
         return Err(Error::Invalid(format!("{}: not built (cargo build --release --workspace)", criuz.display())));
     }
-    let criuz = copy_exe(&criuz, &bin)?;
-    let workload_bin = if workload_bin.is_file() { copy_exe(&workload_bin, &bin)? } else { workload_bin };
+    let criuz = proc::copy_exe(&criuz, &bin)?;
+    let workload_bin = if workload_bin.is_file() { proc::copy_exe(&workload_bin, &bin)? } else { workload_bin };
     if args.containers {
         let sizes = match args.size {
             Some(s) => vec![s],

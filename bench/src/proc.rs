@@ -122,6 +122,10 @@ fn stat_fields(pid: i32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(String::from).collect())
 }
 
+pub fn parent(pid: i32) -> Option<i32> {
+    ppid(pid)
+}
+
 fn ppid(pid: i32) -> Option<i32> {
     stat_fields(pid)?.get(1)?.parse().ok()
 }
@@ -530,14 +534,24 @@ pub struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     pub fn mount(path: &Path) -> Result<Tmpfs> {
+        Self::mount_with(path, c"mode=0700")
+    }
+
+    /// A tmpfs of `bytes` (rounded up to pages): a disk that fills up.
+    pub fn mount_sized(path: &Path, bytes: u64) -> Result<Tmpfs> {
+        let opts = std::ffi::CString::new(format!("mode=0700,size={bytes}"))
+            .map_err(|_| Error::Invalid("bad tmpfs options".into()))?;
+        Self::mount_with(path, &opts)
+    }
+
+    fn mount_with(path: &Path, opts: &std::ffi::CStr) -> Result<Tmpfs> {
         use std::os::unix::ffi::OsStrExt;
         std::fs::create_dir_all(path).map_err(|e| Error::file(path, e))?;
         let target = std::ffi::CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::Invalid(format!("bad path {}", path.display())))?;
         // SAFETY: all arguments are valid NUL-terminated strings.
-        let r = unsafe {
-            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, c"mode=0700".as_ptr() as *const _)
-        };
+        let r =
+            unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, opts.as_ptr() as *const _) };
         if r != 0 {
             let e = io::Error::last_os_error();
             return Err(Error::Invalid(format!("cannot mount a tmpfs on {}: {e}", path.display())));
@@ -573,4 +587,12 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 
 pub fn file_bytes(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// A copy of `exe` in `dir`: what a run executes and CRIU restores from
+/// stays put while cargo rebuilds the original.
+pub fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
+    let to = dir.join(exe.file_name().unwrap_or_default());
+    std::fs::copy(exe, &to).map_err(|e| Error::file(exe, e))?;
+    Ok(to)
 }

@@ -136,6 +136,18 @@ impl Server {
     }
 }
 
+impl Server {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Dies as a server does when its machine fails: SIGKILL, no shutdown.
+    pub fn kill(self) {
+        // SAFETY: SIGKILL to our own child; the drop then reaps it.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         // SAFETY: SIGTERM to our own child, so it shuts down cleanly.

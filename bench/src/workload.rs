@@ -189,7 +189,11 @@ impl Running {
     /// What the process says about its own state; equal before the dump and
     /// after the restore if and only if the restore is intact.
     pub fn fingerprint(&mut self) -> Result<String> {
-        let timeout = Duration::from_secs(300);
+        self.fingerprint_within(Duration::from_secs(300))
+    }
+
+    /// [`fingerprint`](Self::fingerprint), failing after `timeout`.
+    pub fn fingerprint_within(&mut self, timeout: Duration) -> Result<String> {
         match &self.kind {
             Kind::Pattern => {
                 let sum = self.dir.join("sum-root");

@@ -30,6 +30,76 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
     std::fs::rename(staging, name)
 }
 
+/// A new private directory `base/{prefix}XXXXXX` (0700), held from the
+/// moment it has that name, after removing the abandoned ones with the same
+/// prefix (what killed runs of the same kind left there). The directory is
+/// held for as long as the returned handle lives.
+pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
+    remove_abandoned(base, prefix);
+    let staging = tempfile::Builder::new().prefix(".criuz-new-").tempdir_in(base)?;
+    let held = File::open(staging.path())?;
+    let unique = staging.path().file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let path = base.join(format!("{prefix}{}", unique.trim_start_matches(".criuz-new-")));
+    publish_held(&held, staging.path(), &path)?;
+    // Renamed: nothing is left under the staging name to remove.
+    let _ = staging.keep();
+    Ok((path, held))
+}
+
+/// Removes a directory criuz made and everything in it, first detaching
+/// whatever is mounted below it: CRIU mounts its cgroup yard in the images
+/// directory of a container's restore (`.criu.cgyard.*`, a tmpfs with the
+/// cgroup hierarchies), and a CRIU killed mid-restore leaves it mounted,
+/// which no plain removal gets past.
+pub fn remove_dir(path: &Path) -> std::io::Result<()> {
+    detach_mounts_below(path);
+    std::fs::remove_dir_all(path)
+}
+
+/// Detaches (lazily, `MNT_DETACH`) everything mounted strictly below
+/// `path`, deepest first, so that a recursive removal of `path` removes
+/// only what is really in it, never a file system mounted into it.
+pub fn detach_mounts_below(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut below: Vec<std::path::PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| std::path::PathBuf::from(unescape_mount_path(p)))
+        .filter(|p| p.starts_with(path) && p != path)
+        .collect();
+    // Deepest first (a detach of the top would take the rest along, but
+    // leave them mounted out of sight).
+    below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for m in below {
+        if let Ok(c) = std::ffi::CString::new(m.as_os_str().as_bytes()) {
+            // SAFETY: a valid NUL-terminated path; MNT_DETACH never blocks.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(p: &str) -> String {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok());
+        match (b[i], octal) {
+            (b'\\', Some(c)) => {
+                out.push(c);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// An exclusive lock on `f`, if nobody holds one.
 fn try_lock(f: &File) -> bool {
     // SAFETY: flock on a descriptor we own.
@@ -58,7 +128,7 @@ pub fn remove_abandoned(dir: &Path, prefix: &str) {
         if !try_lock(&handle) {
             continue;
         }
-        let _ = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        let _ = if meta.is_dir() { remove_dir(&path) } else { std::fs::remove_file(&path) };
     }
 }
 
@@ -99,5 +169,38 @@ mod tests {
         remove_abandoned(base.path(), "x-");
         assert!(!at("x-1").exists() && !at("x-2").exists(), "released by their holder, they are abandoned");
         assert!(at("x-5-kept").exists());
+    }
+
+    #[test]
+    fn mount_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path(r"/dev/shm/a\040b\011c\134d"), "/dev/shm/a b\tc\\d");
+        assert_eq!(unescape_mount_path("/plain/path"), "/plain/path");
+        assert_eq!(unescape_mount_path(r"/trailing\04"), r"/trailing\04");
+    }
+
+    /// What CRIU leaves mounted in a work directory (its cgroup yard) does
+    /// not stop the removal, and what is mounted there is not removed with
+    /// it: the file system mounted inside keeps its files.
+    #[test]
+    fn a_directory_with_a_mount_inside_is_removed_without_its_mount() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("needs root (mount): CI runs it as root");
+            return;
+        }
+        let base = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("keep"), b"not criuz's").unwrap();
+        let work = base.path().join("criuz-x-1");
+        let inner = work.join(".criu.cgyard.x/deeper");
+        std::fs::create_dir_all(&inner).unwrap();
+        let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let (src, dst) = (c(elsewhere.path()), c(&inner));
+        // SAFETY: valid NUL-terminated paths; a bind mount of our own.
+        let r = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+        assert_eq!(r, 0, "bind mount: {}", std::io::Error::last_os_error());
+        remove_dir(&work).unwrap();
+        assert!(!work.exists(), "the directory is removed");
+        assert!(elsewhere.path().join("keep").exists(), "the mounted file system kept its files");
     }
 }

@@ -200,6 +200,7 @@ fn part_size(n: usize) -> usize {
 /// A multipart upload being written; completed only by [`Upload::commit`].
 pub struct Upload {
     url: ObjectUrl,
+    store: Arc<AmazonS3>,
     state: Arc<Mutex<UploadState>>,
     committed: bool,
 }
@@ -259,7 +260,7 @@ impl Upload {
             in_flight: VecDeque::new(),
             failed: None,
         };
-        Ok(Upload { url, state: Arc::new(Mutex::new(state)), committed: false })
+        Ok(Upload { url, store, state: Arc::new(Mutex::new(state)), committed: false })
     }
 
     /// The archive's bytes go here; parts leave as they fill.
@@ -291,6 +292,10 @@ impl Upload {
         if let Err(e) = done {
             let _ = runtime().block_on(s.upload.abort());
             return Err(url.error("completing the upload (aborted, no object written)", e));
+        }
+        drop(s);
+        if let Err(e) = sweep::abort_others(&self.store, &url) {
+            eprintln!("criuz: {url}: written; the incomplete uploads of earlier writers were not aborted: {e}");
         }
         Ok(())
     }
@@ -344,6 +349,7 @@ impl Write for UploadWriter {
 }
 
 mod download;
+mod sweep;
 pub use download::{read_head, Download, DownloadReader};
 
 #[cfg(test)]

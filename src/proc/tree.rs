@@ -48,6 +48,94 @@ pub(crate) fn become_subreaper() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 }
 
+/// After CRIU exits: kills and reaps what it forked and left behind (all
+/// named `criu`, now criuz's children as its subreaper). CRIU killed while
+/// a probe it forked was stopped under its ptrace (kerndat's breakpoint
+/// check) leaves that probe stopped for good, holding copies of CRIU's
+/// descriptors: the image socket criuz serves would never reach its end.
+/// A restored tree's processes have their own names by the time CRIU
+/// exits, and `keep` spares them anyway.
+pub(crate) fn end_criu_strays(keep: &[i32]) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    for _ in 0..8 {
+        let mut strays: Vec<i32> = children_of(me).into_iter().filter(|p| !keep.contains(p) && is_criu(*p)).collect();
+        // Under runc: CRIU died (a zombie runc has not reaped yet, as runc
+        // still reads CRIU's socket), and the `criu`s beside it are strays
+        // that runc inherited.
+        for p in tree_pids(&[me]) {
+            if holder_of(p).is_some_and(|h| h.zombie && h.comm == "criu") {
+                let parent = parent_of(p).unwrap_or(0);
+                strays.extend(
+                    children_of(parent)
+                        .into_iter()
+                        .filter(|&s| s != p && holder_of(s).is_some_and(|h| !h.zombie && h.comm == "criu")),
+                );
+            }
+        }
+        if strays.is_empty() {
+            return;
+        }
+        for &p in &strays {
+            // SAFETY: a process CRIU forked below criuz (ours to reap when it
+            // is our child; the parent it has reaps it otherwise).
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+                libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn is_criu(pid: i32) -> bool {
+    holder_of(pid).is_some_and(|h| h.comm == "criu")
+}
+
+/// After a failed restore: kills and reaps every child criuz has left (call
+/// it once criuz's own helpers, the guard, are gone). criuz is the
+/// subreaper of its restores, so whatever CRIU (or runc's CRIU) forked
+/// and abandoned is criuz's child by now: a task left waiting for a CRIU
+/// that died, a container process whose cgroup criuz never learned. None
+/// of it may outlive the failure, holding pids, a cgroup, or memory.
+pub(crate) fn end_orphans() {
+    for _ in 0..8 {
+        let left = own_children();
+        if left.is_empty() {
+            return;
+        }
+        for p in left {
+            // SAFETY: our own child, reaped below, so its pid cannot have
+            // been reused; its children come to us and the next round.
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+                libc::waitpid(p, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// This process's children (of every thread).
+fn own_children() -> Vec<i32> {
+    // SAFETY: getpid has no preconditions.
+    children_of(unsafe { libc::getpid() })
+}
+
+/// The children of `pid` (of every thread of it).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
 /// After an aborted restore: CRIU kills the tree it had begun but does not
 /// wait for it, so criuz waits until none of the tree's pids (free before
 /// the restore) is taken, reaping those that are its own zombies (it is
@@ -176,6 +264,19 @@ pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
 /// so the guard uses it too.
 pub(crate) fn kill_tree(tree: &[i32]) {
     signal_tree(tree, libc::SIGKILL);
+}
+
+/// Kills `tree` (as [`kill_tree`]) and waits, at most `limit`, until none
+/// of its processes runs any more (each gone, or a zombie for its parent to
+/// reap): a dump returns with the checkpointed memory given back, so a
+/// restore started right after it finds no live process on its pids.
+pub(crate) fn kill_tree_and_wait(tree: &[i32], limit: std::time::Duration) {
+    let pids = tree_pids(tree);
+    kill_tree(tree);
+    let t = Instant::now();
+    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| !h.zombie)) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// Sends `sig` to every pid of `tree` and every descendant they have now,

@@ -29,7 +29,7 @@ use crate::proc::tree::{self, end_aborted_tree};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, run_criu, RestoreOptions,
 };
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
@@ -185,7 +185,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid])?) };
     let (status, captured) = std::thread::scope(|s| {
         let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
-        let status = cmd.status();
+        let status = run_criu(&mut cmd, &[]);
         stop.store(true, Ordering::Relaxed);
         (status, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
@@ -217,7 +217,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {
-                tree::kill_tree(&[o.pid]);
+                tree::kill_tree_and_wait(&[o.pid], std::time::Duration::from_secs(10));
             }
             if let Some(g) = guard.take() {
                 g.release();
@@ -304,6 +304,13 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
 
     let mut cmd = restore_command(criu, o, "--stream", work.path(), &pidfile);
 
+    // Should criuz die mid-restore, its CRIU dies with it (`restore_command`)
+    // and the half-restored tree would wait forever for a CRIU that is gone:
+    // the guard kills it. Released once CRIU has written the pidfile (the
+    // tree is restored: without -d it runs on as CRIU's child, and is the
+    // user's to end) or when criuz ends the tree itself.
+    let guard = Guard::start(&tree)?;
+    let restored = AtomicBool::new(false);
     let (status, served) = std::thread::scope(|s| {
         let srv = s.spawn(|| {
             let served = serve::serve(&listener, source.clone(), opts, &stop);
@@ -315,29 +322,47 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
                 _ => served,
             }
         });
-        let status = cmd.status();
+        s.spawn(|| {
+            while !restored.load(Ordering::Relaxed) {
+                if pidfile.exists() {
+                    guard.release();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        let status = run_criu(&mut cmd, &tree);
         stop.store(true, Ordering::Relaxed);
+        restored.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let status = status.map_err(|e| cannot_run(criu.path.display(), e))?;
+    let failed = |e: Error| {
+        // Whatever CRIU left of the tree is killed and reaped before the
+        // guard goes, so no half-restored process waits forever.
+        let _ = end_aborted_tree(&tree);
+        guard.release();
+        tree::end_orphans();
+        e
+    };
+    let status = status.map_err(|e| failed(cannot_run(criu.path.display(), e)))?;
     let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
     let report = match served {
         Err(e) => {
-            let _ = end_aborted_tree(&tree);
             let log = work.save_log("restore.log");
-            return Err(e.context(format!("restore aborted (CRIU log: {})", log.display())));
+            return Err(failed(e.context(format!("restore aborted (CRIU log: {})", log.display()))));
         }
         Ok(None) if !status.success() => {
-            return Err(criu_failure("criu restore", status, &work.save_log("restore.log")))
+            return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))))
         }
-        Ok(None) => return Err(Error::Criu("CRIU never connected to the serve socket".into())),
+        Ok(None) => return Err(failed(Error::Criu("CRIU never connected to the serve socket".into()))),
         Ok(Some(report)) => report,
     };
     // Without -d, CRIU's exit status is the restored tree's; a detached restore
     // (or one that never got as far as a pid) must exit 0.
     if !status.success() && (o.detach || pid.is_none()) {
-        return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
+        return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))));
     }
+    guard.release();
     publish_pidfile(&pidfile, o.pidfile.as_deref())?;
     Ok(RestoreReport {
         pid,

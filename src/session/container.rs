@@ -44,7 +44,7 @@ use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure};
+use crate::session::criu_run::{cannot_run, criu_failure, run_criu};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
@@ -72,6 +72,18 @@ impl Runc {
         }
         c.arg("--criu").arg(&criu.path);
         c
+    }
+
+    /// `runc delete -f` of a container whose restore failed. A runc whose
+    /// restore was cut short can leave the container's root file system
+    /// bind-mounted in its state directory (`criu-root`, made for CRIU),
+    /// and `runc delete` removes that directory recursively: through the
+    /// mount, it would delete the container's files. So what is mounted
+    /// there is detached first.
+    fn delete_failed(&self, criu: &Criu, id: &str) {
+        let root = self.root.clone().unwrap_or_else(|| PathBuf::from("/run/runc"));
+        crate::io::leftover::detach_mounts_below(&root.join(id));
+        let _ = self.command(criu).args(["delete", "-f", id]).stdin(Stdio::null()).output();
     }
 }
 
@@ -293,7 +305,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             if matches!(&victim, Victim::Cgroup(c) if c.get().is_some()) {
                 // Ours (CRIU connected for it), killed: no stopped container
                 // is left behind under its name.
-                let _ = runc.command(criu).args(["delete", "-f", &o.id]).stdin(Stdio::null()).output();
+                runc.delete_failed(criu, &o.id);
             }
         })?;
         if !status.success() {
@@ -304,8 +316,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
     runc_restore_args(&mut cmd, o);
-    let status = cmd.status().map_err(|e| cannot_run(runc.binary.display(), e))?;
+    let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
     if !status.success() {
+        crate::proc::tree::end_orphans();
         return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
     }
     Ok(ContainerRestoreReport {

@@ -10,6 +10,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::io::Location;
 use crate::proc::tree;
 use crate::progress::Meter;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -93,5 +94,55 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
         cmd.arg("--shell-job");
     }
     cmd.args(&o.extra);
+    die_with_criuz(&mut cmd);
     cmd
+}
+
+/// Runs CRIU (or runc, which runs CRIU) to its end, ending meanwhile and
+/// after what CRIU forked and left behind (`tree::end_criu_strays`): a
+/// probe left stopped by a killed CRIU holds copies of its sockets, so the
+/// runc above it, or criuz's own image socket, would wait for it forever.
+/// `keep` (a restored tree's pids) is spared.
+pub(crate) fn run_criu(cmd: &mut Command, keep: &[i32]) -> std::io::Result<std::process::ExitStatus> {
+    tree::become_subreaper();
+    let mut child = cmd.spawn()?;
+    let mut spared = keep.to_vec();
+    spared.push(child.id() as i32);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        tree::end_criu_strays(&spared);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    tree::end_criu_strays(keep);
+    Ok(status)
+}
+
+/// A restoring CRIU dies with criuz: left alone it can wait forever for
+/// the lazy-pages daemon or image streamer that criuz was, holding the work
+/// directory (the tree it was restoring dies with it: CRIU's restored root
+/// dies with CRIU until the restore completes, and criuz's guard kills a
+/// lazily restored tree). Not for a dump: a dumping CRIU whose stream
+/// breaks cures the tree of its parasite and lets go of it, where a killed
+/// one could leave the process with the parasite inside. Every CRIU is
+/// waited for by the thread that started it, so the parent-death signal
+/// (sent when that thread exits) comes only when criuz dies.
+fn die_with_criuz(cmd: &mut Command) {
+    // SAFETY: getpid is async-signal-safe.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing else
+    // runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // criuz died before the signal was asked for.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
 }

@@ -379,7 +379,11 @@ impl LazyRestore<'_> {
                 }
                 r
             });
-            let status = cmd.status();
+            let keep: &[i32] = match victim {
+                Victim::Tree(pids) => pids,
+                Victim::Cgroup(_) => &[],
+            };
+            let status = crate::session::criu_run::run_criu(&mut cmd, keep);
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
             let mut paging = Some(paging);
@@ -418,6 +422,10 @@ impl LazyRestore<'_> {
         }
         let report = pager.into_report();
         guard.release();
+        if paged.is_err() || proof.is_err() || !status.as_ref().is_ok_and(|s| s.success()) {
+            // What CRIU abandoned, whether criuz learned of it or not.
+            crate::proc::tree::end_orphans();
+        }
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();

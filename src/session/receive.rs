@@ -263,7 +263,7 @@ pub fn run_dump(
     let stop = AtomicBool::new(false);
     let (status, received) = std::thread::scope(|s| {
         let rx = s.spawn(|| receive(server, &packer, &stop));
-        let status = cmd.status();
+        let status = crate::session::criu_run::run_criu(&mut cmd, &[]);
         stop.store(true, Ordering::Relaxed);
         (status, rx.join().unwrap_or(Err(Error::Cancelled)))
     });

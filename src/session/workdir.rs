@@ -38,14 +38,7 @@ impl WorkDir {
     /// A new directory `base/{prefix}XXXXXX`, after removing the abandoned
     /// ones with the same prefix.
     pub fn new_in(base: &Path, prefix: &str) -> Result<Self> {
-        leftover::remove_abandoned(base, prefix);
-        let staging = tempfile::Builder::new().prefix(".criuz-new-").tempdir_in(base).at(base)?;
-        let held = File::open(staging.path()).at(staging.path())?;
-        let unique = staging.path().file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let path = base.join(format!("{prefix}{}", unique.trim_start_matches(".criuz-new-")));
-        leftover::publish_held(&held, staging.path(), &path).at(&path)?;
-        // Renamed: nothing is left under the staging name to remove.
-        let _ = staging.keep();
+        let (path, held) = leftover::held_dir(base, prefix).at(base)?;
         Ok(WorkDir { path, _held: held, kept: false })
     }
 
@@ -96,7 +89,7 @@ impl WorkDir {
 impl Drop for WorkDir {
     fn drop(&mut self) {
         if !self.kept {
-            let _ = std::fs::remove_dir_all(&self.path);
+            let _ = leftover::remove_dir(&self.path);
         }
     }
 }

@@ -14,7 +14,7 @@
 use crate::archive::{EntryStart, SeqSink};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind};
-use crate::io::sync_parent;
+use crate::io::{leftover, sync_parent};
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -37,6 +37,9 @@ struct Pending {
 pub struct DirSink {
     target: PathBuf,
     staging: PathBuf,
+    /// Holds the staging directory: one a killed unpack left is removed by
+    /// the next unpack into the same target (`io::leftover`).
+    _held: File,
     force: bool,
     entries: Vec<Pending>,
     /// Directories this sink made: a nested entry goes only into one.
@@ -54,11 +57,11 @@ impl DirSink {
     /// Creates `target` if missing and a staging directory inside it.
     pub fn create(target: &Path, force: bool, progress: Progress) -> Result<Self> {
         std::fs::create_dir_all(target).at(target)?;
-        let staging = target.join(format!(".criuz-unpack-{}", std::process::id()));
-        std::fs::DirBuilder::new().mode(0o700).create(&staging).at(&staging)?;
+        let (staging, held) = leftover::held_dir(target, ".criuz-unpack-").at(target)?;
         Ok(DirSink {
             target: target.to_path_buf(),
             staging,
+            _held: held,
             force,
             entries: Vec::new(),
             dirs: Default::default(),

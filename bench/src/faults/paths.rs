@@ -1,0 +1,792 @@
+//! The paths the campaign attacks, and for each one trial: set up, run with
+//! the fault, judge what the fault left, then run the same operation again
+//! without a fault (the retry a user makes) and judge that too: it must
+//! succeed, restore intact, and leave nothing behind.
+//!
+//! A dump-side trial checkpoints a fresh workload: afterwards the process
+//! must run with its own checksum unchanged, or the archive must be
+//! complete and restore it intact. A restore-side trial restores a
+//! prepared archive (its process gone): afterwards the restored process
+//! runs with its checksum intact, or there is none.
+
+use super::check::{self, Settled};
+use super::inject::{self, Fault, Op, Outcome, S3};
+use crate::containers::Bundle;
+use crate::error::{Error, Result};
+use crate::proc::{self, Tmpfs};
+use crate::s3;
+use crate::workload::{Running, Tools};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// One path through criuz.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    DumpFile,
+    DumpPipe,
+    DumpS3,
+    DumpChild,
+    RuncCheckpoint,
+    Pack,
+    Unpack,
+    RestoreFile,
+    RestoreLazy,
+    RestorePipe,
+    RestoreS3,
+    RestoreChain,
+    RuncRestore,
+}
+
+pub const ROUTES: &[Route] = &[
+    Route::DumpFile,
+    Route::DumpPipe,
+    Route::DumpS3,
+    Route::DumpChild,
+    Route::RuncCheckpoint,
+    Route::Pack,
+    Route::Unpack,
+    Route::RestoreFile,
+    Route::RestoreLazy,
+    Route::RestorePipe,
+    Route::RestoreS3,
+    Route::RestoreChain,
+    Route::RuncRestore,
+];
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::DumpFile => "dump-file",
+            Route::DumpPipe => "dump-pipe",
+            Route::DumpS3 => "dump-s3",
+            Route::DumpChild => "dump-incremental",
+            Route::RuncCheckpoint => "runc-checkpoint",
+            Route::Pack => "pack",
+            Route::Unpack => "unpack",
+            Route::RestoreFile => "restore-file",
+            Route::RestoreLazy => "restore-lazy",
+            Route::RestorePipe => "restore-pipe",
+            Route::RestoreS3 => "restore-s3",
+            Route::RestoreChain => "restore-chain",
+            Route::RuncRestore => "runc-restore",
+        }
+    }
+
+    /// The faults that mean something on this path.
+    pub fn faults(self) -> &'static [Fault] {
+        use Fault::*;
+        match self {
+            Route::DumpFile | Route::DumpChild => &[KillCriuz, KillCriu, Enospc],
+            Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies],
+            Route::DumpS3 => &[KillCriuz, KillCriu, KillS3],
+            Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc],
+            Route::Pack | Route::Unpack => &[KillCriuz, Enospc],
+            Route::RestoreFile | Route::RestoreLazy | Route::RestoreChain | Route::RuncRestore => {
+                &[KillCriuz, KillCriu]
+            }
+            Route::RestorePipe => &[KillCriuz, KillCriu, PeerDies],
+            Route::RestoreS3 => &[KillCriuz, KillCriu, KillS3],
+        }
+    }
+
+    fn restores(self) -> bool {
+        matches!(
+            self,
+            Route::RestoreFile | Route::RestoreLazy | Route::RestorePipe | Route::RestoreS3 | Route::RestoreChain
+        )
+    }
+}
+
+/// What every trial needs.
+pub struct Ctx {
+    pub criuz: PathBuf,
+    pub criu: PathBuf,
+    pub tools: Tools,
+    pub mib: u64,
+    pub work: PathBuf,
+    /// criuz's TMPDIR.
+    pub tmp: PathBuf,
+    /// Where outputs go (a directory on the work disk).
+    pub out: PathBuf,
+    pub s3: S3,
+    pub bundle: Option<Bundle>,
+    pub logs: PathBuf,
+    /// A clean run of each route took this long (the fault strikes within).
+    pub clean_seconds: Vec<(Route, f64)>,
+    /// The archives restore-side trials restore, made once.
+    prepared: Vec<(Route, Prepared)>,
+    /// An images directory (`criu dump -D`) for pack, and its archive.
+    images: Option<(PathBuf, PathBuf)>,
+    pub rng: fastrand::Rng,
+    pub trial: usize,
+}
+
+/// An archive of a process that is gone, to restore again and again.
+struct Prepared {
+    archive: String,
+    /// Its tree's root pid and its checksum before the dump.
+    pid: i32,
+    sum: String,
+    workload: Running,
+}
+
+/// What a trial found.
+#[derive(Debug, Default)]
+pub struct Finding {
+    pub injected: bool,
+    /// (kind, detail) of each broken promise.
+    pub broken: Vec<(&'static str, String)>,
+    pub seconds: f64,
+}
+
+impl Finding {
+    fn broke(&mut self, kind: &'static str, detail: String) {
+        self.broken.push((kind, detail));
+    }
+}
+
+/// How long a process may take to be resumed, killed or restored after a
+/// fault before it counts as stuck.
+const SETTLE: Duration = Duration::from_secs(30);
+/// No operation of the campaign takes this long unless it hangs.
+const LIMIT: Duration = Duration::from_secs(180);
+
+impl Ctx {
+    pub fn new(criuz: PathBuf, criu: PathBuf, tools: Tools, mib: u64, work: &Path, seed: u64) -> Result<Ctx> {
+        let mk = |d: PathBuf| -> Result<PathBuf> {
+            std::fs::create_dir_all(&d).map_err(|e| Error::file(&d, e))?;
+            Ok(d)
+        };
+        let s3 = S3::start(&work.join("s3"))?;
+        Ok(Ctx {
+            criuz,
+            criu,
+            tools,
+            mib,
+            tmp: mk(work.join("tmp"))?,
+            out: mk(work.join("out"))?,
+            logs: mk(work.join("logs"))?,
+            work: work.to_path_buf(),
+            s3,
+            bundle: None,
+            clean_seconds: Vec::new(),
+            prepared: Vec::new(),
+            images: None,
+            rng: fastrand::Rng::with_seed(seed),
+            trial: 0,
+        })
+    }
+
+    fn criuz(&self) -> Command {
+        let mut c = Command::new(&self.criuz);
+        c.env("TMPDIR", &self.tmp).env("CRIUZ_CRIU", &self.criu);
+        c
+    }
+
+    fn log(&self, what: &str) -> PathBuf {
+        self.logs.join(format!("{:04}-{what}.log", self.trial))
+    }
+
+    fn run(&mut self, op: Op, fault: Option<Fault>, delay: Duration, what: &str) -> Result<Outcome> {
+        let log = self.log(what);
+        let o = inject::run(op, fault, delay, &mut self.s3, &log, LIMIT);
+        self.s3.ensure()?;
+        o
+    }
+
+    /// Runs a step that must succeed (set-up, or the retry after a fault).
+    fn must(&mut self, op: Op, what: &str) -> std::result::Result<(), String> {
+        match self.run(op, None, Duration::ZERO, what) {
+            Ok(o) if o.ok => Ok(()),
+            Ok(o) => Err(format!("{what}: {}", o.said)),
+            Err(e) => Err(format!("{what}: {e}")),
+        }
+    }
+
+    fn bundle(&mut self) -> Result<&Bundle> {
+        if self.bundle.is_none() {
+            let b = crate::containers::make_bundle(&self.work, &self.tools.workload_bin, self.mib, &self.criu)?;
+            b.delete();
+            self.bundle = Some(b);
+        }
+        Ok(self.bundle.as_ref().expect("made"))
+    }
+
+    /// The archive-side key or path of a route's output in this trial.
+    fn target(&self, route: Route, dir: &Path) -> String {
+        match route {
+            Route::DumpS3 => s3::url(&format!("faults/{}.czr", self.trial)),
+            _ => dir.join(format!("{}.czr", route.name())).display().to_string(),
+        }
+    }
+
+    /// A random moment within a clean run of `route`.
+    pub fn delay(&mut self, route: Route) -> Duration {
+        let clean = self.clean_seconds.iter().find(|(r, _)| *r == route).map(|(_, s)| *s).unwrap_or(1.0);
+        Duration::from_secs_f64(self.rng.f64() * clean)
+    }
+
+    /// One trial of `route` under `fault` (`None`: a clean calibration run).
+    pub fn trial(&mut self, route: Route, fault: Option<Fault>) -> Result<Finding> {
+        self.trial += 1;
+        let delay = match fault {
+            Some(_) => self.delay(route),
+            None => Duration::ZERO,
+        };
+        let mut f = Finding::default();
+        match route {
+            Route::DumpFile | Route::DumpPipe | Route::DumpS3 | Route::DumpChild => {
+                self.dump_trial(route, fault, delay, &mut f)?
+            }
+            Route::RuncCheckpoint => self.runc_checkpoint_trial(fault, delay, &mut f)?,
+            Route::RuncRestore => self.runc_restore_trial(fault, delay, &mut f)?,
+            Route::Pack => self.pack_trial(fault, delay, &mut f)?,
+            Route::Unpack => self.unpack_trial(fault, delay, &mut f)?,
+            r if r.restores() => self.restore_trial(route, fault, delay, &mut f)?,
+            _ => unreachable!("every route is matched"),
+        }
+        Ok(f)
+    }
+
+    /// A tmpfs for a full-disk fault: room for part of `bytes` only.
+    fn full_disk(&mut self, bytes: u64) -> Result<Tmpfs> {
+        let dir = self.work.join(format!("full-{}", self.trial));
+        let size = 64 * 1024 + (self.rng.f64() * 0.9 * bytes as f64) as u64;
+        Tmpfs::mount_sized(&dir, size)
+    }
+
+    fn reference_size(&self) -> u64 {
+        (self.mib << 20) / 2
+    }
+
+    fn dump_trial(&mut self, route: Route, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let mut w = Running::start("mixed", self.mib, &self.work.join(format!("wl-{}", self.trial)), &self.tools)?;
+        let parent = self.out.join(format!("parent-{}.czr", self.trial));
+        if route == Route::DumpChild {
+            let mut c = self.criuz();
+            c.args(["dump", "--leave-running", "--ids", "-t", &w.pid.to_string(), "-o"]).arg(&parent);
+            self.must(Op::Alone(c), "parent-dump").map_err(Error::Invalid)?;
+            w.rewrite(5.0, self.trial as u64)?;
+        }
+        let before = w.fingerprint()?;
+        let full = match fault {
+            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
+            _ => None,
+        };
+        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let target = self.target(route, &dir);
+        // Judged is what this trial wrote, never an earlier trial's file.
+        let _ = std::fs::remove_file(&target);
+        let _ = std::fs::remove_file(self.target(route, &self.out));
+        let pid = w.pid.to_string();
+        let dump = |ctx: &Ctx, target: &str| {
+            let mut c = ctx.criuz();
+            c.args(["dump", "-t", &pid]);
+            if route == Route::DumpChild {
+                c.arg("--parent").arg(&parent);
+            }
+            match route {
+                Route::DumpPipe => {
+                    c.args(["-o", "-"]);
+                    Op::PipeTo(c, PathBuf::from(target))
+                }
+                _ => {
+                    c.args(["-o", target, "--force"]);
+                    Op::Alone(c)
+                }
+            }
+        };
+        let o = self.run(dump(self, &target), fault, delay, "dump")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        let has = self.archive_there(route, &target);
+        match ask(&mut w) {
+            Asked::Stopped => f.broke("stuck-process", format!("pid {} still stopped or traced ({})", w.pid, o.said)),
+            Asked::Silent(e) => f.broke("stuck-process", format!("pid {} does not answer: {e}", w.pid)),
+            Asked::Sum(s) if s != before => {
+                f.broke("wrong-memory", format!("pid {} runs with checksum {s}, was {before}", w.pid))
+            }
+            Asked::Sum(_) => {
+                if o.ok {
+                    f.broke("lost-process", format!("the dump said done but the process runs on ({})", o.said));
+                }
+                if let (true, Err(e), false) = (has, check::verify(&self.criuz, &target), route == Route::DumpPipe) {
+                    f.broke("partial-archive", format!("{target} published incomplete: {e} ({})", o.said));
+                }
+            }
+            Asked::Gone => {
+                if !has || !check::complete(&self.criuz, &target) {
+                    f.broke("lost-process", format!("pid {} gone and no complete archive ({})", w.pid, o.said));
+                } else if let Err(e) = self.restore_and_check(&target, &mut w, &before) {
+                    f.broke("wrong-memory", format!("the published archive: {e}"));
+                }
+            }
+        }
+        drop(full);
+        // The retry: the same dump, no fault, into the same place (the
+        // file system that filled is gone: the regular output directory).
+        if check::settle(w.pid, Duration::ZERO) == Settled::Running && f.broken.is_empty() {
+            let target = self.target(route, &self.out);
+            if let Err(e) = self.must(dump(self, &target), "retry-dump") {
+                f.broke("next-run-failed", e);
+            } else {
+                let _ = check::settle(w.pid, SETTLE);
+                if let Err(e) = self.restore_and_check(&target, &mut w, &before) {
+                    f.broke("next-run-failed", format!("restore of the retried dump: {e}"));
+                }
+            }
+        }
+        drop(w);
+        let _ = std::fs::remove_file(&parent);
+        Ok(())
+    }
+
+    fn archive_there(&self, route: Route, target: &str) -> bool {
+        match route {
+            Route::DumpS3 => check::complete(&self.criuz, target) || self.s3_has(target),
+            _ => Path::new(target).exists(),
+        }
+    }
+
+    fn s3_has(&self, url: &str) -> bool {
+        let key = url.trim_start_matches(&format!("s3://{}/", s3::BUCKET));
+        let out = Command::new("python3")
+            .args(["-c", "import sys,boto3; boto3.client('s3').head_object(Bucket=sys.argv[1],Key=sys.argv[2])"])
+            .args([s3::BUCKET, key])
+            .output();
+        out.is_ok_and(|o| o.status.success())
+    }
+
+    /// Restores `archive` (the process it holds must be gone), checks the
+    /// restored process's checksum, and leaves it running.
+    fn restore_and_check(&mut self, archive: &str, w: &mut Running, before: &str) -> Result<()> {
+        let _ = check::settle(w.pid, SETTLE);
+        let mut c = self.criuz();
+        c.args(["restore", "-d", "-i", archive]);
+        self.must(Op::Alone(c), "restore").map_err(Error::Invalid)?;
+        let s = w.fingerprint()?;
+        if s != before {
+            return Err(Error::Invalid(format!("restored checksum {s}, was {before}")));
+        }
+        Ok(())
+    }
+
+    /// The archive a restore-side route restores, made on first use.
+    fn prepared(&mut self, route: Route) -> Result<usize> {
+        let key = match route {
+            Route::RestorePipe | Route::RestoreLazy => Route::RestoreFile,
+            r => r,
+        };
+        if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
+            return Ok(i);
+        }
+        let mut w = Running::start("mixed", self.mib, &self.work.join(format!("prep-{}", key.name())), &self.tools)?;
+        let archive = match key {
+            Route::RestoreS3 => s3::url(&format!("faults/prepared-{}.czr", key.name())),
+            _ => self.out.join(format!("prepared-{}.czr", key.name())).display().to_string(),
+        };
+        if key == Route::RestoreChain {
+            let parent = self.out.join("prepared-parent.czr");
+            let mut c = self.criuz();
+            c.args(["dump", "--leave-running", "--ids", "-t", &w.pid.to_string(), "-o"]).arg(&parent);
+            self.must(Op::Alone(c), "prepare-parent").map_err(Error::Invalid)?;
+            w.rewrite(5.0, 7)?;
+        }
+        let sum = w.fingerprint()?;
+        let mut c = self.criuz();
+        c.args(["dump", "-t", &w.pid.to_string(), "-o", &archive, "--force"]);
+        if key == Route::RestoreChain {
+            c.arg("--parent").arg(self.out.join("prepared-parent.czr"));
+        }
+        self.must(Op::Alone(c), "prepare").map_err(Error::Invalid)?;
+        if check::settle(w.pid, SETTLE) != Settled::Gone {
+            return Err(Error::Invalid(format!("pid {} outlived its dump", w.pid)));
+        }
+        let pid = w.pid;
+        self.prepared.push((key, Prepared { archive, pid, sum, workload: w }));
+        Ok(self.prepared.len() - 1)
+    }
+
+    fn restore_op(&self, route: Route, archive: &str) -> Op {
+        let mut c = self.criuz();
+        c.arg("restore");
+        if route == Route::RestoreLazy {
+            c.arg("--lazy");
+        }
+        c.arg("-d");
+        match route {
+            Route::RestorePipe => {
+                c.args(["-i", "-"]);
+                Op::PipeFrom(PathBuf::from(archive), c)
+            }
+            _ => {
+                c.args(["-i", archive]);
+                Op::Alone(c)
+            }
+        }
+    }
+
+    fn restore_trial(&mut self, route: Route, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let i = self.prepared(route)?;
+        let (archive, pid, sum) = {
+            let p = &self.prepared[i].1;
+            (p.archive.clone(), p.pid, p.sum.clone())
+        };
+        let o = self.run(self.restore_op(route, &archive), fault, delay, "restore")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        self.judge_restored(i, pid, &sum, &o, f);
+        if f.broken.is_empty() {
+            let o = self.run(self.restore_op(route, &archive), None, Duration::ZERO, "retry-restore")?;
+            if !o.ok {
+                f.broke("next-run-failed", format!("restore after the fault: {}", o.said));
+            } else {
+                self.judge_restored(i, pid, &sum, &o, f);
+            }
+        }
+        Ok(())
+    }
+
+    /// After a restore: the tree runs intact, or there is none; then it is
+    /// ended so the next restore finds its pids free.
+    fn judge_restored(&mut self, i: usize, pid: i32, sum: &str, o: &Outcome, f: &mut Finding) {
+        let w = &mut self.prepared[i].1.workload;
+        match ask(w) {
+            Asked::Stopped => f.broke("stuck-process", format!("restored pid {pid} left stopped ({})", o.said)),
+            Asked::Silent(e) => f.broke("stuck-process", format!("restored pid {pid} does not answer: {e}")),
+            Asked::Gone if o.ok => {
+                f.broke("lost-process", format!("the restore said done but pid {pid} is gone ({})", o.said))
+            }
+            Asked::Gone => {}
+            Asked::Sum(s) if s != sum => {
+                f.broke("wrong-memory", format!("restored pid {pid} has checksum {s}, was {sum}"))
+            }
+            Asked::Sum(_) => {}
+        }
+        proc::kill_tree(&proc::tree(pid));
+        let _ = check::settle(pid, SETTLE);
+    }
+
+    fn runc_archive(&self, dir: &Path) -> PathBuf {
+        dir.join("runc.czr")
+    }
+
+    fn runc_checkpoint_op(&mut self, archive: &Path) -> Result<Op> {
+        let mut c = self.criuz();
+        let b = self.bundle()?;
+        c.args(["runc", "checkpoint", &b.id, "--force", "-o"]).arg(archive);
+        c.arg("--root").arg(&b.root).arg("--criu").arg(&b.criu);
+        Ok(Op::Alone(c))
+    }
+
+    fn runc_restore_op(&mut self, archive: &Path) -> Result<Op> {
+        let mut c = self.criuz();
+        let b = self.bundle()?;
+        c.args(["runc", "restore", &b.id, "-d", "-i"]).arg(archive);
+        c.arg("-b").arg(&b.dir).arg("--root").arg(&b.root).arg("--criu").arg(&b.criu);
+        Ok(Op::Alone(c))
+    }
+
+    /// The container's state as runc says it (None: runc knows no such
+    /// container).
+    fn runc_state(&mut self) -> Result<Option<String>> {
+        let b = self.bundle()?;
+        let out = b.runc().args(["state", &b.id]).output()?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        Ok(v["status"].as_str().map(String::from))
+    }
+
+    /// Waits for the container to run or be gone; judges its checksum.
+    fn judge_container(&mut self, before: &str, said: &str, f: &mut Finding) -> Result<bool> {
+        let t = std::time::Instant::now();
+        loop {
+            match self.runc_state()?.as_deref() {
+                Some("running") => break,
+                None | Some("stopped") => return Ok(false),
+                _ if t.elapsed() > SETTLE => {
+                    f.broke("stuck-process", format!("container neither running nor gone ({said})"));
+                    return Ok(false);
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        match self.bundle()?.sum() {
+            Ok(s) if s == before => {}
+            Ok(s) => f.broke("wrong-memory", format!("container checksum {s}, was {before}")),
+            Err(e) => f.broke("stuck-process", format!("container does not answer: {e}")),
+        }
+        Ok(true)
+    }
+
+    fn runc_checkpoint_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        self.bundle()?.start()?;
+        let before = self.bundle()?.sum()?;
+        let full = match fault {
+            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
+            _ => None,
+        };
+        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let archive = self.runc_archive(&dir);
+        let op = self.runc_checkpoint_op(&archive)?;
+        let o = self.run(op, fault, delay, "runc-checkpoint")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        let running = self.judge_container(&before, &o.said, f)?;
+        let has = archive.exists();
+        if running && has && !check::complete(&self.criuz, &archive.display().to_string()) {
+            f.broke("partial-archive", format!("{} published incomplete", archive.display()));
+        }
+        if !running && f.broken.is_empty() {
+            if !has || !check::complete(&self.criuz, &archive.display().to_string()) {
+                f.broke("lost-process", format!("container gone and no complete archive ({})", o.said));
+            } else {
+                self.bundle()?.delete();
+                let op = self.runc_restore_op(&archive)?;
+                if let Err(e) = self.must(op, "runc-restore") {
+                    f.broke("wrong-memory", format!("the published archive: {e}"));
+                }
+                self.judge_container(&before, "restore of the published archive", f)?;
+            }
+        }
+        drop(full);
+        if f.broken.is_empty() {
+            let archive = self.runc_archive(&self.out);
+            let op = self.runc_checkpoint_op(&archive)?;
+            match self.must(op, "retry-checkpoint") {
+                Err(e) => f.broke("next-run-failed", e),
+                Ok(()) => {
+                    self.bundle()?.delete();
+                    let op = self.runc_restore_op(&archive)?;
+                    match self.must(op, "retry-restore") {
+                        Err(e) => f.broke("next-run-failed", e),
+                        Ok(()) => {
+                            if !self.judge_container(&before, "retry", f)? {
+                                f.broke("next-run-failed", "the retried restore left no container".into());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.bundle()?.delete();
+        Ok(())
+    }
+
+    fn runc_restore_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let archive = self.out.join("prepared-runc.czr");
+        let before_file = self.out.join("prepared-runc.sum");
+        if !archive.exists() {
+            self.bundle()?.start()?;
+            let before = self.bundle()?.sum()?;
+            let op = self.runc_checkpoint_op(&self.out.join("runc.czr"))?;
+            self.must(op, "prepare-runc").map_err(Error::Invalid)?;
+            std::fs::rename(self.out.join("runc.czr"), &archive).map_err(|e| Error::file(&archive, e))?;
+            std::fs::write(&before_file, before).map_err(|e| Error::file(&before_file, e))?;
+            self.bundle()?.delete();
+        }
+        let before = std::fs::read_to_string(&before_file).map_err(|e| Error::file(&before_file, e))?;
+        let op = self.runc_restore_op(&archive)?;
+        let o = self.run(op, fault, delay, "runc-restore")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        let running = self.judge_container(&before, &o.said, f)?;
+        if o.ok && !running {
+            f.broke("lost-process", format!("runc restore said done, no container ({})", o.said));
+        }
+        self.bundle()?.delete();
+        if f.broken.is_empty() {
+            let op = self.runc_restore_op(&archive)?;
+            match self.must(op, "retry-restore") {
+                Err(e) => f.broke("next-run-failed", e),
+                Ok(()) => {
+                    if !self.judge_container(&before, "retry", f)? {
+                        f.broke("next-run-failed", "the retried restore left no container".into());
+                    }
+                }
+            }
+        }
+        self.bundle()?.delete();
+        Ok(())
+    }
+
+    /// A CRIU images directory (of a process now gone) and its archive.
+    fn images(&mut self) -> Result<(PathBuf, PathBuf)> {
+        if let Some(i) = &self.images {
+            return Ok(i.clone());
+        }
+        let img = self.work.join("images");
+        std::fs::create_dir_all(&img).map_err(|e| Error::file(&img, e))?;
+        let w = Running::start("mixed", self.mib, &self.work.join("wl-images"), &self.tools)?;
+        let out = Command::new(&self.criu)
+            .args(["dump", "-t", &w.pid.to_string(), "-D"])
+            .arg(&img)
+            .args(["-o", "dump.log", "--shell-job"])
+            .output()?;
+        if !out.status.success() {
+            return Err(Error::Criu(format!("criu dump for the pack path failed; see {}/dump.log", img.display())));
+        }
+        let _ = check::settle(w.pid, SETTLE);
+        drop(w);
+        let _ = std::fs::remove_file(img.join("dump.log"));
+        let archive = self.out.join("images.czr");
+        let mut c = self.criuz();
+        c.arg("pack").arg(&img).arg("-o").arg(&archive).arg("--force");
+        self.must(Op::Alone(c), "prepare-pack").map_err(Error::Invalid)?;
+        self.images = Some((img, archive));
+        Ok(self.images.clone().expect("set"))
+    }
+
+    fn pack_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let (img, _) = self.images()?;
+        let full = match fault {
+            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
+            _ => None,
+        };
+        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let target = dir.join("packed.czr");
+        let _ = std::fs::remove_file(&target);
+        let pack = |ctx: &Ctx, to: &Path| {
+            let mut c = ctx.criuz();
+            c.arg("pack").arg(&img).arg("-o").arg(to).arg("--force");
+            Op::Alone(c)
+        };
+        let o = self.run(pack(self, &target), fault, delay, "pack")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        if target.exists() && !check::complete(&self.criuz, &target.display().to_string()) {
+            f.broke("partial-archive", format!("{} published incomplete ({})", target.display(), o.said));
+        }
+        if o.ok != target.exists() {
+            f.broke("partial-archive", format!("pack exit {} but archive present: {}", o.said, target.exists()));
+        }
+        if let Some(t) = &full {
+            let left: Vec<_> = std::fs::read_dir(t.path()).map(|r| r.flatten().collect()).unwrap_or_default();
+            if !o.ok && !left.is_empty() {
+                f.broke("leftover", format!("a failed pack left {} entries on the full disk", left.len()));
+            }
+        }
+        drop(full);
+        let target = self.out.join("packed.czr");
+        if let Err(e) = self.must(pack(self, &target), "retry-pack") {
+            f.broke("next-run-failed", e);
+        } else if !check::complete(&self.criuz, &target.display().to_string()) {
+            f.broke("next-run-failed", "the retried pack does not verify".into());
+        }
+        Ok(())
+    }
+
+    fn unpack_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let (img, archive) = self.images()?;
+        let full = match fault {
+            Some(Fault::Enospc) => Some(self.full_disk(proc::dir_bytes(&img))?),
+            _ => None,
+        };
+        let base = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let dir = base.join("unpacked");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
+        let unpack = |ctx: &Ctx, to: &Path| {
+            let mut c = ctx.criuz();
+            c.arg("unpack").arg(&archive).arg("-d").arg(to).arg("--force");
+            Op::Alone(c)
+        };
+        let o = self.run(unpack(self, &dir), fault, delay, "unpack")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        match same_files(&img, &dir) {
+            Ok(Shown::Nothing) if !o.ok => {}
+            Ok(Shown::All) => {}
+            Ok(Shown::Part(differ)) => f.broke(
+                "partial-archive",
+                format!("unpack left part of the images in {} (differing: {differ:?}) ({})", dir.display(), o.said),
+            ),
+            Ok(Shown::Nothing) => f.broke("partial-archive", format!("unpack said done, {} is empty", dir.display())),
+            Err(e) => f.broke("partial-archive", format!("{}: {e}", dir.display())),
+        }
+        // Killed, it cannot clean up; otherwise it must have.
+        if fault != Some(Fault::KillCriuz) || !o.injected {
+            staged(&dir, "a failed unpack", f);
+        }
+        drop(full);
+        let dir = self.out.join("unpacked");
+        if let Err(e) = self.must(unpack(self, &dir), "retry-unpack") {
+            f.broke("next-run-failed", e);
+        } else if !matches!(same_files(&img, &dir), Ok(Shown::All)) {
+            f.broke("next-run-failed", "the retried unpack differs from the images".into());
+        }
+        staged(&dir, "the next unpack", f);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+}
+
+/// What a process of the tree says once it has settled after a fault.
+enum Asked {
+    Gone,
+    Stopped,
+    Sum(String),
+    /// It runs but does not answer (hung, or its memory broken).
+    Silent(String),
+}
+
+/// Waits for the process to settle and asks for its checksum. One that
+/// dies while asked (a guard ending a tree whose criuz was killed) is gone:
+/// the promise is about a process that runs, and it never answered.
+fn ask(w: &mut Running) -> Asked {
+    match check::settle(w.pid, SETTLE) {
+        Settled::Gone => Asked::Gone,
+        Settled::Stopped => Asked::Stopped,
+        Settled::Running => match w.fingerprint_within(SETTLE) {
+            Ok(s) => Asked::Sum(s),
+            Err(_) if check::settle(w.pid, Duration::from_secs(5)) == Settled::Gone => Asked::Gone,
+            Err(e) => Asked::Silent(e.to_string()),
+        },
+    }
+}
+
+/// A staging entry (hidden) left in an unpack's target is a leftover.
+fn staged(dir: &Path, after: &str, f: &mut Finding) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| r.flatten().filter_map(|e| e.file_name().to_str().map(String::from)).collect())
+        .unwrap_or_default();
+    let left: Vec<String> = left.into_iter().filter(|n| n.starts_with('.')).collect();
+    if !left.is_empty() {
+        f.broke("leftover", format!("after {after}: {left:?} in {}", dir.display()));
+    }
+}
+
+/// What an unpacked directory shows of the images it came from.
+enum Shown {
+    Nothing,
+    All,
+    /// Some files, or files that differ: names of the first few.
+    Part(Vec<String>),
+}
+
+fn same_files(images: &Path, dir: &Path) -> Result<Shown> {
+    let visible = |d: &Path| -> Result<Vec<String>> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .map_err(|e| Error::file(d, e))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let (want, got) = (visible(images)?, visible(dir)?);
+    if got.is_empty() {
+        return Ok(Shown::Nothing);
+    }
+    let differ: Vec<String> = want
+        .iter()
+        .filter(|n| std::fs::read(images.join(n)).ok() != std::fs::read(dir.join(n)).ok())
+        .take(4)
+        .cloned()
+        .collect();
+    Ok(if differ.is_empty() && want == got { Shown::All } else { Shown::Part(differ) })
+}
