@@ -115,6 +115,11 @@ pub fn alive(pid: i32) -> bool {
     stat_fields(pid).and_then(|f| f.first().cloned()).is_some_and(|s| s != "Z" && s != "X")
 }
 
+/// Stopped (by a signal, or under a tracer).
+pub fn stopped(pid: i32) -> bool {
+    stat_fields(pid).and_then(|f| f.first().cloned()).is_some_and(|s| s == "T" || s == "t")
+}
+
 /// Fields of /proc/PID/stat after the command name.
 fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -12,6 +12,9 @@
 //! namespace: a criuz in a container sharing `/tmp` with the host never
 //! takes the other's live files for dead ones. A work directory kept on
 //! purpose (the only copy of a checkpoint) is renamed `…-kept` and stays.
+//! The staging name is unheld for the instant between its creation and its
+//! lock; a criuz killed in that instant leaves it, so unheld staging
+//! entries go too (a writer caught in that very instant fails, loudly).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -36,6 +39,8 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
 /// held for as long as the returned handle lives.
 pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     remove_abandoned(base, prefix);
+    // One killed before its staging directory got its held name.
+    remove_abandoned(base, ".criuz-new-");
     let staging = tempfile::Builder::new().prefix(".criuz-new-").tempdir_in(base)?;
     let held = File::open(staging.path())?;
     let unique = staging.path().file_name().and_then(|n| n.to_str()).unwrap_or_default();
@@ -44,6 +49,38 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
     // Renamed: nothing is left under the staging name to remove.
     let _ = staging.keep();
     Ok((path, held))
+}
+
+/// Kills the stopped processes of user `uid` whose command line names `dir`
+/// (or a path in it): what the run that died left stopped on its work
+/// directory. A CRIU killed with criuz (it dies with criuz,
+/// `session::criu_run`) while its start-up probe of hardware breakpoints
+/// was stopped under its ptrace leaves that probe stopped for good, a copy
+/// of CRIU's command line (`-D` this directory) that no one resumes or
+/// reaps. Only a stopped one: a CRIU still at work there (a dump's CRIU
+/// curing its tree after criuz died) is let finish.
+fn end_processes_of(dir: &Path, uid: u32) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    let me = std::process::id();
+    let dir = dir.as_os_str().as_bytes();
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if pid == me || e.metadata().map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let names_dir =
+            cmdline.split(|&b| b == 0).any(|a| a.starts_with(dir) && matches!(a.get(dir.len()), None | Some(b'/')));
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let stopped =
+            stat.rsplit_once(')').is_some_and(|(_, r)| matches!(r.trim_start().chars().next(), Some('T' | 't')));
+        if names_dir && stopped {
+            // SAFETY: a process of our own user that works on an abandoned
+            // directory of criuz's; nothing else names that directory.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Removes a directory criuz made and everything in it, first detaching
@@ -128,7 +165,12 @@ pub fn remove_abandoned(dir: &Path, prefix: &str) {
         if !try_lock(&handle) {
             continue;
         }
-        let _ = if meta.is_dir() { remove_dir(&path) } else { std::fs::remove_file(&path) };
+        if meta.is_dir() {
+            end_processes_of(&path, uid);
+            let _ = remove_dir(&path);
+        } else {
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 

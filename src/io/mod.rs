@@ -47,6 +47,8 @@ impl AtomicFile {
         let name = name.to_string_lossy();
         let prefix = format!(".{name}.criuz-tmp-");
         leftover::remove_abandoned(dir, &prefix);
+        // A writer killed before its staging file got its held name.
+        leftover::remove_abandoned(dir, &format!(".{name}.criuz-new-"));
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         if tmp.symlink_metadata().is_ok() {
             // Held: another writer of this target in this very process.

@@ -27,6 +27,9 @@
 //! lazy-pages connection before the first userfaultfd arrives and tells
 //! the guard first ([`Guard::target_cgroup`]).
 //!
+//! A container criuz paused to checkpoint it (`session::container`) has a
+//! guard that runs `runc resume` should criuz die ([`Guard::running`]).
+//!
 //! The guard ignores SIGINT, SIGHUP and SIGTERM: a Ctrl-C that reaches the
 //! whole group and kills criuz must still end in the tree's kill.
 //!
@@ -36,7 +39,7 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree, wait_untraced};
+use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree, wait_ended, wait_untraced};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -49,8 +52,13 @@ use std::sync::OnceLock;
 const QUIT: u8 = b'q';
 
 /// On the descriptor socket: a cgroup's `cgroup.kill` path follows (u16
-/// length, then the bytes). A held userfaultfd comes with any other byte.
+/// length, then the bytes). A held userfaultfd comes with any other byte
+/// but [`WAIT_FOR`].
 const CGROUP: u8 = b'K';
+
+/// On the descriptor socket: a pid (i32) follows, whose end the guard waits
+/// for before it acts (a runc that would freeze the container again).
+const WAIT_FOR: u8 = b'P';
 
 /// Longest `cgroup.kill` path the guard takes (its buffer is on the stack).
 const CGROUP_PATH_MAX: usize = 1024;
@@ -144,7 +152,27 @@ impl Guard {
         Self::signalling(tree, libc::SIGCONT)
     }
 
+    /// Forks a guard that runs `argv` (a program by its path, then its
+    /// arguments) if criuz dies before [`release`](Self::release): a paused
+    /// container's `runc resume`.
+    pub fn running(argv: &[&std::ffi::OsStr]) -> Result<Guard> {
+        let argv: Vec<std::ffi::CString> = argv
+            .iter()
+            .map(|a| std::ffi::CString::new(a.as_bytes()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| Error::Usage("a NUL byte in a command for the guard".into()))?;
+        Self::spawn(&[], 0, Some(argv))
+    }
+
     fn signalling(tree: &[i32], sig: i32) -> Result<Guard> {
+        Self::spawn(tree, sig, None)
+    }
+
+    fn spawn(tree: &[i32], sig: i32, argv: Option<Vec<std::ffi::CString>>) -> Result<Guard> {
+        // The pointer array execv takes, made before the fork.
+        let mut argp: Vec<*const libc::c_char> = argv.iter().flatten().map(|a| a.as_ptr()).collect();
+        argp.push(std::ptr::null());
+        let exec = argv.as_ref().map(|_| argp.as_slice());
         let (tell_r, tell_w) = pipe()?;
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
@@ -158,8 +186,9 @@ impl Guard {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: in the child, which does nothing else: guard_main keeps
-            // to async-signal-safe calls on `fds` and `tree`, made above.
-            unsafe { guard_main(fds, &tree, sig) }
+            // to async-signal-safe calls on `fds`, `tree` and `exec`, made
+            // above.
+            unsafe { guard_main(fds, &tree, sig, exec) }
         }
         if pid < 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -190,6 +219,16 @@ impl Guard {
         msg.extend_from_slice(bytes);
         std::io::Write::write_all(&mut &self.fds, &msg)
             .map_err(|err| Error::CriuIo { what: "cannot tell the guard the restored container's cgroup".into(), err })
+    }
+
+    /// Tells the guard to wait for process `pid` to end before it acts
+    /// (the last one told counts): what criuz started may still change
+    /// what the guard undoes.
+    pub fn wait_for(&self, pid: u32) -> Result<()> {
+        let mut msg = vec![WAIT_FOR];
+        msg.extend_from_slice(&(pid as i32).to_ne_bytes());
+        std::io::Write::write_all(&mut &self.fds, &msg)
+            .map_err(|err| Error::CriuIo { what: "cannot tell the guard which process to wait for".into(), err })
     }
 
     /// Gives the guard a copy of a userfaultfd of the tree.
@@ -258,7 +297,7 @@ struct GuardFds {
 ///
 /// Only in the child of a fork, which must call nothing else: `f` holds the
 /// descriptors made for it before the fork, and it never returns.
-unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
+unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const libc::c_char]>) -> ! {
     // criuz's ends must close when criuz dies.
     for fd in f.not_ours {
         // SAFETY: criuz's ends, inherited: this process never uses them.
@@ -277,13 +316,14 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
     // A cgroup's `cgroup.kill`, NUL-terminated, once criuz names one.
     let mut cgroup = [0u8; CGROUP_PATH_MAX + 1];
     let mut has_cgroup = false;
+    let mut wait_pid = 0i32;
     loop {
         // SAFETY: poll(2) on the two pollfds of `fds`, which live across it.
         if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             continue;
         }
         // SAFETY: take_message is async-signal-safe and fills our own buffers.
-        if fds[1].revents != 0 && !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup) } {
+        if fds[1].revents != 0 && !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid) } {
             // criuz's end closed: the command pipe says what to do.
             fds[1].fd = -1;
         }
@@ -301,7 +341,7 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
                 // SAFETY: poll(2) on `one`, which lives across it.
                 while one.fd >= 0 && unsafe { libc::poll(&mut one, 1, 0) } == 1 {
                     // SAFETY: as above, our own buffers.
-                    if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup) } {
+                    if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid) } {
                         one.fd = -1;
                     }
                 }
@@ -309,7 +349,27 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
                     // A dump's tree: only once CRIU has let go of it.
                     wait_untraced(tree, 60_000);
                 }
-                signal_tree(tree, sig);
+                if sig != 0 {
+                    signal_tree(tree, sig);
+                }
+                if wait_pid > 0 {
+                    wait_ended(wait_pid, 15 * 60 * 1000);
+                }
+                if let Some(argv) = exec {
+                    // SAFETY: fork, execv, _exit and waitpid are
+                    // async-signal-safe; `argv` is a NULL-terminated array of
+                    // NUL-terminated strings made before the guard's fork.
+                    unsafe {
+                        let pid = libc::fork();
+                        if pid == 0 {
+                            libc::execv(argv[0], argv.as_ptr());
+                            libc::_exit(127);
+                        }
+                        if pid > 0 {
+                            libc::waitpid(pid, std::ptr::null_mut(), 0);
+                        }
+                    }
+                }
                 if has_cgroup {
                     // SAFETY: `cgroup` holds a NUL-terminated path (take_message).
                     let fd = unsafe { libc::open(cgroup.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC) };
@@ -338,7 +398,12 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32) -> ! {
 ///
 /// No precondition on the caller: recvmsg and read write only into buffers
 /// of its own stack and into `cgroup`.
-unsafe fn take_message(sock: RawFd, cgroup: &mut [u8; CGROUP_PATH_MAX + 1], has_cgroup: &mut bool) -> bool {
+unsafe fn take_message(
+    sock: RawFd,
+    cgroup: &mut [u8; CGROUP_PATH_MAX + 1],
+    has_cgroup: &mut bool,
+    wait_pid: &mut i32,
+) -> bool {
     let mut byte = 0u8;
     let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
     let mut control = [0u64; 8];
@@ -367,6 +432,13 @@ unsafe fn take_message(sock: RawFd, cgroup: &mut [u8; CGROUP_PATH_MAX + 1], has_
         }
         cgroup[n] = 0;
         *has_cgroup = true;
+    } else if byte == WAIT_FOR {
+        let mut pid = [0u8; 4];
+        // SAFETY: read_exactly writes only into `pid`.
+        if !unsafe { read_exactly(sock, &mut pid) } {
+            return false;
+        }
+        *wait_pid = i32::from_ne_bytes(pid);
     }
     true
 }

@@ -212,6 +212,48 @@ pub(crate) fn wait_untraced(pids: &[i32], limit_ms: u32) {
     }
 }
 
+/// Waits, at most `limit_ms`, until `pid` is gone or a zombie (another's
+/// to reap). Async-signal-safe: the guard uses it.
+pub(crate) fn wait_ended(pid: i32, limit_ms: u32) {
+    for _ in 0..limit_ms / 20 {
+        // SAFETY: `running` only opens, reads and closes on stack memory.
+        if !unsafe { running(pid) } {
+            return;
+        }
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+        // SAFETY: nanosleep reads `pause`, which outlives the call.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
+}
+
+/// Whether `pid` exists and is not a zombie (from /proc/PID/stat).
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn running(pid: i32) -> bool {
+    let mut path = [0u8; 64];
+    let stat = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/stat")]);
+    // SAFETY: `stat` is a NUL-terminated path (proc_path) that outlives the call.
+    let fd = unsafe { libc::open(stat.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: reads at most `buf.len()` bytes into our own buffer; closes
+    // the descriptor just opened, once.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let text = &buf[..n.max(0) as usize];
+    // The state follows the last ')' (the command name may hold one).
+    match text.iter().rposition(|&c| c == b')') {
+        Some(at) => !matches!(text.get(at + 2), Some(b'Z' | b'X') | None),
+        None => false,
+    }
+}
+
 /// Whether `pid` has a tracer (from /proc/PID/status; false if it is gone).
 ///
 /// # Safety

@@ -42,7 +42,7 @@ use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
-use crate::proc::guard::{wait_guarded, Victim};
+use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
 use crate::session::criu_run::{cannot_run, criu_failure, run_criu};
 use crate::session::follow::follow_pages;
@@ -142,17 +142,109 @@ fn images_dir(work: &WorkDir) -> Result<PathBuf> {
 
 /// `runc checkpoint` of container `o.id` into one archive. Complete only
 /// when runc exits 0 and the images hold `inventory.img`; otherwise nothing
-/// is published. Should the archive fail after runc succeeded (the tree is
-/// gone), the images the work directory holds are kept and named.
+/// is published.
+///
+/// The container is not lost to a failure after CRIU (a full disk, a dead
+/// object store, a killed criuz): runc has no `--leave-stopped`, so criuz
+/// pauses the container (its freezer), has runc checkpoint it with
+/// `--leave-running` (CRIU leaves a frozen container frozen), and ends it
+/// (`runc delete -f`) only once the archive is committed; any failure
+/// resumes it, and a guard runs `runc resume` should criuz die meanwhile.
+/// Where runc cannot pause it, the checkpoint ends the container as runc
+/// does, and images the work directory holds when the archive then fails
+/// are kept and named.
 pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &Criu) -> Result<CheckpointReport> {
     let started = Instant::now();
+    let held = if o.leave_running { None } else { Held::pause(runc, criu, &o.id) };
+    let written = checkpoint_into(runc, o, opts, criu, held.as_ref().map(|h| &h.guard));
+    match (written, held) {
+        (Ok(report), Some(held)) => {
+            held.end();
+            Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), ..report })
+        }
+        (Ok(report), None) => Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), ..report }),
+        (Err(e), Some(held)) => {
+            held.resume();
+            Err(e.context(format!("no checkpoint written; container {} was resumed", o.id)))
+        }
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// A container criuz paused for its checkpoint, and the guard that resumes
+/// it should criuz die.
+struct Held<'a> {
+    runc: &'a Runc,
+    criu: &'a Criu,
+    id: &'a str,
+    guard: Guard,
+}
+
+impl<'a> Held<'a> {
+    /// Pauses the container, or None where that cannot be done (no guard,
+    /// no freezer, runc refuses): the checkpoint then goes as runc's own.
+    fn pause(runc: &'a Runc, criu: &'a Criu, id: &'a str) -> Option<Held<'a>> {
+        let binary = if runc.binary.components().count() > 1 {
+            runc.binary.clone()
+        } else {
+            crate::criu::on_path(&runc.binary.to_string_lossy())?
+        };
+        let mut argv: Vec<std::ffi::OsString> = vec![binary.into()];
+        if let Some(root) = &runc.root {
+            argv.extend(["--root".into(), root.clone().into()]);
+        }
+        argv.extend(["resume".into(), id.into()]);
+        let refs: Vec<&std::ffi::OsStr> = argv.iter().map(|a| a.as_os_str()).collect();
+        // The guard first: a criuz that dies right after the pause must not
+        // leave the container frozen.
+        let guard = Guard::running(&refs).ok()?;
+        let mut pause = runc.command(criu);
+        pause.args(["pause", id]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        // Told to the guard: a pause still under way when criuz dies would
+        // freeze the container after the guard resumed it.
+        let paused = pause.spawn().and_then(|mut c| {
+            let told = guard.wait_for(c.id());
+            let st = c.wait()?;
+            told.map_err(|e| std::io::Error::other(e.to_string()))?;
+            Ok(st)
+        });
+        if !paused.is_ok_and(|st| st.success()) {
+            guard.release();
+            return None;
+        }
+        Some(Held { runc, criu, id, guard })
+    }
+
+    /// The archive is committed: the container ends, as after runc's own
+    /// checkpoint.
+    fn end(self) {
+        let _ = self.runc.command(self.criu).args(["delete", "-f", self.id]).stdin(Stdio::null()).output();
+        self.guard.release();
+    }
+
+    fn resume(self) {
+        let _ = self.runc.command(self.criu).args(["resume", self.id]).stdin(Stdio::null()).output();
+        self.guard.release();
+    }
+}
+
+/// The checkpoint itself: runc (with CRIU) and the archive, committed.
+/// `held`: the container is paused and stays so (`--leave-running`); its
+/// guard waits for the runc checkpointing it.
+fn checkpoint_into(
+    runc: &Runc,
+    o: &RuncCheckpoint,
+    opts: &Options,
+    criu: &Criu,
+    held: Option<&Guard>,
+) -> Result<CheckpointReport> {
     let opts = Options { tree: true, ..opts.clone() };
     let out = Output::open(&o.output, o.force)?;
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let mut cmd = runc.command(criu);
     cmd.arg("checkpoint").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
-    if o.leave_running {
+    if o.leave_running || held.is_some() {
         cmd.arg("--leave-running");
     }
     cmd.args(&o.extra);
@@ -163,7 +255,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
         Via::PageServer => {
             let server = PageServer::bind("127.0.0.1:0")?;
             cmd.arg("--page-server").arg(server.local_addr()?.to_string()).arg(&o.id);
-            receive::run_dump(&server, cmd, &what, &images, packer).map(|(stats, _)| stats).map_err(|e| {
+            receive::run_dump(&server, cmd, &what, &images, packer, held).map(|(stats, _)| stats).map_err(|e| {
                 let log = work.save_log("dump.log");
                 e.context(format!("no checkpoint written (CRIU log: {})", log.display()))
             })?
@@ -173,7 +265,12 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
             let done = AtomicBool::new(false);
             let (status, followed) = std::thread::scope(|s| {
                 let f = s.spawn(|| follow_pages(&images, &packer, &done));
-                let status = cmd.spawn().and_then(|mut c| wait_guarded(&mut c));
+                let status = cmd.spawn().and_then(|mut c| {
+                    if let Some(g) = held {
+                        g.wait_for(c.id()).map_err(|e| std::io::Error::other(e.to_string()))?;
+                    }
+                    wait_guarded(&mut c)
+                });
                 done.store(true, Ordering::Release);
                 (status, f.join().unwrap_or(Err(Error::Cancelled)))
             });
@@ -194,7 +291,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
             };
             match written {
                 Ok(stats) => stats,
-                Err(e) if o.leave_running => return Err(e),
+                Err(e) if o.leave_running || held.is_some() => return Err(e),
                 Err(e) => {
                     let kept = work.keep();
                     return Err(e.context(format!(
@@ -212,7 +309,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
         raw_bytes: stats.raw_bytes,
         archive_bytes: stats.archive_bytes,
         ratio: stats.ratio(),
-        seconds: started.elapsed().as_secs_f64(),
+        seconds: 0.0,
         files: stats.files,
         zero_pages: stats.zero_pages,
     })

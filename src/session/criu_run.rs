@@ -104,8 +104,25 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
 /// runc above it, or criuz's own image socket, would wait for it forever.
 /// `keep` (a restored tree's pids) is spared.
 pub(crate) fn run_criu(cmd: &mut Command, keep: &[i32]) -> std::io::Result<std::process::ExitStatus> {
+    run_criu_told(cmd, keep, None)
+}
+
+/// [`run_criu`], telling `guard` to wait for the process before it acts
+/// (a paused container is resumed only once the runc checkpointing it ends).
+pub(crate) fn run_criu_told(
+    cmd: &mut Command,
+    keep: &[i32],
+    guard: Option<&crate::proc::guard::Guard>,
+) -> std::io::Result<std::process::ExitStatus> {
     tree::become_subreaper();
     let mut child = cmd.spawn()?;
+    if let Some(g) = guard {
+        if let Err(e) = g.wait_for(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(e.to_string()));
+        }
+    }
     let mut spared = keep.to_vec();
     spared.push(child.id() as i32);
     let status = loop {

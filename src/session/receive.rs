@@ -259,11 +259,12 @@ pub fn run_dump(
     what: &str,
     dir: &Path,
     packer: Packer,
+    guard: Option<&crate::proc::guard::Guard>,
 ) -> Result<(PackStats, ReceiveReport)> {
     let stop = AtomicBool::new(false);
     let (status, received) = std::thread::scope(|s| {
         let rx = s.spawn(|| receive(server, &packer, &stop));
-        let status = crate::session::criu_run::run_criu(&mut cmd, &[]);
+        let status = crate::session::criu_run::run_criu_told(&mut cmd, &[], guard);
         stop.store(true, Ordering::Relaxed);
         (status, rx.join().unwrap_or(Err(Error::Cancelled)))
     });

@@ -82,7 +82,7 @@ pub fn page_server_dump(
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
-    let done = receive::run_dump(server, cmd, program, dir, packer)?;
+    let done = receive::run_dump(server, cmd, program, dir, packer, None)?;
     out.commit()?;
     Ok(done)
 }

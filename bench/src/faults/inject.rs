@@ -147,14 +147,14 @@ pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Pat
     }
     // What the operation started lives on after a kill (runc under a killed
     // criuz fails and cleans up on its own time): it is let finish, for at
-    // most half a minute, before anything is judged or retried; what is left
-    // after that is a leftover.
+    // most half a minute, before anything is judged or retried (a stopped
+    // one will not finish); what is left after the retry is a leftover.
     let me = std::process::id() as i32;
     let t_end = Instant::now();
     while t_end.elapsed() < Duration::from_secs(30)
         && proc::tree(me).into_iter().any(|p| {
             let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
-            matches!(comm.trim(), "runc" | "criu" | "criuz") && proc::alive(p)
+            matches!(comm.trim(), "runc" | "criu" | "criuz") && proc::alive(p) && !proc::stopped(p)
         })
     {
         proc::reap_zombies();

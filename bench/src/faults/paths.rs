@@ -560,15 +560,7 @@ impl Ctx {
                 Err(e) => f.broke("next-run-failed", e),
                 Ok(()) => {
                     self.bundle()?.delete();
-                    let op = self.runc_restore_op(&archive)?;
-                    match self.must(op, "retry-restore") {
-                        Err(e) => f.broke("next-run-failed", e),
-                        Ok(()) => {
-                            if !self.judge_container(&before, "retry", f)? {
-                                f.broke("next-run-failed", "the retried restore left no container".into());
-                            }
-                        }
-                    }
+                    self.retry_runc_restore(&archive, &before, f)?;
                 }
             }
         }
@@ -599,17 +591,24 @@ impl Ctx {
         }
         self.bundle()?.delete();
         if f.broken.is_empty() {
-            let op = self.runc_restore_op(&archive)?;
-            match self.must(op, "retry-restore") {
-                Err(e) => f.broke("next-run-failed", e),
-                Ok(()) => {
-                    if !self.judge_container(&before, "retry", f)? {
-                        f.broke("next-run-failed", "the retried restore left no container".into());
-                    }
+            self.retry_runc_restore(&archive, &before, f)?;
+        }
+        self.bundle()?.delete();
+        Ok(())
+    }
+
+    /// The faultless `runc restore` after a fault: it must run the
+    /// container with its checksum intact.
+    fn retry_runc_restore(&mut self, archive: &Path, before: &str, f: &mut Finding) -> Result<()> {
+        let op = self.runc_restore_op(archive)?;
+        match self.must(op, "retry-restore") {
+            Err(e) => f.broke("next-run-failed", e),
+            Ok(()) => {
+                if !self.judge_container(before, "retry", f)? {
+                    f.broke("next-run-failed", "the retried restore left no container".into());
                 }
             }
         }
-        self.bundle()?.delete();
         Ok(())
     }
 
