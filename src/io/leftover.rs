@@ -51,14 +51,14 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
     Ok((path, held))
 }
 
-/// Kills the stopped processes of user `uid` whose command line names `dir`
-/// (or a path in it): what the run that died left stopped on its work
-/// directory. A CRIU killed with criuz (it dies with criuz,
+/// Kills the processes of user `uid` whose command line names `dir` (or a
+/// path in it) that are stopped or restoring: what the run that died left
+/// on its work directory. A CRIU killed with criuz (it dies with criuz,
 /// `session::criu_run`) while its start-up probe of hardware breakpoints
 /// was stopped under its ptrace leaves that probe stopped for good, a copy
 /// of CRIU's command line (`-D` this directory) that no one resumes or
-/// reaps. Only a stopped one: a CRIU still at work there (a dump's CRIU
-/// curing its tree after criuz died) is let finish.
+/// reaps; a restoring CRIU's helper can sleep on for good. A dumping CRIU
+/// still at work there (curing its tree after criuz died) is let finish.
 fn end_processes_of(dir: &Path, uid: u32) {
     use std::os::unix::ffi::OsStrExt;
     let Ok(procs) = std::fs::read_dir("/proc") else { return };
@@ -75,7 +75,11 @@ fn end_processes_of(dir: &Path, uid: u32) {
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
         let stopped =
             stat.rsplit_once(')').is_some_and(|(_, r)| matches!(r.trim_start().chars().next(), Some('T' | 't')));
-        if names_dir && stopped {
+        // A restoring CRIU (or a task it forked) of a dead criuz can only
+        // fail (its tree is killed by criuz's guard): it goes whatever its
+        // state. A dumping one goes only if stopped.
+        let restoring = cmdline.split(|&b| b == 0).nth(1) == Some(b"restore".as_slice());
+        if names_dir && (stopped || restoring) {
             // SAFETY: a process of our own user that works on an abandoned
             // directory of criuz's; nothing else names that directory.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };

@@ -191,6 +191,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     });
     let status = status.map_err(|e| cannot_run(criu.path.display(), e))?;
     if !status.success() {
+        // A CRIU that failed on its own lets the tree go running; one that
+        // was killed (the OOM killer, an operator) leaves it stopped,
+        // released from ptrace but never continued. Once no tracer holds it,
+        // it is resumed.
+        tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
+        tree::signal_tree(&[o.pid], libc::SIGCONT);
         // CRIU stopped because the archive could not be written (a full
         // disk, a dead object store): that is the cause to report.
         if let Some(e) = packer.abort() {

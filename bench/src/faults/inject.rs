@@ -87,6 +87,11 @@ impl S3 {
     pub fn ensure(&mut self) -> Result<()> {
         if self.server.is_none() {
             self.server = Some(s3::Server::start(&self.dir, None)?);
+            // SeaweedFS answers (and lists its bucket) before it has loaded
+            // the volumes a SIGKILL left: reads of older objects fail with
+            // InternalError for a moment. What is judged is criuz, not the
+            // server's recovery.
+            std::thread::sleep(Duration::from_secs(3));
         }
         Ok(())
     }

@@ -166,6 +166,12 @@ fn record(
     if fault.is_none() {
         ctx.clean_seconds.retain(|(r, _)| *r != route);
         ctx.clean_seconds.push((route, f.seconds.max(0.05)));
+    } else if !f.injected {
+        // The operation ended before the fault: strike sooner next time
+        // (CRIU's part of a dump to S3 is a fraction of the whole).
+        for (_, s) in ctx.clean_seconds.iter_mut().filter(|(r, _)| *r == route) {
+            *s = (*s * 0.7).max(0.01);
+        }
     }
     let fname = fault.map(Fault::name).unwrap_or("none");
     let i = match rows.iter().position(|r| r.route == route.name() && r.fault == fname) {
