@@ -30,6 +30,10 @@ if op == "up":
     s3.upload_file(sys.argv[4], bucket, key, Config=cfg)
 elif op == "down":
     s3.download_file(bucket, key, sys.argv[4], Config=cfg)
+elif op == "readable":
+    for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        for at in range(0, o["Size"], 8 << 20):
+            s3.get_object(Bucket=bucket, Key=o["Key"], Range="bytes=%d-%d" % (at, at))["Body"].read()
 elif op == "wait":
     for _ in range(300):
         try:
@@ -154,6 +158,17 @@ impl Drop for Server {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
+}
+
+/// Every object of the bucket reads (a byte of each 8 MiB): a server
+/// restarted after a crash has loaded its volumes.
+pub fn all_readable() -> bool {
+    Command::new("python3")
+        .args(["-c", BOTO3, "readable", BUCKET, "-"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `s3://` URL of a run's object.

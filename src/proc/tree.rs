@@ -62,10 +62,14 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
         let mut strays: Vec<i32> = children_of(me).into_iter().filter(|p| !keep.contains(p) && is_criu(*p)).collect();
         // Under runc: CRIU died (a zombie runc has not reaped yet, as runc
         // still reads CRIU's socket), and the `criu`s beside it are strays
-        // that runc inherited.
+        // that runc inherited. Only CRIU itself counts, a `criu` whose
+        // parent is not one: a helper of a live CRIU is a zombie for a
+        // moment whenever it ends, and its siblings are CRIU's helpers at
+        // work (its namespace dumper, for one).
         for p in tree_pids(&[me]) {
-            if holder_of(p).is_some_and(|h| h.zombie && h.comm == "criu") {
-                let parent = parent_of(p).unwrap_or(0);
+            let parent = parent_of(p).unwrap_or(0);
+            let criu_itself = holder_of(parent).is_none_or(|h| h.comm != "criu");
+            if criu_itself && holder_of(p).is_some_and(|h| h.zombie && h.comm == "criu") {
                 strays.extend(
                     children_of(parent)
                         .into_iter()

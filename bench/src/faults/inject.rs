@@ -89,9 +89,12 @@ impl S3 {
             self.server = Some(s3::Server::start(&self.dir, None)?);
             // SeaweedFS answers (and lists its bucket) before it has loaded
             // the volumes a SIGKILL left: reads of older objects fail with
-            // InternalError for a moment. What is judged is criuz, not the
-            // server's recovery.
-            std::thread::sleep(Duration::from_secs(3));
+            // InternalError for a while. What is judged is criuz, not the
+            // server's recovery: wait until every object reads throughout.
+            let t = Instant::now();
+            while !s3::all_readable() && t.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(500));
+            }
         }
         Ok(())
     }
