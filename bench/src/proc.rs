@@ -112,12 +112,17 @@ pub fn exists(pid: i32) -> bool {
 
 /// Running (not a zombie waiting to be reaped).
 pub fn alive(pid: i32) -> bool {
-    stat_fields(pid).and_then(|f| f.first().cloned()).is_some_and(|s| s != "Z" && s != "X")
+    state(pid).is_some_and(|s| s != 'Z' && s != 'X')
+}
+
+/// The process's state letter (R, S, D, T, t, Z, ...), if it exists.
+pub fn state(pid: i32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
 }
 
 /// Stopped (by a signal, or under a tracer).
 pub fn stopped(pid: i32) -> bool {
-    stat_fields(pid).and_then(|f| f.first().cloned()).is_some_and(|s| s == "T" || s == "t")
+    matches!(state(pid), Some('T' | 't'))
 }
 
 /// Fields of /proc/PID/stat after the command name.

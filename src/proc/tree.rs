@@ -65,8 +65,11 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
         // that runc inherited. Only CRIU itself counts, a `criu` whose
         // parent is not one: a helper of a live CRIU is a zombie for a
         // moment whenever it ends, and its siblings are CRIU's helpers at
-        // work (its namespace dumper, for one).
-        for p in tree_pids(&[me]) {
+        // work (its namespace dumper, for one). CRIU runs as criuz's child
+        // or runc's, so two levels down are looked at, never the tree a
+        // CRIU without -d restored and waits for.
+        let near: Vec<i32> = children_of(me).into_iter().flat_map(|c| [vec![c], children_of(c)].concat()).collect();
+        for p in near {
             let parent = parent_of(p).unwrap_or(0);
             let criu_itself = holder_of(parent).is_none_or(|h| h.comm != "criu");
             if criu_itself && holder_of(p).is_some_and(|h| h.zombie && h.comm == "criu") {
@@ -92,6 +95,8 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
     }
 }
 
+/// The parent of `pid` (the second field after the command's closing
+/// paren in /proc/PID/stat).
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
@@ -204,9 +209,22 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
 /// not expect, and CRIU 4.2 then hangs with the tree traced (seen once in
 /// tests/criu_stream.rs's kill-mid-dump test).
 pub(crate) fn wait_untraced(pids: &[i32], limit_ms: u32) {
+    // SAFETY: `traced` only opens, reads and closes on stack memory.
+    poll_until(limit_ms, || !pids.iter().any(|&p| unsafe { traced(p) }));
+}
+
+/// Waits, at most `limit_ms`, until `pid` is gone or a zombie (another's
+/// to reap). Async-signal-safe: the guard uses it.
+pub(crate) fn wait_ended(pid: i32, limit_ms: u32) {
+    // SAFETY: `running` only opens, reads and closes on stack memory.
+    poll_until(limit_ms, || !unsafe { running(pid) });
+}
+
+/// Asks `done` every 10 ms until it says yes or `limit_ms` has passed.
+/// Async-signal-safe as long as `done` is (nanosleep on stack memory).
+fn poll_until(limit_ms: u32, mut done: impl FnMut() -> bool) {
     for waited in 0..=limit_ms / 10 {
-        // SAFETY: `traced` only opens, reads and closes on stack memory.
-        if !pids.iter().any(|&p| unsafe { traced(p) }) || waited == limit_ms / 10 {
+        if done() || waited == limit_ms / 10 {
             return;
         }
         let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
@@ -216,18 +234,28 @@ pub(crate) fn wait_untraced(pids: &[i32], limit_ms: u32) {
     }
 }
 
-/// Waits, at most `limit_ms`, until `pid` is gone or a zombie (another's
-/// to reap). Async-signal-safe: the guard uses it.
-pub(crate) fn wait_ended(pid: i32, limit_ms: u32) {
-    for _ in 0..limit_ms / 20 {
-        // SAFETY: `running` only opens, reads and closes on stack memory.
-        if !unsafe { running(pid) } {
-            return;
-        }
-        let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
-        // SAFETY: nanosleep reads `pause`, which outlives the call.
-        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+/// Reads the start of /proc/`pid`/`file` into `buf`; empty if `pid` is
+/// gone.
+///
+/// # Safety
+/// Async-signal-safe (open, read, close on the caller's memory); no
+/// preconditions.
+unsafe fn read_proc<'a>(pid: i32, file: &[u8], buf: &'a mut [u8]) -> &'a [u8] {
+    let mut path = [0u8; 64];
+    let at = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(file)]);
+    // SAFETY: `at` is a NUL-terminated path (proc_path) that outlives the call.
+    let fd = unsafe { libc::open(at.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return &buf[..0];
     }
+    // SAFETY: reads at most `buf.len()` bytes into the caller's buffer;
+    // closes the descriptor just opened, once.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    &buf[..n.max(0) as usize]
 }
 
 /// Whether `pid` exists and is not a zombie (from /proc/PID/stat).
@@ -235,22 +263,9 @@ pub(crate) fn wait_ended(pid: i32, limit_ms: u32) {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn running(pid: i32) -> bool {
-    let mut path = [0u8; 64];
-    let stat = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/stat")]);
-    // SAFETY: `stat` is a NUL-terminated path (proc_path) that outlives the call.
-    let fd = unsafe { libc::open(stat.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return false;
-    }
     let mut buf = [0u8; 512];
-    // SAFETY: reads at most `buf.len()` bytes into our own buffer; closes
-    // the descriptor just opened, once.
-    let n = unsafe {
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = &buf[..n.max(0) as usize];
+    // SAFETY: read_proc only opens, reads and closes on our stack buffer.
+    let text = unsafe { read_proc(pid, b"/stat", &mut buf) };
     // The state follows the last ')' (the command name may hold one).
     match text.iter().rposition(|&c| c == b')') {
         Some(at) => !matches!(text.get(at + 2), Some(b'Z' | b'X') | None),
@@ -263,22 +278,9 @@ unsafe fn running(pid: i32) -> bool {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn traced(pid: i32) -> bool {
-    let mut path = [0u8; 64];
-    let status = proc_path(&mut path, &[Part::Text(b"/proc/"), Part::Num(pid.into()), Part::Text(b"/status")]);
-    // SAFETY: `status` is a NUL-terminated path (proc_path) that outlives the call.
-    let fd = unsafe { libc::open(status.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return false;
-    }
     let mut buf = [0u8; 4096];
-    // SAFETY: reads at most `buf.len()` bytes into our own buffer; closes
-    // the descriptor just opened, once.
-    let n = unsafe {
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = &buf[..n.max(0) as usize];
+    // SAFETY: read_proc only opens, reads and closes on our stack buffer.
+    let text = unsafe { read_proc(pid, b"/status", &mut buf) };
     const KEY: &[u8] = b"TracerPid:\t";
     match text.windows(KEY.len()).position(|w| w == KEY) {
         Some(at) => text.get(at + KEY.len()).is_some_and(|&c| c != b'0'),
@@ -292,10 +294,8 @@ pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
         if pid == ancestor {
             return true;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-        // The parent is the second field after the command's closing paren.
-        match stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()) {
-            Some(parent) if parent > 0 && parent != pid => pid = parent,
+        match parent_of(pid as i32) {
+            Some(parent) if parent > 0 && parent as u32 != pid => pid = parent as u32,
             _ => return false,
         }
     }

@@ -39,7 +39,7 @@ pub fn settle(pid: i32, limit: Duration) -> Settled {
     let t = Instant::now();
     loop {
         proc::reap_zombies();
-        match state(pid) {
+        match proc::state(pid) {
             None | Some('Z') | Some('X') => return Settled::Gone,
             Some('T') | Some('t') => {}
             Some(_) if traced(pid) => {}
@@ -50,11 +50,6 @@ pub fn settle(pid: i32, limit: Duration) -> Settled {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn state(pid: i32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 2..].chars().next()
 }
 
 fn traced(pid: i32) -> bool {
@@ -129,7 +124,7 @@ pub fn leftovers(places: &Places, spared: &[i32], uploads: impl FnOnce() -> Resu
     let spared: BTreeSet<i32> = spared.iter().flat_map(|&p| proc::tree(p)).collect();
     for pid in proc::tree(me).into_iter().skip(1).filter(|p| !spared.contains(p)) {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        match state(pid) {
+        match proc::state(pid) {
             None | Some('Z') | Some('X') => {}
             Some(s) => out.push(format!("process {pid} ({}, state {s})", comm.trim())),
         }

@@ -249,11 +249,17 @@ impl Ctx {
         Ok(f)
     }
 
-    /// A tmpfs for a full-disk fault: room for part of `bytes` only.
-    fn full_disk(&mut self, bytes: u64) -> Result<Tmpfs> {
+    /// Where a trial writes its output: for a full-disk fault, a tmpfs with
+    /// room for part of `bytes` only (kept mounted while the handle lives);
+    /// otherwise the output directory.
+    fn output_dir(&mut self, fault: Option<Fault>, bytes: u64) -> Result<(Option<Tmpfs>, PathBuf)> {
+        if fault != Some(Fault::Enospc) {
+            return Ok((None, self.out.clone()));
+        }
         let dir = self.work.join(format!("full-{}", self.trial));
         let size = 64 * 1024 + (self.rng.f64() * 0.9 * bytes as f64) as u64;
-        Tmpfs::mount_sized(&dir, size)
+        let full = Tmpfs::mount_sized(&dir, size)?;
+        Ok((Some(full), dir))
     }
 
     fn reference_size(&self) -> u64 {
@@ -270,11 +276,7 @@ impl Ctx {
             w.rewrite(5.0, self.trial as u64)?;
         }
         let before = w.fingerprint()?;
-        let full = match fault {
-            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
-            _ => None,
-        };
-        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let (full, dir) = self.output_dir(fault, self.reference_size())?;
         let target = self.target(route, &dir);
         // Judged is what this trial wrote, never an earlier trial's file.
         let _ = std::fs::remove_file(&target);
@@ -525,11 +527,7 @@ impl Ctx {
     fn runc_checkpoint_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
         self.bundle()?.start()?;
         let before = self.bundle()?.sum()?;
-        let full = match fault {
-            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
-            _ => None,
-        };
-        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let (full, dir) = self.output_dir(fault, self.reference_size())?;
         let archive = self.runc_archive(&dir);
         let op = self.runc_checkpoint_op(&archive)?;
         let o = self.run(op, fault, delay, "runc-checkpoint")?;
@@ -641,11 +639,7 @@ impl Ctx {
 
     fn pack_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
         let (img, _) = self.images()?;
-        let full = match fault {
-            Some(Fault::Enospc) => Some(self.full_disk(self.reference_size())?),
-            _ => None,
-        };
-        let dir = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let (full, dir) = self.output_dir(fault, self.reference_size())?;
         let target = dir.join("packed.czr");
         let _ = std::fs::remove_file(&target);
         let pack = |ctx: &Ctx, to: &Path| {
@@ -680,11 +674,7 @@ impl Ctx {
 
     fn unpack_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
         let (img, archive) = self.images()?;
-        let full = match fault {
-            Some(Fault::Enospc) => Some(self.full_disk(proc::dir_bytes(&img))?),
-            _ => None,
-        };
-        let base = full.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| self.out.clone());
+        let (full, base) = self.output_dir(fault, proc::dir_bytes(&img))?;
         let dir = base.join("unpacked");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
