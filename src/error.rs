@@ -222,6 +222,8 @@ pub enum DecodeError {
     Zstd(std::sync::Arc<std::io::Error>),
     #[error("zstd block decompresses to {got} bytes, expected {expect}")]
     ZstdLength { got: usize, expect: usize },
+    #[error("byte-planes block: {0}")]
+    Planes(&'static str),
     #[error("block data checksum mismatch")]
     DataCheck,
 }

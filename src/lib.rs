@@ -28,11 +28,13 @@
 pub mod archive;
 pub mod codec;
 pub mod criu;
+pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod format;
 pub mod io;
 pub mod offline;
+pub mod planes;
 pub mod proc;
 pub mod progress;
 pub mod seal;

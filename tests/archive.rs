@@ -389,10 +389,10 @@ fn foreign_files_and_unknown_versions_are_clear_errors() {
             "future",
             {
                 let mut v = good.clone();
-                v[8] = 3;
+                v[8] = 4;
                 v
             },
-            "version 3",
+            "version 4",
         ),
     ];
     for (name, bytes, want) in cases {

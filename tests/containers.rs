@@ -166,10 +166,21 @@ impl Runc {
         self.criuz(&[&head[..], extra].concat())
     }
     fn criuz(&self, args: &[&str]) -> std::process::Output {
+        self.criuz_with(args, &[])
+    }
+    fn criuz_with(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
         let mut c = Command::new(CRIUZ);
         c.args(["runc"]).args(args).args(["--root", p(self.root.path())]);
+        c.envs(env.iter().copied());
         c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         c.output().unwrap()
+    }
+    /// Sets an environment variable of the container's init.
+    fn set_env(&self, var: &str) {
+        let cfg = self.bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        spec["process"]["env"].as_array_mut().unwrap().push(var.into());
+        std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
     }
 }
 
@@ -177,6 +188,50 @@ impl Drop for Runc {
     fn drop(&mut self) {
         let _ = self.cmd().args(["delete", "-f", &self.id]).output();
     }
+}
+
+/// A container whose init uses CUDA (the fake driver, tests/fake_cuda, takes
+/// it for one by its FAKE_CUDA_ID): suspended before runc freezes it,
+/// recorded, and resumed once the restored container runs, under its new
+/// host pid; a `--leave-running` checkpoint resumes it at once.
+#[test]
+fn a_runc_container_using_cuda_is_suspended_and_resumed() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let r = Runc::bundle(t.path(), "criuz-gpu", MIB, "mixed");
+    r.set_env("FAKE_CUDA_ID=c");
+    r.start(&criu);
+    let before = r.sum();
+    let fake = tempfile::tempdir().unwrap();
+    let lib = fake_cuda_library();
+    let env = [("CRIUZ_LIBCUDA", lib.as_os_str()), ("FAKE_CUDA_DIR", fake.path().as_os_str())];
+    let log = || std::fs::read_to_string(fake.path().join("log")).unwrap_or_default();
+    let calls = || log().lines().map(|l| l.split_whitespace().next().unwrap_or("").to_string()).collect::<Vec<_>>();
+    let state = || std::fs::read_to_string(fake.path().join("state-c")).unwrap_or_default().trim().to_string();
+    let arc = t.path().join("gpu.czr");
+    let out = r.criuz_with(&["checkpoint", &r.id, "-o", p(&arc), "--json", "--criu", p(&criu)], &env);
+    let out = ok(out, "criuz runc checkpoint of a CUDA container");
+    let json = &out.stderr[out.stderr.iter().position(|&b| b == b'{').unwrap()..];
+    let report: serde_json::Value = serde_json::from_slice(json).unwrap();
+    assert_eq!(report["cuda"]["pids"].as_array().map(|a| a.len()), Some(1), "{report}");
+    assert_eq!(calls(), ["lock", "checkpoint"], "{}", log());
+    assert!(log().lines().all(|l| l.contains("tracer=0")), "{}", log());
+    assert_eq!(state(), "2");
+    std::fs::remove_file(fake.path().join("log")).unwrap();
+    let head = ["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu)];
+    ok(r.criuz_with(&head, &env), "criuz runc restore of a CUDA container");
+    assert_eq!(calls(), ["restore", "unlock"], "{}", log());
+    assert_eq!(state(), "0");
+    assert_eq!(r.sum(), before, "memory after a restore of a CUDA container");
+    std::fs::remove_file(fake.path().join("log")).unwrap();
+    let out = r.criuz_with(
+        &["checkpoint", &r.id, "-o", p(&t.path().join("again.czr")), "--leave-running", "--criu", p(&criu)],
+        &env,
+    );
+    ok(out, "criuz runc checkpoint --leave-running of a CUDA container");
+    assert_eq!(calls(), ["lock", "checkpoint", "restore", "unlock"], "{}", log());
+    assert_eq!(r.sum(), before);
 }
 
 #[test]

@@ -144,15 +144,31 @@ fn table_archive_from_the_spec() -> Vec<u8> {
     let block_header = b.clone();
     a.extend_from_slice(&b);
     a.extend_from_slice(b"hi");
-    let file_check = xxh3_64(&xxh3_64(b"hi").to_le_bytes());
-    a.extend_from_slice(&e_record(2, file_check.to_le_bytes()));
+    end_of_one_block(&mut a, 2, xxh3_64(b"hi"), block_at, 34, &block_header);
+    a
+}
+
+/// The rest of an archive whose file `x` holds one block of `raw_len` bytes
+/// (data check `data_check`, record of `record_len` bytes at `block_at`,
+/// whose first 32 bytes are `block_header`): E, then I with the block's
+/// reference and its table entry, then the trailer.
+fn end_of_one_block(
+    a: &mut Vec<u8>,
+    raw_len: u32,
+    data_check: u64,
+    block_at: u64,
+    record_len: u32,
+    block_header: &[u8],
+) {
+    let file_check = xxh3_64(&data_check.to_le_bytes());
+    a.extend_from_slice(&e_record(raw_len.into(), file_check.to_le_bytes()));
     let index_at = a.len() as u64;
-    let mut body = entry_x(2, file_check, 1);
+    let mut body = entry_x(raw_len.into(), file_check, 1);
     // The reference, then its table entry: the B record's first 32 bytes.
     body.extend_from_slice(&block_at.to_le_bytes());
-    body.extend_from_slice(&2u32.to_le_bytes());
-    body.extend_from_slice(&34u32.to_le_bytes());
-    body.extend_from_slice(&block_header);
+    body.extend_from_slice(&raw_len.to_le_bytes());
+    body.extend_from_slice(&record_len.to_le_bytes());
+    body.extend_from_slice(block_header);
     let i = i_record(&body);
     let index_len = i.len() as u64;
     a.extend_from_slice(&i);
@@ -162,7 +178,6 @@ fn table_archive_from_the_spec() -> Vec<u8> {
     let c = xxh3_64(&t);
     t.extend_from_slice(&c.to_le_bytes());
     a.extend_from_slice(&t);
-    a
 }
 
 #[test]
@@ -195,6 +210,60 @@ fn the_block_table_is_laid_out_as_documented_and_opens_from_the_index() {
     a.proven().unwrap();
     let walked = open(&Location::memory("golden", spec), &OpenOptions::default()).unwrap();
     assert_eq!(walked.index(), a.index());
+}
+
+/// FORMAT.md's version 3 (flags TABLE | PLANES): file `x` holds one block of
+/// 32 bf16 words 0x3C00 (1.0), stored as codec 4: each word rotated left by
+/// one bit is 0x7800, so the low plane is 32 zero bytes (stored raw) and the
+/// high plane 32 bytes 0x78, stored as a hand-made LZ4 block.
+fn planes_archive_from_the_spec() -> (Vec<u8>, Vec<u8>) {
+    let s: Vec<u8> = std::iter::repeat_n([0x00, 0x3C], 32).flatten().collect();
+    let mut a = header_and_x(3, 4 | 32);
+    let block_at = a.len() as u64;
+    // LZ4: 1 literal then a 26-byte match at offset 1 (token 1F, length
+    // 15 + 7); then the 5 final literals (token 50).
+    let high = [0x1F, 0x78, 0x01, 0x00, 0x07, 0x50, 0x78, 0x78, 0x78, 0x78, 0x78];
+    let mut payload = vec![32, 0, 0, 0, 0b10, 0, 0, 0];
+    payload.extend_from_slice(&[0u8; 32]);
+    payload.extend_from_slice(&high);
+    assert_eq!(payload.len(), 51);
+    // B: codec 4, no bitmap, file 0, raw_len 64, stored_len 51, checks.
+    let mut b = vec![0x42, 0x04, 0x00, 0x00, 0, 0, 0, 0];
+    b.extend_from_slice(&64u32.to_le_bytes());
+    b.extend_from_slice(&51u32.to_le_bytes());
+    b.extend_from_slice(&xxh3_64(&s).to_le_bytes());
+    b.extend_from_slice(&(xxh3_64(&payload) as u32).to_le_bytes());
+    seal(&mut b);
+    let block_header = b.clone();
+    a.extend_from_slice(&b);
+    a.extend_from_slice(&payload);
+    end_of_one_block(&mut a, 64, xxh3_64(&s), block_at, 32 + 51, &block_header);
+    (a, s)
+}
+
+#[test]
+fn a_byte_planes_block_decodes_by_the_spec_through_every_reader() {
+    let (spec, s) = planes_archive_from_the_spec();
+    let a = open(&Location::memory("golden", spec.clone()), &OpenOptions::default()).unwrap();
+    assert_eq!(a.read_file(a.find("x").unwrap()).unwrap(), s);
+    let rep = criuz::offline::inspect(&spec[..]).unwrap();
+    assert_eq!((rep.version, rep.total.codecs.planes, rep.total.codecs.lz4), (3, 1, 1));
+    let (files, bytes) = criuz::offline::verify(
+        criuz::offline::Reading::Stream("golden".into(), Box::new(std::io::Cursor::new(spec.clone()))),
+        &criuz::archive::Options::default(),
+        criuz::progress::Progress::hidden(),
+    )
+    .unwrap();
+    assert_eq!((files, bytes), (1, 64));
+    // The version goes with the flag: version 2 with PLANES is corrupt.
+    let mut v2 = spec;
+    v2[8] = 2;
+    let h = xxh3_64(&v2[..56]);
+    v2[56..64].copy_from_slice(&h.to_le_bytes());
+    let Err(e) = open(&Location::memory("golden", v2), &OpenOptions::default()) else {
+        panic!("version 2 with PLANES opened")
+    };
+    assert_eq!(e.kind(), criuz::error::Kind::Archive, "{e}");
 }
 
 /// An encrypted archive written by criuz, opened by the rules of FORMAT.md's

@@ -1,7 +1,10 @@
 //! `criuz-bench --codec-table`: for each memory pattern, one plain
 //! `criu dump -D`, then `criuz pack` with each codec and `criuz unpack` of
-//! the result: archive size against the raw image size, and pack and unpack
-//! throughput (raw image bytes per second of wall time).
+//! the result: archive size against the raw image size, pack and unpack
+//! throughput (raw image bytes per second of wall time), and the CPU time
+//! of a pack. Each codec runs with byte planes (the default) and without
+//! (`-flat`, `--no-planes`): what the 16-bit float transform gains and
+//! costs, on the `bf16` pattern and on every other.
 
 use crate::error::{Error, Result};
 use crate::proc;
@@ -21,17 +24,36 @@ pub struct CodecRow {
     /// Median over the runs, raw image bytes per second.
     pub pack_bytes_per_s: f64,
     pub unpack_bytes_per_s: f64,
+    /// Median over the runs: user and system CPU seconds of one pack.
+    pub pack_cpu_s: f64,
 }
 
-pub const CODECS: &[&str] = &["lz4", "zstd"];
+/// Each codec's name in the table and its `criuz pack` options.
+pub const CODECS: &[(&str, &[&str])] = &[
+    ("lz4", &["--codec", "lz4"]),
+    ("lz4-flat", &["--codec", "lz4", "--no-planes"]),
+    ("zstd", &["--codec", "zstd"]),
+    ("zstd-flat", &["--codec", "zstd", "--no-planes"]),
+];
 
-fn timed(cmd: &mut Command) -> Result<f64> {
-    let t = Instant::now();
+/// CPU seconds (user and system) of the waited-for children so far.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Runs `cmd` to its end: wall seconds and CPU seconds.
+fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
+    let (t, cpu) = (Instant::now(), children_cpu());
     let out = cmd.stdin(Stdio::null()).output()?;
     if !out.status.success() {
         return Err(Error::Invalid(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
-    Ok(t.elapsed().as_secs_f64())
+    Ok((t.elapsed().as_secs_f64(), children_cpu() - cpu))
 }
 
 /// Rows for one pattern: dumps a fresh workload once, then packs and unpacks
@@ -62,15 +84,17 @@ pub fn measure(
     drop(app);
     let raw_bytes = proc::dir_bytes(&img);
     let mut rows = Vec::new();
-    for codec in CODECS {
+    for (codec, options) in CODECS {
         let arc = dir.join(format!("{codec}.czr"));
-        let (mut pack, mut unpack) = (Vec::new(), Vec::new());
+        let (mut pack, mut unpack, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
             let _ = std::fs::remove_file(&arc);
-            pack.push(timed(Command::new(criuz).arg("pack").arg(&img).arg("-o").arg(&arc).args(["--codec", codec]))?);
+            let (wall, used) = timed(Command::new(criuz).arg("pack").arg(&img).arg("-o").arg(&arc).args(*options))?;
+            pack.push(wall);
+            cpu.push(used);
             let out = dir.join("out");
             let _ = std::fs::remove_dir_all(&out);
-            unpack.push(timed(Command::new(criuz).arg("unpack").arg(&arc).arg("-d").arg(&out))?);
+            unpack.push(timed(Command::new(criuz).arg("unpack").arg(&arc).arg("-d").arg(&out))?.0);
             std::fs::remove_dir_all(&out).map_err(|e| Error::file(&out, e))?;
         }
         let archive_bytes = proc::file_bytes(&arc);
@@ -82,6 +106,7 @@ pub fn measure(
             ratio: archive_bytes as f64 / raw_bytes.max(1) as f64,
             pack_bytes_per_s: raw_bytes as f64 / crate::report::median(&pack).unwrap_or(f64::NAN),
             unpack_bytes_per_s: raw_bytes as f64 / crate::report::median(&unpack).unwrap_or(f64::NAN),
+            pack_cpu_s: crate::report::median(&cpu).unwrap_or(f64::NAN),
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -90,18 +115,19 @@ pub fn measure(
 
 pub fn table(rows: &[CodecRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<5} {:>9} {:>11} {:>7} {:>11} {:>13}\n",
-        "pattern", "codec", "raw MiB", "archive MiB", "ratio", "pack MiB/s", "unpack MiB/s"
+        "{:<8} {:<9} {:>9} {:>11} {:>7} {:>11} {:>12} {:>13}\n",
+        "pattern", "codec", "raw MiB", "archive MiB", "ratio", "pack MiB/s", "pack CPU s", "unpack MiB/s"
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<8} {:<5} {:>9.1} {:>11.1} {:>7.3} {:>11.0} {:>13.0}\n",
+            "{:<8} {:<9} {:>9.1} {:>11.1} {:>7.3} {:>11.0} {:>12.3} {:>13.0}\n",
             r.workload,
             r.codec,
             r.raw_bytes as f64 / (1 << 20) as f64,
             r.archive_bytes as f64 / (1 << 20) as f64,
             r.ratio,
             r.pack_bytes_per_s / (1 << 20) as f64,
+            r.pack_cpu_s,
             r.unpack_bytes_per_s / (1 << 20) as f64
         ));
     }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod containers;
 pub mod error;
 pub mod faults;
+pub mod gpu;
 pub mod incremental;
 pub mod lazy;
 pub mod load;

@@ -7,7 +7,7 @@
 
 use config::{Config, Env, Place};
 use criuz_bench::error::{Error, Result};
-use criuz_bench::{aead, codecs, config, containers, incremental, lazy, load, plot, proc, report, s3, workload};
+use criuz_bench::{aead, codecs, config, containers, gpu, incremental, lazy, load, plot, proc, report, s3, workload};
 use report::{Document, Machine, Pair, ResultJson, Sample, Settings};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,6 +97,22 @@ pub struct BenchArgs {
     /// first N of the CPUs it may use, to show scaling (e.g. 1, 2, 4, 8, 16)
     #[arg(long, value_name = "N")]
     pub cpus: Option<usize>,
+    /// Instead of the comparison: a CUDA process (PyTorch, bf16 weights and
+    /// KV cache on the GPU) with criu-dir (CUDA suspended through the
+    /// driver, then criu dump -D; criu restore, then the driver's resume)
+    /// against criuz-lz4 and criuz-zstd, eager and lazy (--configs picks
+    /// among the three); skips with a line saying why on a machine without a GPU
+    #[arg(long, conflicts_with_all = ["incremental", "lazy", "containers", "load", "codec_table"])]
+    pub gpu: bool,
+    /// With --gpu: GiB of bf16 weights on the GPU
+    #[arg(long, value_name = "GIB", default_value_t = 4.0, requires = "gpu")]
+    pub gpu_weights: f64,
+    /// With --gpu: GiB of the bf16 KV cache on the GPU
+    #[arg(long, value_name = "GIB", default_value_t = 12.0, requires = "gpu")]
+    pub gpu_kv: f64,
+    /// With --gpu: the share of the KV cache filled
+    #[arg(long, value_name = "SHARE", default_value_t = 0.25, requires = "gpu")]
+    pub gpu_kv_fill: f64,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -373,6 +389,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let criuz = proc::copy_exe(&criuz, &bin)?;
     let workload_bin = if workload_bin.is_file() { proc::copy_exe(&workload_bin, &bin)? } else { workload_bin };
+    if args.gpu {
+        let known = ["criu-dir", "criuz-lz4", "criuz-zstd"];
+        let configs: Vec<&str> = match &args.configs {
+            None => known.to_vec(),
+            Some(_) => known.iter().copied().filter(|k| plan.configs.iter().any(|c| c.name() == *k)).collect(),
+        };
+        if let Some(why) = gpu::unavailable() {
+            println!("criuz-bench --gpu: skipped, no GPU to measure here: {why}");
+            return Ok(());
+        }
+        let size = gpu::AppSize { weights_gib: args.gpu_weights, kv_gib: args.gpu_kv, kv_fill: args.gpu_kv_fill };
+        let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
+        print!("{}", gpu::table(&rows));
+        if let Some(path) = &args.json {
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "gpu": rows, "app": size }))?;
+        }
+        if rows.iter().any(|r| !r.intact) {
+            return Err(Error::Invalid("a GPU restore is not intact".into()));
+        }
+        return Ok(());
+    }
     if args.containers {
         let sizes = match args.size {
             Some(s) => vec![s],

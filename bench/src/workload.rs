@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const PATTERNS: &[&str] = &["zero", "mixed", "random", "text", "elf"];
+pub const PATTERNS: &[&str] = &["zero", "mixed", "random", "text", "elf", "bf16"];
 pub const APPS: &[&str] = &["redis", "jvm", "python"];
 
 const JAVA_SOURCE: &str = include_str!("../../bench/BenchApp.java");
@@ -96,7 +96,7 @@ fn wait_for(what: &str, timeout: Duration, pid: i32, mut ready: impl FnMut() -> 
     Ok(())
 }
 
-fn log_tail(path: &Path) -> String {
+pub fn log_tail(path: &Path) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     v[v.len().saturating_sub(3)..].join(" | ")
@@ -104,7 +104,7 @@ fn log_tail(path: &Path) -> String {
 
 /// Starts `cmd` in its own session, standard streams to /dev/null and a log,
 /// so CRIU can dump it without --shell-job.
-fn spawn_detached(mut cmd: Command, log: &Path) -> Result<i32> {
+pub fn spawn_detached(mut cmd: Command, log: &Path) -> Result<i32> {
     let out = std::fs::File::create(log).map_err(|e| Error::file(log, e))?;
     let err = out.try_clone().map_err(|e| Error::file(log, e))?;
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);

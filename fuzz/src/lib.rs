@@ -230,8 +230,9 @@ fn pack(files: &[(&str, Vec<u8>)], opts: &Options, dedup: Option<Arc<criuz::arch
 
 /// Seed archives made in memory: CRIU-like images in several block sizes
 /// and codecs, with zero pages, raw and compressed blocks, empty files; with
-/// page ids and pages shared between files (version 2); and a child of one
-/// of them with dedup references into it.
+/// page ids and pages shared between files (version 2); with 16-bit words
+/// stored as byte planes (version 3); and a child of one of them with dedup
+/// references into it.
 pub fn synthetic_seeds() -> Vec<Seed> {
     let mut rng = Rng::new(7);
     let mut pages = Vec::new();
@@ -242,6 +243,10 @@ pub fn synthetic_seeds() -> Vec<Seed> {
             _ => pages.extend((0..4096).map(|i| b"criuz page text "[(i + p) % 16])),
         }
     }
+    // 16-bit floats: a high byte of few values, a noisy low byte (stored as
+    // byte planes, version 3, in blocks of 8 pages or more).
+    let words: Vec<u8> =
+        (0..16 * 2048).flat_map(|_| [rng.next_u64() as u8, 0x3C + (rng.next_u64() % 3) as u8]).collect();
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("inventory.img", b"inventory".repeat(3)),
         ("pagemap-1.img", (0..700u32).flat_map(|i| i.to_le_bytes()).collect()),
@@ -249,6 +254,7 @@ pub fn synthetic_seeds() -> Vec<Seed> {
         ("pages-2.img", pages[..3 * 4096 + 100].to_vec()),
         ("pages-3.img", pages[8 * 4096..24 * 4096].to_vec()),
         ("empty.img", Vec::new()),
+        ("pages-4.img", words),
     ];
     let opts = |block, codec, ids| Options {
         codec: CodecConfig::new(codec, None).expect("codec"),
@@ -258,7 +264,9 @@ pub fn synthetic_seeds() -> Vec<Seed> {
         ..Options::default()
     };
     let mut seeds = Vec::new();
-    for (block, codec) in [(4096, Codec::Lz4), (8192, Codec::Zstd), (16384, Codec::None), (65536, Codec::Lz4)] {
+    for (block, codec) in
+        [(4096, Codec::Lz4), (8192, Codec::Zstd), (16384, Codec::None), (65536, Codec::Lz4), (65536, Codec::Zstd)]
+    {
         seeds.push(Seed { bytes: pack(&files, &opts(block, codec, false), None), parent: None });
     }
     seeds.push(Seed { bytes: pack(&files, &opts(8192, Codec::Lz4, true), None), parent: None });

@@ -54,3 +54,14 @@ fn a_short_fuzz_run_finds_nothing() {
         judge(&run_readers(&case, parents[i].as_deref(), rng.below(16) == 0), original).unwrap();
     }
 }
+
+#[test]
+fn the_seeds_hold_byte_planes_blocks_of_both_codecs() {
+    let planes: Vec<(u64, u64, u64)> = synthetic_seeds()
+        .iter()
+        .filter_map(|s| criuz::offline::inspect(&s.bytes[..]).ok())
+        .map(|r| (r.total.codecs.planes, r.total.codecs.lz4, r.total.codecs.zstd))
+        .filter(|p| p.0 > 0)
+        .collect();
+    assert!(planes.iter().any(|p| p.1 > 0) && planes.iter().any(|p| p.2 > 0), "{planes:?}");
+}

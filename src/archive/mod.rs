@@ -140,6 +140,9 @@ pub struct CodecCounts {
     pub zstd: u64,
     #[serde(rename = "blocks_dedup")]
     pub dedup: u64,
+    /// Blocks stored as 16-bit byte planes (also counted under their codec).
+    #[serde(rename = "blocks_planes")]
+    pub planes: u64,
 }
 
 impl CodecCounts {
@@ -150,7 +153,10 @@ impl CodecCounts {
             BlockCodec::Lz4 => self.lz4 += 1,
             BlockCodec::Zstd => self.zstd += 1,
             BlockCodec::Dedup => self.dedup += 1,
+            BlockCodec::Lz4Planes => self.lz4 += 1,
+            BlockCodec::ZstdPlanes => self.zstd += 1,
         }
+        self.planes += u64::from(codec.is_planes());
     }
 }
 
@@ -160,6 +166,7 @@ impl std::ops::AddAssign for CodecCounts {
         self.lz4 += other.lz4;
         self.zstd += other.zstd;
         self.dedup += other.dedup;
+        self.planes += other.planes;
     }
 }
 
@@ -171,12 +178,12 @@ mod tests {
     fn codec_counts_keep_their_json_names() {
         let mut stats = PackStats::default();
         stats.codecs.add(BlockCodec::Lz4);
-        stats.codecs += CodecCounts { raw: 2, lz4: 1, zstd: 3, dedup: 4 };
+        stats.codecs += CodecCounts { raw: 2, lz4: 1, zstd: 3, dedup: 4, planes: 5 };
         assert_eq!(
             serde_json::to_string(&stats).unwrap(),
             r#"{"files":0,"raw_bytes":0,"archive_bytes":0,"zero_pages":0,"blocks":0,"blocks_raw":2,"blocks_lz4":2,"#
                 .to_string()
-                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_hurried":0}"#
+                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_planes":5,"blocks_hurried":0}"#
         );
     }
 }

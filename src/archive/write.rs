@@ -16,8 +16,8 @@ use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockCodec, DedupPayload, EntryMeta, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_SEALED,
-    FLAG_TABLE, FLAG_TREE,
+    BlockCodec, DedupPayload, EntryMeta, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_PLANES,
+    FLAG_SEALED, FLAG_TABLE, FLAG_TREE,
 };
 use crate::progress::Meter;
 use crate::seal::{keyring, ChainKey};
@@ -81,6 +81,9 @@ impl Packer {
         header.flags |= FLAG_TABLE;
         if opts.tree {
             header.flags |= FLAG_TREE;
+        }
+        if codec.may_use_planes() {
+            header.flags |= FLAG_PLANES;
         }
         let chain = dedup.as_ref().map(|d| d.chain.clone()).unwrap_or_default();
         if dedup.is_some() {

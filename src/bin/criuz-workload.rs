@@ -4,7 +4,10 @@
 //! process sees exactly the bytes it had.
 //!
 //! Patterns: zero, mixed (50% zero / 25% text / 25% random pages), random,
-//! text, elf (pages of the machine's own binaries).
+//! text, elf (pages of the machine's own binaries), bf16 (16-bit floats drawn
+//! from a normal distribution with sigma 0.02, as freshly initialised model
+//! weights are: what a GPU process's memory holds once CUDA has copied it
+//! to the host).
 //! Modes: single; tree (children share the parent's pages copy-on-write, and
 //! each rewrites or zeroes some of them); threads (several threads write the
 //! memory and stay alive).
@@ -42,7 +45,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf] \
+        "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] \
          [--tcp-peer HOST:PORT] [--same-children 1]"
     );
@@ -192,6 +195,25 @@ fn fill_random(page: &mut [u8], rng: &mut Rng) {
     }
 }
 
+/// A page of bf16 values ~ N(0, 0.02^2), rounded to nearest even from f32
+/// (normal deviates by Box-Muller, two per pair of uniforms).
+fn fill_bf16(page: &mut [u8], rng: &mut Rng) {
+    let bf16 = |x: f32| {
+        let bits = x.to_bits();
+        ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
+    };
+    for pair in page.chunks_mut(4) {
+        let r = rng.next();
+        let u1 = ((r >> 40) as f64 + 1.0) / (1u64 << 24) as f64;
+        let u2 = ((r & 0xFF_FFFF) as f64) / (1u64 << 24) as f64;
+        let radius = (-2.0 * u1.ln()).sqrt() * 0.02;
+        let angle = std::f64::consts::TAU * u2;
+        let (a, b) = (bf16((radius * angle.cos()) as f32), bf16((radius * angle.sin()) as f32));
+        pair[..2].copy_from_slice(&a.to_le_bytes());
+        pair[2..].copy_from_slice(&b.to_le_bytes());
+    }
+}
+
 fn elf_corpus(limit: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for dir in ["/usr/bin", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "/usr/sbin"] {
@@ -225,6 +247,7 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
             "zero" => page.fill(0),
             "random" => fill_random(page, &mut rng),
             "text" => fill_text(page, &mut rng),
+            "bf16" => fill_bf16(page, &mut rng),
             "elf" if !elf.is_empty() => {
                 let off = (i * PAGE) % (elf.len() - elf.len() % PAGE).max(PAGE);
                 let src = &elf[off.min(elf.len())..];

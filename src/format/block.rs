@@ -26,6 +26,12 @@ pub enum BlockCodec {
     /// and literal pages compressed inside (see
     /// [`DedupPayload`](super::DedupPayload)).
     Dedup = 3,
+    /// Version 3: LZ4 of the block's 16-bit byte planes (see `planes`).
+    #[serde(rename = "lz4-planes")]
+    Lz4Planes = 4,
+    /// Version 3: zstd of the block's 16-bit byte planes.
+    #[serde(rename = "zstd-planes")]
+    ZstdPlanes = 5,
 }
 
 impl BlockCodec {
@@ -35,6 +41,8 @@ impl BlockCodec {
             1 => Ok(BlockCodec::Lz4),
             2 => Ok(BlockCodec::Zstd),
             3 => Ok(BlockCodec::Dedup),
+            4 => Ok(BlockCodec::Lz4Planes),
+            5 => Ok(BlockCodec::ZstdPlanes),
             _ => Err(Error::corrupt(offset, format!("unknown block codec {v}"))),
         }
     }
@@ -45,7 +53,32 @@ impl BlockCodec {
             BlockCodec::Lz4 => "lz4",
             BlockCodec::Zstd => "zstd",
             BlockCodec::Dedup => "dedup",
+            BlockCodec::Lz4Planes => "lz4-planes",
+            BlockCodec::ZstdPlanes => "zstd-planes",
         }
+    }
+
+    /// The codec that compresses the planes of a planes codec.
+    pub fn without_planes(self) -> BlockCodec {
+        match self {
+            BlockCodec::Lz4Planes => BlockCodec::Lz4,
+            BlockCodec::ZstdPlanes => BlockCodec::Zstd,
+            other => other,
+        }
+    }
+
+    /// The planes codec over `self` (LZ4 or zstd; none for the others).
+    pub fn with_planes(self) -> Option<BlockCodec> {
+        match self {
+            BlockCodec::Lz4 => Some(BlockCodec::Lz4Planes),
+            BlockCodec::Zstd => Some(BlockCodec::ZstdPlanes),
+            _ => None,
+        }
+    }
+
+    /// Whether the payload holds byte planes.
+    pub fn is_planes(self) -> bool {
+        matches!(self, BlockCodec::Lz4Planes | BlockCodec::ZstdPlanes)
     }
 }
 

@@ -1,6 +1,8 @@
 //! The fixed 64-byte archive header and its flags.
 
-use super::{u16le, u32le, u64le, HEADER_LEN, MAGIC, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE, VERSION, VERSION_PLAIN};
+use super::{
+    u16le, u32le, u64le, HEADER_LEN, MAGIC, MAX_BLOCK, MIN_BLOCK, PAGE_SIZE, VERSION, VERSION_FLAGS, VERSION_PLAIN,
+};
 use crate::error::{Error, Result};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -19,7 +21,21 @@ pub const FLAG_SEALED: u16 = 8;
 /// be directories and symbolic links, and every entry carries its mode and
 /// mtime.
 pub const FLAG_TREE: u16 = 16;
-const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE | FLAG_SEALED | FLAG_TREE;
+/// Header flag (version 3): blocks may hold 16-bit byte planes (block
+/// codecs 4 and 5). Readers of versions 1 and 2 refuse such an archive by
+/// its version rather than misread its blocks.
+pub const FLAG_PLANES: u16 = 32;
+const KNOWN_FLAGS: u16 = FLAG_PARENT | FLAG_IDS | FLAG_TABLE | FLAG_SEALED | FLAG_TREE | FLAG_PLANES;
+
+/// The version an archive with header flags `flags` is written as: the
+/// oldest that knows every flag.
+fn version_for(flags: u16) -> u16 {
+    match flags {
+        0 => VERSION_PLAIN,
+        f if f & FLAG_PLANES != 0 => VERSION,
+        _ => VERSION_FLAGS,
+    }
+}
 
 /// Fixed archive header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,7 +75,7 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&MAGIC);
-        let version = if self.flags == 0 { VERSION_PLAIN } else { VERSION };
+        let version = version_for(self.flags);
         b[8..10].copy_from_slice(&version.to_le_bytes());
         b[10..12].copy_from_slice(&self.flags.to_le_bytes());
         b[12..16].copy_from_slice(&self.block_size.to_le_bytes());
@@ -83,7 +99,7 @@ impl Header {
         if !(VERSION_PLAIN..=VERSION).contains(&version) {
             return Err(Error::Unsupported {
                 offset: 8,
-                what: format!("archive format version {version} (this criuz reads versions 1 and 2)"),
+                what: format!("archive format version {version} (this criuz reads versions 1 to {VERSION})"),
             });
         }
         if xxh3_64(&b[..56]) != u64le(&b[56..]) {
@@ -93,7 +109,7 @@ impl Header {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(Error::Unsupported { offset: 10, what: format!("header flags {flags:#06x}") });
         }
-        if (version == VERSION_PLAIN) != (flags == 0) {
+        if version != version_for(flags) {
             return Err(Error::corrupt(8, format!("version {version} with header flags {flags:#06x}")));
         }
         let h = Header {

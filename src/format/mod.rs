@@ -1,8 +1,9 @@
-//! The criuz archive format, versions 1 and 2 (byte-level spec:
+//! The criuz archive format, versions 1 to 3 (byte-level spec:
 //! `docs/FORMAT.md`). Version 2 adds incremental archives: a chain record
 //! naming the parent archives, page ids after each block of a page image, and
 //! dedup blocks whose pages may be references into this archive or a parent.
-//! An archive that uses none of that is written as version 1.
+//! An archive that uses none of that is written as version 1. Version 3
+//! adds blocks stored as 16-bit byte planes (codecs 4 and 5, `FLAG_PLANES`).
 //!
 //! An archive is a header, a stream of records (file begin, block, file end)
 //! and an index followed by a fixed-size trailer. It is written append-only in
@@ -49,6 +50,7 @@ mod ids;
 mod index;
 mod key;
 mod name;
+mod planes;
 #[cfg(test)]
 mod tests;
 
@@ -63,7 +65,7 @@ pub use file::{
     decode_end_record, encode_end_record, encode_file_record_bytes, file_record_name_len, FileEnd, FileKind,
     FileRecord, END_LEN, FILE_FIXED,
 };
-pub use header::{Header, FLAG_IDS, FLAG_PARENT, FLAG_SEALED, FLAG_TABLE, FLAG_TREE};
+pub use header::{Header, FLAG_IDS, FLAG_PARENT, FLAG_PLANES, FLAG_SEALED, FLAG_TABLE, FLAG_TREE};
 pub use ids::{decode_ids_body, encode_ids_record, IdsFixed, IDS_FIXED};
 pub use index::{
     check_index_body, decode_index_body, encode_index_and_trailer, encode_index_body_and_trailer, BlockRef, FileEntry,
@@ -75,14 +77,18 @@ pub use key::{
 pub use name::{
     check_entry_name, encode_name_field, file_name, parent_path, EntryMeta, NameField, MAX_LINK_TARGET, META_LEN,
 };
+pub use planes::{PlanesPrefix, PLANES_PREFIX};
 
 use crate::error::{Error, Result};
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: [u8; 8] = *b"\x89CRIUZ\r\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"CRIUZEND";
-/// The newest version this build reads and writes.
-pub const VERSION: u16 = 2;
+/// The newest version this build reads and writes: version 3 adds blocks of
+/// 16-bit byte planes ([`FLAG_PLANES`]).
+pub const VERSION: u16 = 3;
+/// The version of archives with header flags but no byte planes.
+pub const VERSION_FLAGS: u16 = 2;
 /// The version of archives that use no version 2 feature (header flags 0).
 pub const VERSION_PLAIN: u16 = 1;
 pub const HEADER_LEN: usize = 64;

@@ -20,6 +20,7 @@ use crate::archive::{Options, PackStats, Packer};
 use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::Criu;
+use crate::cuda::{self, CudaDumpReport};
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::io::{Location, Output};
@@ -29,7 +30,8 @@ use crate::proc::tree::{self, end_aborted_tree};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, run_criu, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, run_criu,
+    RestoreOptions,
 };
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
@@ -51,6 +53,9 @@ pub struct DumpOptions {
     pub parent: Option<PathBuf>,
     /// Counts what is taken in and written, for a progress line.
     pub meter: Option<Arc<Meter>>,
+    /// Leave the tree's CUDA processes as they are (`--no-gpu`): suspended
+    /// by the user or by CRIU's CUDA plugin, or not to be dumped.
+    pub no_gpu: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -77,6 +82,8 @@ pub struct DumpReport {
     /// Bytes of CRIU's pages the dump could hold uncompressed: the
     /// pipeline's own, plus what it was granted of the machine's share.
     pub absorb_budget: u64,
+    /// The tree's CUDA processes: suspended before CRIU froze the tree.
+    pub cuda: Option<CudaDumpReport>,
     #[serde(skip)]
     pub pack: PackStats,
 }
@@ -163,6 +170,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let meter = o.meter.clone().unwrap_or_default();
     let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
     let stop = AtomicBool::new(false);
+    // Before CRIU freezes the tree: a frozen process cannot let the driver
+    // move its GPU state. Dropped on any failure below, it resumes them.
+    let suspended = if o.no_gpu { None } else { cuda::suspend_tree(o.pid)? };
 
     let mut cmd = Command::new(&criu.path);
     cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
@@ -216,6 +226,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             sink.write(bytes)?;
             sink.finish()?;
         }
+        if let Some(s) = &suspended {
+            let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
+            // A struct of numbers and strings: serialising cannot fail.
+            sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
+            sink.finish()?;
+        }
         let (pack, _) = packer.finish()?;
         out.commit()?;
         Ok(pack)
@@ -234,6 +250,22 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         Err(e) => {
             tree::signal_tree(&[o.pid], libc::SIGCONT);
             return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
+        }
+    };
+    let cuda = match suspended {
+        None => None,
+        Some(s) => {
+            let (record, suspend_seconds) = (s.record().clone(), s.seconds);
+            let resume_seconds = if o.leave_running {
+                let resumed = s.resume().map_err(|e| {
+                    e.context(format!("the checkpoint {} is written, but CUDA did not resume", o.output.display()))
+                })?;
+                Some(resumed)
+            } else {
+                s.finish();
+                None
+            };
+            Some(CudaDumpReport { record, suspend_seconds, resume_seconds })
         }
     };
     // The process is done with; the archive is durable. Only now are hurried
@@ -267,6 +299,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         recompress_failed,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
         absorb_budget: archive.memory_budget as u64,
+        cuda,
         pack,
     })
 }
@@ -279,6 +312,8 @@ pub struct RestoreReport {
     pub zero_pages_skipped: u64,
     pub files: usize,
     pub criu_exit: i32,
+    /// CUDA restore and unlock of the restored processes, after CRIU.
+    pub cuda_resume_seconds: Option<f64>,
 }
 
 /// Restores from an archive through CRIU's stream mode.
@@ -296,6 +331,7 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     };
     let source = crate::archive::open(&o.input, &how)?;
     let tree = check_pids_free(&*source)?;
+    let cuda = cuda_plan(&*source, &o.gpu_map, o.detach)?;
     tree::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
@@ -368,6 +404,8 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
     if !status.success() && (o.detach || pid.is_none()) {
         return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))));
     }
+    let cuda_resume_seconds = resume_cuda(cuda.as_ref(), &pidfile)
+        .map_err(|e| failed(e.context("CUDA resume failed, restored tree killed")))?;
     guard.release();
     publish_pidfile(&pidfile, o.pidfile.as_deref())?;
     Ok(RestoreReport {
@@ -377,5 +415,6 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
         zero_pages_skipped: report.zero_pages_skipped,
         files: report.served.len(),
         criu_exit: status.code().unwrap_or(-1),
+        cuda_resume_seconds,
     })
 }

@@ -39,12 +39,13 @@
 use crate::archive::OpenOptions;
 use crate::archive::{Options, PackStats, Packer};
 use crate::criu::{uffd, Criu};
+use crate::cuda::{self, CudaDumpReport, CudaRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure, run_criu};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::LazyRestore;
 use crate::session::receive::{self, PageServer};
@@ -80,6 +81,20 @@ impl Runc {
     /// and `runc delete` removes that directory recursively: through the
     /// mount, it would delete the container's files. So what is mounted
     /// there is detached first.
+    /// The host pid of container `id`'s init (`runc state`).
+    fn init_pid(&self, criu: &Criu, id: &str) -> Result<i32> {
+        let out = self.command(criu).args(["state", id]).stdin(Stdio::null()).output();
+        let out = out.map_err(|e| cannot_run(self.binary.display(), e))?;
+        let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        match state["pid"].as_i64() {
+            Some(pid) if out.status.success() && pid > 0 => Ok(pid as i32),
+            _ => Err(Error::Criu(format!(
+                "runc state {id}: no running container ({})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))),
+        }
+    }
+
     fn delete_failed(&self, criu: &Criu, id: &str) {
         let root = self.root.clone().unwrap_or_else(|| PathBuf::from("/run/runc"));
         crate::io::leftover::detach_mounts_below(&root.join(id));
@@ -108,6 +123,8 @@ pub struct RuncCheckpoint {
     pub via: Via,
     /// More `runc checkpoint` options (e.g. `--tcp-established`).
     pub extra: Vec<String>,
+    /// Leave the container's CUDA processes as they are (see `cuda`).
+    pub no_gpu: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -120,6 +137,8 @@ pub struct CheckpointReport {
     pub seconds: f64,
     pub files: u64,
     pub zero_pages: u64,
+    /// The container's CUDA processes: suspended before runc froze it.
+    pub cuda: Option<CudaDumpReport>,
 }
 
 /// A private work directory, on tmpfs when `/dev/shm` is one: a
@@ -153,22 +172,48 @@ fn images_dir(work: &WorkDir) -> Result<PathBuf> {
 /// Where runc cannot pause it, the checkpoint ends the container as runc
 /// does, and images the work directory holds when the archive then fails
 /// are kept and named.
+///
+/// The container's CUDA processes are suspended before it is paused (a
+/// frozen process cannot let the driver move its GPU state), recorded in
+/// the archive, and resumed after a `--leave-running` checkpoint or any
+/// failure (after the container is resumed).
 pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &Criu) -> Result<CheckpointReport> {
     let started = Instant::now();
+    // A container runc cannot report fails in runc checkpoint, saying why.
+    let suspended = match (o.no_gpu, runc.init_pid(criu, &o.id)) {
+        (false, Ok(pid)) => cuda::suspend_tree(pid)?,
+        _ => None,
+    };
     let held = if o.leave_running { None } else { Held::pause(runc, criu, &o.id) };
-    let written = checkpoint_into(runc, o, opts, criu, held.as_ref().map(|h| &h.guard));
-    match (written, held) {
+    let record = suspended.as_ref().map(|s| s.record());
+    let written = checkpoint_into(runc, o, opts, criu, held.as_ref().map(|h| &h.guard), record);
+    let report = match (written, held) {
         (Ok(report), Some(held)) => {
             held.end();
-            Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), ..report })
+            report
         }
-        (Ok(report), None) => Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), ..report }),
+        (Ok(report), None) => report,
         (Err(e), Some(held)) => {
             held.resume();
-            Err(e.context(format!("no checkpoint written; container {} was resumed", o.id)))
+            // `suspended`, dropped on the way out, resumes CUDA.
+            return Err(e.context(format!("no checkpoint written; container {} was resumed", o.id)));
         }
-        (Err(e), None) => Err(e),
-    }
+        (Err(e), None) => return Err(e),
+    };
+    let cuda = match suspended {
+        None => None,
+        Some(s) => {
+            let (record, suspend_seconds) = (s.record().clone(), s.seconds);
+            let resume_seconds = if o.leave_running {
+                Some(s.resume().map_err(|e| e.context("the checkpoint is written, but CUDA did not resume"))?)
+            } else {
+                s.finish();
+                None
+            };
+            Some(CudaDumpReport { record, suspend_seconds, resume_seconds })
+        }
+    };
+    Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), cuda, ..report })
 }
 
 /// A container criuz paused for its checkpoint, and the guard that resumes
@@ -237,11 +282,17 @@ fn checkpoint_into(
     opts: &Options,
     criu: &Criu,
     held: Option<&Guard>,
+    cuda: Option<&CudaRecord>,
 ) -> Result<CheckpointReport> {
     let opts = Options { tree: true, ..opts.clone() };
     let out = Output::open(&o.output, o.force)?;
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
+    if let Some(record) = cuda {
+        // Packed with CRIU's images; CRIU ignores a file it does not know.
+        let at = images.join(crate::cuda::RECORD_FILE);
+        std::fs::write(&at, serde_json::to_vec_pretty(record).unwrap_or_default()).at(&at)?;
+    }
     let mut cmd = runc.command(criu);
     cmd.arg("checkpoint").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
     if o.leave_running || held.is_some() {
@@ -312,6 +363,7 @@ fn checkpoint_into(
         seconds: 0.0,
         files: stats.files,
         zero_pages: stats.zero_pages,
+        cuda: None,
     })
 }
 
@@ -328,6 +380,9 @@ pub struct RuncRestore {
     pub verify_first: bool,
     /// More `runc restore` options (e.g. `--tcp-established`).
     pub extra: Vec<String>,
+    /// GPUs to restore CUDA state onto in place of those it was dumped
+    /// from (old UUID, new UUID).
+    pub gpu_map: Vec<(String, String)>,
 }
 
 /// How a restored container's memory comes back.
@@ -347,6 +402,8 @@ pub enum Memory {
 pub struct ContainerRestoreReport {
     /// Until runc returned and (lazily) every page was in place.
     pub seconds: f64,
+    /// CUDA restore and unlock of the container's processes, after runc.
+    pub cuda_resume_seconds: Option<f64>,
     /// In JSON, an `eager` or a `lazy` object beside `seconds`.
     #[serde(flatten)]
     pub how: RestoredHow,
@@ -378,6 +435,17 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
+    let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
+    // Once runc has the container running: its CUDA processes resumed, or
+    // the container killed.
+    let resume = || -> Result<Option<f64>> {
+        let Some(plan) = &cuda else { return Ok(None) };
+        let resumed = runc.init_pid(criu, &o.id).and_then(|pid| plan.resume(pid));
+        resumed.map(Some).map_err(|e| {
+            runc.delete_failed(criu, &o.id);
+            e.context(format!("CUDA resume failed, container {} killed", o.id))
+        })
+    };
     let mut cmd = runc.command(criu);
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
     let lazy = match o.memory {
@@ -398,7 +466,8 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             verify_first: o.verify_first,
             hold: false,
         };
-        let (status, report) = lazy.run(cmd, started, || Ok(())).inspect_err(|_| {
+        let cuda_resumed = std::cell::Cell::new(None);
+        let (status, report) = lazy.run(cmd, started, || resume().map(|t| cuda_resumed.set(t))).inspect_err(|_| {
             if matches!(&victim, Victim::Cgroup(c) if c.get().is_some()) {
                 // Ours (CRIU connected for it), killed: no stopped container
                 // is left behind under its name.
@@ -408,7 +477,11 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         if !status.success() {
             return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
         }
-        return Ok(ContainerRestoreReport { seconds: started.elapsed().as_secs_f64(), how: RestoredHow::Lazy(report) });
+        return Ok(ContainerRestoreReport {
+            seconds: started.elapsed().as_secs_f64(),
+            cuda_resume_seconds: cuda_resumed.get(),
+            how: RestoredHow::Lazy(report),
+        });
     }
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
@@ -418,8 +491,10 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         crate::proc::tree::end_orphans();
         return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
     }
+    let cuda_resume_seconds = resume()?;
     Ok(ContainerRestoreReport {
         seconds: started.elapsed().as_secs_f64(),
+        cuda_resume_seconds,
         how: RestoredHow::Eager { unpack_seconds, bytes: st.bytes, zero_pages_skipped },
     })
 }

@@ -6,6 +6,7 @@
 
 use crate::archive::{BlockSource, ParentSearch};
 use crate::criu::{self, images, Criu};
+use crate::cuda;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Location;
 use crate::proc::tree;
@@ -37,6 +38,9 @@ pub struct RestoreOptions {
     /// A lazy restore proves every stored byte before CRIU starts instead
     /// of behind the running tree (see `session::lazy`).
     pub verify_first: bool,
+    /// GPUs to restore CUDA state onto in place of those it was dumped
+    /// from (old UUID, new UUID).
+    pub gpu_map: Vec<(String, String)>,
 }
 
 /// CRIU (or runc, podman: `what`) exited with `status`; its log is kept as
@@ -68,6 +72,43 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
         }
     }
     Ok(pids)
+}
+
+/// The CUDA resume a restore of `source` needs, checked before CRIU starts
+/// (`cuda::plan_resume`): None for an archive without CUDA processes.
+/// `detach`: the restore returns while the tree runs (the resume needs that).
+pub(crate) fn cuda_plan(
+    source: &dyn BlockSource,
+    gpu_map: &[(String, String)],
+    detach: bool,
+) -> Result<Option<cuda::ResumePlan>> {
+    let Some(entry) = source.find(cuda::RECORD_FILE) else {
+        if let Some((old, _)) = gpu_map.first() {
+            return Err(Error::Usage(format!("--gpu-map {old}: {} holds no CUDA state", source.label())));
+        }
+        return Ok(None);
+    };
+    let record: cuda::CudaRecord = serde_json::from_slice(&source.read_file(entry)?)
+        .map_err(|e| Error::Mismatch(format!("{}: {}: {e}", source.label(), cuda::RECORD_FILE)))?;
+    if !detach {
+        return Err(Error::Usage(
+            "an archive with CUDA state restores with -d (criuz resumes CUDA once the tree runs)".into(),
+        ));
+    }
+    cuda::plan_resume(&record, gpu_map).map(Some)
+}
+
+/// Resumes the CUDA processes of the restored tree of `root` (read from
+/// CRIU's `pidfile`) as `plan` says; the seconds it took. On failure the
+/// caller kills the tree.
+pub(crate) fn resume_cuda(plan: Option<&cuda::ResumePlan>, pidfile: &Path) -> Result<Option<f64>> {
+    let Some(plan) = plan else { return Ok(None) };
+    let root: i32 = std::fs::read_to_string(pidfile)
+        .at(pidfile)?
+        .trim()
+        .parse()
+        .map_err(|_| Error::Criu(format!("{}: CRIU wrote no pid", pidfile.display())))?;
+    plan.resume(root).map(Some)
 }
 
 /// Copies CRIU's pidfile in `work` to the user's `to`, complete or not at

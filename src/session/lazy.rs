@@ -42,7 +42,7 @@ use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, publish_pidfile, restore_command, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, RestoreOptions,
 };
 use crate::session::pager::{Abort, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::serve::zero_plan;
@@ -58,6 +58,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LazyReport {
     pub pid: Option<i32>,
+    /// CUDA restore and unlock of the restored processes, once they ran.
+    pub cuda_resume_seconds: Option<f64>,
     /// Until `criu restore` returned: with `--restore-detached`, until the
     /// tree runs.
     pub running_seconds: f64,
@@ -448,6 +450,7 @@ impl LazyRestore<'_> {
             status,
             LazyReport {
                 pid: None,
+                cuda_resume_seconds: None,
                 running_seconds: running,
                 resident_seconds: resident,
                 eager_pages,
@@ -468,7 +471,7 @@ fn mostly_zstd(source: &dyn BlockSource) -> bool {
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages) {
         let mut i = 0;
         while let Some((h, _)) = source.block_header(f.file_id, i) {
-            zstd += usize::from(h.codec == crate::format::BlockCodec::Zstd);
+            zstd += usize::from(h.codec.without_planes() == crate::format::BlockCodec::Zstd);
             all += 1;
             i += 1;
         }
@@ -495,6 +498,7 @@ fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<
     let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
     let archive = crate::archive::open(&o.input, &how)?;
     let pids = check_pids_free(&*archive)?;
+    let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
     if pids.is_empty() {
@@ -516,7 +520,18 @@ fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<
         verify_first: o.verify_first,
         hold,
     };
-    let (status, mut report) = lazy.run(cmd, started, || publish_pidfile(&pidfile, o.pidfile.as_deref()))?;
+    let cuda_resumed = std::cell::Cell::new(None);
+    let (status, mut report) = lazy.run(cmd, started, || {
+        // The tree runs (its CUDA calls wait for the unlock) while its
+        // pages still arrive; a held tree runs once every page is in.
+        let resumed = resume_cuda(cuda.as_ref(), &pidfile).map_err(|e| {
+            victim.kill();
+            e.context("CUDA resume failed, restored tree killed")
+        })?;
+        cuda_resumed.set(resumed);
+        publish_pidfile(&pidfile, o.pidfile.as_deref())
+    })?;
+    report.cuda_resume_seconds = cuda_resumed.get();
     if o.detach && !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }

@@ -64,6 +64,8 @@ pub struct Spec<'a> {
     pub tcp_peer: Option<String>,
     /// Tree mode: children write identical pages.
     pub same_children: bool,
+    /// More environment for the workload.
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 impl Default for Spec<'_> {
@@ -77,6 +79,7 @@ impl Default for Spec<'_> {
             extra_maps: false,
             tcp_peer: None,
             same_children: false,
+            env: &[],
         }
     }
 }
@@ -118,6 +121,7 @@ impl Workload {
         if spec.open_file {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
         }
+        cmd.envs(spec.env.iter().copied());
         let child = cmd.spawn().expect("start workload");
         let ready = dir.path().join("ready");
         wait_for("workload ready", Duration::from_secs(60), || ready.exists());
@@ -207,6 +211,21 @@ impl Drop for Workload {
             self.stop();
         }
     }
+}
+
+/// The fake CUDA driver of `tests/fake_cuda` (see there), built once per
+/// test binary with the system's C compiler.
+pub fn fake_cuda_library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cuda/fakecuda.c");
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libfakecuda.so");
+            let st = Command::new("cc").args(["-shared", "-fPIC", "-O1", "-Wall", "-o"]).arg(&out).arg(&src).status();
+            assert!(st.is_ok_and(|s| s.success()), "building the fake CUDA driver with cc failed");
+            out
+        })
+        .clone()
 }
 
 pub fn run(cmd: &mut Command) -> std::process::Output {

@@ -1,7 +1,9 @@
 //! One short function per command: flags to the library's option types,
 //! one library call, the result printed.
 
-use crate::args::{location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, Fill, KeyArgs, ParentArgs, ThreadArgs};
+use crate::args::{
+    location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, Fill, GpuCmd, KeyArgs, ParentArgs, ThreadArgs,
+};
 use crate::containers;
 use crate::print::{self, human, out, rate};
 use anyhow::{Context, Result};
@@ -29,8 +31,21 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Inspect { archive, json, keys } => inspect(&archive, json, &keys)?,
         Cmd::Verify { archive, parents, threads, keys } => verify(&archive, &parents, &threads, &keys)?,
-        Cmd::Dump { pid, output, force, criu, leave_running, shell_job, json, parent, write, absorb, extra } => {
-            let o = DumpOptions { pid, output, force, leave_running, shell_job, extra, parent, meter: None };
+        Cmd::Dump {
+            pid,
+            output,
+            force,
+            criu,
+            leave_running,
+            shell_job,
+            no_gpu,
+            json,
+            parent,
+            write,
+            absorb,
+            extra,
+        } => {
+            let o = DumpOptions { pid, output, force, leave_running, shell_job, extra, parent, meter: None, no_gpu };
             dump(o, &criu, json, &write, &absorb)?
         }
         Cmd::Restore {
@@ -45,6 +60,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             fill,
             json,
             pidfile,
+            gpu_map,
             parents,
             threads,
             keys,
@@ -62,6 +78,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 pidfile,
                 meter: Some(Meter::new()),
                 verify_first,
+                gpu_map,
             };
             let how = match (lazy, fill) {
                 (true, _) => How::Lazy,
@@ -84,12 +101,22 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 pidfile: None,
                 meter: Some(Meter::new()),
                 verify_first: false,
+                gpu_map: Vec::new(),
             };
             serve(&dir, &o, &threads)?
         }
         Cmd::PageServer(a) => containers::page_server(a)?,
         Cmd::Runc(c) => containers::runc(c)?,
         Cmd::Podman(c) => containers::podman(c)?,
+        Cmd::Gpu(GpuCmd::State { pids }) => {
+            for (pid, state) in criuz::cuda::states(&pids)? {
+                match state {
+                    Ok(s) => println!("{pid}: {}", serde_json::to_value(s).unwrap_or_default().as_str().unwrap_or("?")),
+                    Err(e) => println!("{pid}: not a CUDA process ({e})"),
+                }
+            }
+        }
+        Cmd::Gpu(GpuCmd::Resume { pids }) => criuz::cuda::resume_command(&pids)?,
         Cmd::Keygen { output, force } => keygen(&output, force)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -108,6 +108,10 @@ pub enum RuncCmd {
         /// writes a private tmpfs directory, compressed as it grows)
         #[arg(long, value_enum, default_value = "page-server")]
         via: ViaArg,
+        /// Leave the container's CUDA processes as they are (by default their
+        /// GPU state is suspended into host memory before the container is frozen)
+        #[arg(long)]
+        no_gpu: bool,
         /// Print a JSON report
         #[arg(long)]
         json: bool,
@@ -147,6 +151,10 @@ pub enum RuncCmd {
         /// container starts, instead of behind the running container
         #[arg(long, conflicts_with = "eager")]
         verify_first: bool,
+        /// Restore CUDA state dumped from GPU OLD onto GPU NEW (UUIDs as
+        /// nvidia-smi -L prints them; the same kind of GPU; repeatable)
+        #[arg(long, value_name = "OLD=NEW", value_parser = criuz::cuda::parse_gpu_map)]
+        gpu_map: Vec<(String, String)>,
         /// Write every page for CRIU before the container starts (the
         /// container never runs before all of its memory is in place)
         #[arg(long)]
@@ -168,14 +176,14 @@ pub enum RuncCmd {
 
 pub fn runc(cmd: RuncCmd) -> Result<()> {
     match cmd {
-        RuncCmd::Checkpoint { id, output, force, leave_running, via, json, global, write, extra } => {
+        RuncCmd::Checkpoint { id, output, force, leave_running, via, no_gpu, json, global, write, extra } => {
             let opts = write.options()?;
             let criu = global.criu.locate()?;
             let via = match via {
                 ViaArg::Follow => Via::Follow,
                 ViaArg::PageServer => Via::PageServer,
             };
-            let o = RuncCheckpoint { id, output, force, leave_running, via, extra };
+            let o = RuncCheckpoint { id, output, force, leave_running, via, extra, no_gpu };
             let r = container::runc_checkpoint(&global.runc(), &o, &opts, &criu)?;
             if json {
                 print::json(&r, true)?;
@@ -201,6 +209,7 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             lazy,
             eager,
             verify_first,
+            gpu_map,
             json,
             global,
             threads,
@@ -215,7 +224,7 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                 _ => Memory::Auto,
             };
             let input = location(&input)?;
-            let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra };
+            let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra, gpu_map };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if memory == Memory::Auto && matches!(r.how, RestoredHow::Eager { .. }) {
                 eprintln!("criuz: this kernel gives no userfaultfd for a lazy restore: restored eagerly");

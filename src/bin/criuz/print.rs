@@ -77,6 +77,15 @@ pub fn dump(pid: i32, r: &DumpReport) {
             r.hurried_blocks
         );
     }
+    if let Some(c) = &r.cuda {
+        let resumed = c.resume_seconds.map_or(String::new(), |t| format!(", resumed in {t:.2}s"));
+        eprintln!(
+            "CUDA: {} process(es) on {} suspended in {:.2}s before CRIU{resumed}",
+            c.record.pids.len(),
+            c.record.gpus.iter().map(|g| format!("{} ({})", g.uuid, g.name)).collect::<Vec<_>>().join(", "),
+            c.suspend_seconds
+        );
+    }
     if let Some(s) = &r.criu_stats {
         eprintln!(
             "CRIU: frozen {:.3}s, freezing {:.3}s, memory dump {:.3}s, memory write {:.3}s, pages scanned {}, written {}",
@@ -171,6 +180,13 @@ pub fn inspect(rep: &offline::InspectReport) {
 
 /// The result line of `criuz restore`.
 pub fn restored(input: &Location, r: &Restored) {
+    let cuda = match r {
+        Restored::Eager(r) => r.cuda_resume_seconds,
+        Restored::Placed(r) | Restored::Lazy(r) => r.cuda_resume_seconds,
+    };
+    if let Some(t) = cuda {
+        eprintln!("CUDA: resumed in {t:.2}s after CRIU (restore and unlock)");
+    }
     match r {
         Restored::Lazy(r) => {
             if let Some(pid) = r.pid {

@@ -1,0 +1,322 @@
+//! `criuz-bench --gpu`: a CUDA process (`bench/gpu_app.py`: PyTorch, bf16
+//! weights and a partly filled bf16 KV cache on the GPU) checkpointed and
+//! restored as users do it today against criuz's one command each way.
+//!
+//! - `criu-dir`: the CUDA state suspended through the driver (lock +
+//!   checkpoint: what `cuda-checkpoint` does), `criu dump -D` then `sync`;
+//!   restore with `criu restore -D -d`, then the driver's restore + unlock.
+//! - `criuz-lz4`, `criuz-zstd`: `criuz dump` (which suspends CUDA itself) and
+//!   `criuz restore -d`, eagerly and `--lazy`.
+//!
+//! One dump per configuration and run; the archive (or directory) is then
+//! restored eagerly (and lazily, for criuz), each restore followed by a
+//! request whose answer must equal the one before the dump: the first
+//! answer's time counts from the restore's start. With `--cold` the page
+//! cache is dropped before each restore. Columns: suspend, durable dump
+//! without the suspend, CRIU's frozen time, size, restore (CRIU's part),
+//! resume, first answer, intact. On a machine without a GPU (no driver, no
+//! device, or no PyTorch that sees one) it says so and measures nothing.
+
+use crate::error::{Error, Result};
+use crate::proc;
+use crate::workload::{log_tail, spawn_detached};
+use criuz::criu::Criu;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const APP: &str = include_str!("../gpu_app.py");
+
+/// The app's sizes.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct AppSize {
+    pub weights_gib: f64,
+    pub kv_gib: f64,
+    pub kv_fill: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GpuRow {
+    pub config: String,
+    /// eager or lazy.
+    pub restore: String,
+    pub cold: bool,
+    /// Medians over the runs, seconds.
+    pub suspend_s: f64,
+    pub dump_s: f64,
+    pub frozen_s: f64,
+    pub restore_s: f64,
+    pub resume_s: f64,
+    pub first_answer_s: f64,
+    /// The host image (raw) and what was stored.
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+    pub intact: bool,
+}
+
+/// Why this machine cannot run the GPU bench, if it cannot.
+pub fn unavailable() -> Option<String> {
+    let driver = match criuz::cuda::driver::Driver::load() {
+        Ok(d) => d,
+        Err(e) => return Some(e.to_string()),
+    };
+    if let Err(e) = driver.init() {
+        return Some(format!("the CUDA driver does not start: {e}"));
+    }
+    match driver.gpus() {
+        Ok(g) if !g.is_empty() => {}
+        Ok(_) => return Some("the CUDA driver lists no GPU".into()),
+        Err(e) => return Some(e.to_string()),
+    }
+    let torch = Command::new("python3")
+        .args(["-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match torch {
+        Ok(s) if s.success() => None,
+        _ => Some("python3 with a PyTorch that sees the GPU is not installed".into()),
+    }
+}
+
+struct App {
+    pid: i32,
+    dir: PathBuf,
+}
+
+impl App {
+    fn start(work: &Path, size: AppSize) -> Result<App> {
+        let dir = work.join("app");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
+        let script = work.join("gpu_app.py");
+        std::fs::write(&script, APP).map_err(|e| Error::file(&script, e))?;
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script).arg(&dir);
+        cmd.env("W_GIB", size.weights_gib.to_string())
+            .env("KV_GIB", size.kv_gib.to_string())
+            .env("KV_FILL", size.kv_fill.to_string());
+        let log = work.join("app.log");
+        let pid = spawn_detached(cmd, &log)?;
+        let ready = dir.join("ready");
+        let t = Instant::now();
+        while !ready.exists() {
+            if !proc::alive(pid) || t.elapsed() > Duration::from_secs(600) {
+                return Err(Error::Invalid(format!("the GPU app did not start: {}", log_tail(&log))));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(App { pid, dir })
+    }
+
+    fn answer(&self, n: usize) -> Option<String> {
+        std::fs::read_to_string(self.dir.join(format!("sum.{n}"))).ok()
+    }
+
+    /// Asks the (restored) app for answer `n`; waits for it.
+    fn ask(&self, n: usize, timeout: Duration) -> Result<String> {
+        // SAFETY: signalling the app we started (or restored).
+        unsafe { libc::kill(self.pid, libc::SIGUSR1) };
+        let t = Instant::now();
+        loop {
+            if let Some(a) = self.answer(n) {
+                return Ok(a);
+            }
+            if !proc::alive(self.pid) || t.elapsed() > timeout {
+                return Err(Error::Invalid(format!("the restored GPU app gave no answer {n}")));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn end(&self) {
+        proc::kill_tree(&proc::tree(self.pid));
+        let _ = proc::reap(self.pid, Duration::from_secs(30));
+        proc::reap_zombies();
+    }
+}
+
+/// Runs `cmd`; its wall time and standard output, or its failure.
+fn run(cmd: &mut Command, what: &str) -> Result<(f64, Vec<u8>)> {
+    let t = Instant::now();
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        return Err(Error::Invalid(format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok((t.elapsed().as_secs_f64(), out.stdout))
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap_or_default()
+}
+
+/// One sample of a row.
+#[derive(Default, Clone)]
+struct Sample {
+    suspend_s: f64,
+    dump_s: f64,
+    frozen_s: f64,
+    restore_s: f64,
+    resume_s: f64,
+    first_answer_s: f64,
+    raw_bytes: u64,
+    stored_bytes: u64,
+    intact: bool,
+}
+
+/// Restores the app that `restore` brings back, asks it, checks the answer.
+fn restored(app: &App, expect: &str, cold: bool, restore: impl FnOnce() -> Result<(f64, f64)>) -> Result<Sample> {
+    if cold {
+        proc::drop_caches()?;
+    }
+    let t = Instant::now();
+    let (restore_s, resume_s) = restore()?;
+    let answer = app.ask(1, Duration::from_secs(600))?;
+    let first_answer_s = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(app.dir.join("sum.1"));
+    app.end();
+    Ok(Sample { restore_s, resume_s, first_answer_s, intact: answer == expect, ..Sample::default() })
+}
+
+/// Rows of every configuration: `runs` dumps each, every dump restored
+/// eagerly (and lazily for criuz).
+pub fn measure(
+    configs: &[&str],
+    size: AppSize,
+    runs: usize,
+    cold: bool,
+    work: &Path,
+    criu: &Criu,
+    criuz: &Path,
+) -> Result<Vec<GpuRow>> {
+    let mut rows = Vec::new();
+    for &config in configs {
+        let hows: &[&str] = if config == "criu-dir" { &["eager"] } else { &["eager", "lazy"] };
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); hows.len()];
+        for run_no in 0..runs.max(1) {
+            eprintln!("bench: gpu: {config}, run {}", run_no + 1);
+            let store = work.join("store");
+            let _ = std::fs::remove_dir_all(&store);
+            std::fs::create_dir_all(&store).map_err(|e| Error::file(&store, e))?;
+            let app = App::start(work, size)?;
+            let expect = app.answer(0).unwrap_or_default();
+            let mut dumped = Sample::default();
+            let (image, arc) = (store.join("img"), store.join("gpu.czr"));
+            if config == "criu-dir" {
+                std::fs::create_dir_all(&image).map_err(|e| Error::file(&image, e))?;
+                let suspended = criuz::cuda::suspend_tree(app.pid)?
+                    .ok_or_else(|| Error::Invalid("the GPU app uses no CUDA the driver can checkpoint".into()))?;
+                dumped.suspend_s = suspended.seconds;
+                let (secs, _) = run(
+                    Command::new(&criu.path)
+                        .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
+                        .arg(&image),
+                    "criu dump",
+                )?;
+                // SAFETY: sync(2) has no preconditions: the image made durable,
+                // as criuz's archive is.
+                unsafe { libc::sync() };
+                dumped.dump_s = secs;
+                suspended.finish();
+                dumped.frozen_s =
+                    crate::config::frozen_from_stats(&std::fs::read(image.join("stats-dump")).unwrap_or_default())
+                        .unwrap_or(f64::NAN);
+                dumped.raw_bytes = proc::dir_bytes(&image);
+                dumped.stored_bytes = dumped.raw_bytes;
+            } else {
+                let codec = config.trim_start_matches("criuz-");
+                let (secs, out) = run(
+                    Command::new(criuz)
+                        .args(["dump", "-t", &app.pid.to_string(), "-o"])
+                        .arg(&arc)
+                        .args(["--codec", codec, "--json"]),
+                    "criuz dump",
+                )?;
+                let d = json(&out);
+                dumped.suspend_s = d["cuda"]["suspend_seconds"].as_f64().unwrap_or(f64::NAN);
+                dumped.dump_s = secs - dumped.suspend_s;
+                dumped.frozen_s = d["criu_stats"]["frozen_time_us"].as_f64().map_or(f64::NAN, |us| us / 1e6);
+                dumped.raw_bytes = d["raw_bytes"].as_u64().unwrap_or(0);
+                dumped.stored_bytes = proc::file_bytes(&arc);
+            }
+            proc::reap(app.pid, Duration::from_secs(60))?;
+            for (i, how) in hows.iter().enumerate() {
+                let s = if config == "criu-dir" {
+                    let driver = criuz::cuda::driver::Driver::load().map_err(|e| Error::Invalid(e.to_string()))?;
+                    driver.init().map_err(|e| Error::Invalid(e.to_string()))?;
+                    restored(&app, &expect, cold, || {
+                        let (secs, _) = run(
+                            Command::new(&criu.path).args(["restore", "-d", "-o", "restore.log", "-D"]).arg(&image),
+                            "criu restore",
+                        )?;
+                        let t = Instant::now();
+                        criuz::cuda::resume_pids(&driver, &[app.pid], &[])?;
+                        Ok((secs, t.elapsed().as_secs_f64()))
+                    })?
+                } else {
+                    restored(&app, &expect, cold, || {
+                        let mut cmd = Command::new(criuz);
+                        cmd.args(["restore", "-d", "-i"]).arg(&arc).arg("--json");
+                        if *how == "lazy" {
+                            cmd.arg("--lazy");
+                        }
+                        let (secs, out) = run(&mut cmd, "criuz restore")?;
+                        let resume = json(&out)["cuda_resume_seconds"].as_f64().unwrap_or(f64::NAN);
+                        Ok((secs - resume, resume))
+                    })?
+                };
+                samples[i].push(Sample {
+                    restore_s: s.restore_s,
+                    resume_s: s.resume_s,
+                    first_answer_s: s.first_answer_s,
+                    intact: s.intact,
+                    ..dumped.clone()
+                });
+            }
+        }
+        for (how, got) in hows.iter().zip(samples) {
+            let med = |f: fn(&Sample) -> f64| {
+                crate::report::median(&got.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+            };
+            rows.push(GpuRow {
+                config: config.to_string(),
+                restore: how.to_string(),
+                cold,
+                suspend_s: med(|s| s.suspend_s),
+                dump_s: med(|s| s.dump_s),
+                frozen_s: med(|s| s.frozen_s),
+                restore_s: med(|s| s.restore_s),
+                resume_s: med(|s| s.resume_s),
+                first_answer_s: med(|s| s.first_answer_s),
+                raw_bytes: got.first().map_or(0, |s| s.raw_bytes),
+                stored_bytes: got.first().map_or(0, |s| s.stored_bytes),
+                intact: got.iter().all(|s| s.intact),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+pub fn table(rows: &[GpuRow]) -> String {
+    let mut s = format!(
+        "{:<11} {:<6} {:>9} {:>7} {:>7} {:>9} {:>6} {:>8} {:>7} {:>8} {:>7}\n",
+        "config", "how", "suspend s", "dump s", "frozen", "GB", "ratio", "restore", "resume", "answer", "intact"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<11} {:<6} {:>9.2} {:>7.2} {:>7.2} {:>9.2} {:>6.3} {:>8.2} {:>7.2} {:>8.2} {:>7}\n",
+            r.config,
+            r.restore,
+            r.suspend_s,
+            r.dump_s,
+            r.frozen_s,
+            r.stored_bytes as f64 / 1e9,
+            r.stored_bytes as f64 / r.raw_bytes.max(1) as f64,
+            r.restore_s,
+            r.resume_s,
+            r.first_answer_s,
+            if r.intact { "yes" } else { "NO" }
+        ));
+    }
+    s
+}

@@ -1,0 +1,193 @@
+//! Byte planes of 16-bit words: the transform that makes bf16/fp16 memory
+//! (model weights, KV caches) compressible.
+//!
+//! A 16-bit float's high byte (sign, exponent, top of the mantissa) takes
+//! few values; its low byte is nearly random. Interleaved, LZ4 finds no
+//! matches and zstd's entropy coder sees both kinds of byte in one alphabet.
+//! Split into a plane of low bytes followed by a plane of high bytes, the
+//! high plane compresses to about 0.4 and the low plane passes through.
+//!
+//! Whether a block gets the transform is decided per block, cheaply: a
+//! sample of spread-out pages is measured first (do bytes at even and odd
+//! offsets differ in distribution?), and only a sample that looks like
+//! 16-bit words is compressed both ways. The block is split only when the
+//! sample shrinks by [`MIN_GAIN`] more as planes: text, code and random
+//! memory pay one histogram of a few pages per block, float blocks about an
+//! eighth more compression work.
+
+use crate::format::PAGE_SIZE;
+
+/// The least improvement over the codec alone for which a block is split.
+pub const MIN_GAIN: f64 = 0.05;
+
+/// Pages a block's sample takes, spread across it.
+const SAMPLE_PAGES: usize = 4;
+
+/// Blocks smaller than this are never split (the sample would be the block).
+pub const MIN_LEN: usize = 8 * PAGE_SIZE;
+
+/// Appends the planes of `src` to `out`. Each little-endian 16-bit word is
+/// first rotated left by one bit, so that a float's sign joins the noisy low
+/// byte and its high byte is the whole exponent (bf16; fp16's five bits and
+/// three of mantissa): one bit of noise fewer in the plane that compresses.
+/// Then the low bytes of the words, then their high bytes (the "low" and
+/// "high" planes). An odd length's last byte ends the low plane as it is.
+pub fn split_into(src: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + src.len(), 0);
+    let half = src.len().div_ceil(2);
+    let (even, odd) = out[start..].split_at_mut(half);
+    // Eight words at a time, as two u64s of four 16-bit lanes (SWAR): about
+    // three times the speed of a word at a time.
+    let words = src.len() / 2;
+    let (src8, even8, odd8) = (src.chunks_exact(16), even.chunks_exact_mut(8), odd.chunks_exact_mut(8));
+    for ((s, e), o) in src8.zip(even8).zip(odd8) {
+        let a = rotl_lanes(u64::from_le_bytes(s[..8].try_into().expect("8 bytes")));
+        let b = rotl_lanes(u64::from_le_bytes(s[8..].try_into().expect("8 bytes")));
+        e.copy_from_slice(&(pack_bytes(a) | pack_bytes(b) << 32).to_le_bytes());
+        o.copy_from_slice(&(pack_bytes(a >> 8) | pack_bytes(b >> 8) << 32).to_le_bytes());
+    }
+    for i in words / 8 * 8..words {
+        let [lo, hi] = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]).rotate_left(1).to_le_bytes();
+        even[i] = lo;
+        odd[i] = hi;
+    }
+    if src.len() % 2 == 1 {
+        even[half - 1] = src[src.len() - 1];
+    }
+}
+
+/// Appends to `out` the bytes whose planes are `planes` (the inverse of
+/// [`split_into`]).
+pub fn join_into(planes: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + planes.len(), 0);
+    let half = planes.len().div_ceil(2);
+    let (even, odd) = planes.split_at(half);
+    let words = planes.len() / 2;
+    let dst = &mut out[start..];
+    for ((d, e), o) in dst.chunks_exact_mut(16).zip(even.chunks_exact(8)).zip(odd.chunks_exact(8)) {
+        let (e, o) =
+            (u64::from_le_bytes(e.try_into().expect("8 bytes")), u64::from_le_bytes(o.try_into().expect("8 bytes")));
+        let a = rotr_lanes(spread_bytes(e) | spread_bytes(o) << 8);
+        let b = rotr_lanes(spread_bytes(e >> 32) | spread_bytes(o >> 32) << 8);
+        d[..8].copy_from_slice(&a.to_le_bytes());
+        d[8..].copy_from_slice(&b.to_le_bytes());
+    }
+    for i in words / 8 * 8..words {
+        let [lo, hi] = u16::from_le_bytes([even[i], odd[i]]).rotate_right(1).to_le_bytes();
+        dst[2 * i] = lo;
+        dst[2 * i + 1] = hi;
+    }
+    if planes.len() % 2 == 1 {
+        dst[planes.len() - 1] = even[half - 1];
+    }
+}
+
+/// Each 16-bit lane of `x` rotated left by one bit.
+fn rotl_lanes(x: u64) -> u64 {
+    ((x << 1) & 0xFFFE_FFFE_FFFE_FFFE) | ((x >> 15) & 0x0001_0001_0001_0001)
+}
+
+/// Each 16-bit lane of `x` rotated right by one bit.
+fn rotr_lanes(x: u64) -> u64 {
+    ((x >> 1) & 0x7FFF_7FFF_7FFF_7FFF) | ((x << 15) & 0x8000_8000_8000_8000)
+}
+
+/// The low bytes of the four 16-bit lanes of `x`, packed into 32 bits.
+fn pack_bytes(x: u64) -> u64 {
+    let x = x & 0x00FF_00FF_00FF_00FF;
+    let x = (x | x >> 8) & 0x0000_FFFF_0000_FFFF;
+    (x | x >> 16) & 0x0000_0000_FFFF_FFFF
+}
+
+/// The four low bytes of `x`, each into the low byte of a 16-bit lane.
+fn spread_bytes(x: u64) -> u64 {
+    let x = x & 0x0000_0000_FFFF_FFFF;
+    let x = (x | x << 16) & 0x0000_FFFF_0000_FFFF;
+    (x | x << 8) & 0x00FF_00FF_00FF_00FF
+}
+
+/// A sample of `src` for the trial: [`SAMPLE_PAGES`] pages spread evenly.
+pub fn sample(src: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    let pages = src.len() / PAGE_SIZE;
+    for i in 0..SAMPLE_PAGES {
+        let p = (2 * i + 1) * pages / (2 * SAMPLE_PAGES);
+        out.extend_from_slice(&src[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+    }
+}
+
+/// Whether bytes at even and odd offsets of `sample` are distributed so
+/// differently that planes may pay: the order-0 entropy of the two planes
+/// taken apart is at least half a bit per byte below that of the bytes
+/// together. Text, code and random bytes show no such difference.
+pub fn looks_like_words(sample: &[u8]) -> bool {
+    let mut even = [0u32; 256];
+    let mut odd = [0u32; 256];
+    for pair in sample.chunks_exact(2) {
+        even[pair[0] as usize] += 1;
+        odd[pair[1] as usize] += 1;
+    }
+    let mut both = [0u32; 256];
+    for i in 0..256 {
+        both[i] = even[i] + odd[i];
+    }
+    let apart = (entropy(&even) + entropy(&odd)) / 2.0;
+    entropy(&both) - apart >= 0.5
+}
+
+/// Order-0 entropy of a histogram, in bits per symbol.
+fn entropy(hist: &[u32; 256]) -> f64 {
+    let total: u64 = hist.iter().map(|&c| u64::from(c)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let total = total as f64;
+    hist.iter().filter(|&&c| c > 0).map(|&c| c as f64 / total).map(|p| -p * p.log2()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_undoes_split_for_every_length() {
+        for len in [0, 1, 2, 3, 4, 7, 15, 16, 17, 31, 33, 4096, 4097] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 3) as u8).collect();
+            let mut planes = vec![9];
+            split_into(&src, &mut planes);
+            assert_eq!(planes.len(), len + 1);
+            let mut back = vec![1, 2];
+            join_into(&planes[1..], &mut back);
+            assert_eq!(&back[2..], &src[..], "length {len}");
+        }
+    }
+
+    #[test]
+    fn split_puts_rotated_low_bytes_first() {
+        let mut planes = Vec::new();
+        // 0xAA11 rotated left by one is 0x5423; 0xBB22 is 0x7645.
+        split_into(&[0x11, 0xAA, 0x22, 0xBB, 0x33], &mut planes);
+        assert_eq!(planes, [0x23, 0x45, 0x33, 0x54, 0x76]);
+    }
+
+    #[test]
+    fn only_word_shaped_bytes_look_like_words() {
+        // bf16-like: a high byte from a few values, a low byte from all.
+        let mut x = 1u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let words: Vec<u8> = (0..8192).flat_map(|_| [next() as u8, 0x3C + (next() % 4) as u8]).collect();
+        assert!(looks_like_words(&words));
+        let random: Vec<u8> = (0..16384).map(|_| next() as u8).collect();
+        assert!(!looks_like_words(&random));
+        let text: Vec<u8> =
+            b"the quick brown fox jumps over the lazy dog. ".iter().copied().cycle().take(16384).collect();
+        assert!(!looks_like_words(&text));
+    }
+}
