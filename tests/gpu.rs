@@ -212,6 +212,36 @@ fn every_failure_after_the_suspend_resumes_and_leaves_the_process_running() {
     w.stop();
 }
 
+/// criuz killed between the lock and the checkpoint: its guard runs
+/// `criuz gpu resume`, which unlocks the process; nothing stays suspended.
+#[test]
+fn a_dump_killed_after_the_suspend_leaves_nothing_suspended() {
+    let Some((_g, fake, _tmp, arc)) = setup() else { return };
+    let mut w = cuda_workload();
+    let before = w.sums();
+    std::fs::write(fake.dir.path().join("slow-checkpoint"), "3").unwrap();
+    let pid = w.pid.to_string();
+    let mut dump = Command::new(env!("CARGO_BIN_EXE_criuz"))
+        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap()])
+        .env("CRIUZ_LIBCUDA", fake_cuda_library())
+        .env("FAKE_CUDA_DIR", fake.dir.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the lock", std::time::Duration::from_secs(10), || fake.state("w") == 1);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    dump.kill().unwrap();
+    dump.wait().unwrap();
+    wait_for("the guard's resume", std::time::Duration::from_secs(20), || fake.state("w") == 0);
+    let log = calls(&fake.log());
+    assert_eq!(log.first().map(String::as_str), Some("lock dump"), "{log:?}");
+    assert_eq!(log.last().map(String::as_str), Some("unlock gpu"), "{log:?}");
+    assert!(!arc.exists());
+    assert!(w.alive());
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
 #[test]
 fn a_restore_checks_the_gpus_before_criu_and_maps_them_on_request() {
     let Some((_g, fake, _tmp, arc)) = setup() else { return };

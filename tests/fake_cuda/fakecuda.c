@@ -14,6 +14,7 @@
  *                 (absent: one "Fake GPU" 00112233-...)
  *   fail-CALL     present: CALL (init, state, lock, checkpoint, restore, unlock)
  *                 fails with CUDA_ERROR_UNKNOWN
+ *   slow-CALL     present: CALL first sleeps that many seconds (its content)
  *   log           appended: one line per call, with the caller (criuz's
  *                 subcommand), the target's /proc state letter and tracer pid
  *                 at the time of the call, and the state change
@@ -252,6 +253,17 @@ CUresult cuCheckpointProcessGetState(int pid, int *state) {
 /* One transition: from `from` to `to`, unless told to fail. */
 static CUresult step(const char *call, int pid, int from, int to, const char *extra) {
     CUresult r = OK;
+    char p[4096], name[64];
+    snprintf(name, sizeof name, "slow-%s", call);
+    if (path(p, sizeof p, name, -1) == 0) {
+        FILE *f = fopen(p, "r");
+        int secs = 0;
+        if (f) {
+            if (fscanf(f, "%d", &secs) != 1) secs = 0;
+            fclose(f);
+            sleep((unsigned)secs);
+        }
+    }
     if (!is_cuda(pid)) r = OPERATING_SYSTEM;
     else if (failing(call)) r = UNKNOWN;
     else if (get_state(pid) != from) r = INVALID_VALUE;
