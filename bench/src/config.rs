@@ -63,6 +63,22 @@ impl Config {
     /// Run only when asked for: restores placed by criuz (`--fill place`).
     pub const PLACE: [Config; 2] = [Config::CriuzLz4Place, Config::CriuzZstdPlace];
 
+    /// Whether a restore reads the checkpoint where it lies (no directory
+    /// unpacked first), so that it can be restored twice in a row.
+    pub fn restores_from_checkpoint(self) -> bool {
+        matches!(
+            self,
+            Config::CriuDir
+                | Config::CriuTmpfs
+                | Config::CriuzLz4
+                | Config::CriuzZstd
+                | Config::CriuzLz4Place
+                | Config::CriuzZstdPlace
+                | Config::CriuzLz4Sealed
+                | Config::CriuzZstdSealed
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Config::CriuDir => "criu-dir",

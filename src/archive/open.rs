@@ -87,7 +87,7 @@ impl Default for OpenOptions {
 /// names; errors name the archive.
 pub fn open(at: &Location, o: &OpenOptions) -> Result<Arc<Archive>> {
     let label = at.label();
-    let store = at.store(o.spool_cap)?;
+    let store = at.store_reading_ahead(o.spool_cap)?;
     let from_index = match o.proof {
         Proof::First => false,
         Proof::BehindIfArriving => store.arriving(),

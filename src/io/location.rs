@@ -157,6 +157,17 @@ impl Location {
         })
     }
 
+    /// [`store`](Self::store), a local file read ahead of its readers
+    /// ([`ReadAhead`](super::read_ahead::ReadAhead)): for an archive read
+    /// through (a restore, a verify), not for one read in a few places (a
+    /// parent).
+    pub fn store_reading_ahead(&self, spool_cap: u64) -> Result<Box<dyn RecordStore>> {
+        match self {
+            Location::File(p) => Ok(Box::new(super::read_ahead::ReadAhead::new(File::open(p).at(p)?))),
+            _ => self.store(spool_cap),
+        }
+    }
+
     /// A new archive here, published only by [`Output::commit`]; an existing
     /// one is refused unless `force`.
     pub fn output(&self, force: bool) -> Result<Output> {

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub mod leftover;
 mod location;
+pub mod read_ahead;
 pub mod s3;
 mod store;
 
