@@ -41,15 +41,19 @@ pub fn default_absorb() -> usize {
     usize::try_from(quarter).unwrap_or(usize::MAX).max(DEFAULT_MEMORY_BUDGET)
 }
 
-/// Cores a dump leaves to CRIU and to criuz's own threads that take its
-/// pages in while it writes (CRIU writes from one thread; the pipes are
-/// drained by another).
-pub const CAPTURE_CORES: usize = 2;
+/// Cores a dump leaves to CRIU while it writes (CRIU writes from one
+/// thread; criuz's thread that drains its pipes mostly waits in splice).
+/// By measurement on 2 cores (1 GiB, `criuz-bench --configs
+/// criu-dir,criu-tmpfs,criuz-lz4`, two rounds of 3 runs each way, session
+/// 20): one worker compressing while CRIU writes against none, durable dump
+/// mixed 0.59-0.60 s against 0.90-1.34, text 0.92-0.95 against 1.33-1.53,
+/// jvm 1.23-1.24 against 1.47; frozen 0.39-0.48 s against 0.46-0.76 (CRIU
+/// alone on tmpfs: 0.49-0.52); dump memory 421-860 MiB against 1035-1055.
+pub const CAPTURE_CORES: usize = 1;
 
 /// Workers of `threads` that compress while CRIU still writes, on the cores
-/// it leaves spare: none on 2 cores (the process would be frozen longer),
-/// 14 of 16 on 16. What they cannot keep up with is absorbed (the budget),
-/// and held workers join only when it is nearly spent.
+/// it leaves spare: 1 of 2, 15 of 16. What they cannot keep up with is
+/// absorbed (the budget), and held workers join only when it is nearly spent.
 pub fn free_while_capturing(threads: usize) -> usize {
     threads.min(default_threads().saturating_sub(CAPTURE_CORES))
 }

@@ -56,12 +56,12 @@ fn a_short_fuzz_run_finds_nothing() {
 }
 
 #[test]
-fn the_seeds_hold_byte_planes_blocks_of_both_codecs() {
-    let planes: Vec<(u64, u64, u64)> = synthetic_seeds()
+fn the_seeds_hold_byte_planes_blocks() {
+    let with_planes = synthetic_seeds()
         .iter()
         .filter_map(|s| criuz::offline::inspect(&s.bytes[..]).ok())
-        .map(|r| (r.total.codecs.planes, r.total.codecs.lz4, r.total.codecs.zstd))
-        .filter(|p| p.0 > 0)
-        .collect();
-    assert!(planes.iter().any(|p| p.1 > 0) && planes.iter().any(|p| p.2 > 0), "{planes:?}");
+        .filter(|r| r.total.codecs.planes > 0)
+        .count();
+    // Written by the LZ4 and the zstd seeds alike (planes are zstd's).
+    assert!(with_planes >= 2, "{with_planes} seeds hold byte-planes blocks");
 }

@@ -67,15 +67,6 @@ impl BlockCodec {
         }
     }
 
-    /// The planes codec over `self` (LZ4 or zstd; none for the others).
-    pub fn with_planes(self) -> Option<BlockCodec> {
-        match self {
-            BlockCodec::Lz4 => Some(BlockCodec::Lz4Planes),
-            BlockCodec::Zstd => Some(BlockCodec::ZstdPlanes),
-            _ => None,
-        }
-    }
-
     /// Whether the payload holds byte planes.
     pub fn is_planes(self) -> bool {
         matches!(self, BlockCodec::Lz4Planes | BlockCodec::ZstdPlanes)

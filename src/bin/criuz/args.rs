@@ -110,7 +110,7 @@ impl ArchiveArgs {
 pub struct AbsorbArgs {
     /// Memory for CRIU's pages not yet compressed: while CRIU writes, criuz
     /// takes pages in and compresses them on the cores CRIU does not need
-    /// (all but 2; none on 2 cores), the rest once CRIU is done (or, when
+    /// (all but one: 1 of 2, 15 of 16), the rest once CRIU is done (or, when
     /// the budget is nearly spent, at once with LZ4) (K/M/G; default: a quarter
     /// of available memory, but 64M for an s3:// output, which bounds an
     /// upload's memory; 0: 64M, compressing alongside CRIU throughout)
