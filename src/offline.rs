@@ -61,6 +61,36 @@ pub fn pack_tar<W: Write + Send + 'static>(
 /// Writes the files of `source` (with its parents attached) into a new,
 /// self-contained archive: every reference resolved, every byte checked.
 pub fn flatten<W: Write + Send + 'static>(source: Arc<Archive>, out: W, opts: &Options) -> Result<PackStats> {
+    rewrite(source, out, opts, &|_| false)
+}
+
+/// [`flatten`], storing the blocks `keep` accepts as they are (not decoded,
+/// not compressed again) and re-encoding the others: a dump's rewrite of
+/// the blocks it compressed in a hurry touches only those. For archives
+/// without page ids (a block's ids come from its data) whose block size is
+/// `opts`'s; others are flattened. The data checks of the blocks kept
+/// travel with them.
+pub fn recode<W: Write + Send + 'static>(
+    source: Arc<Archive>,
+    out: W,
+    opts: &Options,
+    keep: &dyn Fn(&crate::format::BlockHeader) -> bool,
+) -> Result<PackStats> {
+    let header = source.header();
+    if opts.ids || header.flags & (FLAG_IDS | FLAG_PARENT) != 0 || header.block_size as usize != opts.block_size {
+        return flatten(source, out, opts);
+    }
+    rewrite(source, out, opts, keep)
+}
+
+/// Every file of `source` into a new archive: the blocks `keep` accepts as
+/// they are stored, the others decoded and written again.
+fn rewrite<W: Write + Send + 'static>(
+    source: Arc<Archive>,
+    out: W,
+    opts: &Options,
+    keep: &dyn Fn(&crate::format::BlockHeader) -> bool,
+) -> Result<PackStats> {
     let packer = Packer::start(out, opts, None)?;
     let fed = (|| -> Result<()> {
         let mut dec = crate::codec::Decoder::new();
@@ -69,8 +99,13 @@ pub fn flatten<W: Write + Send + 'static>(source: Arc<Archive>, out: W, opts: &O
             let mut sink = packer.begin_file(&entry.name)?;
             let mut i = 0;
             while let Some(b) = source.block(entry.file_id, i)? {
-                b.decode(&mut dec, &mut data)?;
-                sink.write(&data)?;
+                let as_is = !b.is_resolved() && !b.header.sealed && sink.pending_len() == 0 && keep(&b.header);
+                if as_is {
+                    sink.write_encoded(b.header.clone(), b.payload().to_vec())?;
+                } else {
+                    b.decode(&mut dec, &mut data)?;
+                    sink.write(&data)?;
+                }
                 i += 1;
             }
             sink.finish()?;

@@ -431,6 +431,17 @@ fn a_dump_beyond_its_absorb_budget_hurries_then_recompresses() {
     w.reap_original();
     restore(&arc, &[]);
     assert_eq!(w.sums(), before, "restored memory differs");
+    // Encrypted: the blocks kept as they were are sealed again for the
+    // rewritten archive (its own key), and it restores intact.
+    let key = tmp.path().join("key");
+    let public = ok(criuz(&["keygen", "-o", key.to_str().unwrap()]), "criuz keygen");
+    let public = String::from_utf8_lossy(&public.stdout).trim().to_string();
+    let sealed = tmp.path().join("sealed.czr");
+    let r = dump(&w, &sealed, &["--codec", "zstd", "--absorb", "80M", "--recipient", &public]);
+    assert!(r["hurried_blocks"].as_u64().unwrap() > 0 && r["recompressed"] == true, "{r}");
+    w.reap_original();
+    restore(&sealed, &["--identity", key.to_str().unwrap()]);
+    assert_eq!(w.sums(), before, "restored memory of the sealed rewrite differs");
     w.stop();
 }
 

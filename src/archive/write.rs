@@ -16,8 +16,8 @@ use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
-    BlockCodec, DedupPayload, EntryMeta, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT, FLAG_PLANES,
-    FLAG_SEALED, FLAG_TABLE, FLAG_TREE,
+    BlockCodec, BlockHeader, DedupPayload, EntryMeta, FileKind, Header, Index, KeyRecord, FLAG_IDS, FLAG_PARENT,
+    FLAG_PLANES, FLAG_SEALED, FLAG_TABLE, FLAG_TREE,
 };
 use crate::progress::Meter;
 use crate::seal::{keyring, ChainKey};
@@ -28,9 +28,28 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum PackJob {
-    Begin { key: u64, name: String, kind: FileKind, meta: Option<EntryMeta> },
-    Block { key: u64, data: SlabBuf, page_aware: bool, block: u32 },
-    End { key: u64 },
+    Begin {
+        key: u64,
+        name: String,
+        kind: FileKind,
+        meta: Option<EntryMeta>,
+    },
+    Block {
+        key: u64,
+        data: SlabBuf,
+        page_aware: bool,
+        block: u32,
+    },
+    /// A block already encoded (by an earlier writer): stored as it is,
+    /// sealed again for this archive if it is encrypted.
+    Encoded {
+        key: u64,
+        encoded: EncodedBlock,
+        block: u32,
+    },
+    End {
+        key: u64,
+    },
 }
 
 enum PackResult {
@@ -133,6 +152,13 @@ impl Packer {
                         encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
                     }
                     PackResult::Block { key, block: encoded, hurried }
+                }
+                PackJob::Encoded { key, mut encoded, block } => {
+                    if let Some(k) = &block_key {
+                        encoded.header.file_id = key as u32;
+                        encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
+                    }
+                    PackResult::Block { key, block: encoded, hurried: false }
                 }
                 PackJob::End { key } => PackResult::End { key },
             },
@@ -329,6 +355,23 @@ impl FileSink {
             self.flush_block().map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         Ok(n)
+    }
+
+    /// Adds a block another writer encoded (its unsealed header, data
+    /// check in the clear, and payload), as the file's next block. Only at
+    /// a block boundary (nothing written since the last full block), and
+    /// not in an archive with page ids (a block's ids come from its data).
+    pub fn write_encoded(&mut self, header: BlockHeader, payload: Vec<u8>) -> Result<()> {
+        if !self.buf.is_empty() || header.sealed {
+            return Err(Error::Usage("an encoded block between block boundaries, or still sealed".into()));
+        }
+        self.meter.taken.fetch_add(u64::from(header.raw_len), Ordering::Relaxed);
+        let block = self.blocks;
+        self.blocks += 1;
+        // An opened sealed block carries no payload check; this archive's does.
+        let header = BlockHeader { payload_check: xxhash_rust::xxh3::xxh3_64(&payload) as u32, ..header };
+        let encoded = EncodedBlock { header, payload, ids: None };
+        self.sub.submit(PackJob::Encoded { key: self.key, encoded, block })
     }
 
     pub fn pending_len(&self) -> usize {

@@ -124,7 +124,15 @@ pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
     let source = crate::archive::open(&Location::File(path.to_path_buf()), &OpenOptions::default())?;
     let out = Output::open(path, true)?;
     let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
-    let stats = crate::offline::flatten(source, out.writer()?, &bounded)?;
+    // Asked for zstd, a hurried block is an LZ4 block: only those are
+    // decoded and compressed again, on every worker; the rest are copied.
+    // (Asked for LZ4, hurried blocks differ only in their acceleration,
+    // which the block does not record: all are redone.)
+    let hurried = |h: &crate::format::BlockHeader| h.codec == crate::format::BlockCodec::Lz4;
+    let stats = match opts.codec.codec {
+        crate::codec::Codec::Zstd => crate::offline::recode(source, out.writer()?, &bounded, &|h| !hurried(h))?,
+        _ => crate::offline::flatten(source, out.writer()?, &bounded)?,
+    };
     out.commit()?;
     Ok(stats)
 }
