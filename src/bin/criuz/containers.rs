@@ -198,6 +198,14 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                     r.ratio,
                     r.seconds
                 );
+                if let Some(c) = &r.cuda {
+                    let resumed = c.resume_seconds.map_or(String::new(), |t| format!(", resumed in {t:.2}s"));
+                    eprintln!(
+                        "CUDA: {} process(es) suspended in {:.2}s before the container was frozen{resumed}",
+                        c.record.pids.len(),
+                        c.suspend_seconds
+                    );
+                }
             }
         }
         RuncCmd::Restore {
@@ -250,6 +258,9 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                         unpack_seconds,
                         r.seconds
                     ),
+                }
+                if let Some(t) = r.cuda_resume_seconds {
+                    eprintln!("CUDA: resumed in {t:.2}s after runc (restore and unlock)");
                 }
             }
         }

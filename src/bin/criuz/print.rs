@@ -184,9 +184,13 @@ pub fn restored(input: &Location, r: &Restored) {
         Restored::Eager(r) => r.cuda_resume_seconds,
         Restored::Placed(r) | Restored::Lazy(r) => r.cuda_resume_seconds,
     };
+    restored_line(input, r);
     if let Some(t) = cuda {
         eprintln!("CUDA: resumed in {t:.2}s after CRIU (restore and unlock)");
     }
+}
+
+fn restored_line(input: &Location, r: &Restored) {
     match r {
         Restored::Lazy(r) => {
             if let Some(pid) = r.pid {
