@@ -204,20 +204,32 @@ pub fn measure(
             let (image, arc) = (store.join("img"), store.join("gpu.czr"));
             if config == "criu-dir" {
                 std::fs::create_dir_all(&image).map_err(|e| Error::file(&image, e))?;
-                let suspended = criuz::cuda::suspend_tree(app.pid)?
-                    .ok_or_else(|| Error::Invalid("the GPU app uses no CUDA the driver can checkpoint".into()))?;
-                dumped.suspend_s = suspended.seconds;
-                let (secs, _) = run(
+                // What a user's script does (as cuda-checkpoint would):
+                // lock and checkpoint through the driver, then CRIU.
+                let driver = criuz::cuda::driver::Driver::load().map_err(|e| Error::Invalid(e.to_string()))?;
+                let t = Instant::now();
+                let suspended =
+                    driver.lock(app.pid, criuz::cuda::LOCK_TIMEOUT_MS).and_then(|()| driver.checkpoint(app.pid));
+                if let Err(e) = suspended {
+                    let _ = criuz::cuda::resume_pids(&driver, &[app.pid], &[]);
+                    return Err(Error::Invalid(e.to_string()));
+                }
+                dumped.suspend_s = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let dumped_dir = run(
                     Command::new(&criu.path)
                         .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
                         .arg(&image),
                     "criu dump",
-                )?;
+                );
+                if let Err(e) = dumped_dir {
+                    let _ = criuz::cuda::resume_pids(&driver, &[app.pid], &[]);
+                    return Err(e);
+                }
                 // SAFETY: sync(2) has no preconditions: the image made durable,
                 // as criuz's archive is.
                 unsafe { libc::sync() };
-                dumped.dump_s = secs;
-                suspended.finish();
+                dumped.dump_s = t.elapsed().as_secs_f64();
                 dumped.frozen_s =
                     crate::config::frozen_from_stats(&std::fs::read(image.join("stats-dump")).unwrap_or_default())
                         .unwrap_or(f64::NAN);
