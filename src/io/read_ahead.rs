@@ -1,9 +1,12 @@
-//! Read-ahead for an archive read from a local file: a thread reads the
-//! file front to back in large reads, up to [`WINDOW`] past the furthest
-//! byte its readers asked for, so that a restore from a cold page cache
-//! finds its blocks already read instead of waiting for each read in turn
-//! (the kernel's own read-ahead, 128 KiB by default, keeps one small request
-//! in flight: a restore then read at a fifth of the disk's rate).
+//! Read-ahead for an archive read from a local file: a thread asks the
+//! kernel to read the file front to back (`readahead(2)`, 4 MiB at a time,
+//! into the page cache, nothing copied out), up to [`WINDOW`] past the
+//! furthest byte its readers asked for, so that a restore from a cold page
+//! cache finds its blocks already read instead of waiting for each read in
+//! turn (the kernel's own read-ahead, 128 KiB by default, keeps one small
+//! request in flight: a restore then read at a fifth of the disk's rate).
+//! On a warm cache it costs a lookup per page: reading into a buffer
+//! instead cost a lazy restore a tenth of its time to running.
 //!
 //! Only reads near what is already read move the window: a jump far ahead
 //! (the trailer and index at the end, a lazy restore's page fault) is read
@@ -20,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 /// How far ahead of the furthest byte asked for the thread reads.
 pub const WINDOW: u64 = 256 << 20;
-/// One read of the thread: large enough that the device streams.
+/// One request of the thread: large enough that the device streams.
 const CHUNK: usize = 4 << 20;
 
 /// A file whose reads are preceded by a read-ahead thread.
@@ -67,7 +70,7 @@ impl ReadAhead {
 }
 
 fn read_ahead(file: &File, size: u64, shared: &Shared) {
-    let mut buf = vec![0u8; CHUNK];
+    use std::os::fd::AsRawFd;
     loop {
         let (from, to) = {
             let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -80,8 +83,10 @@ fn read_ahead(file: &File, size: u64, shared: &Shared) {
             (st.done, st.want.min(size))
         };
         let n = (to.saturating_sub(from) as usize).min(CHUNK);
-        if n == 0 || FileExt::read_exact_at(file, &mut buf[..n], from).is_err() {
-            // The end, or a read error that the reader's own read reports.
+        let Ok(at) = libc::off64_t::try_from(from) else { return };
+        // SAFETY: readahead(2) on our own descriptor only fills the page cache.
+        if n == 0 || unsafe { libc::readahead(file.as_raw_fd(), at, n) } != 0 {
+            // The end, or an error that the reader's own read reports.
             return;
         }
         shared.state.lock().unwrap_or_else(|e| e.into_inner()).done = from + n as u64;
