@@ -6,14 +6,15 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | layout | `format` | the byte layout, one file per record family; pure, no I/O |
-//! | blocks | `codec`, `seal`, `engine` | zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
-//! | storage | `io` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores, S3, what a killed criuz left |
+//! | blocks | `planes`, `codec`, `seal`, `engine` | the byte-plane transform of 16-bit words; zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
+//! | storage | `io` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores (a local file read ahead), S3, what a killed criuz left |
 //! | archive | `archive` | writing (`write`, `dedup`); reading through one door, `archive::open`: `prove` → `fetch` → `resolve` → `block` (the `BlockSource` seam, every block through `check`) → `stored` (the opened archive); `ids` for page ids |
 //! | CRIU | `criu` | everything CRIU speaks: streamer socket, page-server protocol, userfaultfd hand-over, images, stats |
-//! | OS | `proc` | process trees through /proc, the forked guard, cgroup v2, socket tricks; knows no session |
+//! | OS | `proc`, `cuda` | process trees through /proc, the forked guard, cgroup v2, socket tricks; knows no session. `cuda`: the CUDA driver's checkpoint calls (libcuda loaded at run time), a tree's GPU state suspended and resumed |
 //! | work | `offline`, `tree`, `session` | pack/unpack/inspect/verify; directory trees and tar; sessions: one library call per command (dump, restore, lazy, capture/serve, containers) |
 //!
-//! Data flows one way. Dump: CRIU → `criu::streamer` → `session::capture` →
+//! Data flows one way. Dump: (`cuda` suspends the tree's GPU state) CRIU →
+//! `criu::streamer` → `session::capture` →
 //! `archive::write` (on the `engine`, blocks through the `codec`) → `io`
 //! output. Restore: `io::Location` → `archive::open` (proven; every block
 //! through `archive::check`) → `session::serve` → CRIU; lazily,
