@@ -189,3 +189,75 @@ fn damaged_and_crafted_archives_never_restore_wrong_memory() {
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
 }
+
+/// Byte-planes blocks (bf16 memory, version 3) crafted by someone who
+/// recomputes every check but the data check the seal covers: a byte of the
+/// raw low plane changed, the prefix's "compressed" bits or plane length
+/// changed, the codec changed from zstd planes to LZ4 planes. Restored from
+/// a file, from a pipe and lazily, each fails as damaged (exit 3) and no
+/// process runs on the result; the undamaged archive restores intact.
+#[test]
+fn crafted_byte_planes_blocks_never_restore_wrong_memory() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Workload::start(Spec { mib: 8, pattern: "bf16", ..Default::default() });
+    let before = w.sums();
+    let arc = tmp.path().join("good.czr");
+    let pid = w.pid.to_string();
+    let out = criuz(&["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--codec", "zstd"]);
+    assert!(out.status.success(), "criuz dump: {}", String::from_utf8_lossy(&out.stderr));
+    w.reap_original();
+    let good = std::fs::read(&arc).unwrap();
+    let block = records(&good)
+        .into_iter()
+        .find(|r| r.kind == b'B' && good[r.start + 1] == 5)
+        .expect("a zstd byte-planes block");
+    let payload = block.start + block.header_len + 4;
+    let craft = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = good.clone();
+        edit(&mut v);
+        let check = xxhash_rust::xxh3::xxh3_64(&v[payload..block.start + block.len]) as u32;
+        v[block.start + 24..block.start + 28].copy_from_slice(&check.to_le_bytes());
+        reseal(&mut v, Reseal::All);
+        v
+    };
+    // The control: crafted without an edit, the archive still verifies, so
+    // what the variants below are refused for is their edit.
+    let control = tmp.path().join("control.czr");
+    std::fs::write(&control, craft(&|_| {})).unwrap();
+    assert_eq!(criuz(&["verify", control.to_str().unwrap()]).status.code(), Some(0), "the resealing itself breaks");
+    let variants: Vec<(&str, Vec<u8>)> = vec![
+        ("a byte of the raw low plane", craft(&|v| v[payload + 8 + 100] ^= 0x10)),
+        ("the low plane marked compressed", craft(&|v| v[payload + 4] ^= 1)),
+        ("the high plane marked raw", craft(&|v| v[payload + 4] ^= 2)),
+        ("the low plane one byte longer", craft(&|v| v[payload] = v[payload].wrapping_add(1))),
+        ("LZ4 planes in place of zstd planes", craft(&|v| v[block.start + 1] = 4)),
+    ];
+    for (what, bytes) in variants {
+        let bad = tmp.path().join("bad.czr");
+        std::fs::write(&bad, &bytes).unwrap();
+        for how in [&["-d"][..], &["-d", "--lazy"]] {
+            let mut args = vec!["restore", "-i", bad.to_str().unwrap()];
+            args.extend_from_slice(how);
+            let out = criuz(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{what} {how:?}: must fail as damaged: {err}");
+            wait_for("the crafted restore's tree to be gone", std::time::Duration::from_secs(10), || !w.alive());
+            reap_zombies();
+        }
+        let out = Command::new(CRIUZ)
+            .args(["restore", "-d", "-i", "-"])
+            .stdin(std::fs::File::open(&bad).unwrap())
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{what}: a pipe restore must fail as damaged");
+        assert!(!w.alive(), "{what}: a process runs after a failed pipe restore");
+        assert_eq!(criuz(&["verify", bad.to_str().unwrap()]).status.code(), Some(3), "{what}: verify must reject it");
+    }
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "the undamaged archive must restore: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}

@@ -133,6 +133,19 @@ impl Suspended {
         &self.record
     }
 
+    /// The dump is written: resumes what it suspended if the tree runs on
+    /// (`leave_running`), else lets it go (the tree was ended); what it did.
+    pub fn conclude(self, leave_running: bool) -> Result<CudaDumpReport> {
+        let (record, suspend_seconds) = (self.record.clone(), self.seconds);
+        let resume_seconds = if leave_running {
+            Some(self.resume().map_err(|e| e.context("the checkpoint is written, but CUDA did not resume"))?)
+        } else {
+            self.finish();
+            None
+        };
+        Ok(CudaDumpReport { record, suspend_seconds, resume_seconds })
+    }
+
     /// Resumes what this dump suspended (a dump that leaves the tree
     /// running); returns the seconds it took.
     pub fn resume(mut self) -> Result<f64> {

@@ -260,22 +260,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
         }
     };
-    let cuda = match suspended {
-        None => None,
-        Some(s) => {
-            let (record, suspend_seconds) = (s.record().clone(), s.seconds);
-            let resume_seconds = if o.leave_running {
-                let resumed = s.resume().map_err(|e| {
-                    e.context(format!("the checkpoint {} is written, but CUDA did not resume", o.output.display()))
-                })?;
-                Some(resumed)
-            } else {
-                s.finish();
-                None
-            };
-            Some(CudaDumpReport { record, suspend_seconds, resume_seconds })
-        }
-    };
+    let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
     // The process is done with; the archive is durable. Only now are hurried
     // blocks worth redoing, and only where rewriting the archive is cheap.
     let rewrite =

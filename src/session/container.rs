@@ -200,19 +200,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
         }
         (Err(e), None) => return Err(e),
     };
-    let cuda = match suspended {
-        None => None,
-        Some(s) => {
-            let (record, suspend_seconds) = (s.record().clone(), s.seconds);
-            let resume_seconds = if o.leave_running {
-                Some(s.resume().map_err(|e| e.context("the checkpoint is written, but CUDA did not resume"))?)
-            } else {
-                s.finish();
-                None
-            };
-            Some(CudaDumpReport { record, suspend_seconds, resume_seconds })
-        }
-    };
+    let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
     Ok(CheckpointReport { seconds: started.elapsed().as_secs_f64(), cuda, ..report })
 }
 
