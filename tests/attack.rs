@@ -133,6 +133,16 @@ fn variants(good: &[u8], foreign: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
+/// `criuz restore -d -i -` with the archive at `arc` on its standard input.
+fn restore_from_pipe(arc: &Path) -> std::process::Output {
+    Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", "-"])
+        .stdin(std::fs::File::open(arc).unwrap())
+        .stdout(Stdio::null())
+        .output()
+        .unwrap()
+}
+
 fn restore_dirs() -> usize {
     std::fs::read_dir(std::env::temp_dir())
         .unwrap()
@@ -169,12 +179,7 @@ fn damaged_and_crafted_archives_never_restore_wrong_memory() {
         assert!(err.contains(bad.to_str().unwrap()), "{what}: the error must name the archive: {err}");
         assert!(!w.alive(), "{what}: a process runs after a failed restore");
 
-        let out = Command::new(CRIUZ)
-            .args(["restore", "-d", "-i", "-"])
-            .stdin(std::fs::File::open(&bad).unwrap())
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
+        let out = restore_from_pipe(&bad);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{what}: restore from a pipe must fail as damaged: {err}");
         assert!(!w.alive(), "{what}: a process runs after a failed pipe restore");
@@ -246,13 +251,9 @@ fn crafted_byte_planes_blocks_never_restore_wrong_memory() {
             wait_for("the crafted restore's tree to be gone", std::time::Duration::from_secs(10), || !w.alive());
             reap_zombies();
         }
-        let out = Command::new(CRIUZ)
-            .args(["restore", "-d", "-i", "-"])
-            .stdin(std::fs::File::open(&bad).unwrap())
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(3), "{what}: a pipe restore must fail as damaged");
+        let out = restore_from_pipe(&bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: restore from a pipe must fail as damaged: {err}");
         assert!(!w.alive(), "{what}: a process runs after a failed pipe restore");
         assert_eq!(criuz(&["verify", bad.to_str().unwrap()]).status.code(), Some(3), "{what}: verify must reject it");
     }
