@@ -59,7 +59,8 @@ impl Progress {
 #[derive(Debug)]
 pub struct Meter {
     started: Instant,
-    /// Dump: image bytes taken in from CRIU. Restore: page bytes handed to CRIU.
+    /// Dump: image bytes taken in from CRIU. Restore: page bytes handed to
+    /// CRIU, or placed by criuz.
     pub taken: AtomicU64,
     /// Dump: image bytes compressed and written to the archive.
     pub stored: AtomicU64,
@@ -127,11 +128,7 @@ impl Meter {
     pub fn restore_line(&self) -> String {
         let taken = self.taken.load(Ordering::Relaxed);
         let secs = self.elapsed().as_secs_f64();
-        format!(
-            "restore: {} of pages served ({}/s), {secs:.1}s",
-            mib(taken),
-            mib((taken as f64 / secs.max(1e-3)) as u64)
-        )
+        format!("restore: {} of pages in ({}/s), {secs:.1}s", mib(taken), mib((taken as f64 / secs.max(1e-3)) as u64))
     }
 }
 

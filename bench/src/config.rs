@@ -22,9 +22,9 @@ pub enum Config {
     CriuZstd,
     /// criu dump -D, then criuz pack; criuz unpack, then criu restore -D.
     CriuzPack,
-    /// criuz dump / criuz restore, streaming, lz4.
+    /// criuz dump / criuz restore (its default: memory placed by criuz), lz4.
     CriuzLz4,
-    /// criuz dump / criuz restore, streaming, zstd.
+    /// criuz dump / criuz restore, zstd.
     CriuzZstd,
     /// criuz-lz4, the archive encrypted to an age recipient (restored with
     /// its identity).
@@ -36,6 +36,11 @@ pub enum Config {
     CriuzLz4Place,
     /// criuz-zstd, restored with `--fill place`.
     CriuzZstdPlace,
+    /// criuz-lz4, restored with `--fill stream` (every page through CRIU's
+    /// image stream).
+    CriuzLz4Stream,
+    /// criuz-zstd, restored with `--fill stream`.
+    CriuzZstdStream,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -60,8 +65,10 @@ impl Config {
     /// Run only when asked for: encrypted archives (issue 12's comparison).
     pub const SEALED: [Config; 2] = [Config::CriuzLz4Sealed, Config::CriuzZstdSealed];
 
-    /// Run only when asked for: restores placed by criuz (`--fill place`).
-    pub const PLACE: [Config; 2] = [Config::CriuzLz4Place, Config::CriuzZstdPlace];
+    /// Run only when asked for: restores placed by criuz whatever the
+    /// default (`--fill place`), or streamed through CRIU (`--fill stream`).
+    pub const FILL: [Config; 4] =
+        [Config::CriuzLz4Place, Config::CriuzZstdPlace, Config::CriuzLz4Stream, Config::CriuzZstdStream];
 
     /// Whether a restore reads the checkpoint where it lies (no directory
     /// unpacked first), so that it can be restored twice in a row.
@@ -74,6 +81,8 @@ impl Config {
                 | Config::CriuzZstd
                 | Config::CriuzLz4Place
                 | Config::CriuzZstdPlace
+                | Config::CriuzLz4Stream
+                | Config::CriuzZstdStream
                 | Config::CriuzLz4Sealed
                 | Config::CriuzZstdSealed
         )
@@ -92,13 +101,15 @@ impl Config {
             Config::CriuzZstdSealed => "criuz-zstd-sealed",
             Config::CriuzLz4Place => "criuz-lz4-place",
             Config::CriuzZstdPlace => "criuz-zstd-place",
+            Config::CriuzLz4Stream => "criuz-lz4-stream",
+            Config::CriuzZstdStream => "criuz-zstd-stream",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
     }
 
     pub fn parse(s: &str) -> Option<Config> {
-        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).chain(Config::PLACE).find(|c| c.name() == s)
+        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).chain(Config::FILL).find(|c| c.name() == s)
     }
 
     pub fn uses_s3(self) -> bool {
@@ -292,8 +303,13 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzLz4Sealed
         | Config::CriuzZstdSealed
         | Config::CriuzLz4Place
-        | Config::CriuzZstdPlace => {
-            let zstd = matches!(cfg, Config::CriuzZstd | Config::CriuzZstdSealed | Config::CriuzZstdPlace);
+        | Config::CriuzZstdPlace
+        | Config::CriuzLz4Stream
+        | Config::CriuzZstdStream => {
+            let zstd = matches!(
+                cfg,
+                Config::CriuzZstd | Config::CriuzZstdSealed | Config::CriuzZstdPlace | Config::CriuzZstdStream
+            );
             let codec = if zstd { "zstd" } else { "lz4" };
             let pid = pid.to_string();
             let seal = env.seal_args(cfg);
@@ -410,12 +426,16 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzLz4Sealed
         | Config::CriuzZstdSealed
         | Config::CriuzLz4Place
-        | Config::CriuzZstdPlace => {
+        | Config::CriuzZstdPlace
+        | Config::CriuzLz4Stream
+        | Config::CriuzZstdStream => {
             let input = if link { "-" } else { s(&ckpt) };
             let keys = env.key_args(cfg);
             let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];
-            if Config::PLACE.contains(&cfg) {
-                args.extend(["--fill", "place"]);
+            match cfg {
+                Config::CriuzLz4Place | Config::CriuzZstdPlace => args.extend(["--fill", "place"]),
+                Config::CriuzLz4Stream | Config::CriuzZstdStream => args.extend(["--fill", "stream"]),
+                _ => {}
             }
             args.extend(keys.iter().map(String::as_str));
             let cmd = criuz_cmd(env, &args);

@@ -21,11 +21,12 @@ pub struct BenchArgs {
     /// redis,jvm,python (applications)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all but the S3, sealed and place ones]: criu-dir,
+    /// Configurations, comma separated [default: all but the S3, sealed, place and stream ones]: criu-dir,
     /// criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a
     /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
-    /// criuz-zstd-place (restored with --fill place)
+    /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream
+    /// (restored with --fill stream, through CRIU's image stream)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub configs: Option<Vec<String>>,
     /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
@@ -168,7 +169,7 @@ impl Plan {
                             .iter()
                             .chain(&Config::S3)
                             .chain(&Config::SEALED)
-                            .chain(&Config::PLACE)
+                            .chain(&Config::FILL)
                             .map(|c| c.name())
                             .collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))

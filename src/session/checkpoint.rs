@@ -15,8 +15,8 @@
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
+use crate::archive::{Archive, Options, PackStats, Packer};
 use crate::archive::{OpenOptions, Parents, Proof};
-use crate::archive::{Options, PackStats, Packer};
 use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::Criu;
@@ -312,17 +312,33 @@ pub struct RestoreReport {
 /// Restores from an archive through CRIU's stream mode.
 pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
     let started = Instant::now();
-    // Missing or foreign parents are found here, before CRIU starts; the
-    // parents are walked while CRIU starts and reads its metadata images
-    // (ten parents of a 1 GiB process: 0.03-0.05 s, a tenth of the
-    // restore), and the first page that needs them waits for that walk.
+    let source = open_for_restore(o)?;
+    restore_opened(o, source, started, archive, criu)
+}
+
+/// Opens a restore's archive. Missing or foreign parents are found here,
+/// before CRIU starts; the parents are walked while CRIU starts and reads
+/// its metadata images (ten parents of a 1 GiB process: 0.03-0.05 s, a
+/// tenth of the restore), and the first page that needs them waits for that
+/// walk. An object still arriving is proven behind, as it arrives.
+pub fn open_for_restore(o: &RestoreOptions) -> Result<Arc<Archive>> {
     let how = OpenOptions {
         search: o.parents.clone(),
         spool_cap: o.pipe_buffer,
         proof: Proof::BehindIfArriving,
         parents: Parents::Behind,
     };
-    let source = crate::archive::open(&o.input, &how)?;
+    crate::archive::open(&o.input, &how)
+}
+
+/// `restore`, of an archive opened by [`open_for_restore`] at `started`.
+pub fn restore_opened(
+    o: &RestoreOptions,
+    source: Arc<Archive>,
+    started: Instant,
+    archive: &Options,
+    criu: &Criu,
+) -> Result<RestoreReport> {
     let tree = check_pids_free(&*source)?;
     let cuda = cuda_plan(&*source, &o.gpu_map, o.detach)?;
     tree::become_subreaper();

@@ -453,6 +453,8 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             victim: &victim,
             verify_first: o.verify_first,
             hold: false,
+            threads: crate::engine::default_threads(),
+            meter: None,
         };
         let cuda_resumed = std::cell::Cell::new(None);
         let (status, report) = lazy.run(cmd, started, || resume().map(|t| cuda_resumed.set(t))).inspect_err(|_| {

@@ -32,7 +32,7 @@
 //! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
 //! the container's cgroup.
 
-use crate::archive::{BlockSource, OpenOptions};
+use crate::archive::{Archive, BlockSource, OpenOptions};
 use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
@@ -40,11 +40,13 @@ use crate::error::{Error, IoContext, Result, ResultContext};
 use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
 use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
+use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, RestoreOptions,
 };
 use crate::session::pager::{Abort, LazyProcess, Pager, TOUCHED_MAX};
+use crate::session::place::HeldFill;
 use crate::session::serve::zero_plan;
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
@@ -67,6 +69,10 @@ pub struct LazyReport {
     pub resident_seconds: f64,
     /// Pages restored by CRIU itself (not lazy).
     pub eager_pages: u64,
+    /// Zero pages of private anonymous memory left out: they read as zero
+    /// without being copied (short runs of them are copied in a lazy
+    /// restore, where each hole would cost a fault).
+    pub zero_pages_skipped: u64,
     /// Pages of the working set recorded beside the archive
     /// (`<archive>.touch`) by earlier lazy restores, whose blocks the fill
     /// brought first.
@@ -96,14 +102,21 @@ struct LazyPagemap {
     pages_id: u32,
     runs: Vec<(PageRun, u64)>,
     image_pages: u64,
+    /// Zero pages left out of the pagemap (they read as zero).
+    zero_pages: u64,
 }
 
 /// Rewrites a process's pagemap without its long zero runs (those read as
 /// zero anyway) and with the lazy flags CRIU should have set
 /// (`marked_lazy`); `None` if CRIU's pagemap is not one criuz can rewrite.
-fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
+fn lazy_pagemap(
+    source: &dyn BlockSource,
+    pid: &str,
+    pagemap: &[u8],
+    min_zero_run: u64,
+) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
     let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
-    let plan = zero_plan(source, pid, pagemap, LAZY_MIN_ZERO_RUN)?;
+    let plan = zero_plan(source, pid, pagemap, min_zero_run)?;
     let mut written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
     if let Some(marked) = marked_lazy(source, pid, &written)? {
         written = marked;
@@ -122,8 +135,23 @@ fn lazy_pagemap(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<O
         runs.push((at, k.first));
     }
     let image_pages = runs.iter().map(|(r, _)| r.nr).sum();
+    let zero_pages = plan.as_ref().map_or(0, |p| p.skipped_pages);
     let pid = pid.parse().map_err(|_| Error::corrupt(0, format!("pagemap-{pid}.img: not a pid")))?;
-    Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages })))
+    Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages, zero_pages })))
+}
+
+/// Whether criuz can place the archive's memory itself: every process's
+/// pagemap is one it can rewrite for a lazy restore (what CRIU writes; not,
+/// say, a pagemap of pages CRIU compressed itself).
+pub(crate) fn placeable(source: &dyn BlockSource) -> Result<bool> {
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && !f.name.contains('/')) {
+        if let Some(pid) = images::process_pagemap_pid(&f.name) {
+            if lazy_pagemap(source, pid, &source.read_file(f)?, 1)?.is_none() {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
@@ -145,16 +173,26 @@ fn marked_lazy(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Op
     Ok(images::mark_lazy(&mm, pagemap, &stack_pointers))
 }
 
+/// What `materialize` wrote.
+struct Materialized {
+    /// The lazily served processes, by pid.
+    processes: HashMap<u32, LazyProcess>,
+    /// Pages CRIU restores itself.
+    eager_pages: u64,
+    /// Zero pages left out of the pagemaps.
+    zero_pages: u64,
+}
+
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
-/// process's pagemap without long zero runs, and its pages image with only
-/// the pages that pagemap does not mark lazy. Returns the lazily served
-/// processes by pid, and the eager page count.
-fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>, u64)> {
+/// process's pagemap without its runs of at least `min_zero_run` zero pages,
+/// and its pages image with only the pages that pagemap does not mark lazy.
+fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64) -> Result<Materialized> {
     let source = &blocks.source;
     let mut dec = Decoder::new();
     let label = source.label().to_string();
     let files = source.index().files.clone();
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
+    let mut zero_pages = 0;
     // CRIU's images are the top-level files (of a tree: runc's checkpoint
     // keeps its own files beside them, nothing CRIU reads below).
     let top = |f: &&FileEntry| !f.name.contains('/');
@@ -162,11 +200,13 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            let (written, lazy) =
-                lazy_pagemap(&**source, pid, &bytes).context(|| format!("{label}: {}", f.name))?.ok_or_else(|| {
+            let (written, lazy) = lazy_pagemap(&**source, pid, &bytes, min_zero_run)
+                .context(|| format!("{label}: {}", f.name))?
+                .ok_or_else(|| {
                     Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
                 })?;
             bytes = written;
+            zero_pages += lazy.zero_pages;
             lazy_images.insert(lazy.pages_id, lazy);
         }
         let path = dir.join(&f.name);
@@ -205,7 +245,7 @@ fn materialize(blocks: &Blocks, dir: &Path) -> Result<(HashMap<u32, LazyProcess>
             processes.insert(l.pid, LazyProcess { pages_file: f.file_id, runs });
         }
     }
-    Ok((processes, eager))
+    Ok(Materialized { processes, eager_pages: eager, zero_pages })
 }
 
 /// Pages by pid that a lazy restore saw faulted (first touches, in order),
@@ -276,9 +316,14 @@ pub(crate) struct LazyRestore<'a> {
     /// Prove the stored bytes before CRIU starts, not behind the process.
     pub verify_first: bool,
     /// Hold the tree stopped (CRIU's `--leave-stopped`) until every page is
-    /// in and every stored byte proven, then let it run: an eager restore
-    /// whose memory criuz places itself. A bare tree only.
+    /// in, then let it run: an eager restore whose memory criuz places
+    /// itself, on `threads` threads (`session::place`). A bare tree only.
     pub hold: bool,
+    /// Threads that fill a held tree, or (less one, for the tree) decode
+    /// ahead of a running tree's fill.
+    pub threads: usize,
+    /// Counts the bytes a held tree's fill copies in, for a progress line.
+    pub meter: Option<Arc<Meter>>,
 }
 
 impl LazyRestore<'_> {
@@ -304,11 +349,15 @@ impl LazyRestore<'_> {
         // their own blocks); otherwise behind the running tree, below.
         let (proven, materialized) = std::thread::scope(|s| {
             let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            let materialized = materialize(&blocks, self.images);
+            // A held tree takes no fault before every page is in: every zero
+            // page can be left out (it reads as zero, costing no memory, as
+            // in a streamed restore).
+            let min_zero_run = if self.hold { 1 } else { LAZY_MIN_ZERO_RUN };
+            let materialized = materialize(&blocks, self.images, min_zero_run);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
-        let (processes, eager_pages) = materialized?;
+        let Materialized { processes, eager_pages, zero_pages } = materialized?;
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
@@ -316,35 +365,33 @@ impl LazyRestore<'_> {
         let (stop_tx, stop_rx) = UnixStream::pair()?;
         let abort = Abort::new()?;
         let victim = self.victim;
-        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded);
-        // Whether every stored byte proved good (set at once when proven first).
-        let proof_passed: OnceLock<bool> = OnceLock::new();
-        if self.verify_first {
-            let _ = proof_passed.set(true);
-        }
+        let held_fill = self.hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone() });
+        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill);
+        // The proof behind a running tree. A held tree needs none: it runs
+        // only once every page is in, each from a block checked as it was
+        // decoded, which is what a streamed restore promises too.
+        let prove_behind = !self.verify_first && !self.hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
-        // Decoders: where zstd blocks dominate, decoding is slower than
-        // copying, so every core decodes while the tree is held (nothing else
-        // runs) and one less while it runs (a core for the tree); LZ4 and raw
-        // blocks decode faster than one thread copies them in (2 cores:
-        // lz4 restores took 0.33-0.52 s with one decoder, 0.46-0.56 s with
-        // two; zstd 0.41-1.10 s with one, 0.49-0.84 s with two), so one
-        // decoder keeps up.
-        let cores = crate::engine::default_threads();
-        let decoders = if !mostly_zstd(&*self.source) {
-            1
-        } else if self.hold {
-            cores
+        // Decoders while the tree runs: where zstd blocks dominate, decoding
+        // is slower than copying, so every core but one (left to the tree)
+        // decodes; LZ4 and raw blocks decode faster than one thread copies
+        // them in (2 cores: lz4 restores took 0.33-0.52 s with one decoder,
+        // 0.46-0.56 s with two; zstd 0.41-1.10 s with one, 0.49-0.84 s with
+        // two), so one decoder keeps up. A held tree needs none: its fill
+        // threads decode their own blocks (`session::place`).
+        let decoders = if self.hold {
+            0
+        } else if mostly_zstd(&*self.source) {
+            self.threads.saturating_sub(1).max(1)
         } else {
-            cores.saturating_sub(1).max(1)
+            1
         };
         let (paged, proof, status, running, published) = std::thread::scope(|s| {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
             }
-            let proving = (!self.verify_first).then(|| {
+            let proving = prove_behind.then(|| {
                 s.spawn(|| {
-                    // Set however it ends: a held tree waits for it.
                     let proving = std::panic::AssertUnwindSafe(|| self.source.prove_stored());
                     let proven = std::panic::catch_unwind(proving).unwrap_or(Err(Error::Cancelled));
                     if let Err(e) = &proven {
@@ -352,29 +399,29 @@ impl LazyRestore<'_> {
                         // CRIU has handed every userfaultfd over.
                         abort.fail(e.duplicate());
                     }
-                    let _ = proof_passed.set(proven.is_ok());
                     proven
                 })
             });
             let paging = s.spawn(|| {
-                let r = pager.run(&listener, &stop_rx, &abort);
+                let mut r = pager.run(&listener, &stop_rx, &abort);
+                if self.hold && r.is_ok() && pager.all_in() {
+                    // Letting a held tree run is the point of no return: an
+                    // archive opened while it still arrived must be proven
+                    // whole first (as a streamed restore's last page waits).
+                    r = self.source.proven();
+                }
                 blocks.finish();
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
                 } else if pager.all_in() {
-                    // Held, it runs only with every page in and proven.
-                    let held = self.hold.then(|| *proof_passed.wait());
-                    if held == Some(false) {
-                        victim.kill();
-                    }
                     // Every page is in: the userfaultfds (ours and the
                     // guard's copies) are let go, so that pages left out as
                     // zero read as zero from now on (without -d, CRIU waits
                     // for the tree, and the tree must not wait for us).
                     pager.let_go();
                     guard.release();
-                    if held == Some(true) {
+                    if self.hold {
                         let _ = resumed.set(Instant::now());
                         victim.resume();
                     }
@@ -454,6 +501,7 @@ impl LazyRestore<'_> {
                 running_seconds: running,
                 resident_seconds: resident,
                 eager_pages,
+                zero_pages_skipped: zero_pages,
                 working_set_pages: recorded.len() as u64,
                 working_set_seconds: report.working_set_in.map(|t| (t - started).as_secs_f64()),
                 working_set_file,
@@ -480,23 +528,53 @@ fn mostly_zstd(source: &dyn BlockSource) -> bool {
 }
 
 /// Restores lazily: see the module documentation.
-pub fn restore_lazy(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
-    restore_through_pager(o, criu, false)
+pub fn restore_lazy(o: &RestoreOptions, criu: &Criu, threads: usize) -> Result<LazyReport> {
+    let started = Instant::now();
+    // The tree runs before its pages are in: the archive and its parents are
+    // walked whole first, so a damaged structure or a missing parent stops
+    // the restore while nothing runs.
+    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
+    let archive = crate::archive::open(&o.input, &how)?;
+    restore_through_pager(o, archive, started, criu, false, threads)
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
-/// lazy pages and leaves it stopped; criuz copies every page in (as a lazy
-/// restore's fill does, never through CRIU's pipe) and proves every stored
-/// byte meanwhile, and only then lets the tree run. No process runs with a
-/// page missing or unproven; a failure kills the tree before it ran.
-pub fn restore_placed(o: &RestoreOptions, criu: &Criu) -> Result<LazyReport> {
-    restore_through_pager(o, criu, true)
+/// lazy pages and leaves it stopped; criuz copies every page in on `threads`
+/// threads (never through CRIU's pipe), each page from a block checked as it
+/// is decoded, and only then lets the tree run. No process runs with a page
+/// missing or unproven; a failure kills the tree before it ran. `archive`
+/// opened as a streamed restore opens it (`checkpoint::open_for_restore`:
+/// parents walked behind, an arriving object proven behind): the tree runs
+/// only once both are done.
+pub fn restore_placed(
+    o: &RestoreOptions,
+    archive: Arc<Archive>,
+    started: Instant,
+    criu: &Criu,
+    threads: usize,
+) -> Result<LazyReport> {
+    if !placeable(&*archive)? {
+        return Err(Error::Usage(format!(
+            "{}: cannot place its memory: a pagemap criuz does not understand",
+            archive.label()
+        )));
+    }
+    let walked = archive.clone();
+    // Pages that needed the parents fail as cancelled: the walk says why.
+    restore_through_pager(o, archive, started, criu, true, threads).map_err(|e| match walked.parents_walked() {
+        Err(why) => why,
+        Ok(()) => e,
+    })
 }
 
-fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<LazyReport> {
-    let started = Instant::now();
-    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
-    let archive = crate::archive::open(&o.input, &how)?;
+fn restore_through_pager(
+    o: &RestoreOptions,
+    archive: Arc<Archive>,
+    started: Instant,
+    criu: &Criu,
+    hold: bool,
+    threads: usize,
+) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     crate::proc::tree::become_subreaper();
@@ -519,6 +597,8 @@ fn restore_through_pager(o: &RestoreOptions, criu: &Criu, hold: bool) -> Result<
         victim: &victim,
         verify_first: o.verify_first,
         hold,
+        threads,
+        meter: o.meter.clone(),
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {

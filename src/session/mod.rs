@@ -24,6 +24,7 @@ pub mod follow;
 pub mod images_dir;
 pub mod lazy;
 pub mod pager;
+pub mod place;
 pub mod receive;
 pub mod restore;
 pub mod serve;

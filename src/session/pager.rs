@@ -28,6 +28,7 @@ use crate::format::PAGE_SIZE;
 use crate::proc::cgroup::cgroup_kill_of;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
+use crate::session::place::{self, HeldFill, Missing, Target};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -157,6 +158,9 @@ pub(crate) struct Pager<'a> {
     dec: Decoder,
     finished: bool,
     fill_next: usize,
+    /// For a held tree: how to fill it once every space is here
+    /// (`session::place`); taken when that fill starts.
+    held_fill: Option<HeldFill>,
     report: PagerReport,
 }
 
@@ -174,6 +178,7 @@ impl<'a> Pager<'a> {
         guard: &'a Guard,
         victim: &'a Victim,
         working_set: &[(u32, u64)],
+        held_fill: Option<HeldFill>,
     ) -> Pager<'a> {
         Pager {
             blocks,
@@ -187,6 +192,7 @@ impl<'a> Pager<'a> {
             dec: Decoder::new(),
             finished: false,
             fill_next: 0,
+            held_fill,
             report: PagerReport::default(),
         }
     }
@@ -267,7 +273,10 @@ impl<'a> Pager<'a> {
             }
             self.serve_faults()?;
             if self.faults.is_empty() && self.finished {
-                self.fill_one()?;
+                match self.held_fill.take() {
+                    Some(how) => self.fill_held(&how)?,
+                    None => self.fill_one()?,
+                }
             }
         }
     }
@@ -418,6 +427,31 @@ impl<'a> Pager<'a> {
             let pages = ((block.len() - off) as u64 / PAGE).min((end - start) / PAGE);
             self.put(i, start, &block[off..off + (pages * PAGE) as usize])?;
             return Ok(());
+        }
+        Ok(())
+    }
+
+    /// Fills every space at once, on several threads (the tree is held:
+    /// nothing in it runs, see `session::place`); what an event kept out is
+    /// left missing, for `fill_one`.
+    fn fill_held(&mut self, how: &HeldFill) -> Result<()> {
+        let mut ranges = Vec::new();
+        for (i, s) in self.spaces.iter().enumerate() {
+            ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
+        }
+        let targets: Vec<Target> =
+            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+        let blocks = self.blocks;
+        let filled = place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, how)?;
+        self.report.pages += filled.pages;
+        for s in &mut self.spaces {
+            s.missing.clear();
+        }
+        for m in filled.left {
+            self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
+        }
+        for i in filled.gone {
+            self.spaces[i].missing.clear();
         }
         Ok(())
     }

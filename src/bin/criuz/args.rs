@@ -210,11 +210,12 @@ pub enum Cmd {
         /// kills it); the process then starts later
         #[arg(long, requires = "lazy")]
         verify_first: bool,
-        /// How an eager restore's memory comes back: stream (through CRIU's
-        /// image stream) or place (criuz copies every page in with
-        /// userfaultfd while CRIU holds the restored tree stopped, then lets
-        /// it run)
-        #[arg(long, value_enum, default_value = "stream", conflicts_with = "lazy")]
+        /// How an eager restore's memory comes back: place (criuz copies
+        /// every page in with userfaultfd, on every core, while CRIU holds
+        /// the restored tree stopped, then lets it run), stream (through
+        /// CRIU's image stream, one thread), or auto: place where it can
+        /// (see docs/usage.md), else stream
+        #[arg(long, value_enum, default_value = "auto", conflicts_with = "lazy")]
         fill: Fill,
         /// Print the summary as JSON on stdout
         #[arg(long)]
@@ -439,6 +440,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 /// How an eager restore's memory comes back (`--fill`).
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Fill {
+    Auto,
     Stream,
     Place,
 }

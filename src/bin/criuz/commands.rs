@@ -82,6 +82,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             };
             let how = match (lazy, fill) {
                 (true, _) => How::Lazy,
+                (false, Fill::Auto) => How::Auto,
                 (false, Fill::Stream) => How::Stream,
                 (false, Fill::Place) => How::Placed,
             };
@@ -249,8 +250,9 @@ fn dump(mut o: DumpOptions, criu: &CriuArgs, json: bool, write: &ArchiveArgs, ab
 fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &ThreadArgs) -> Result<ExitCode> {
     let c = criu.locate()?;
     let meter = o.meter.clone().unwrap_or_default();
-    // A streamed restore's progress is the pages served; the others report their own stages.
-    let ticker = (how == How::Stream).then(|| Ticker::start(move || meter.restore_line()));
+    // An eager restore's progress is the pages served or placed; a lazy one
+    // reports its own stages.
+    let ticker = (how != How::Lazy).then(|| Ticker::start(move || meter.restore_line()));
     let r = criuz::session::restore::restore(o, how, &threads.options(), &c);
     drop(ticker);
     let r = r?;
