@@ -134,29 +134,34 @@ impl RecordReader {
             return direct();
         }
         let end = offset + len as u64;
-        let mut cached = self.window.lock().unwrap();
-        let hit = matches!(&*cached, Some((at, w)) if *at <= offset && end <= at + w.len() as u64);
-        if !hit {
-            let want = (self.store.size().saturating_sub(offset)).min(READ_AHEAD as u64) as usize;
-            if want < len {
-                drop(cached);
-                return direct();
+        let old = {
+            let mut cached = self.window.lock().unwrap();
+            if let Some((at, w)) = cached.as_ref().filter(|(at, w)| *at <= offset && end <= at + w.len() as u64) {
+                return Ok((w.clone(), (offset - at) as usize));
             }
-            // The old window's memory is reused unless a holder still keeps a
-            // share of it; a new one is read into unzeroed memory (zeroing
-            // the windows of a chain's children cost a tenth of its decoding).
-            let w = match cached.take().and_then(|(_, w)| Arc::try_unwrap(w).ok()) {
-                Some(mut w) => {
-                    w.resize(want, 0);
-                    self.store.read_exact_at(&mut w, offset)?;
-                    w
-                }
-                None => self.store.read_vec(want, offset)?,
-            };
-            *cached = Some((offset, Arc::new(w)));
+            cached.take()
+        };
+        let want = (self.store.size().saturating_sub(offset)).min(READ_AHEAD as u64) as usize;
+        if want < len {
+            return direct();
         }
-        let (at, w) = cached.as_ref().expect("window filled");
-        Ok((w.clone(), (offset - at) as usize))
+        // Read outside the lock: the fill threads of a placed restore read
+        // blocks side by side and must not queue behind each other's reads
+        // (a reader that misses meanwhile reads a window of its own). The old
+        // window's memory is reused unless a holder still keeps a share of
+        // it; a new one is read into unzeroed memory (zeroing the windows of
+        // a chain's children cost a tenth of its decoding).
+        let w = match old.and_then(|(_, w)| Arc::try_unwrap(w).ok()) {
+            Some(mut w) => {
+                w.resize(want, 0);
+                self.store.read_exact_at(&mut w, offset)?;
+                w
+            }
+            None => self.store.read_vec(want, offset)?,
+        };
+        let w = Arc::new(w);
+        *self.window.lock().unwrap() = Some((offset, w.clone()));
+        Ok((w, 0))
     }
 
     /// Reads the record of block `i` of file `file` at `at`, and checks its
