@@ -108,6 +108,29 @@ fn zero_pages_are_left_out_and_restore_intact() {
     assert_eq!(r["zero_pages_skipped"].as_u64(), Some(0));
 }
 
+/// The default eager restore places private memory itself; it streams
+/// where CRIU would restore much itself (a large shared memory segment,
+/// which placing would first write to $TMPDIR), and where asked to.
+#[test]
+fn eager_restores_place_memory_unless_streaming_suits_better() {
+    let fill = |r: &serde_json::Value| r["fill"].as_str().map(str::to_string);
+    let r = roundtrip(Spec { pattern: "text", ..Default::default() }, &[], &[]);
+    if r.is_null() {
+        return;
+    }
+    assert_eq!(fill(&r).as_deref(), Some("place"), "{r}");
+    assert!(r["lazy_pages"].as_u64().unwrap() > (32 << 20) / 4096 * 9 / 10, "{r}");
+    let r = roundtrip(Spec { pattern: "text", ..Default::default() }, &[], &["--fill", "stream"]);
+    assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    // A little shared memory: placed around it (CRIU restores it from the
+    // images criuz writes).
+    let r = roundtrip(Spec { pattern: "text", shared: true, ..Default::default() }, &[], &[]);
+    assert_eq!(fill(&r).as_deref(), Some("place"), "{r}");
+    // More than PLACE_EAGER_MAX (256 MiB) of it: streamed.
+    let r = roundtrip(Spec { mib: 300, pattern: "text", shared: true, ..Default::default() }, &[], &[]);
+    assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+}
+
 #[test]
 fn process_tree_children_keep_their_zeroed_cow_pages() {
     // Each child zeroes pages it shares copy-on-write with the parent; with

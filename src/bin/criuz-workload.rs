@@ -37,6 +37,9 @@ struct Args {
     dir: PathBuf,
     open_file: Option<PathBuf>,
     extra_maps: bool,
+    /// The memory is shared anonymous memory (CRIU restores it itself, from
+    /// its own pages image) instead of private.
+    shared: bool,
     tcp_peer: Option<String>,
     /// Tree mode: every child writes the same bytes (workers that rebuilt the
     /// same data: identical pages that are not shared copy-on-write).
@@ -46,7 +49,7 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16] \
-         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] \
+         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] [--shared 1] \
          [--tcp-peer HOST:PORT] [--same-children 1]"
     );
     std::process::exit(2)
@@ -62,6 +65,7 @@ fn parse_args() -> Args {
         dir: PathBuf::new(),
         open_file: None,
         extra_maps: false,
+        shared: false,
         tcp_peer: None,
         same_children: false,
     };
@@ -77,6 +81,7 @@ fn parse_args() -> Args {
             "--dir" => a.dir = v.into(),
             "--open-file" => a.open_file = Some(v.into()),
             "--extra-maps" => a.extra_maps = v == "1",
+            "--shared" => a.shared = v == "1",
             "--tcp-peer" => a.tcp_peer = Some(v),
             "--same-children" => a.same_children = v == "1",
             _ => usage(),
@@ -269,14 +274,15 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
     }
 }
 
-fn alloc(bytes: usize) -> &'static mut [u8] {
-    // SAFETY: a fresh private anonymous mapping, owned for the process lifetime.
+fn alloc(bytes: usize, shared: bool) -> &'static mut [u8] {
+    let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    // SAFETY: a fresh anonymous mapping, owned for the process lifetime.
     unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
             bytes.max(PAGE),
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            kind | libc::MAP_ANONYMOUS,
             -1,
             0,
         );
@@ -515,7 +521,7 @@ fn main() {
     unsafe { libc::setsid() };
     let set = block_signals();
     let bytes = a.mib << 20;
-    let buf = alloc(bytes);
+    let buf = alloc(bytes, a.shared);
     if a.extra_maps {
         let _ = EXTRA.set(extra_maps(&a.dir));
     }

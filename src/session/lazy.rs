@@ -140,18 +140,30 @@ fn lazy_pagemap(
     Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages, zero_pages })))
 }
 
-/// Whether criuz can place the archive's memory itself: every process's
-/// pagemap is one it can rewrite for a lazy restore (what CRIU writes; not,
-/// say, a pagemap of pages CRIU compressed itself).
-pub(crate) fn placeable(source: &dyn BlockSource) -> Result<bool> {
-    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && !f.name.contains('/')) {
+/// What CRIU would restore itself, from images written to a work directory
+/// first, if criuz placed the archive's memory: the bytes of every pages
+/// image that is not a process's private anonymous memory (shared memory,
+/// private file mappings) and of the pages a process's pagemap does not mark
+/// lazy. `None` where criuz cannot place the memory: a process's pagemap is
+/// not one it can rewrite for a lazy restore (what CRIU writes; not, say, a
+/// pagemap of pages CRIU compressed itself).
+pub(crate) fn eager_bytes_if_placed(source: &dyn BlockSource) -> Result<Option<u64>> {
+    let top = |f: &&FileEntry| !f.name.contains('/');
+    let mut lazy_images = HashMap::new();
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain).filter(top) {
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            if lazy_pagemap(source, pid, &source.read_file(f)?, 1)?.is_none() {
-                return Ok(false);
-            }
+            let Some((_, lazy)) = lazy_pagemap(source, pid, &source.read_file(f)?, 1)? else { return Ok(None) };
+            lazy_images.insert(lazy.pages_id, lazy);
         }
     }
-    Ok(true)
+    let mut eager = 0;
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
+        eager += match images::pages_image_id(&f.name).and_then(|id| lazy_images.get(&id)) {
+            Some(l) => l.runs.iter().filter(|(r, _)| !r.lazy).map(|(r, _)| r.nr * PAGE_SIZE as u64).sum(),
+            None => f.raw_size,
+        };
+    }
+    Ok(Some(eager))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
@@ -203,7 +215,7 @@ fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64) -> Result<Materia
             let (written, lazy) = lazy_pagemap(&**source, pid, &bytes, min_zero_run)
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
-                    Error::Usage(format!("{label}: {}: cannot restore lazily: pagemap not understood", f.name))
+                    Error::Usage(format!("{label}: {}: criuz cannot place this memory (lazily or with --fill place): pagemap not understood", f.name))
                 })?;
             bytes = written;
             zero_pages += lazy.zero_pages;
@@ -560,12 +572,6 @@ pub fn restore_placed(
     criu: &Criu,
     threads: usize,
 ) -> Result<LazyReport> {
-    if !placeable(&*archive)? {
-        return Err(Error::Usage(format!(
-            "{}: cannot place its memory: a pagemap criuz does not understand",
-            archive.label()
-        )));
-    }
     let walked = archive.clone();
     // Pages that needed the parents fail as cancelled: the walk says why.
     restore_through_pager(o, archive, started, criu, true, threads).map_err(|e| match walked.parents_walked() {

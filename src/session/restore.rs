@@ -12,8 +12,10 @@
 //! docs/BENCHMARKS.md). It streams where placing cannot work or would cost
 //! more: without a kernel userfaultfd, with `--keep-zero-pages` (which asks
 //! for every page through CRIU), from an object store (the stream restores
-//! while the object downloads; placing would wait for all of it), or for an
-//! archive whose pagemaps criuz does not understand.
+//! while the object downloads; placing would wait for all of it), for an
+//! archive whose pagemaps criuz does not understand, or where CRIU would
+//! still restore more than [`PLACE_EAGER_MAX`] itself (shared memory,
+//! private file mappings: placing writes those to `$TMPDIR` first).
 
 use crate::archive::Options;
 use crate::criu::{uffd, Criu};
@@ -73,7 +75,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Auto if !placing_suits(o) => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
-            if lazy::placeable(&*source)? {
+            if lazy::eager_bytes_if_placed(&*source)?.is_some_and(|b| b <= PLACE_EAGER_MAX) {
                 placed(source)
             } else {
                 checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager)
@@ -81,6 +83,12 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         }
     }
 }
+
+/// The most an archive placed by default may leave CRIU to restore itself
+/// (shared memory, private file mappings), which is written to `$TMPDIR`
+/// first: beyond it the stream restores (with no copy on disk), so a small
+/// `$TMPDIR` never fails a restore that streaming would carry.
+pub const PLACE_EAGER_MAX: u64 = 256 << 20;
 
 /// Whether placing the memory suits this restore, before the archive is
 /// read (see the module doc).

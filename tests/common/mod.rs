@@ -60,6 +60,8 @@ pub struct Spec<'a> {
     pub children: usize,
     pub open_file: bool,
     pub extra_maps: bool,
+    /// The memory is shared anonymous memory instead of private.
+    pub shared: bool,
     /// Hold an established TCP connection to this address.
     pub tcp_peer: Option<String>,
     /// Tree mode: children write identical pages.
@@ -77,6 +79,7 @@ impl Default for Spec<'_> {
             children: 2,
             open_file: false,
             extra_maps: false,
+            shared: false,
             tcp_peer: None,
             same_children: false,
             env: &[],
@@ -111,6 +114,9 @@ impl Workload {
             .stderr(Stdio::null());
         if spec.extra_maps {
             cmd.args(["--extra-maps", "1"]);
+        }
+        if spec.shared {
+            cmd.args(["--shared", "1"]);
         }
         if spec.same_children {
             cmd.args(["--same-children", "1"]);
