@@ -17,8 +17,10 @@
 //! `criu::streamer` → `session::capture` →
 //! `archive::write` (on the `engine`, blocks through the `codec`) → `io`
 //! output. Restore: `io::Location` → `archive::open` (proven; every block
-//! through `archive::check`) → `session::serve` → CRIU; lazily,
-//! `session::pager` copies pages into the process through userfaultfd.
+//! through `archive::check`) → `session::place` copies every page into the
+//! held tree through userfaultfd, on every core (or, where placing does not
+//! suit, `session::serve` → CRIU's pipe); lazily, `session::pager` copies
+//! pages into the running process.
 //! Containers: CRIU driven by runc or podman cannot stream, so
 //! `session::container` follows the directory CRIU writes
 //! (`session::follow`) or is its page server (`criu::page_server` →

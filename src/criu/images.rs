@@ -196,6 +196,9 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
         e.vaddr.checked_add(nr.checked_mul(4096)?)?;
         runs.push(PageRun { vaddr: e.vaddr, nr, first, lazy: flags & PE_LAZY != 0 });
         first = first.checked_add(nr)?;
+        // Every page's byte offset in the pages image must fit too: readers
+        // compute it as page * 4096.
+        first.checked_mul(4096)?;
     }
     Some((head.pages_id, runs))
 }

@@ -86,10 +86,16 @@ impl Victim {
         }
     }
 
-    /// Lets a tree held stopped run (SIGCONT to it and all it forked); a
-    /// container is never held.
+    /// Lets a tree held stopped run (SIGCONT to it and all it forked), once
+    /// its tracer has let go of it (at most a minute); a container is never
+    /// held. CRIU (`--leave-stopped`) says the restore finished before it
+    /// stops the tree and detaches: a SIGCONT sent before that stop would
+    /// be undone by it, and the tree left stopped for good. Once a process
+    /// is untraced its stop was sent, taken or still pending, and SIGCONT
+    /// ends either.
     pub fn resume(&self) {
         if let Victim::Tree(pids) = self {
+            wait_untraced(pids, 60_000);
             signal_tree(pids, libc::SIGCONT);
         }
     }

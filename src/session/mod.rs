@@ -5,15 +5,17 @@
 //! command that runs CRIU shares: the restore command line and options, the
 //! pidfile, CRIU failures and their log, the pids a restore needs free.
 //! `lazy` restores lazily, criuz serving the tree's page faults itself
-//! (`pager`, from decoded `blocks`) under a guard (`proc::guard`). `receive`
-//! is criuz as the page server of a dump, `follow` packs a dump directory
-//! while CRIU writes it, `images_dir` writes one for a CRIU that reads a
-//! directory, and `container` runs runc and podman with them. `restore`
-//! picks eager or lazy for `criuz restore`; `standalone` is criuz on one side
-//! of a CRIU the user runs (capture, serve, page server). `workdir` holds the
-//! private directories CRIU runs in, and cleans up after a criuz that was
-//! killed. The OS machinery (/proc trees, the forked guard,
-//! cgroups, socket tricks) is in `proc`, which knows nothing of sessions.
+//! (`pager`, from decoded `blocks`) under a guard (`proc::guard`), and
+//! eagerly with the tree held stopped while `place` fills it on every core.
+//! `receive` is criuz as the page server of a dump, `follow` packs a dump
+//! directory while CRIU writes it, `images_dir` writes one for a CRIU that
+//! reads a directory, and `container` runs runc and podman with them.
+//! `restore` picks placed, streamed or lazy for `criuz restore`;
+//! `standalone` is criuz on one side of a CRIU the user runs (capture,
+//! serve, page server). `workdir` holds the private directories CRIU runs
+//! in, and cleans up after a criuz that was killed. The OS machinery (/proc
+//! trees, the forked guard, cgroups, socket tricks) is in `proc`, which
+//! knows nothing of sessions.
 
 pub mod blocks;
 pub mod capture;
