@@ -172,6 +172,18 @@ pub enum Copied {
     Gone,
 }
 
+/// How a copy of a whole range ended ([`Uffd::copy_all`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum CopiedAll {
+    /// All in place; `pages` were copied (the others were there already).
+    Done { pages: u64 },
+    /// An event waits: the first `done` bytes are in place (`pages` of
+    /// them copied); read the events, then copy the rest.
+    Changing { done: u64, pages: u64 },
+    /// The process has exited.
+    Gone,
+}
+
 /// A userfaultfd: a process's lazily restored memory.
 #[derive(Debug)]
 pub struct Uffd(pub OwnedFd);
@@ -236,6 +248,32 @@ impl Uffd {
             Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC)) => Ok(Copied::Gone),
             Err(e) => Err(e),
         }
+    }
+
+    /// Copies all of `src` to `dst`, going on page by page past a page
+    /// already there or not registered (those are skipped, not copied).
+    pub fn copy_all(&self, dst: u64, src: &[u8]) -> io::Result<CopiedAll> {
+        const PAGE: u64 = 4096;
+        let len = src.len() as u64;
+        let (mut done, mut pages, mut single) = (0u64, 0u64, false);
+        while done < len {
+            let n = if single { PAGE } else { len - done };
+            match self.copy(dst + done, &src[done as usize..(done + n) as usize])? {
+                Copied::Bytes(0) if !single && n > PAGE => single = true,
+                Copied::Bytes(0) => {
+                    done += PAGE;
+                    single = false;
+                }
+                Copied::Bytes(b) => {
+                    done += b;
+                    pages += b / PAGE;
+                    single = false;
+                }
+                Copied::Changing => return Ok(CopiedAll::Changing { done, pages }),
+                Copied::Gone => return Ok(CopiedAll::Gone),
+            }
+        }
+        Ok(CopiedAll::Done { pages })
     }
 
     /// Maps the zero page at `page` (a fault outside every lazy range).

@@ -215,7 +215,7 @@ fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64) -> Result<Materia
             let (written, lazy) = lazy_pagemap(&**source, pid, &bytes, min_zero_run)
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
-                    Error::Usage(format!("{label}: {}: criuz cannot place this memory (lazily or with --fill place): pagemap not understood", f.name))
+                    Error::Usage(format!("{label}: {}: pagemap not understood: criuz cannot place this memory", f.name))
                 })?;
             bytes = written;
             zero_pages += lazy.zero_pages;

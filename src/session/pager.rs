@@ -22,7 +22,7 @@
 
 use crate::codec::Decoder;
 use crate::criu::images::PageRun;
-use crate::criu::uffd::{self, Copied, Event, Handover, Uffd};
+use crate::criu::uffd::{self, Copied, CopiedAll, Event, Handover, Uffd};
 use crate::error::{Error, Result, ResultContext};
 use crate::format::PAGE_SIZE;
 use crate::proc::cgroup::cgroup_kill_of;
@@ -468,42 +468,26 @@ impl<'a> Pager<'a> {
         Error::CriuIo { what: format!("userfaultfd of restored process {}", self.spaces[i].pid), err }
     }
 
-    /// Copies `data` to `dst` in space `i`, page by page where a page is
-    /// already there or not registered, and marks it all in place.
+    /// Copies `data` to `dst` in space `i` (skipping pages already there or
+    /// no longer registered) and marks it all in place.
     fn put(&mut self, i: usize, dst: u64, data: &[u8]) -> Result<Step> {
-        let len = data.len() as u64;
-        let mut done = 0u64;
-        let mut single = false;
-        while done < len {
-            let n = if single { PAGE } else { len - done };
-            let got = self.spaces[i]
-                .uffd
-                .copy(dst + done, &data[done as usize..(done + n) as usize])
-                .map_err(|e| self.uffd_failed(i, e))?;
-            match got {
-                Copied::Bytes(0) if !single && n > PAGE => single = true,
-                // There already, or no longer registered: nothing to put.
-                Copied::Bytes(0) => {
-                    done += PAGE;
-                    single = false;
-                }
-                Copied::Bytes(b) => {
-                    done += b;
-                    self.report.pages += b / PAGE;
-                    single = false;
-                }
-                Copied::Changing => {
-                    self.spaces[i].drop_range(dst, dst + done);
-                    return Ok(Step::Changing);
-                }
-                Copied::Gone => {
-                    self.spaces[i].missing.clear();
-                    return Ok(Step::Done);
-                }
+        let got = self.spaces[i].uffd.copy_all(dst, data).map_err(|e| self.uffd_failed(i, e))?;
+        match got {
+            CopiedAll::Done { pages } => {
+                self.report.pages += pages;
+                self.spaces[i].drop_range(dst, dst + data.len() as u64);
+                Ok(Step::Done)
+            }
+            CopiedAll::Changing { done, pages } => {
+                self.report.pages += pages;
+                self.spaces[i].drop_range(dst, dst + done);
+                Ok(Step::Changing)
+            }
+            CopiedAll::Gone => {
+                self.spaces[i].missing.clear();
+                Ok(Step::Done)
             }
         }
-        self.spaces[i].drop_range(dst, dst + len);
-        Ok(Step::Done)
     }
 }
 

@@ -21,7 +21,7 @@
 
 use crate::archive::BlockSource;
 use crate::codec::Decoder;
-use crate::criu::uffd::{Copied, Uffd};
+use crate::criu::uffd::{CopiedAll, Uffd};
 use crate::error::{Error, Result};
 use crate::format::PAGE_SIZE;
 use crate::progress::Meter;
@@ -204,52 +204,18 @@ fn place_unit(
             continue;
         }
         let t = &targets[p.space];
-        match copy_all(t.uffd, p.start, bytes)
-            .map_err(|err| Error::CriuIo { what: format!("userfaultfd of restored process {}", t.pid), err })?
-        {
-            Put::Done(n) => copied += n,
-            Put::Changing(done, n) => {
-                copied += n;
+        let put = t.uffd.copy_all(p.start, bytes);
+        match put.map_err(|err| Error::CriuIo { what: format!("userfaultfd of restored process {}", t.pid), err })? {
+            CopiedAll::Done { pages } => copied += pages,
+            CopiedAll::Changing { done, pages } => {
+                copied += pages;
                 let at = p.start + done;
                 left.lock().expect("fill leftovers").push(Missing { start: at, page: p.page + done / PAGE, ..*p });
             }
-            Put::Gone => gone[p.space].store(true, Ordering::Relaxed),
+            CopiedAll::Gone => gone[p.space].store(true, Ordering::Relaxed),
         }
     }
     Ok(copied)
-}
-
-enum Put {
-    /// All in place: `n` pages copied (the others were there already).
-    Done(u64),
-    /// An event waits: the first `.0` bytes are done (`.1` pages copied).
-    Changing(u64, u64),
-    Gone,
-}
-
-/// Copies `src` to `dst`, page by page past a page already there or not
-/// registered.
-fn copy_all(uffd: &Uffd, dst: u64, src: &[u8]) -> std::io::Result<Put> {
-    let len = src.len() as u64;
-    let (mut done, mut copied, mut single) = (0u64, 0u64, false);
-    while done < len {
-        let n = if single { PAGE } else { len - done };
-        match uffd.copy(dst + done, &src[done as usize..(done + n) as usize])? {
-            Copied::Bytes(0) if !single && n > PAGE => single = true,
-            Copied::Bytes(0) => {
-                done += PAGE;
-                single = false;
-            }
-            Copied::Bytes(b) => {
-                done += b;
-                copied += b / PAGE;
-                single = false;
-            }
-            Copied::Changing => return Ok(Put::Changing(done, copied)),
-            Copied::Gone => return Ok(Put::Gone),
-        }
-    }
-    Ok(Put::Done(copied))
 }
 
 #[cfg(test)]
