@@ -130,6 +130,12 @@ fn variants(good: &[u8], foreign: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     let mut v = good.to_vec();
     v.truncate(good.len() - 100);
     out.push(("truncated", v));
+
+    // Restores open an archive from its index and walk it behind: an index
+    // whose references and table entries were swapped (every check
+    // recomputed) names real blocks with matching headers, so only that walk
+    // can tell, and the tree must not run before it has.
+    out.push(("index and block table reordered, every check recomputed", forge_index(good, swap_indexed_blocks)));
     out
 }
 
