@@ -36,7 +36,7 @@
 //! error; the work directory is removed unless it holds images that are the
 //! only copy of a checkpoint.
 
-use crate::archive::{OpenOptions, Proof};
+use crate::archive::OpenOptions;
 use crate::archive::{Options, PackStats, Packer};
 use crate::criu::{uffd, Criu};
 use crate::cuda::{self, CudaDumpReport, CudaRecord};
@@ -414,8 +414,8 @@ pub enum RestoredHow {
 
 /// `runc restore` of container `o.id` from an archive. Eagerly, the
 /// archive is proven whole (every check) before runc starts; lazily, it is
-/// opened from its index and its walk and stored bytes are proven behind
-/// the running container (before runc starts with `verify_first`), every page still comes from a checked
+/// walked first and its stored bytes are proven behind the running
+/// container (before runc starts with `verify_first`), every page still comes from a checked
 /// block, and a block or proof that fails once the container runs (or a
 /// criuz that dies) kills the container's cgroup (`proc::guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
@@ -427,11 +427,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         Memory::Eager => false,
         Memory::Auto => uffd::lazy_restore_available(),
     };
-    // Lazily, the container runs before its pages are in: the archive is
-    // opened from its index and walked behind it, as `criuz restore --lazy`
-    // does, unless `verify_first`.
-    let proof = if lazy && !o.verify_first { Proof::Behind } else { Proof::First };
-    let archive = crate::archive::open(&o.input, &OpenOptions { proof, ..OpenOptions::default() })?;
+    let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     // Once runc has the container running: its CUDA processes resumed, or
     // the container killed.

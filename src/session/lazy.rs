@@ -32,7 +32,7 @@
 //! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
 //! the container's cgroup.
 
-use crate::archive::{Archive, BlockSource, OpenOptions, Proof};
+use crate::archive::{Archive, BlockSource, OpenOptions};
 use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
@@ -404,10 +404,7 @@ impl LazyRestore<'_> {
             }
             let proving = prove_behind.then(|| {
                 s.spawn(|| {
-                    // The walk of an archive opened from its index, then
-                    // every stored byte.
-                    let proving =
-                        std::panic::AssertUnwindSafe(|| self.source.proven().and_then(|()| self.source.prove_stored()));
+                    let proving = std::panic::AssertUnwindSafe(|| self.source.prove_stored());
                     let proven = std::panic::catch_unwind(proving).unwrap_or(Err(Error::Cancelled));
                     if let Err(e) = &proven {
                         // The pager fails with it, killing the tree, once
@@ -545,14 +542,13 @@ fn mostly_zstd(source: &dyn BlockSource) -> bool {
 /// Restores lazily: see the module documentation.
 pub fn restore_lazy(o: &RestoreOptions, criu: &Criu, threads: usize) -> Result<LazyReport> {
     let started = Instant::now();
-    // The tree runs before its pages are in. Its parents are walked whole
-    // first, so a missing or damaged one stops the restore while nothing
-    // runs. The archive itself is opened from its index (a millisecond where
-    // the walk of 4,096 records takes ten) and walked behind the tree, with
-    // the proof of its stored bytes: a failure kills the tree. With
-    // `verify_first`, both come first.
-    let proof = if o.verify_first { Proof::First } else { Proof::Behind };
-    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, proof, ..OpenOptions::default() };
+    // The tree runs before its pages are in, so the archive and its parents
+    // are walked whole first: an archive whose records disagree with its
+    // index (reordered entries with every check recomputed pass each
+    // block's own checks) stops the restore while nothing runs, never after
+    // the tree ran on pages in the wrong place. The proof of the stored
+    // bytes runs behind the tree (first with `verify_first`).
+    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
     let archive = crate::archive::open(&o.input, &how)?;
     restore_through_pager(o, archive, started, criu, false, threads)
 }
