@@ -157,6 +157,12 @@ pub trait BlockSource: Send + Sync {
     /// of a compressed block is still proven as it is decoded.
     fn prove_stored(&self) -> Result<()>;
 
+    /// Whether the archive's store may read ahead of its readers (it may
+    /// until told otherwise). A lazy restore pauses it until its tree runs.
+    fn read_ahead(&self, on: bool) {
+        let _ = on;
+    }
+
     fn find(&self, name: &str) -> Option<&FileEntry> {
         self.index().find(name)
     }

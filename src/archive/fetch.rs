@@ -30,6 +30,9 @@ pub(crate) struct StoreInput<'a> {
     buf_at: u64,
     /// The last skip, which predicts how far the next record lies.
     last_skip: u64,
+    /// Only record headers are read (payloads skipped): reads a store's
+    /// read-ahead does not follow.
+    heads_only: bool,
 }
 
 /// Smallest and largest read of a walk.
@@ -39,7 +42,12 @@ const WALK_BUF_MAX: usize = 64 << 10;
 impl<'a> StoreInput<'a> {
     /// An input over the whole store, from its start.
     pub(crate) fn new(store: &'a dyn RecordStore) -> Self {
-        StoreInput { store, len: store.size(), pos: 0, buf: Vec::new(), buf_at: 0, last_skip: 0 }
+        StoreInput { store, len: store.size(), pos: 0, buf: Vec::new(), buf_at: 0, last_skip: 0, heads_only: false }
+    }
+
+    /// An input for a walk that skips every payload.
+    pub(crate) fn heads(store: &'a dyn RecordStore) -> Self {
+        StoreInput { heads_only: true, ..Self::new(store) }
     }
 }
 
@@ -54,7 +62,11 @@ impl Input for StoreInput<'_> {
                 let ahead = if self.last_skip < WALK_BUF_MAX as u64 / 4 { WALK_BUF_MAX } else { WALK_BUF };
                 let n = (self.len - self.pos).min(ahead.max(out.len() - got) as u64) as usize;
                 self.buf.resize(n, 0);
-                self.store.read_exact_at(&mut self.buf, self.pos)?;
+                if self.heads_only {
+                    self.store.read_head_at(&mut self.buf, self.pos)?;
+                } else {
+                    self.store.read_exact_at(&mut self.buf, self.pos)?;
+                }
                 self.buf_at = self.pos;
             }
             let start = (self.pos - self.buf_at) as usize;

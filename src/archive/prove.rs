@@ -8,6 +8,11 @@
 //! a file changed after opening is caught too), with a payload that matches
 //! its payload check; decoding it proves its data.
 //!
+//! From a cold cache a walk would wait for the device once per block, so it
+//! first asks for every record start its index places, all at once
+//! (`RecordStore::prefetch_heads`), and its reads never move a store's
+//! read-ahead (which would read every payload it skips).
+//!
 //! [`from_table`] is the one exception, for a restore from an object still
 //! arriving: header, C record and index alone (every archive criuz writes
 //! carries a copy of each block header in its index), after
@@ -48,9 +53,10 @@ pub(crate) struct Walked {
 
 /// Walks every record header of `store` through the checks.
 pub(crate) fn walk(store: &dyn RecordStore) -> Result<Walked> {
-    let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
+    let mut records = CheckedRecords::new(StoreInput::heads(store), Payloads::None)?;
     let header = records.header().clone();
     let key = records.key().cloned();
+    prefetch_heads(store, &header, key.as_deref());
     let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
     let mut chain = Vec::new();
     loop {
@@ -72,6 +78,34 @@ pub(crate) fn walk(store: &dyn RecordStore) -> Result<Walked> {
     }
 }
 
+/// Largest index whose record starts a walk asks for ahead: 4M blocks.
+const PREFETCH_INDEX_MAX: u64 = 64 << 20;
+
+/// Asks `store` ahead for the first bytes of every record that the index
+/// at its end places (each file's F record and blocks), so a walk from a
+/// cold cache waits for the device once, not once per block. Only a hint:
+/// the walk checks whatever it reads, and an index that cannot be read
+/// (or is too large to read on speculation) leaves the walk to say why.
+fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) {
+    let size = store.size();
+    let Some(at) = size.checked_sub(TRAILER_LEN as u64) else { return };
+    let Ok(trailer) = read_head(store, TRAILER_LEN, at) else { return };
+    let Ok(Trailer { index_len, .. }) = Trailer::decode(&trailer.try_into().expect("trailer length"), at) else {
+        return;
+    };
+    if index_len > PREFETCH_INDEX_MAX {
+        return;
+    }
+    let Ok((index, _)) = read_index(store, header, key) else { return };
+    let mut offsets: Vec<u64> = index
+        .files
+        .iter()
+        .flat_map(|f| std::iter::once(f.record_offset).chain(f.blocks.iter().map(|b| b.offset)))
+        .collect();
+    offsets.sort_unstable();
+    store.prefetch_heads(&offsets);
+}
+
 /// Reads and checks the trailer and the index it points at; returns the
 /// index and its offset.
 fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Result<(Index, u64)> {
@@ -81,14 +115,14 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
         return Err(truncated());
     }
     let at = size - TRAILER_LEN as u64;
-    let trailer: [u8; TRAILER_LEN] = store.read_vec(TRAILER_LEN, at)?.try_into().expect("trailer length");
+    let trailer: [u8; TRAILER_LEN] = read_head(store, TRAILER_LEN, at)?.try_into().expect("trailer length");
     let Trailer { index_offset: offset, index_len: len } = Trailer::decode(&trailer, at)?;
     // The format bounds the index body below 4 GiB, so a damaged trailer
     // cannot make this read more.
     if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
     }
-    let rec = store.read_vec(len as usize, offset)?;
+    let rec = read_head(store, len as usize, offset)?;
     let IndexFixed { count, body_len } =
         IndexFixed::decode(rec[..INDEX_FIXED].try_into().expect("index header"), offset)?;
     if body_len + (INDEX_FIXED + 8) as u64 != len {
@@ -100,13 +134,21 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
     Ok((index, offset))
 }
 
+/// `len` bytes at `offset`, read as record headers are (a store's read-ahead
+/// does not follow the jump to the index at the end).
+fn read_head(store: &dyn RecordStore, len: usize, offset: u64) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0; len];
+    store.read_head_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
 /// What [`from_table`] read: as a walk would give it, but proven only
 /// against the index's own block table.
 ///
 /// `None` for an archive without a block table (`FLAG_TABLE`), which must be
 /// walked instead.
 pub(crate) fn from_table(store: &dyn RecordStore) -> Result<Option<Walked>> {
-    let mut records = CheckedRecords::new(StoreInput::new(store), Payloads::None)?;
+    let mut records = CheckedRecords::new(StoreInput::heads(store), Payloads::None)?;
     let header = records.header().clone();
     if header.flags & FLAG_TABLE == 0 {
         return Ok(None);
@@ -141,4 +183,40 @@ pub(crate) fn from_table(store: &dyn RecordStore) -> Result<Option<Walked>> {
         })
         .collect();
     Ok(Some(Walked { header, index, blocks, chain, key }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::{write::Packer, Options};
+    use crate::io::read_ahead::ReadAhead;
+
+    /// A walk reads record headers only: were the read-ahead to follow it,
+    /// it would read every payload the walk skips (from a cold cache, the
+    /// whole archive before a lazy restore's process could run).
+    #[test]
+    fn a_walk_does_not_drag_the_read_ahead_behind_it() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let packer = Packer::start(tmp.reopen().unwrap(), &Options::default(), None).unwrap();
+        let mut sink = packer.begin_file("pages-1.img").unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<u8> = (0..(4usize << 20))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        sink.write(&data).unwrap();
+        sink.finish().unwrap();
+        packer.finish().unwrap();
+        let store = ReadAhead::new(std::fs::File::open(tmp.path()).unwrap());
+        let walked = walk(&store).unwrap();
+        assert_eq!(walked.blocks[0].len(), 16, "a walk over every block");
+        assert_eq!(store.wanted(), 0);
+        let table = from_table(&store).unwrap().expect("a block table");
+        assert_eq!(table.index, walked.index);
+        assert_eq!(store.wanted(), 0);
+    }
 }

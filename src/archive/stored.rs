@@ -224,6 +224,10 @@ impl BlockSource for Archive {
         self.proof.wait().as_ref().map_err(Error::duplicate).copied()
     }
 
+    fn read_ahead(&self, on: bool) {
+        self.reader.store().read_ahead(on);
+    }
+
     fn prove_stored(&self) -> Result<()> {
         for a in std::iter::once(self).chain(self.parents().iter().map(|p| &**p)) {
             let mut records = a.records(Payloads::All).context(|| a.label.to_string())?;

@@ -13,7 +13,10 @@
 //! as it is, without dragging everything before it in. What the thread
 //! reads goes to the page cache, which the kernel reclaims as it needs; the
 //! window bounds how far it runs ahead of use. The thread stops when the
-//! store is dropped.
+//! store is dropped. A walk of the record headers does not move the window
+//! (it would drag in every payload it skips), and a reader may pause it
+//! (a lazy restore does, until its process runs: from a cold cache the
+//! read-ahead held CRIU's own reads back).
 
 use super::RecordStore;
 use std::fs::File;
@@ -45,6 +48,8 @@ struct State {
     done: u64,
     /// Read up to here, as readers asked.
     want: u64,
+    /// Reads do not move the window (see [`RecordStore::read_ahead`]).
+    paused: bool,
     stop: bool,
 }
 
@@ -62,7 +67,7 @@ impl ReadAhead {
     /// A reader asked for bytes up to `end` from `offset`.
     fn asked(&self, offset: u64, end: u64) {
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        if offset <= st.done + WINDOW && end + WINDOW > st.want {
+        if !st.paused && offset <= st.done + WINDOW && end + WINDOW > st.want {
             st.want = end + WINDOW;
             self.shared.wake.notify_one();
         }
@@ -114,11 +119,53 @@ impl RecordStore for ReadAhead {
         self.asked(offset, offset + len as u64);
         (*self.file).read_append(buf, len, offset)
     }
+
+    /// Not followed: a walk of the headers moving the window would read
+    /// every payload it skips (a lazy restore's whole archive before its
+    /// process could run).
+    fn read_head_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(&*self.file, buf, offset)
+    }
+
+    fn prefetch_heads(&self, offsets: &[u64]) {
+        self.file.prefetch_heads(offsets)
+    }
+
+    /// Paused, reads leave the window where it is, and the thread stops
+    /// once it has read that far; the next read after a resume moves it.
+    fn read_ahead(&self, on: bool) {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).paused = !on;
+    }
+}
+
+impl ReadAhead {
+    /// How far readers have asked the thread to read.
+    #[cfg(test)]
+    pub(crate) fn wanted(&self) -> u64 {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).want
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paused_reads_leave_the_window_and_a_resumed_read_moves_it() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), vec![7u8; 1 << 20]).unwrap();
+        let store = ReadAhead::new(File::open(tmp.path()).unwrap());
+        store.read_ahead(false);
+        store.read_vec(4096, 0).unwrap();
+        let mut head = [0u8; 64];
+        store.read_head_at(&mut head, 8192).unwrap();
+        assert_eq!(store.wanted(), 0);
+        store.read_ahead(true);
+        store.read_head_at(&mut head, 8192).unwrap();
+        assert_eq!(store.wanted(), 0, "a header read is not followed");
+        store.read_vec(4096, 4096).unwrap();
+        assert_eq!(store.wanted(), 8192 + WINDOW);
+    }
 
     #[test]
     fn reads_through_the_read_ahead_are_the_file_s_bytes() {

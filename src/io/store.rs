@@ -19,6 +19,27 @@ pub trait RecordStore: Send + Sync {
         false
     }
 
+    /// As [`read_exact_at`](Self::read_exact_at), for a walk of record
+    /// headers: a store that reads ahead of its readers does not follow
+    /// these reads (a walk skips the payloads that it would read).
+    fn read_head_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+
+    /// Hints that the [`HEAD_SPAN`] bytes at each of `offsets` (record
+    /// headers a walk will read) are wanted soon. A local file asks the
+    /// kernel for them all at once, unless they are already in its page
+    /// cache; other stores ignore it.
+    fn prefetch_heads(&self, offsets: &[u64]) {
+        let _ = offsets;
+    }
+
+    /// Whether a store that reads ahead of its readers may (the default);
+    /// others ignore it.
+    fn read_ahead(&self, on: bool) {
+        let _ = on;
+    }
+
     /// `len` bytes from `offset`, in a new buffer.
     fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
         let mut buf = Vec::with_capacity(len);
@@ -35,12 +56,36 @@ pub trait RecordStore: Send + Sync {
     }
 }
 
+/// Bytes from a record's start that [`RecordStore::prefetch_heads`] asks
+/// for: a page, which holds any block header at the default block size.
+pub const HEAD_SPAN: usize = 4096;
+
 impl RecordStore for File {
     fn size(&self) -> u64 {
         self.metadata().map(|m| m.len()).unwrap_or(0)
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         FileExt::read_exact_at(self, buf, offset)
+    }
+
+    /// From a cold page cache a walk waits for each header in turn (one
+    /// small read in flight, each dragging the kernel's read-ahead in
+    /// behind it); asked for up front, the device reads them all at once.
+    /// `posix_fadvise(WILLNEED)` only starts the reads. Where a sample of
+    /// the pages is already cached, nothing is asked (on a warm cache the
+    /// calls would cost more than they save).
+    fn prefetch_heads(&self, offsets: &[u64]) {
+        use std::os::fd::AsRawFd;
+        let fd = self.as_raw_fd();
+        let samples = [0, offsets.len() / 2, offsets.len().saturating_sub(1)];
+        if offsets.is_empty() || samples.iter().all(|&i| page_cached(fd, offsets[i])) {
+            return;
+        }
+        for &o in offsets {
+            let Ok(at) = libc::off_t::try_from(o) else { continue };
+            // SAFETY: a hint about our own descriptor; it reads into the page cache only.
+            unsafe { libc::posix_fadvise(fd, at, HEAD_SPAN as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+        }
     }
 
     /// Reads straight into the spare capacity: zeroing a block-sized buffer
@@ -71,6 +116,16 @@ impl RecordStore for File {
         }
         Ok(())
     }
+}
+
+/// Whether the page holding `offset` is in the page cache: a one-byte read
+/// that may not wait for the device (`RWF_NOWAIT`).
+fn page_cached(fd: std::os::fd::RawFd, offset: u64) -> bool {
+    let mut byte = 0u8;
+    let iov = libc::iovec { iov_base: (&raw mut byte).cast(), iov_len: 1 };
+    let Ok(at) = libc::off_t::try_from(offset) else { return false };
+    // SAFETY: reads at most one byte into `byte`, which outlives the call.
+    unsafe { libc::preadv2(fd, &iov, 1, at, libc::RWF_NOWAIT) == 1 }
 }
 
 /// An archive held in memory (tests, fuzzing, small archives).

@@ -352,6 +352,12 @@ impl LazyRestore<'_> {
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         let blocks = Blocks::new(self.source.clone());
+        if !self.hold {
+            // Until the tree runs, what CRIU reads comes first: from a cold
+            // cache, the archive's read-ahead beside it made CRIU's part of a
+            // 1 GiB lazy restore 0.17 s instead of 0.03.
+            self.source.read_ahead(false);
+        }
         // A held tree never runs before every page is in: no working set to
         // learn from, nor to bring first.
         let touch = if self.hold { None } else { touch_path(self.input) };
@@ -402,18 +408,20 @@ impl LazyRestore<'_> {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
             }
-            let proving = prove_behind.then(|| {
+            // Started once the tree runs, so as not to hold CRIU's reads
+            // back either.
+            let prove = || {
                 s.spawn(|| {
                     let proving = std::panic::AssertUnwindSafe(|| self.source.prove_stored());
                     let proven = std::panic::catch_unwind(proving).unwrap_or(Err(Error::Cancelled));
                     if let Err(e) = &proven {
-                        // The pager fails with it, killing the tree, once
-                        // CRIU has handed every userfaultfd over.
+                        // The pager fails with it, killing the tree.
                         abort.fail(e.duplicate());
                     }
                     proven
                 })
-            });
+            };
+            let mut proving = None;
             let paging = s.spawn(|| {
                 let mut r = pager.run(&listener, &stop_rx, &abort);
                 if self.hold && r.is_ok() && pager.all_in() {
@@ -460,6 +468,8 @@ impl LazyRestore<'_> {
                     paged = Some(r);
                 } else {
                     // The tree runs while its pages still arrive.
+                    self.source.read_ahead(true);
+                    proving = prove_behind.then(prove);
                     published = on_running();
                 }
             } else {
