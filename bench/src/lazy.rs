@@ -15,7 +15,9 @@
 //!   that record (the fill brings those pages' blocks first).
 //!
 //! The plain lazy rounds remove the record first. Every restore is checked
-//! by the workload's fingerprint.
+//! by the workload's fingerprint. With `--cold` the page cache is dropped
+//! before each restore (after the warm-up), so the archive, criuz's and
+//! CRIU's binaries and the workload's files are all read from the disk.
 
 use crate::error::{Error, Result};
 use crate::proc::{self, Dst, Src, Usage};
@@ -27,6 +29,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LazyRow {
     pub workload: String,
+    /// Every restore started from a dropped page cache.
+    pub cold: bool,
     pub raw_bytes: u64,
     pub archive_bytes: u64,
     /// Medians over the rounds, seconds.
@@ -108,12 +112,24 @@ fn restore_and_read(
     Ok((running, read, out))
 }
 
-fn settle(mib: u64) {
+fn settle(mib: u64, cold: bool) -> Result<()> {
     std::thread::sleep(Duration::from_secs(1));
     proc::warm_guest_memory(((mib + mib / 4 + 256) << 20) as usize);
+    if cold {
+        proc::drop_caches()?;
+    }
+    Ok(())
 }
 
-pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, criuz: &Path) -> Result<LazyRow> {
+pub fn measure(
+    name: &str,
+    mib: u64,
+    runs: usize,
+    cold: bool,
+    work: &Path,
+    tools: &Tools,
+    criuz: &Path,
+) -> Result<LazyRow> {
     let dir = work.join(format!("lazy-{name}"));
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
@@ -143,7 +159,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     };
     for round in 0..runs.max(3) {
         for step in 0..3 {
-            settle(mib);
+            settle(mib, cold)?;
             match (round + step) % 3 {
                 0 => {
                     let mut cmd = Command::new(criuz);
@@ -187,7 +203,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     let (mut ws_running, mut ws_read, mut ws_in, mut ws_pages) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for _ in 0..runs.max(3) {
         std::fs::copy(&record, &touch).map_err(|e| Error::file(&record, e))?;
-        settle(mib);
+        settle(mib, cold)?;
         let (running, read, out) = restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
         ws_running.push(running);
         ws_read.push(read);
@@ -203,6 +219,7 @@ pub fn measure(name: &str, mib: u64, runs: usize, work: &Path, tools: &Tools, cr
     };
     let row = LazyRow {
         workload: name.to_string(),
+        cold,
         raw_bytes,
         archive_bytes: proc::file_bytes(&arc),
         plain_restore_s: median(&plain),
@@ -274,5 +291,8 @@ pub fn table(rows: &[LazyRow]) -> String {
     s.push_str(
         "running/resident: x plain restore; lazy+read: full read sent when the tree runs, x (plain restore + read)\n",
     );
+    if rows.iter().any(|r| r.cold) {
+        s.push_str("cold: the page cache dropped before every restore\n");
+    }
     s
 }

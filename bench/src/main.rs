@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// Runs of each workload x configuration [default: 3, or 1 with --quick]
     #[arg(long, value_name = "N")]
     pub runs: Option<usize>,
-    /// Drop the page cache before each restore (sync; echo 3 > /proc/sys/vm/drop_caches)
+    /// Drop the page cache before each restore (sync; echo 3 > /proc/sys/vm/drop_caches); with --lazy too
     #[arg(long)]
     pub cold: bool,
     /// Write the results as JSON
@@ -490,7 +490,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut rows = Vec::new();
         for w in &plan.workloads {
             eprintln!("bench: lazy: {w}, {} MiB", plan.mib);
-            let row = lazy::measure(w, plan.mib, plan.runs, work.path(), &tools, &criuz)?;
+            let row = lazy::measure(w, plan.mib, plan.runs, args.cold, work.path(), &tools, &criuz)?;
             if !row.intact {
                 return Err(Error::Invalid(format!("{w}: a restore is not intact")));
             }
