@@ -352,12 +352,12 @@ impl LazyRestore<'_> {
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         let blocks = Blocks::new(self.source.clone());
-        if !self.hold {
-            // Until the tree runs, what CRIU reads comes first: from a cold
-            // cache, the archive's read-ahead beside it made CRIU's part of a
-            // 1 GiB lazy restore 0.17 s instead of 0.03.
-            self.source.read_ahead(false);
-        }
+        // Until CRIU has restored the tree, what CRIU reads comes first: from
+        // a cold cache the archive's read-ahead beside it made CRIU's part of
+        // a 1 GiB lazy restore 0.17 s instead of 0.03, and a placed restore
+        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). It resumes when the
+        // tree runs (lazy) or the held fill starts (`Pager::fill_held`).
+        self.source.read_ahead(false);
         // A held tree never runs before every page is in: no working set to
         // learn from, nor to bring first.
         let touch = if self.hold { None } else { touch_path(self.input) };

@@ -435,6 +435,8 @@ impl<'a> Pager<'a> {
     /// nothing in it runs, see `session::place`); what an event kept out is
     /// left missing, for `fill_one`.
     fn fill_held(&mut self, how: &HeldFill) -> Result<()> {
+        // Paused while CRIU restored the tree (`LazyRestore::run`).
+        self.blocks.source.read_ahead(true);
         let mut ranges = Vec::new();
         for (i, s) in self.spaces.iter().enumerate() {
             ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
