@@ -11,6 +11,7 @@
 #   bash bench/device.sh cpus      # scaling: --cpus 2, 4, 8, 16 on 4 GiB mixed
 #   bash bench/device.sh cold      # cold page cache: read rate against a plain read of the file
 #   bash bench/device.sh lazy      # time to running and to every page in, 4 GiB mixed
+#   bash bench/device.sh lazy-cold # the same from a dropped page cache
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
 set -euo pipefail
@@ -38,13 +39,16 @@ case ${1:-} in
   lazy)
     "${B[@]}" --lazy --size 4096 --runs 3 --workloads mixed --json "$out/lazy16.json"
     ;;
+  lazy-cold)
+    "${B[@]}" --lazy --cold --size 4096 --runs 1 --workloads mixed --json "$out/lazy16-cold.json"
+    ;;
   gpu)
     # 4 GiB weights, 12 GiB KV cache (25% filled): a 21.7 GB host image.
     c=${2:?"gpu: which configuration (criu-dir, criuz-lz4, criuz-zstd)"}
     "${B[@]}" --gpu --configs "$c" --runs 1 --cold --json "$out/gpu-$c.json"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|gpu CONFIG" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG" >&2
     exit 2
     ;;
 esac
