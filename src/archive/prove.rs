@@ -87,6 +87,10 @@ const PREFETCH_INDEX_MAX: u64 = 64 << 20;
 /// the walk checks whatever it reads, and an index that cannot be read
 /// (or is too large to read on speculation) leaves the walk to say why.
 fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) {
+    // A download's index comes last: reading it first would wait for all.
+    if store.arriving() {
+        return;
+    }
     let size = store.size();
     let Some(at) = size.checked_sub(TRAILER_LEN as u64) else { return };
     let Ok(trailer) = read_head(store, TRAILER_LEN, at) else { return };
