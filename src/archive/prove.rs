@@ -91,16 +91,7 @@ fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&Archive
     if store.arriving() {
         return;
     }
-    let size = store.size();
-    let Some(at) = size.checked_sub(TRAILER_LEN as u64) else { return };
-    let Ok(trailer) = read_head(store, TRAILER_LEN, at) else { return };
-    let Ok(Trailer { index_len, .. }) = Trailer::decode(&trailer.try_into().expect("trailer length"), at) else {
-        return;
-    };
-    if index_len > PREFETCH_INDEX_MAX {
-        return;
-    }
-    let Ok((index, _)) = read_index(store, header, key) else { return };
+    let Ok((index, _)) = read_index(store, header, key, PREFETCH_INDEX_MAX) else { return };
     let mut offsets: Vec<u64> = index
         .files
         .iter()
@@ -110,9 +101,9 @@ fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&Archive
     store.prefetch_heads(&offsets);
 }
 
-/// Reads and checks the trailer and the index it points at; returns the
-/// index and its offset.
-fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Result<(Index, u64)> {
+/// Reads and checks the trailer and the index it points at (refused when
+/// its record is longer than `most` bytes); returns the index and its offset.
+fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>, most: u64) -> Result<(Index, u64)> {
     let size = store.size();
     let truncated = || Error::corrupt(size, "archive is truncated (no trailer)");
     if size < (HEADER_LEN + TRAILER_LEN) as u64 {
@@ -125,6 +116,9 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
     // cannot make this read more.
     if offset.checked_add(len) != Some(at) || !((INDEX_FIXED + 8) as u64..(1 << 32) + 28).contains(&len) {
         return Err(Error::corrupt(at, "trailer does not point at the index"));
+    }
+    if len > most {
+        return Err(Error::corrupt(offset, format!("index record of {len} bytes is longer than {most} allowed here")));
     }
     let rec = read_head(store, len as usize, offset)?;
     let IndexFixed { count, body_len } =
@@ -168,7 +162,7 @@ pub(crate) fn from_table(store: &dyn RecordStore) -> Result<Option<Walked>> {
         (Vec::new(), after_key)
     };
     drop(records);
-    let (index, index_offset) = read_index(store, &header, key.as_deref())?;
+    let (index, index_offset) = read_index(store, &header, key.as_deref(), u64::MAX)?;
     check_table(&header, &chain, data_start, &index, index_offset)?;
     let blocks = index
         .files
