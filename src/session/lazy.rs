@@ -94,6 +94,11 @@ pub struct LazyReport {
 /// time, and splits the ranges the fill copies in one call.
 const LAZY_MIN_ZERO_RUN: u64 = 16;
 
+/// A held tree takes no fault before every page is in: every zero page can
+/// be left out (it reads as zero, costing no memory, as in a streamed
+/// restore).
+const HELD_MIN_ZERO_RUN: u64 = 1;
+
 /// A process's pagemap as written for a lazy restore: its runs with their
 /// pages' positions in the archive's image (`first`), and where CRIU finds
 /// each run in the pages image written for it.
@@ -140,30 +145,41 @@ fn lazy_pagemap(
     Ok(Some((written, LazyPagemap { pid, pages_id, runs, image_pages, zero_pages })))
 }
 
-/// What CRIU would restore itself, from images written to a work directory
-/// first, if criuz placed the archive's memory: the bytes of every pages
-/// image that is not a process's private anonymous memory (shared memory,
-/// private file mappings) and of the pages a process's pagemap does not mark
-/// lazy. `None` where criuz cannot place the memory: a process's pagemap is
-/// not one it can rewrite for a lazy restore (what CRIU writes; not, say, a
-/// pagemap of pages CRIU compressed itself).
-pub(crate) fn eager_bytes_if_placed(source: &dyn BlockSource) -> Result<Option<u64>> {
+/// How criuz would place an archive's memory (a held restore): each
+/// process's pagemap as rewritten for it, by the pagemap's name, and what
+/// CRIU would still restore itself from images written to a work directory
+/// first (`eager_bytes`): every pages image that is not a process's private
+/// anonymous memory (shared memory, private file mappings) and the pages a
+/// process's pagemap does not mark lazy. Worked out once: deciding whether to
+/// place and writing the images both use it.
+pub(crate) struct Placement {
+    pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
+    pub eager_bytes: u64,
+}
+
+/// The archive's `Placement`; `None` where criuz cannot place the memory: a
+/// process's pagemap is not one it can rewrite for a lazy restore (what CRIU
+/// writes; not, say, a pagemap of pages CRIU compressed itself).
+pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placement>> {
     let top = |f: &&FileEntry| !f.name.contains('/');
-    let mut lazy_images = HashMap::new();
+    let mut pagemaps = HashMap::new();
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain).filter(top) {
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            let Some((_, lazy)) = lazy_pagemap(source, pid, &source.read_file(f)?, 1)? else { return Ok(None) };
-            lazy_images.insert(lazy.pages_id, lazy);
+            let Some(lazy) = lazy_pagemap(source, pid, &source.read_file(f)?, HELD_MIN_ZERO_RUN)? else {
+                return Ok(None);
+            };
+            pagemaps.insert(f.name.clone(), lazy);
         }
     }
-    let mut eager = 0;
+    let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
+    let mut eager_bytes = 0;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
-        eager += match images::pages_image_id(&f.name).and_then(|id| lazy_images.get(&id)) {
+        eager_bytes += match images::pages_image_id(&f.name).and_then(|id| by_image.get(&id)) {
             Some(l) => l.runs.iter().filter(|(r, _)| !r.lazy).map(|(r, _)| r.nr * PAGE_SIZE as u64).sum(),
             None => f.raw_size,
         };
     }
-    Ok(Some(eager))
+    Ok(Some(Placement { pagemaps, eager_bytes }))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
@@ -196,9 +212,10 @@ struct Materialized {
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
-/// process's pagemap without its runs of at least `min_zero_run` zero pages,
-/// and its pages image with only the pages that pagemap does not mark lazy.
-fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64) -> Result<Materialized> {
+/// process's pagemap without its runs of at least `min_zero_run` zero pages
+/// (as `planned` has it already, where given), and its pages image with only
+/// the pages that pagemap does not mark lazy.
+fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64, mut planned: Option<Placement>) -> Result<Materialized> {
     let source = &blocks.source;
     let mut dec = Decoder::new();
     let label = source.label().to_string();
@@ -212,7 +229,9 @@ fn materialize(blocks: &Blocks, dir: &Path, min_zero_run: u64) -> Result<Materia
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            let (written, lazy) = lazy_pagemap(&**source, pid, &bytes, min_zero_run)
+            let planned = planned.as_mut().and_then(|p| p.pagemaps.remove(&f.name));
+            let (written, lazy) = planned
+                .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run), |p| Ok(Some(p)))
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
                     Error::Usage(format!("{label}: {}: pagemap not understood: criuz cannot place this memory", f.name))
@@ -336,6 +355,8 @@ pub(crate) struct LazyRestore<'a> {
     pub threads: usize,
     /// Counts the bytes a held tree's fill copies in, for a progress line.
     pub meter: Option<Arc<Meter>>,
+    /// The held tree's pagemaps, if already worked out (`plan_placement`).
+    pub planned: Option<Placement>,
 }
 
 impl LazyRestore<'_> {
@@ -367,11 +388,9 @@ impl LazyRestore<'_> {
         // their own blocks); otherwise behind the running tree, below.
         let (proven, materialized) = std::thread::scope(|s| {
             let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            // A held tree takes no fault before every page is in: every zero
-            // page can be left out (it reads as zero, costing no memory, as
-            // in a streamed restore).
-            let min_zero_run = if self.hold { 1 } else { LAZY_MIN_ZERO_RUN };
-            let materialized = materialize(&blocks, self.images, min_zero_run);
+            let (min_zero_run, planned) =
+                if self.hold { (HELD_MIN_ZERO_RUN, self.planned) } else { (LAZY_MIN_ZERO_RUN, None) };
+            let materialized = materialize(&blocks, self.images, min_zero_run, planned);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
@@ -560,7 +579,7 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu, threads: usize) -> Result<L
     // bytes runs behind the tree (first with `verify_first`).
     let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
     let archive = crate::archive::open(&o.input, &how)?;
-    restore_through_pager(o, archive, started, criu, false, threads)
+    restore_through_pager(o, archive, started, criu, false, threads, None)
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -570,19 +589,23 @@ pub fn restore_lazy(o: &RestoreOptions, criu: &Criu, threads: usize) -> Result<L
 /// missing or unproven; a failure kills the tree before it ran. `archive`
 /// opened as a streamed restore opens it (`checkpoint::open_for_restore`:
 /// parents walked behind, an arriving object proven behind): the tree runs
-/// only once both are done.
-pub fn restore_placed(
+/// only once both are done. `planned`: the archive's `plan_placement`, where
+/// the caller worked it out already.
+pub(crate) fn restore_placed(
     o: &RestoreOptions,
     archive: Arc<Archive>,
     started: Instant,
     criu: &Criu,
     threads: usize,
+    planned: Option<Placement>,
 ) -> Result<LazyReport> {
     let walked = archive.clone();
     // Pages that needed the parents fail as cancelled: the walk says why.
-    restore_through_pager(o, archive, started, criu, true, threads).map_err(|e| match walked.parents_walked() {
-        Err(why) => why,
-        Ok(()) => e,
+    restore_through_pager(o, archive, started, criu, true, threads, planned).map_err(|e| {
+        match walked.parents_walked() {
+            Err(why) => why,
+            Ok(()) => e,
+        }
     })
 }
 
@@ -593,6 +616,7 @@ fn restore_through_pager(
     criu: &Criu,
     hold: bool,
     threads: usize,
+    planned: Option<Placement>,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
@@ -618,6 +642,7 @@ fn restore_through_pager(
         hold,
         threads,
         meter: o.meter.clone(),
+        planned,
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {

@@ -67,18 +67,19 @@ impl Restored {
 /// a streamed restore's blocks, or fill a placed one.
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
     let started = Instant::now();
-    let placed = |source| lazy::restore_placed(o, source, started, criu, archive.threads).map(Restored::Placed);
+    let placed = |source, planned| {
+        lazy::restore_placed(o, source, started, criu, archive.threads, planned).map(Restored::Placed)
+    };
     match how {
         How::Stream => checkpoint::restore(o, archive, criu).map(Restored::Eager),
-        How::Placed => placed(checkpoint::open_for_restore(o)?),
+        How::Placed => placed(checkpoint::open_for_restore(o)?, None),
         How::Lazy => lazy::restore_lazy(o, criu, archive.threads).map(Restored::Lazy),
         How::Auto if !placing_suits(o) => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
-            if lazy::eager_bytes_if_placed(&*source)?.is_some_and(|b| b <= PLACE_EAGER_MAX) {
-                placed(source)
-            } else {
-                checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager)
+            match lazy::plan_placement(&*source)? {
+                Some(plan) if plan.eager_bytes <= PLACE_EAGER_MAX => placed(source, Some(plan)),
+                _ => checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager),
             }
         }
     }
