@@ -22,18 +22,43 @@ pub(crate) struct Holder {
     pub comm: String,
     /// A zombie its parent has not reaped yet.
     pub zombie: bool,
+    /// Killed and on its way out (the kernel still freeing its memory and
+    /// closing its files): a zombie or gone shortly.
+    pub exiting: bool,
 }
 
 /// What holds `pid` now, if anything (from /proc/PID/stat).
 pub(crate) fn holder_of(pid: i32) -> Option<Holder> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
-    Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat) })
+    Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat), exiting: is_exiting(&stat) })
 }
 
 /// Whether the /proc/PID/stat text `stat` is a zombie's.
 fn is_zombie(stat: &str) -> bool {
     stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+}
+
+/// The kernel's PF_EXITING task flag (include/linux/sched.h): set once a
+/// task has begun to exit.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether the /proc/PID/stat text `stat` is a task's that has begun to
+/// exit (its flags, the ninth field, carry PF_EXITING).
+fn is_exiting(stat: &str) -> bool {
+    let flags = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(6)?.parse::<u64>().ok());
+    flags.is_some_and(|f| f & PF_EXITING != 0)
+}
+
+/// Waits, at most `limit`, until none of `pids` is on its way out (each
+/// gone, a zombie, or held by a process that is not exiting): a dump
+/// returns once its tree is killed, not once the kernel has freed it, so a
+/// restore started right after waits here for the pids it needs.
+pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| h.exiting && !h.zombie)) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// Makes criuz the child subreaper of what it starts: what CRIU leaves of a
@@ -312,19 +337,6 @@ pub(crate) fn kill_tree(tree: &[i32]) {
     signal_tree(tree, libc::SIGKILL);
 }
 
-/// Kills `tree` (as [`kill_tree`]) and waits, at most `limit`, until none
-/// of its processes runs any more (each gone, or a zombie for its parent to
-/// reap): a dump returns with the checkpointed memory given back, so a
-/// restore started right after it finds no live process on its pids.
-pub(crate) fn kill_tree_and_wait(tree: &[i32], limit: std::time::Duration) {
-    let pids = tree_pids(tree);
-    kill_tree(tree);
-    let t = Instant::now();
-    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| !h.zombie)) {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
 /// Sends `sig` to every pid of `tree` and every descendant they have now,
 /// the deepest first (see [`kill_tree`]).
 pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
@@ -503,5 +515,28 @@ mod tests {
         assert!(t.elapsed() < std::time::Duration::from_secs(1), "nothing to wait for");
         free.kill().unwrap();
         free.wait().unwrap();
+    }
+
+    #[test]
+    fn a_killed_process_reads_as_exiting_and_a_running_one_does_not() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let running = holder_of(pid).unwrap();
+        assert!(!running.exiting && !running.zombie, "a sleeping process is not on its way out");
+        child.kill().unwrap();
+        // Not reaped yet: a zombie, which began to exit.
+        let t = Instant::now();
+        while !holder_of(pid).unwrap().zombie {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the killed child never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(holder_of(pid).unwrap().exiting, "a zombie carries PF_EXITING");
+        let t = Instant::now();
+        wait_exits(&[pid], std::time::Duration::from_secs(10));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "a zombie is not waited for");
+        child.wait().unwrap();
+        // The flags field, past a command name with spaces and parentheses.
+        let stat = |flags: u64| format!("77 (a) b) c) R 1 77 77 0 -1 {flags} 90 0 0 0");
+        assert!(is_exiting(&stat(0x400104)) && !is_exiting(&stat(0x400100)));
     }
 }

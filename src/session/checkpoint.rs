@@ -247,7 +247,11 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {
-                tree::kill_tree_and_wait(&[o.pid], std::time::Duration::from_secs(10));
+                // Killed, not waited for: the kernel frees the tree's memory
+                // behind the command (tens of ms a GiB here; `criu dump -D`
+                // waits for it). A restore started meanwhile waits for the
+                // pids it needs (`check_pids_free`).
+                tree::kill_tree(&[o.pid]);
             }
             if let Some(g) = guard.take() {
                 g.release();

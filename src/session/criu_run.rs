@@ -62,8 +62,10 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     let Some(entry) = source.find("pstree.img") else { return Ok(Vec::new()) };
     let pids: Vec<i32> =
         images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
+    // A tree dumped just before is killed but may still be on its way out.
+    tree::wait_exits(&pids, std::time::Duration::from_secs(10));
     for &pid in &pids {
-        if let Some(tree::Holder { comm, zombie }) = tree::holder_of(pid) {
+        if let Some(tree::Holder { comm, zombie, .. }) = tree::holder_of(pid) {
             let why = if zombie { "a zombie its parent has not reaped yet" } else { "running" };
             return Err(Error::Criu(format!(
                 "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
