@@ -187,9 +187,17 @@ impl Encoder {
     /// Encodes `data`; with `page_aware`, zero pages are elided.
     pub fn encode(&mut self, file_id: u32, data: &[u8], page_aware: bool) -> EncodedBlock {
         let zero_bitmap = if page_aware { zero_bitmap(data) } else { PageBits::new() };
+        if zero_bitmap.count() == 0 {
+            // Every page stored: the data is its own stored bytes, no copy
+            // (a block of floats, or of a dense heap, has no zero page).
+            let (codec, payload) = self.compress(data);
+            return EncodedBlock::new(codec, file_id, data.len(), zero_bitmap, data, payload);
+        }
         let stored = self.gather(data, &zero_bitmap);
         let (codec, payload) = self.compress(&stored);
-        EncodedBlock::new(codec, file_id, data.len(), zero_bitmap, &stored, payload)
+        let block = EncodedBlock::new(codec, file_id, data.len(), zero_bitmap, &stored, payload);
+        self.recycle(stored);
+        block
     }
 
     /// The stored pages of `data`: all but those `zero_bitmap` marks.
