@@ -55,6 +55,10 @@ pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -
     Error::CriuIo { what: format!("cannot run {program}"), err }
 }
 
+/// How long a restore waits for a killed process on one of its pids to
+/// finish exiting (the kernel freeing a large process's memory).
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// CRIU restores every process and thread under its old id; one still in use
 /// (often the dumped process itself, not yet reaped by its parent) would make
 /// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids.
@@ -63,10 +67,16 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     let pids: Vec<i32> =
         images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
     // A tree dumped just before is killed but may still be on its way out.
-    tree::wait_exits(&pids, std::time::Duration::from_secs(10));
+    tree::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {
-        if let Some(tree::Holder { comm, zombie, .. }) = tree::holder_of(pid) {
-            let why = if zombie { "a zombie its parent has not reaped yet" } else { "running" };
+        if let Some(tree::Holder { comm, zombie, exiting }) = tree::holder_of(pid) {
+            let why = if zombie {
+                "a zombie its parent has not reaped yet"
+            } else if exiting {
+                "killed, still exiting"
+            } else {
+                "running"
+            };
             return Err(Error::Criu(format!(
                 "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
                  a dumped process keeps its pid until its parent reaps it"
