@@ -32,55 +32,129 @@ pub const MIN_LEN: usize = 8 * PAGE_SIZE;
 /// three of mantissa): one bit of noise fewer in the plane that compresses.
 /// Then the low bytes of the words, then their high bytes (the "low" and
 /// "high" planes). An odd length's last byte ends the low plane as it is.
+///
+/// Written straight into `out`'s spare capacity (no zeroing first), sixteen
+/// words at a time with SSE2 on x86-64 and eight at a time as two u64s
+/// elsewhere: on a restore of bf16 memory, joining the planes and zeroing
+/// their buffer first were 18% of `criuz unpack`'s CPU with the u64 form.
 pub fn split_into(src: &[u8], out: &mut Vec<u8>) {
+    let n = src.len();
+    let (half, words) = (n.div_ceil(2), n / 2);
+    out.reserve(n);
     let start = out.len();
-    out.resize(start + src.len(), 0);
-    let half = src.len().div_ceil(2);
-    let (even, odd) = out[start..].split_at_mut(half);
-    // Eight words at a time, as two u64s of four 16-bit lanes (SWAR): about
-    // three times the speed of a word at a time.
-    let words = src.len() / 2;
-    let (src8, even8, odd8) = (src.chunks_exact(16), even.chunks_exact_mut(8), odd.chunks_exact_mut(8));
-    for ((s, e), o) in src8.zip(even8).zip(odd8) {
-        let a = rotl_lanes(u64::from_le_bytes(s[..8].try_into().expect("8 bytes")));
-        let b = rotl_lanes(u64::from_le_bytes(s[8..].try_into().expect("8 bytes")));
-        e.copy_from_slice(&(pack_bytes(a) | pack_bytes(b) << 32).to_le_bytes());
-        o.copy_from_slice(&(pack_bytes(a >> 8) | pack_bytes(b >> 8) << 32).to_le_bytes());
-    }
-    for i in words / 8 * 8..words {
-        let [lo, hi] = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]).rotate_left(1).to_le_bytes();
-        even[i] = lo;
-        odd[i] = hi;
-    }
-    if src.len() % 2 == 1 {
-        even[half - 1] = src[src.len() - 1];
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    // SAFETY: `dst` has room for `n` bytes (reserved above). The low plane
+    // is its first `half` bytes, the high plane the `words` after them; each
+    // step below writes words `i..i + k` of both planes, from bytes
+    // `2 * i..2 * (i + k)` of `src`, with `i + k <= words`.
+    unsafe {
+        let (even, odd) = (dst, dst.add(half));
+        let mut i = 0;
+        #[cfg(target_arch = "x86_64")]
+        while i + 16 <= words {
+            sse2::split16(src.as_ptr().add(2 * i), even.add(i), odd.add(i));
+            i += 16;
+        }
+        while i + 8 <= words {
+            let word = |k: usize| u64::from_le_bytes(src[2 * i + k..2 * i + k + 8].try_into().expect("8 bytes"));
+            let (a, b) = (rotl_lanes(word(0)), rotl_lanes(word(8)));
+            even.add(i).cast::<[u8; 8]>().write_unaligned((pack_bytes(a) | pack_bytes(b) << 32).to_le_bytes());
+            odd.add(i).cast::<[u8; 8]>().write_unaligned((pack_bytes(a >> 8) | pack_bytes(b >> 8) << 32).to_le_bytes());
+            i += 8;
+        }
+        while i < words {
+            let [lo, hi] = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]).rotate_left(1).to_le_bytes();
+            even.add(i).write(lo);
+            odd.add(i).write(hi);
+            i += 1;
+        }
+        if n % 2 == 1 {
+            even.add(half - 1).write(src[n - 1]);
+        }
+        out.set_len(start + n);
     }
 }
 
 /// Appends to `out` the bytes whose planes are `planes` (the inverse of
-/// [`split_into`]).
+/// [`split_into`], written the same way).
 pub fn join_into(planes: &[u8], out: &mut Vec<u8>) {
-    let start = out.len();
-    out.resize(start + planes.len(), 0);
-    let half = planes.len().div_ceil(2);
+    let n = planes.len();
+    let (half, words) = (n.div_ceil(2), n / 2);
     let (even, odd) = planes.split_at(half);
-    let words = planes.len() / 2;
-    let dst = &mut out[start..];
-    for ((d, e), o) in dst.chunks_exact_mut(16).zip(even.chunks_exact(8)).zip(odd.chunks_exact(8)) {
-        let (e, o) =
-            (u64::from_le_bytes(e.try_into().expect("8 bytes")), u64::from_le_bytes(o.try_into().expect("8 bytes")));
-        let a = rotr_lanes(spread_bytes(e) | spread_bytes(o) << 8);
-        let b = rotr_lanes(spread_bytes(e >> 32) | spread_bytes(o >> 32) << 8);
-        d[..8].copy_from_slice(&a.to_le_bytes());
-        d[8..].copy_from_slice(&b.to_le_bytes());
+    out.reserve(n);
+    let start = out.len();
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    // SAFETY: `dst` has room for `n` bytes (reserved above); each step below
+    // writes bytes `2 * i..2 * (i + k)` from words `i..i + k` of both planes,
+    // with `i + k <= words`, and an odd length's last byte after them.
+    unsafe {
+        let mut i = 0;
+        #[cfg(target_arch = "x86_64")]
+        while i + 16 <= words {
+            sse2::join16(even.as_ptr().add(i), odd.as_ptr().add(i), dst.add(2 * i));
+            i += 16;
+        }
+        while i + 8 <= words {
+            let plane = |p: &[u8]| u64::from_le_bytes(p[i..i + 8].try_into().expect("8 bytes"));
+            let (e, o) = (plane(even), plane(odd));
+            let a = rotr_lanes(spread_bytes(e) | spread_bytes(o) << 8);
+            let b = rotr_lanes(spread_bytes(e >> 32) | spread_bytes(o >> 32) << 8);
+            dst.add(2 * i).cast::<[u8; 8]>().write_unaligned(a.to_le_bytes());
+            dst.add(2 * i + 8).cast::<[u8; 8]>().write_unaligned(b.to_le_bytes());
+            i += 8;
+        }
+        while i < words {
+            let [lo, hi] = u16::from_le_bytes([even[i], odd[i]]).rotate_right(1).to_le_bytes();
+            dst.add(2 * i).write(lo);
+            dst.add(2 * i + 1).write(hi);
+            i += 1;
+        }
+        if n % 2 == 1 {
+            dst.add(n - 1).write(even[half - 1]);
+        }
+        out.set_len(start + n);
     }
-    for i in words / 8 * 8..words {
-        let [lo, hi] = u16::from_le_bytes([even[i], odd[i]]).rotate_right(1).to_le_bytes();
-        dst[2 * i] = lo;
-        dst[2 * i + 1] = hi;
+}
+
+/// Sixteen words at a time with SSE2, which every x86-64 CPU has.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::*;
+
+    /// Splits the 16 words at `src` (rotated left by one bit) into 16 low
+    /// bytes at `even` and 16 high bytes at `odd`.
+    ///
+    /// # Safety
+    /// `src` must be readable for 32 bytes, `even` and `odd` writable for 16.
+    #[inline]
+    pub(super) unsafe fn split16(src: *const u8, even: *mut u8, odd: *mut u8) {
+        // SAFETY: the caller's promise; SSE2 is part of x86-64.
+        unsafe {
+            let rotl = |x| _mm_or_si128(_mm_slli_epi16(x, 1), _mm_srli_epi16(x, 15));
+            let a = rotl(_mm_loadu_si128(src.cast()));
+            let b = rotl(_mm_loadu_si128(src.add(16).cast()));
+            let low = _mm_set1_epi16(0x00FF);
+            let lows = _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low));
+            let highs = _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8));
+            _mm_storeu_si128(even.cast(), lows);
+            _mm_storeu_si128(odd.cast(), highs);
+        }
     }
-    if planes.len() % 2 == 1 {
-        dst[planes.len() - 1] = even[half - 1];
+
+    /// Joins 16 low bytes at `even` and 16 high bytes at `odd` into 16
+    /// words at `dst`, each rotated right by one bit.
+    ///
+    /// # Safety
+    /// `even` and `odd` must be readable for 16 bytes, `dst` writable for 32.
+    #[inline]
+    pub(super) unsafe fn join16(even: *const u8, odd: *const u8, dst: *mut u8) {
+        // SAFETY: the caller's promise; SSE2 is part of x86-64.
+        unsafe {
+            let rotr = |x| _mm_or_si128(_mm_srli_epi16(x, 1), _mm_slli_epi16(x, 15));
+            let (e, o) = (_mm_loadu_si128(even.cast()), _mm_loadu_si128(odd.cast()));
+            _mm_storeu_si128(dst.cast(), rotr(_mm_unpacklo_epi8(e, o)));
+            _mm_storeu_si128(dst.add(16).cast(), rotr(_mm_unpackhi_epi8(e, o)));
+        }
     }
 }
 
@@ -161,6 +235,32 @@ mod tests {
             let mut back = vec![1, 2];
             join_into(&planes[1..], &mut back);
             assert_eq!(&back[2..], &src[..], "length {len}");
+        }
+    }
+
+    #[test]
+    fn split_and_join_agree_with_a_word_at_a_time_at_every_length() {
+        // Lengths around the 16- and 8-word steps and their tails, and a
+        // page-sized one, each appended after bytes already there.
+        for len in (0usize..80).chain([4095, 4096, 4097, 4096 + 33]) {
+            let src: Vec<u8> = (0..len).map(|i| (i * 131 + i / 7) as u8).collect();
+            let mut want = vec![7u8];
+            let (half, words) = (len.div_ceil(2), len / 2);
+            want.resize(1 + len, 0);
+            for i in 0..words {
+                let [lo, hi] = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]).rotate_left(1).to_le_bytes();
+                want[1 + i] = lo;
+                want[1 + half + i] = hi;
+            }
+            if len % 2 == 1 {
+                want[half] = src[len - 1];
+            }
+            let mut planes = vec![7u8];
+            split_into(&src, &mut planes);
+            assert_eq!(planes, want, "split, length {len}");
+            let mut back = vec![9u8];
+            join_into(&planes[1..], &mut back);
+            assert_eq!(&back[1..], &src[..], "join, length {len}");
         }
     }
 

@@ -83,6 +83,30 @@ impl Input for StoreInput<'_> {
         self.last_skip = n;
         Ok(n)
     }
+    /// What the walk buffer holds is copied; the rest (a payload, mostly)
+    /// is read from the store straight into `buf`, not through the buffer.
+    fn read_append(&mut self, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+        if self.heads_only {
+            // A walk's reads stay header reads (`read_head_at`).
+            return crate::archive::records::read_append_zeroed(self, buf, n);
+        }
+        let in_buf = self.pos >= self.buf_at && self.pos < self.buf_at + self.buf.len() as u64;
+        let mut got = 0;
+        if in_buf {
+            let start = (self.pos - self.buf_at) as usize;
+            let k = (self.buf.len() - start).min(n);
+            buf.extend_from_slice(&self.buf[start..start + k]);
+            got = k;
+            self.pos += k as u64;
+        }
+        let rest = ((n - got) as u64).min(self.len - self.pos) as usize;
+        if rest > 0 {
+            self.store.read_append(buf, rest, self.pos)?;
+            self.pos += rest as u64;
+            got += rest;
+        }
+        Ok(got)
+    }
 }
 
 /// Bytes read at once for small records.

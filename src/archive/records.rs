@@ -192,6 +192,21 @@ pub trait Input: Send {
     fn read_full(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// Skips `n` bytes; returns how many were there to skip.
     fn skip(&mut self, n: u64) -> io::Result<u64>;
+    /// Appends up to `n` bytes to `buf`; returns the count (less only at
+    /// EOF). Inputs that can read into `buf`'s spare capacity do, instead of
+    /// zeroing it first.
+    fn read_append(&mut self, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+        read_append_zeroed(self, buf, n)
+    }
+}
+
+/// [`Input::read_append`] through [`Input::read_full`], into zeroed room.
+pub(crate) fn read_append_zeroed<I: Input + ?Sized>(inp: &mut I, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+    let at = buf.len();
+    buf.resize(at + n, 0);
+    let got = inp.read_full(&mut buf[at..])?;
+    buf.truncate(at + got);
+    Ok(got)
 }
 
 /// A streaming input (pipe, stdin, any reader).
@@ -203,6 +218,10 @@ impl<R: Read + Send> Input for StreamInput<R> {
     }
     fn skip(&mut self, n: u64) -> io::Result<u64> {
         io::copy(&mut (&mut self.0).take(n), &mut io::sink())
+    }
+    fn read_append(&mut self, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+        buf.reserve_exact(n);
+        (&mut self.0).take(n as u64).read_to_end(buf)
     }
 }
 
@@ -342,9 +361,13 @@ impl<I: Input> SeqReader<I> {
     /// Reads the payload of the block or page id record just returned by
     /// [`next_head`](Self::next_head).
     pub fn read_payload(&mut self) -> Result<Vec<u8>> {
-        let mut payload = vec![0u8; self.pending_payload as usize];
-        self.pending_payload = 0;
-        self.exact(&mut payload, "a block payload")?;
+        let n = std::mem::take(&mut self.pending_payload) as usize;
+        let mut payload = Vec::with_capacity(n);
+        let got = self.inp.read_append(&mut payload, n)?;
+        self.offset += got as u64;
+        if got < n {
+            return Err(Error::corrupt(self.offset, "truncated: archive ends inside a block payload"));
+        }
         Ok(payload)
     }
 
