@@ -178,15 +178,45 @@ pub(crate) fn run_criu_told(
     }
     let mut spared = keep.to_vec();
     spared.push(child.id() as i32);
+    let exited = ExitWatch::open(child.id());
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
         tree::end_criu_strays(&spared);
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        exited.wait(std::time::Duration::from_millis(10));
     };
     tree::end_criu_strays(keep);
     Ok(status)
+}
+
+/// Waits for a child to exit, at most a given time: through a pidfd where
+/// the kernel has them (the wait ends as the child exits), by sleeping
+/// otherwise. With a 10 ms sleep between checks, CRIU's exit went unseen for
+/// up to 10 ms, which a lazy restore's pidfile and a dump's archive waited
+/// out.
+struct ExitWatch(Option<std::os::fd::OwnedFd>);
+
+impl ExitWatch {
+    fn open(pid: u32) -> Self {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new
+        // descriptor (or -1), which the OwnedFd then owns.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: a descriptor pidfd_open just returned, owned by nothing else.
+        ExitWatch((fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    fn wait(&self, most: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.0 else {
+            std::thread::sleep(most);
+            return;
+        };
+        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on our stack; a pidfd reads ready once the process exits.
+        unsafe { libc::poll(&mut p, 1, most.as_millis() as libc::c_int) };
+    }
 }
 
 /// A restoring CRIU dies with criuz: left alone it can wait forever for
