@@ -468,17 +468,32 @@ impl Decoder {
             BlockCodec::Dedup => return Err(DecodeError::Unresolved),
             BlockCodec::Lz4Planes | BlockCodec::ZstdPlanes => {
                 let (prefix, low, high) = PlanesPrefix::decode(payload)?;
-                let inner = |compressed: bool| if compressed { codec.without_planes() } else { BlockCodec::Raw };
+                // A raw plane is joined from where it lies in the payload; a
+                // compressed one is decoded first (the low plane before the
+                // high one, into one buffer).
                 let mut planar = std::mem::take(&mut self.planes);
                 planar.clear();
-                let decoded = self
-                    .decompress_after(inner(prefix.low_compressed), low, expect.div_ceil(2), &mut planar)
-                    .and_then(|()| self.decompress_after(inner(prefix.high_compressed), high, expect / 2, &mut planar));
-                if decoded.is_ok() {
-                    planes::join_into(&planar, out);
+                let (low_len, high_len) = (expect.div_ceil(2), expect / 2);
+                let mut plane = |compressed: bool, stored: &[u8], len: usize, planar: &mut Vec<u8>| {
+                    if compressed {
+                        self.decompress_after(codec.without_planes(), stored, len, planar)
+                    } else if stored.len() != len {
+                        Err(DecodeError::RawLength { got: stored.len(), expect: len })
+                    } else {
+                        Ok(())
+                    }
+                };
+                let decoded = plane(prefix.low_compressed, low, low_len, &mut planar).and_then(|()| {
+                    let at = planar.len();
+                    plane(prefix.high_compressed, high, high_len, &mut planar).map(|()| at)
+                });
+                if let Ok(at) = decoded {
+                    let even = if prefix.low_compressed { &planar[..at] } else { low };
+                    let odd = if prefix.high_compressed { &planar[at..] } else { high };
+                    planes::join_into(even, odd, out);
                 }
                 self.planes = planar;
-                return decoded;
+                return decoded.map(|_| ());
             }
             BlockCodec::Raw => {
                 if payload.len() != expect {

@@ -75,18 +75,25 @@ pub fn split_into(src: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Appends to `out` the bytes whose planes are `planes` (the inverse of
-/// [`split_into`], written the same way).
-pub fn join_into(planes: &[u8], out: &mut Vec<u8>) {
-    let n = planes.len();
-    let (half, words) = (n.div_ceil(2), n / 2);
-    let (even, odd) = planes.split_at(half);
+/// Appends to `out` the bytes whose low plane is `even` and high plane is
+/// `odd` (the inverse of [`split_into`], written the same way). The planes
+/// may lie apart (a raw plane where it is in the payload, the other
+/// decoded elsewhere).
+///
+/// # Panics
+/// If `even` is not as long as `odd` or one byte longer (planes of one
+/// block always are).
+pub fn join_into(even: &[u8], odd: &[u8], out: &mut Vec<u8>) {
+    let words = odd.len();
+    assert!(even.len() == words || even.len() == words + 1, "planes of {} and {} bytes", even.len(), words);
+    let n = even.len() + words;
     out.reserve(n);
     let start = out.len();
     let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
     // SAFETY: `dst` has room for `n` bytes (reserved above); each step below
-    // writes bytes `2 * i..2 * (i + k)` from words `i..i + k` of both planes,
-    // with `i + k <= words`, and an odd length's last byte after them.
+    // reads words `i..i + k` of both planes (both hold at least `words`) and
+    // writes bytes `2 * i..2 * (i + k)`, with `i + k <= words`, and an odd
+    // length's last byte after them.
     unsafe {
         let mut i = 0;
         #[cfg(target_arch = "x86_64")]
@@ -110,7 +117,7 @@ pub fn join_into(planes: &[u8], out: &mut Vec<u8>) {
             i += 1;
         }
         if n % 2 == 1 {
-            dst.add(n - 1).write(even[half - 1]);
+            dst.add(n - 1).write(even[words]);
         }
         out.set_len(start + n);
     }
@@ -233,7 +240,8 @@ mod tests {
             split_into(&src, &mut planes);
             assert_eq!(planes.len(), len + 1);
             let mut back = vec![1, 2];
-            join_into(&planes[1..], &mut back);
+            let (even, odd) = planes[1..].split_at(len.div_ceil(2));
+            join_into(even, odd, &mut back);
             assert_eq!(&back[2..], &src[..], "length {len}");
         }
     }
@@ -259,7 +267,8 @@ mod tests {
             split_into(&src, &mut planes);
             assert_eq!(planes, want, "split, length {len}");
             let mut back = vec![9u8];
-            join_into(&planes[1..], &mut back);
+            let (even, odd) = planes[1..].split_at(half);
+            join_into(even, odd, &mut back);
             assert_eq!(&back[1..], &src[..], "join, length {len}");
         }
     }
