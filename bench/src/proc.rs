@@ -100,10 +100,34 @@ fn describe_status(status: i32) -> String {
 }
 
 /// Reaps every zombie child. Only call when no pipeline is running (it would
-/// take their exit status and usage).
+/// take their exit status and usage). The signal that killed each is kept
+/// for [`killed_by`].
 pub fn reap_zombies() {
-    // SAFETY: non-blocking reap of any exited child.
-    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    loop {
+        let mut status = 0;
+        // SAFETY: non-blocking reap of any exited child, into our own int.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            break;
+        }
+        if libc::WIFSIGNALED(status) {
+            let mut killed = KILLED.lock().unwrap_or_else(|e| e.into_inner());
+            if killed.len() >= KILLED_KEPT {
+                killed.remove(0);
+            }
+            killed.push((pid, libc::WTERMSIG(status)));
+        }
+    }
+}
+
+/// Children [`reap_zombies`] found killed by a signal, the latest last.
+static KILLED: std::sync::Mutex<Vec<(i32, i32)>> = std::sync::Mutex::new(Vec::new());
+const KILLED_KEPT: usize = 64;
+
+/// The signal that killed child `pid`, if [`reap_zombies`] reaped it so.
+pub fn killed_by(pid: i32) -> Option<i32> {
+    let killed = KILLED.lock().unwrap_or_else(|e| e.into_inner());
+    killed.iter().rev().find(|(p, _)| *p == pid).map(|&(_, sig)| sig)
 }
 
 pub fn exists(pid: i32) -> bool {
@@ -613,4 +637,25 @@ pub fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
     let to = dir.join(exe.file_name().unwrap_or_default());
     std::fs::copy(exe, &to).map_err(|e| Error::file(exe, e))?;
     Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reaped_child_killed_by_a_signal_is_remembered_by_pid() {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGTRAP) };
+        let t = Instant::now();
+        while killed_by(pid).is_none() {
+            assert!(t.elapsed() < Duration::from_secs(10), "the child was never reaped");
+            reap_zombies();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(killed_by(pid), Some(libc::SIGTRAP));
+        assert_eq!(killed_by(i32::MAX), None);
+    }
 }

@@ -60,6 +60,9 @@ pub struct Row {
     pub wrong_memory: usize,
     pub leftovers: usize,
     pub other: usize,
+    /// Processes lost to CRIU's own breakpoint as it was killed
+    /// (`paths::CRIU_TRAP`): counted apart, not as criuz's violations.
+    pub criu_traps: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,6 +73,7 @@ pub struct Report {
     pub trials: usize,
     pub injected: usize,
     pub survived: usize,
+    pub criu_traps: usize,
     pub rows: Vec<Row>,
     pub violations: Vec<Violation>,
 }
@@ -129,7 +133,11 @@ pub fn run(plan: &Plan) -> Result<Report> {
             plan.faults,
             r.name(),
             fault.name(),
-            if f.broken.is_empty() { "held".to_string() } else { format!("{:?}", f.broken) }
+            match (&f.criu_trap, f.broken.is_empty()) {
+                (Some(_), true) => "lost to CRIU's trap".to_string(),
+                (_, true) => "held".to_string(),
+                _ => format!("{:?}", f.broken),
+            }
         );
         record(&mut ctx, &places, r, Some(fault), f, &mut rows, &mut violations);
     }
@@ -140,6 +148,7 @@ pub fn run(plan: &Plan) -> Result<Report> {
         trials: rows.iter().map(|r| r.trials).sum(),
         injected: rows.iter().map(|r| r.injected).sum(),
         survived: rows.iter().map(|r| r.survived).sum(),
+        criu_traps: rows.iter().map(|r| r.criu_traps).sum(),
         rows,
         violations,
     };
@@ -184,7 +193,11 @@ fn record(
     let row = &mut rows[i];
     row.trials += 1;
     row.injected += f.injected as usize;
-    row.survived += (f.injected && f.broken.is_empty()) as usize;
+    row.survived += (f.injected && f.broken.is_empty() && f.criu_trap.is_none()) as usize;
+    if let Some(detail) = &f.criu_trap {
+        row.criu_traps += 1;
+        eprintln!("faults: CRIU TRAP {} {} trial {}: {detail}", route.name(), fname, ctx.trial);
+    }
     for (kind, detail) in f.broken {
         match kind {
             "lost-process" => row.lost_processes += 1,
@@ -201,12 +214,22 @@ fn record(
 /// The report as a table, one line per route and fault.
 pub fn table(r: &Report) -> String {
     let mut s = format!(
-        "{:<18} {:<10} {:>6} {:>8} {:>8} {:>5} {:>7} {:>6} {:>9} {:>5}\n",
-        "path", "fault", "trials", "injected", "survived", "lost", "partial", "wrong", "leftovers", "other"
+        "{:<18} {:<10} {:>6} {:>8} {:>8} {:>5} {:>7} {:>6} {:>9} {:>5} {:>9}\n",
+        "path",
+        "fault",
+        "trials",
+        "injected",
+        "survived",
+        "lost",
+        "partial",
+        "wrong",
+        "leftovers",
+        "other",
+        "criu-trap"
     );
     for row in &r.rows {
         s.push_str(&format!(
-            "{:<18} {:<10} {:>6} {:>8} {:>8} {:>5} {:>7} {:>6} {:>9} {:>5}\n",
+            "{:<18} {:<10} {:>6} {:>8} {:>8} {:>5} {:>7} {:>6} {:>9} {:>5} {:>9}\n",
             row.route,
             row.fault,
             row.trials,
@@ -216,15 +239,17 @@ pub fn table(r: &Report) -> String {
             row.partial_archives,
             row.wrong_memory,
             row.leftovers,
-            row.other
+            row.other,
+            row.criu_traps
         ));
     }
     s.push_str(&format!(
-        "{} trials, {} faults injected, {} survived, {} violations, {:.0} s (seed {}, {} MiB)\n",
+        "{} trials, {} faults injected, {} survived, {} violations, {} lost to CRIU's trap, {:.0} s (seed {}, {} MiB)\n",
         r.trials,
         r.injected,
         r.survived,
         r.violations.len(),
+        r.criu_traps,
         r.seconds,
         r.seed,
         r.mib
