@@ -645,7 +645,7 @@ mod tests {
 
     #[test]
     fn a_reaped_child_killed_by_a_signal_is_remembered_by_pid() {
-        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id() as i32;
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid, libc::SIGTRAP) };
@@ -657,5 +657,7 @@ mod tests {
         }
         assert_eq!(killed_by(pid), Some(libc::SIGTRAP));
         assert_eq!(killed_by(i32::MAX), None);
+        // Reaped already: this only finds it gone.
+        let _ = child.wait();
     }
 }
