@@ -207,9 +207,15 @@ fn assert_sigkilled(pid: i32, why: &str) {
 
 /// A process whose memory arrives over half a second or more: random pages
 /// cannot be compressed, so the background fill takes a while.
+/// Large enough that its lazy fill is still under way when a test acts on
+/// the running tree: 512 MiB of random pages were all in 0.24 s after the
+/// start on two cores, and a loaded test machine can take that long to send
+/// a signal.
+const BIG_MIB: usize = 1024;
+
 fn big_dumped(tmp: &Path, name: &str) -> (Workload, std::path::PathBuf) {
     let arc = tmp.join(name);
-    let mut w = Workload::start(Spec { mib: 512, pattern: "random", ..Default::default() });
+    let mut w = Workload::start(Spec { mib: BIG_MIB, pattern: "random", ..Default::default() });
     w.sums();
     dump(&w, &arc);
     w.reap_original();
@@ -322,7 +328,7 @@ fn memory_discarded_while_pages_arrive_reads_as_zero() {
     let restored = memory_sum(&w.sums()["root"]);
     w.stop();
     // The same process, never checkpointed, doing the same.
-    let mut fresh = Workload::start(Spec { mib: 512, pattern: "random", ..Default::default() });
+    let mut fresh = Workload::start(Spec { mib: BIG_MIB, pattern: "random", ..Default::default() });
     command(&fresh, "dontneed", "dontneed-root");
     let expected = memory_sum(&fresh.sums()["root"]);
     fresh.stop();
