@@ -144,12 +144,11 @@ pub fn state(pid: i32) -> Option<char> {
     stat_fields(pid)?.first()?.chars().next()
 }
 
-/// Killed and on its way out (PF_EXITING in its flags, the ninth field of
-/// /proc/PID/stat): a `criuz dump` returns once its tree is killed, not once
-/// the kernel has freed it.
+/// Killed and on its way out, not yet a zombie (`criuz::proc::tree::Holder`):
+/// a `criuz dump` returns once its tree is killed, not once the kernel has
+/// freed it.
 pub fn exiting(pid: i32) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    stat_fields(pid).and_then(|f| f.get(6)?.parse::<u64>().ok()).is_some_and(|flags| flags & PF_EXITING != 0)
+    criuz::proc::tree::holder_of(pid).is_some_and(|h| h.exiting && !h.zombie)
 }
 
 /// Stopped (by a signal, or under a tracer).

@@ -17,7 +17,7 @@ pub(crate) fn exists(pid: i32) -> bool {
 }
 
 /// The process that holds a pid now.
-pub(crate) struct Holder {
+pub struct Holder {
     /// Its command name ("?" where /proc/PID/stat does not say).
     pub comm: String,
     /// A zombie its parent has not reaped yet.
@@ -28,7 +28,7 @@ pub(crate) struct Holder {
 }
 
 /// What holds `pid` now, if anything (from /proc/PID/stat).
-pub(crate) fn holder_of(pid: i32) -> Option<Holder> {
+pub fn holder_of(pid: i32) -> Option<Holder> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
     Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat), exiting: is_exiting(&stat) })
