@@ -14,7 +14,8 @@
 //! purpose (the only copy of a checkpoint) is renamed `…-kept` and stays.
 //! The staging name is unheld for the instant between its creation and its
 //! lock; a criuz killed in that instant leaves it, so unheld staging
-//! entries go too (a writer caught in that very instant fails, loudly).
+//! entries go too (a directory maker caught in that very instant by another
+//! criuz's sweep makes a new one).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -40,14 +41,40 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
 pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     remove_abandoned(base, prefix);
     // One killed before its staging directory got its held name.
-    remove_abandoned(base, ".criuz-new-");
-    let staging = tempfile::Builder::new().prefix(".criuz-new-").tempdir_in(base)?;
-    let held = File::open(staging.path())?;
-    let unique = staging.path().file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let path = base.join(format!("{prefix}{}", unique.trim_start_matches(".criuz-new-")));
-    publish_held(&held, staging.path(), &path)?;
-    // Renamed: nothing is left under the staging name to remove.
-    let _ = staging.keep();
+    remove_abandoned(base, STAGING_DIR_PREFIX);
+    // Another criuz's sweep (above) takes a staging directory that is not
+    // yet locked: ours, in the instant between its creation and its lock,
+    // when several start together. Then ours is gone or locked by the
+    // sweeper, and a new one is made; each try is a fresh name, so the
+    // tries end.
+    let mut tries = 0;
+    loop {
+        let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
+        match hold_staged_dir(staging.path(), base, prefix) {
+            Ok(held) => {
+                // Renamed: nothing is left under the staging name to remove.
+                let _ = staging.keep();
+                return Ok(held);
+            }
+            Err(e) if tries >= STAGING_TRIES => return Err(e),
+            Err(_) => tries += 1,
+        }
+    }
+}
+
+/// What a staging directory's name starts with, before it is held.
+const STAGING_DIR_PREFIX: &str = ".criuz-new-";
+
+/// How many times [`held_dir`] makes a new staging directory after losing
+/// one to another criuz's sweep.
+const STAGING_TRIES: u32 = 16;
+
+/// Locks the staging directory and renames it `base/{prefix}XXXXXX`.
+fn hold_staged_dir(staging: &Path, base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
+    let held = File::open(staging)?;
+    let unique = staging.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let path = base.join(format!("{prefix}{}", unique.trim_start_matches(STAGING_DIR_PREFIX)));
+    publish_held(&held, staging, &path)?;
     Ok((path, held))
 }
 
@@ -215,6 +242,27 @@ mod tests {
         remove_abandoned(base.path(), "x-");
         assert!(!at("x-1").exists() && !at("x-2").exists(), "released by their holder, they are abandoned");
         assert!(at("x-5-kept").exists());
+    }
+
+    /// Makers started together sweep each other's staging directories in
+    /// the instant before they are locked; every maker still gets one.
+    #[test]
+    fn directories_made_together_are_all_made() {
+        let base = tempfile::tempdir().unwrap();
+        let made: Vec<_> = std::thread::scope(|s| {
+            let makers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..200)
+                            .map(|_| held_dir(base.path(), "criuz-t-").map(|(p, _)| p))
+                            .collect::<std::io::Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            makers.into_iter().map(|m| m.join().unwrap()).collect()
+        });
+        let made: Vec<_> = made.into_iter().map(|m| m.expect("every maker gets its directory")).collect();
+        assert_eq!(made.iter().map(Vec::len).sum::<usize>(), 1600);
     }
 
     #[test]
