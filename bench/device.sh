@@ -14,17 +14,22 @@
 #   bash bench/device.sh lazy-cold # the same from a dropped page cache
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
+#   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
+#                                  # each configuration, then scale with a cold cache, then lazy
+# SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.dev/bin:$PATH
 out=${OUT:-/tmp/criuz-device}
 mkdir -p "$out"
 B=(criuz-bench --criu "$PWD/.dev/bin/criu")
+size=${SIZE:-4096}
 nproc
 case ${1:-} in
   scale)
-    "${B[@]}" --size 4096 --runs 1 --workloads mixed,text,random,elf \
-      --configs criu-dir,criu-tmpfs,criuz-lz4,criuz-zstd,criuz-lz4-stream --json "$out/scale16.json"
+    "${B[@]}" --size "$size" --runs 1 --workloads mixed,text,random,elf \
+      --configs "${CONFIGS:-criu-dir,criu-dir+sync,criu-tmpfs,criuz-lz4,criuz-zstd,criuz-lz4-stream}" \
+      --json "$out/scale16.json"
     ;;
   cpus)
     for n in 2 4 8 16; do
@@ -33,22 +38,47 @@ case ${1:-} in
     done
     ;;
   cold)
-    "${B[@]}" --cold --size 4096 --runs 1 --workloads mixed,text \
-      --configs criu-dir,criuz-lz4,criuz-zstd --json "$out/cold16.json"
+    "${B[@]}" --cold --size "$size" --runs 1 --workloads "${WORKLOADS:-mixed,text}" \
+      --configs "${CONFIGS:-criu-dir,criuz-lz4,criuz-zstd}" --json "$out/cold16.json"
     ;;
   lazy)
-    "${B[@]}" --lazy --size 4096 --runs 3 --workloads mixed --json "$out/lazy16.json"
+    "${B[@]}" --lazy --size "$size" --runs "${RUNS:-3}" --workloads mixed --json "$out/lazy16.json"
     ;;
   lazy-cold)
-    "${B[@]}" --lazy --cold --size 4096 --runs 1 --workloads mixed --json "$out/lazy16-cold.json"
+    "${B[@]}" --lazy --cold --size "$size" --runs 1 --workloads mixed --json "$out/lazy16-cold.json"
     ;;
   gpu)
     # 4 GiB weights, 12 GiB KV cache (25% filled): a 21.7 GB host image.
     c=${2:?"gpu: which configuration (criu-dir, criuz-lz4, criuz-zstd)"}
     "${B[@]}" --gpu --configs "$c" --runs 1 --cold --json "$out/gpu-$c.json"
     ;;
+  session)
+    # Most wanted first; each part gets at most its cap and what is left.
+    end=$(($(date +%s) + ${BUDGET_S:-540}))
+    me=$PWD/bench/device.sh
+    part() {
+      local cap=$1 left=$((end - $(date +%s)))
+      shift
+      if ((left < 30)); then
+        echo "device: no time left for: $*"
+        return 0
+      fi
+      timeout --kill-after=5 $((cap < left ? cap : left)) "$@" || echo "device: $* ended with status $?"
+    }
+    # Each part's JSON under parts/ (named by the part), all of it in one
+    # archive at the end: what the device tool returns is a few files.
+    export OUT=$out/parts
+    part 150 bash "$me" gpu criuz-lz4
+    part 120 bash "$me" gpu criu-dir
+    part 150 bash "$me" gpu criuz-zstd
+    for w in mixed text random elf; do
+      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir,criu-dir+sync,criuz-lz4} part 80 bash "$me" cold
+    done
+    RUNS=1 part 90 bash "$me" lazy
+    tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
+    ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|session" >&2
     exit 2
     ;;
 esac

@@ -16,6 +16,9 @@ pub enum Config {
     CriuDir,
     /// The same on a tmpfs.
     CriuTmpfs,
+    /// criu dump -D, then `sync`: the images made as durable as criuz's
+    /// archive (fsynced before it is published) is. Restored as criu-dir.
+    CriuDirSync,
     /// criu dump -D, then tar | lz4 -1 into one file.
     CriuLz4,
     /// criu dump -D, then tar | zstd -1 -T0 into one file.
@@ -62,6 +65,9 @@ impl Config {
     /// Run only when asked for (`--configs`): they start an S3 server.
     pub const S3: [Config; 2] = [Config::CriuzS3, Config::CriuzBoto3];
 
+    /// Run only when asked for: raw CRIU's images made durable.
+    pub const SYNCED: [Config; 1] = [Config::CriuDirSync];
+
     /// Run only when asked for: encrypted archives (issue 12's comparison).
     pub const SEALED: [Config; 2] = [Config::CriuzLz4Sealed, Config::CriuzZstdSealed];
 
@@ -77,6 +83,7 @@ impl Config {
             self,
             Config::CriuDir
                 | Config::CriuTmpfs
+                | Config::CriuDirSync
                 | Config::CriuzLz4
                 | Config::CriuzZstd
                 | Config::CriuzLz4Place
@@ -92,6 +99,7 @@ impl Config {
         match self {
             Config::CriuDir => "criu-dir",
             Config::CriuTmpfs => "criu-tmpfs",
+            Config::CriuDirSync => "criu-dir+sync",
             Config::CriuLz4 => "criu+lz4",
             Config::CriuZstd => "criu+zstd",
             Config::CriuzPack => "criuz-pack",
@@ -109,7 +117,13 @@ impl Config {
     }
 
     pub fn parse(s: &str) -> Option<Config> {
-        Config::ALL.into_iter().chain(Config::S3).chain(Config::SEALED).chain(Config::FILL).find(|c| c.name() == s)
+        Config::ALL
+            .into_iter()
+            .chain(Config::S3)
+            .chain(Config::SEALED)
+            .chain(Config::FILL)
+            .chain(Config::SYNCED)
+            .find(|c| c.name() == s)
     }
 
     pub fn uses_s3(self) -> bool {
@@ -123,7 +137,7 @@ impl Config {
     /// External programs besides CRIU and criuz.
     pub fn tools(self) -> &'static [&'static str] {
         match self {
-            Config::CriuDir | Config::CriuTmpfs => &["tar"],
+            Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync => &["tar"],
             Config::CriuLz4 => &["tar", "lz4"],
             Config::CriuZstd => &["tar", "zstd"],
             Config::CriuzS3 => &["weed"],
@@ -134,8 +148,8 @@ impl Config {
 
     fn checkpoint_file(self, link: bool) -> &'static str {
         match self {
-            Config::CriuDir | Config::CriuTmpfs if link => "ckpt.tar",
-            Config::CriuDir | Config::CriuTmpfs => "img",
+            Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync if link => "ckpt.tar",
+            Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync => "img",
             Config::CriuLz4 => "ckpt.tar.lz4",
             Config::CriuZstd => "ckpt.tar.zst",
             _ => "ckpt.czr",
@@ -352,7 +366,12 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let raw = proc::dir_bytes(&img);
             match cfg {
                 Config::CriuDir | Config::CriuTmpfs if env.link.is_none() => (frozen, raw, false),
-                Config::CriuDir | Config::CriuTmpfs => {
+                Config::CriuDirSync if env.link.is_none() => {
+                    // SAFETY: sync(2) has no preconditions.
+                    unsafe { libc::sync() };
+                    (frozen, raw, false)
+                }
+                Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync => {
                     let f = proc::pipeline(vec![tar_create(&img)], Src::Null, to_dest(&ckpt), &p.logs, "tar")?;
                     usage.add(f.usage);
                     (frozen, raw, true)
@@ -443,8 +462,8 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
             usage.add(proc::pipeline(vec![cmd], src, Dst::Null, &p.logs, "criuz-restore")?.usage);
             return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
         }
-        Config::CriuDir | Config::CriuTmpfs if !link => ckpt.clone(),
-        Config::CriuDir | Config::CriuTmpfs => {
+        Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync if !link => ckpt.clone(),
+        Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync => {
             std::fs::create_dir_all(&rimg).map_err(|e| Error::file(&rimg, e))?;
             usage.add(proc::pipeline(vec![tar_extract(&rimg)], from_dest(), Dst::Null, &p.logs, "untar")?.usage);
             rimg

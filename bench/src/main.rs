@@ -21,8 +21,9 @@ pub struct BenchArgs {
     /// redis,jvm,python (applications)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all but the S3, sealed, place and stream ones]: criu-dir,
-    /// criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criuz-s3,criuz+boto3 (a
+    /// Configurations, comma separated [default: all but the S3, sealed, place, stream and sync ones]:
+    /// criu-dir, criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criu-dir+sync (criu
+    /// dump -D, then sync, timed); criuz-s3,criuz+boto3 (a
     /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
     /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream

@@ -47,6 +47,7 @@ fn colour(config: &str) -> RGBColor {
     match config {
         "criu-dir" => RGBColor(110, 110, 110),
         "criu-tmpfs" => RGBColor(180, 180, 180),
+        "criu-dir+sync" => RGBColor(60, 60, 60),
         "criu+lz4" => RGBColor(230, 159, 0),
         "criu+zstd" => RGBColor(213, 94, 0),
         "criuz-pack" => RGBColor(86, 180, 233),
