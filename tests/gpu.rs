@@ -264,9 +264,15 @@ fn a_restore_checks_the_gpus_before_criu_and_maps_them_on_request() {
     // A map naming a GPU the archive never held is a usage error.
     let out = restore(&fake, &arc, &["--gpu-map", &format!("{OTHER_UUID}={FAKE_UUID}")]);
     assert_eq!(out.status.code(), Some(2));
-    // Mapped onto one of the same kind: restored there, lazily.
+    // Mapped onto one of the same kind: restored there. Asked for lazily,
+    // its pages are placed before it runs (the resume reads them all), and
+    // the restore says so.
     fake.devices("99999999888877776666555555555555 Fake GPU\n");
-    ok(restore(&fake, &arc, &["--gpu-map", &map, "--lazy"]), "criuz restore --gpu-map --lazy");
+    let out = restore(&fake, &arc, &["--gpu-map", &map, "--lazy"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let r = ok(out, "criuz restore --gpu-map --lazy");
+    assert_eq!(r["fill"], "place", "{r}");
+    assert!(err.contains("placed before the tree ran, not lazily"), "{err}");
     let log = fake.log();
     assert_eq!(calls(&log), ["restore restore", "unlock restore"], "{log:?}");
     assert!(log[0].contains("pairs=1 00112233445566778899aabbccddeeff>99999999888877776666555555555555"), "{log:?}");

@@ -568,17 +568,27 @@ fn mostly_zstd(source: &dyn BlockSource) -> bool {
     zstd * 2 > all
 }
 
-/// Restores lazily: see the module documentation.
-pub fn restore_lazy(o: &RestoreOptions, criu: &Criu, threads: usize) -> Result<LazyReport> {
-    let started = Instant::now();
-    // The tree runs before its pages are in, so the archive and its parents
-    // are walked whole first: an archive whose records disagree with its
-    // index (reordered entries with every check recomputed pass each
-    // block's own checks) stops the restore while nothing runs, never after
-    // the tree ran on pages in the wrong place. The proof of the stored
-    // bytes runs behind the tree (first with `verify_first`).
+/// Opens the archive of a lazy restore. The tree runs before its pages are
+/// in, so the archive and its parents are walked whole first: an archive
+/// whose records disagree with its index (reordered entries with every
+/// check recomputed pass each block's own checks) stops the restore while
+/// nothing runs, never after the tree ran on pages in the wrong place. The
+/// proof of the stored bytes runs behind the tree (first with
+/// `verify_first`).
+pub fn open_for_lazy(o: &RestoreOptions) -> Result<Arc<Archive>> {
     let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
-    let archive = crate::archive::open(&o.input, &how)?;
+    crate::archive::open(&o.input, &how)
+}
+
+/// Restores `archive` (from [`open_for_lazy`]) lazily: see the module
+/// documentation.
+pub fn restore_lazy(
+    o: &RestoreOptions,
+    archive: Arc<Archive>,
+    started: Instant,
+    criu: &Criu,
+    threads: usize,
+) -> Result<LazyReport> {
     restore_through_pager(o, archive, started, criu, false, threads, None)
 }
 

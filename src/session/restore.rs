@@ -3,7 +3,8 @@
 //! copied on every core), eagerly through CRIU's stream
 //! (`checkpoint::restore`), or lazily with criuz as CRIU's lazy-pages daemon
 //! (`lazy::restore_lazy`), as the options ask. One call for the command
-//! line, one report.
+//! line, one report. An archive holding CUDA processes is placed even when
+//! a lazy restore is asked for: their resume reads all their memory at once.
 //!
 //! The default ([`How::Auto`]) places the memory wherever it can: CRIU's
 //! stream reads every page through one pipe on one thread, a copy that
@@ -17,7 +18,7 @@
 //! still restore more than [`PLACE_EAGER_MAX`] itself (shared memory,
 //! private file mappings: placing writes those to `$TMPDIR` first).
 
-use crate::archive::Options;
+use crate::archive::{BlockSource, Options};
 use crate::criu::{uffd, Criu};
 use crate::error::Result;
 use crate::io::Location;
@@ -73,7 +74,18 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
     match how {
         How::Stream => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Placed => placed(checkpoint::open_for_restore(o)?, None),
-        How::Lazy => lazy::restore_lazy(o, criu, archive.threads).map(Restored::Lazy),
+        How::Lazy => {
+            let source = lazy::open_for_lazy(o)?;
+            if source.find(crate::cuda::RECORD_FILE).is_some() {
+                // A CUDA process's resume copies all of its device memory
+                // back from host memory at once: lazily, every page of it
+                // faults in one at a time (a 21.7 GB image on 16 cores: first
+                // answer 14.3-15.3 s lazily, 8.9 s placed; BENCHMARKS.md).
+                placed(source, None)
+            } else {
+                lazy::restore_lazy(o, source, started, criu, archive.threads).map(Restored::Lazy)
+            }
+        }
         How::Auto if !placing_suits(o) => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
