@@ -16,7 +16,7 @@
 #                                    # a command: each takes minutes at this size
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
 #                                  # each configuration, then scale with a cold cache, then lazy
-# SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale and cold.
+# SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.dev/bin:$PATH
@@ -33,8 +33,8 @@ case ${1:-} in
     ;;
   cpus)
     for n in 2 4 8 16; do
-      "${B[@]}" --cpus "$n" --size 4096 --runs 1 --workloads mixed \
-        --configs criu-dir,criuz-lz4,criuz-lz4-stream --json "$out/cpus-$n.json"
+      "${B[@]}" --cpus "$n" --size "$size" --runs 1 --workloads mixed \
+        --configs "${CONFIGS:-criu-dir,criuz-lz4,criuz-lz4-stream}" --json "$out/cpus-$n.json"
     done
     ;;
   cold)

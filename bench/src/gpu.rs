@@ -52,6 +52,9 @@ pub struct GpuRow {
     pub raw_bytes: u64,
     pub stored_bytes: u64,
     pub intact: bool,
+    /// criuz's dump report and `criuz inspect --json` of the first run's
+    /// archive (null for criu-dir).
+    pub archive: serde_json::Value,
 }
 
 /// Why this machine cannot run the GPU bench, if it cannot.
@@ -162,6 +165,8 @@ struct Sample {
     raw_bytes: u64,
     stored_bytes: u64,
     intact: bool,
+    /// criuz's dump report and `criuz inspect` of the archive (criuz only).
+    archive: serde_json::Value,
 }
 
 /// Restores the app that `restore` brings back, asks it, checks the answer.
@@ -250,6 +255,14 @@ pub fn measure(
                 dumped.frozen_s = d["criu_stats"]["frozen_time_us"].as_f64().map_or(f64::NAN, |us| us / 1e6);
                 dumped.raw_bytes = d["raw_bytes"].as_u64().unwrap_or(0);
                 dumped.stored_bytes = proc::file_bytes(&arc);
+                // What the archive is made of (zero pages, blocks by codec,
+                // hurried blocks; per file), to explain its size.
+                let (_, inspected) = run(Command::new(criuz).arg("inspect").arg("--json").arg(&arc), "criuz inspect")?;
+                let mut report = d.clone();
+                if let Some(r) = report.as_object_mut() {
+                    r.remove("criu_stats");
+                }
+                dumped.archive = serde_json::json!({ "dump": report, "inspect": json(&inspected) });
             }
             proc::reap(app.pid, Duration::from_secs(60))?;
             for (i, how) in hows.iter().enumerate() {
@@ -303,6 +316,7 @@ pub fn measure(
                 raw_bytes: got.first().map_or(0, |s| s.raw_bytes),
                 stored_bytes: got.first().map_or(0, |s| s.stored_bytes),
                 intact: got.iter().all(|s| s.intact),
+                archive: got.first().map(|s| s.archive.clone()).unwrap_or_default(),
             });
         }
     }
