@@ -65,9 +65,9 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
 /// What a staging directory's name starts with, before it is held.
 const STAGING_DIR_PREFIX: &str = ".criuz-new-";
 
-/// How many times [`held_dir`] makes a new staging directory after losing
-/// one to another criuz's sweep.
-const STAGING_TRIES: u32 = 16;
+/// How many times a staging file or directory is made again after another
+/// criuz's sweep took it before it was locked.
+pub const STAGING_TRIES: u32 = 16;
 
 /// Locks the staging directory and renames it `base/{prefix}XXXXXX`.
 fn hold_staged_dir(staging: &Path, base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {

@@ -56,11 +56,22 @@ impl AtomicFile {
             return Err(Error::Exists(tmp));
         }
         let staging = dir.join(format!(".{name}.criuz-new-{}", std::process::id()));
-        let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(&staging)?;
-        if let Err(e) = leftover::publish_held(&file, &staging, &tmp) {
-            let _ = std::fs::remove_file(&staging);
-            return Err(e).at(&tmp);
-        }
+        // Another writer of this target sweeps unheld staging files (above):
+        // ours too, in the instant before it is locked. Then it is made again.
+        let mut tries = 0;
+        let file = loop {
+            let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(&staging)?;
+            match leftover::publish_held(&file, &staging, &tmp) {
+                Ok(()) => break file,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&staging);
+                    if tries >= leftover::STAGING_TRIES {
+                        return Err(e).at(&tmp);
+                    }
+                    tries += 1;
+                }
+            }
+        };
         Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force })
     }
 
