@@ -72,7 +72,7 @@ case ${1:-} in
     part 120 bash "$me" gpu criu-dir
     part 150 bash "$me" gpu criuz-zstd
     for w in mixed text random elf; do
-      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir,criu-dir+sync,criuz-lz4} part 80 bash "$me" cold
+      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir,criu-dir+sync,criuz-lz4} part 100 bash "$me" cold
     done
     RUNS=1 part 90 bash "$me" lazy
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
