@@ -47,7 +47,7 @@ use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
 use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu};
 use crate::session::follow::follow_pages;
-use crate::session::lazy::LazyRestore;
+use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
 use crate::session::workdir::WorkDir;
 use std::os::unix::fs::DirBuilderExt;
@@ -452,10 +452,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             work: work.path(),
             victim: &victim,
             verify_first: o.verify_first,
-            hold: false,
+            fill: Fill::Lazy,
             threads: crate::engine::default_threads(),
             meter: None,
-            planned: None,
         };
         let cuda_resumed = std::cell::Cell::new(None);
         let (status, report) = lazy.run(cmd, started, || resume().map(|t| cuda_resumed.set(t))).inspect_err(|_| {

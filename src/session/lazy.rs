@@ -346,17 +346,23 @@ pub(crate) struct LazyRestore<'a> {
     pub victim: &'a Victim,
     /// Prove the stored bytes before CRIU starts, not behind the process.
     pub verify_first: bool,
-    /// Hold the tree stopped (CRIU's `--leave-stopped`) until every page is
-    /// in, then let it run: an eager restore whose memory criuz places
-    /// itself, on `threads` threads (`session::place`). A bare tree only.
-    pub hold: bool,
+    pub fill: Fill,
     /// Threads that fill a held tree, or (less one, for the tree) decode
     /// ahead of a running tree's fill.
     pub threads: usize,
     /// Counts the bytes a held tree's fill copies in, for a progress line.
     pub meter: Option<Arc<Meter>>,
-    /// The held tree's pagemaps, if already worked out (`plan_placement`).
-    pub planned: Option<Placement>,
+}
+
+/// When the restored tree runs, against when its memory is in.
+pub(crate) enum Fill {
+    /// At once: its pages arrive on demand, the rest in the background.
+    Lazy,
+    /// Held stopped (CRIU's `--leave-stopped`) until every page is in, then
+    /// let run: an eager restore whose memory criuz places itself, on
+    /// `threads` threads (`session::place`). A bare tree only. `planned`:
+    /// its pagemaps, where already worked out (`plan_placement`).
+    Held { planned: Option<Placement> },
 }
 
 impl LazyRestore<'_> {
@@ -372,6 +378,10 @@ impl LazyRestore<'_> {
         started: Instant,
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
+        let (hold, planned) = match self.fill {
+            Fill::Held { planned } => (true, planned),
+            Fill::Lazy => (false, None),
+        };
         let blocks = Blocks::new(self.source.clone());
         // Until CRIU has restored the tree, what CRIU reads comes first: from
         // a cold cache the archive's read-ahead beside it made CRIU's part of
@@ -381,15 +391,14 @@ impl LazyRestore<'_> {
         self.source.read_ahead(false);
         // A held tree never runs before every page is in: no working set to
         // learn from, nor to bring first.
-        let touch = if self.hold { None } else { touch_path(self.input) };
+        let touch = if hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
         // With `verify_first`, every stored byte is proven before the tree
         // may run, beside the images being written (which decode and prove
         // their own blocks); otherwise behind the running tree, below.
         let (proven, materialized) = std::thread::scope(|s| {
             let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            let (min_zero_run, planned) =
-                if self.hold { (HELD_MIN_ZERO_RUN, self.planned) } else { (LAZY_MIN_ZERO_RUN, None) };
+            let min_zero_run = if hold { HELD_MIN_ZERO_RUN } else { LAZY_MIN_ZERO_RUN };
             let materialized = materialize(&blocks, self.images, min_zero_run, planned);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
@@ -402,12 +411,12 @@ impl LazyRestore<'_> {
         let (stop_tx, stop_rx) = UnixStream::pair()?;
         let abort = Abort::new()?;
         let victim = self.victim;
-        let held_fill = self.hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone() });
+        let held_fill = hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone() });
         let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill);
         // The proof behind a running tree. A held tree needs none: it runs
         // only once every page is in, each from a block checked as it was
         // decoded, which is what a streamed restore promises too.
-        let prove_behind = !self.verify_first && !self.hold;
+        let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
         // Decoders while the tree runs: where zstd blocks dominate, decoding
         // is slower than copying, so every core but one (left to the tree)
@@ -416,7 +425,7 @@ impl LazyRestore<'_> {
         // 0.46-0.56 s with two; zstd 0.41-1.10 s with one, 0.49-0.84 s with
         // two), so one decoder keeps up. A held tree needs none: its fill
         // threads decode their own blocks (`session::place`).
-        let decoders = if self.hold {
+        let decoders = if hold {
             0
         } else if mostly_zstd(&*self.source) {
             self.threads.saturating_sub(1).max(1)
@@ -443,7 +452,7 @@ impl LazyRestore<'_> {
             let mut proving = None;
             let paging = s.spawn(|| {
                 let mut r = pager.run(&listener, &stop_rx, &abort);
-                if self.hold && r.is_ok() && pager.all_in() {
+                if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
                     // archive opened while it still arrived must be proven
                     // whole first (as a streamed restore's last page waits).
@@ -460,7 +469,7 @@ impl LazyRestore<'_> {
                     // for the tree, and the tree must not wait for us).
                     pager.let_go();
                     guard.release();
-                    if self.hold {
+                    if hold {
                         let _ = resumed.set(Instant::now());
                         victim.resume();
                     }
@@ -477,7 +486,7 @@ impl LazyRestore<'_> {
             let mut paging = Some(paging);
             let mut paged = None;
             if status.as_ref().is_ok_and(|s| s.success()) {
-                if self.hold {
+                if hold {
                     // Restored, held stopped: it runs once the pager is done.
                     let r = paging.take().map_or(Err(Error::Cancelled), |p| p.join().unwrap_or(Err(Error::Cancelled)));
                     if let Some(t) = resumed.get() {
@@ -519,7 +528,7 @@ impl LazyRestore<'_> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
-        let failed = if self.hold {
+        let failed = if hold {
             "restore failed, held tree killed before it ran"
         } else {
             "lazy restore failed, restored tree killed"
@@ -589,7 +598,7 @@ pub fn restore_lazy(
     criu: &Criu,
     threads: usize,
 ) -> Result<LazyReport> {
-    restore_through_pager(o, archive, started, criu, false, threads, None)
+    restore_through_pager(o, archive, started, criu, Fill::Lazy, threads)
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -611,7 +620,7 @@ pub(crate) fn restore_placed(
 ) -> Result<LazyReport> {
     let walked = archive.clone();
     // Pages that needed the parents fail as cancelled: the walk says why.
-    restore_through_pager(o, archive, started, criu, true, threads, planned).map_err(|e| {
+    restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads).map_err(|e| {
         match walked.parents_walked() {
             Err(why) => why,
             Ok(()) => e,
@@ -624,9 +633,8 @@ fn restore_through_pager(
     archive: Arc<Archive>,
     started: Instant,
     criu: &Criu,
-    hold: bool,
+    fill: Fill,
     threads: usize,
-    planned: Option<Placement>,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
@@ -638,7 +646,7 @@ fn restore_through_pager(
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
-    if hold {
+    if matches!(fill, Fill::Held { .. }) {
         cmd.arg("--leave-stopped");
     }
     let victim = Victim::Tree(pids);
@@ -649,10 +657,9 @@ fn restore_through_pager(
         work: work.path(),
         victim: &victim,
         verify_first: o.verify_first,
-        hold,
+        fill,
         threads,
         meter: o.meter.clone(),
-        planned,
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {
