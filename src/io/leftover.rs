@@ -14,8 +14,8 @@
 //! purpose (the only copy of a checkpoint) is renamed `…-kept` and stays.
 //! The staging name is unheld for the instant between its creation and its
 //! lock; a criuz killed in that instant leaves it, so unheld staging
-//! entries go too (a directory maker caught in that very instant by another
-//! criuz's sweep makes a new one).
+//! entries go too (a maker caught in that very instant by another
+//! criuz's sweep makes its entry again, `made_again_if_swept`).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -42,22 +42,27 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
     remove_abandoned(base, prefix);
     // One killed before its staging directory got its held name.
     remove_abandoned(base, STAGING_DIR_PREFIX);
-    // Another criuz's sweep (above) takes a staging directory that is not
-    // yet locked: ours, in the instant between its creation and its lock,
-    // when several start together. Then ours is gone or locked by the
-    // sweeper, and a new one is made; each try is a fresh name, so the
-    // tries end.
+    made_again_if_swept(|| {
+        let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
+        let held = hold_staged_dir(staging.path(), base, prefix)?;
+        // Renamed: nothing is left under the staging name to remove.
+        let _ = staging.keep();
+        Ok(held)
+    })
+}
+
+/// Runs `make` (which makes a staging entry and publishes it held) again
+/// when it fails. Another criuz's sweep (`remove_abandoned`) takes a staging
+/// entry that is not yet locked: ours, in the instant between its creation
+/// and its lock, when several start together. Then ours is gone or locked
+/// by the sweeper, and `make` makes it anew; after [`STAGING_TRIES`] more
+/// tries the last error stands.
+pub fn made_again_if_swept<T, E>(mut make: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let mut tries = 0;
     loop {
-        let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
-        match hold_staged_dir(staging.path(), base, prefix) {
-            Ok(held) => {
-                // Renamed: nothing is left under the staging name to remove.
-                let _ = staging.keep();
-                return Ok(held);
-            }
-            Err(e) if tries >= STAGING_TRIES => return Err(e),
-            Err(_) => tries += 1,
+        match make() {
+            Err(_) if tries < STAGING_TRIES => tries += 1,
+            made => return made,
         }
     }
 }
@@ -65,9 +70,8 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
 /// What a staging directory's name starts with, before it is held.
 const STAGING_DIR_PREFIX: &str = ".criuz-new-";
 
-/// How many times a staging file or directory is made again after another
-/// criuz's sweep took it before it was locked.
-pub const STAGING_TRIES: u32 = 16;
+/// How many times a staging entry is made again after a failure.
+const STAGING_TRIES: u32 = 16;
 
 /// Locks the staging directory and renames it `base/{prefix}XXXXXX`.
 fn hold_staged_dir(staging: &Path, base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {

@@ -56,22 +56,16 @@ impl AtomicFile {
             return Err(Error::Exists(tmp));
         }
         let staging = dir.join(format!(".{name}.criuz-new-{}", std::process::id()));
-        // Another writer of this target sweeps unheld staging files (above):
-        // ours too, in the instant before it is locked. Then it is made again.
-        let mut tries = 0;
-        let file = loop {
+        // Another writer of this target sweeps unheld staging files (above).
+        let file = leftover::made_again_if_swept(|| -> Result<File> {
             let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(&staging)?;
-            match leftover::publish_held(&file, &staging, &tmp) {
-                Ok(()) => break file,
-                Err(e) => {
+            leftover::publish_held(&file, &staging, &tmp)
+                .inspect_err(|_| {
                     let _ = std::fs::remove_file(&staging);
-                    if tries >= leftover::STAGING_TRIES {
-                        return Err(e).at(&tmp);
-                    }
-                    tries += 1;
-                }
-            }
-        };
+                })
+                .at(&tmp)?;
+            Ok(file)
+        })?;
         Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force })
     }
 
