@@ -173,6 +173,15 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
     // before CRIU starts; its walk, which runs while CRIU starts, fails, and
     // CRIU must be stopped before any process runs.
     fails_naming_parent(&mut w, &good[..good.len() - 100], "truncated");
+
+    // Lazily too: the tree, which CRIU leaves stopped, waits for that walk
+    // and never runs.
+    let out = criuz(&["restore", "--lazy", "-d", "-i", c, "--parent-dir", moved.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "lazy, truncated parent: {err}");
+    assert!(err.contains("full.czr") && !err.contains("restored tree killed"), "lazy, truncated parent: {err}");
+    assert!(!w.alive(), "a process runs after a lazy restore from a truncated parent");
+    w.reap_original();
     std::fs::write(&parent, &good).unwrap();
 
     // Found through --parent-dir, and from a pipe.

@@ -149,6 +149,14 @@ pub trait BlockSource: Send + Sync {
         Ok(())
     }
 
+    /// How the walk of the parents ended, waiting for one under way (see
+    /// `archive::Parents::Behind`): why they could not be opened, if they
+    /// could not. A restore that failed for want of a parent's page reports
+    /// this as the cause.
+    fn parents_walked(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Reads every stored byte of the archive and of its parents against
     /// its check, without decoding: compressed payloads against their
     /// payload checks, raw ones against their data checks, sealed ones

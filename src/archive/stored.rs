@@ -146,18 +146,6 @@ impl Archive {
         self.parents.set(Ok(parents)).map_err(|_| Error::Usage(format!("{}: parents already attached", self.label)))
     }
 
-    /// How the walk of the parents ended, waiting for one under way: why
-    /// they could not be opened, if they could not. A restore that failed
-    /// for want of a parent's page reports this as the cause.
-    pub fn parents_walked(&self) -> Result<()> {
-        let state = match self.parents.get() {
-            Some(state) => state,
-            None if self.parents_coming.load(Ordering::Acquire) => self.parents.wait(),
-            None => return Ok(()),
-        };
-        state.as_ref().map(drop).map_err(Error::duplicate)
-    }
-
     /// The parents, waiting for a walk under way to end.
     fn attached_parents(&self) -> Result<&[Arc<Archive>]> {
         let state = match self.parents.get() {
@@ -228,7 +216,18 @@ impl BlockSource for Archive {
         self.reader.store().read_ahead(on);
     }
 
+    fn parents_walked(&self) -> Result<()> {
+        let state = match self.parents.get() {
+            Some(state) => state,
+            None if self.parents_coming.load(Ordering::Acquire) => self.parents.wait(),
+            None => return Ok(()),
+        };
+        state.as_ref().map(drop).map_err(Error::duplicate)
+    }
+
     fn prove_stored(&self) -> Result<()> {
+        // Parents walked behind are proven once attached.
+        self.parents_walked()?;
         for a in std::iter::once(self).chain(self.parents().iter().map(|p| &**p)) {
             let mut records = a.records(Payloads::All).context(|| a.label.to_string())?;
             // An AEAD tag proves every byte of an opened payload.

@@ -66,4 +66,124 @@ impl PageBits {
     pub fn count(&self) -> usize {
         self.0.iter().map(|b| b.count_ones() as usize).sum()
     }
+
+    /// Puts pages `start..end` in the set, making room first if need be.
+    pub fn insert_range(&mut self, start: usize, end: usize) {
+        if start >= end {
+            return;
+        }
+        if self.0.len() < end.div_ceil(8) {
+            self.0.resize(end.div_ceil(8), 0);
+        }
+        let mut p = start;
+        while p < end {
+            if p % 8 == 0 && end - p >= 8 {
+                // Whole bytes at once: a run of pages costs a memset.
+                let bytes = (end - p) / 8;
+                self.0[p / 8..p / 8 + bytes].fill(0xff);
+                p += bytes * 8;
+            } else {
+                self.insert(p);
+                p += 1;
+            }
+        }
+    }
+
+    /// Puts page `at + p` in the set for every page `p < pages` of `other`
+    /// (a block's bitmap into its image's), making room first if need be.
+    pub fn insert_shifted(&mut self, other: &PageBits, at: usize, pages: usize) {
+        if self.0.len() < (at + pages).div_ceil(8) {
+            self.0.resize((at + pages).div_ceil(8), 0);
+        }
+        if at % 8 == 0 {
+            // Byte-aligned (blocks of whole bytes of pages): OR the bytes.
+            for (k, &b) in other.0.iter().take(pages.div_ceil(8)).enumerate() {
+                let kept = pages - k * 8;
+                let mask = if kept >= 8 { 0xff } else { (1u8 << kept) - 1 };
+                self.0[at / 8 + k] |= b & mask;
+            }
+        } else {
+            for p in (0..pages).filter(|&p| other.contains(p)) {
+                self.insert(at + p);
+            }
+        }
+    }
+
+    /// The first page in `from..end` that is in the set (`want`) or not in
+    /// it, else `end`. Bytes all in or all out are passed over whole.
+    pub fn next(&self, from: usize, end: usize, want: bool) -> usize {
+        let skip = if want { 0x00 } else { 0xff };
+        let mut p = from;
+        while p < end {
+            if p >= self.0.len() * 8 {
+                // Past the bitmap every page is out of the set.
+                return if want { end } else { p };
+            }
+            if p % 8 == 0 && end - p >= 8 && self.0.get(p / 8) == Some(&skip) {
+                p += 8;
+            } else if self.contains(p) == want {
+                return p;
+            } else {
+                p += 1;
+            }
+        }
+        end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageBits;
+
+    fn naive(pages: &[usize], len: usize) -> Vec<bool> {
+        (0..len).map(|p| pages.contains(&p)).collect()
+    }
+
+    #[test]
+    fn ranges_shifts_and_searches_agree_with_page_by_page() {
+        let mut x = 0x9e37_79b9u64;
+        for round in 0..200 {
+            let mut rand = |n: usize| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % n as u64) as usize
+            };
+            let len = 1 + rand(300);
+            // Runs of pages, as zero pages come: some long, some single.
+            let mut pages = Vec::new();
+            let mut set = PageBits::new();
+            for _ in 0..rand(6) {
+                let start = rand(len);
+                let end = (start + 1 + rand(if round % 2 == 0 { 70 } else { 3 })).min(len);
+                set.insert_range(start, end);
+                pages.extend(start..end);
+            }
+            let want = naive(&pages, len);
+            assert!((0..len + 20).all(|p| set.contains(p) == (p < len && want[p])), "insert_range");
+
+            let at = rand(100);
+            let mut shifted = PageBits::with_pages(rand(50));
+            shifted.insert_shifted(&set, at, len);
+            assert!((0..at + len + 20).all(|p| shifted.contains(p) == (p >= at && p < at + len && want[p - at])));
+
+            for _ in 0..20 {
+                let (from, end) = (rand(len + 10), rand(len + 40));
+                for w in [true, false] {
+                    let expect = (from..end).find(|&p| (p < len && want[p]) == w).unwrap_or(end.max(from));
+                    assert_eq!(set.next(from, end, w).max(from), expect, "next({from}, {end}, {w})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shifted_bitmap_keeps_only_its_pages() {
+        // A stored bitmap's last byte may hold bits past the block's pages.
+        let other = PageBits::from_bytes(vec![0xff, 0xff]);
+        let mut set = PageBits::new();
+        set.insert_shifted(&other, 8, 10);
+        assert_eq!(set.count(), 10);
+        assert!(!set.contains(18) && set.contains(17) && !set.contains(7));
+    }
 }

@@ -226,7 +226,8 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
         .sum()
 }
 
-/// Waits, a few times a second and for at most `limit_ms`, until none of
+/// Waits, checking every millisecond (a restored tree is let run the moment
+/// CRIU has let go of it) and for at most `limit_ms`, until none of
 /// `pids` is traced (its /proc status says `TracerPid:\t0`, or it is gone):
 /// until CRIU has let go of a tree it was dumping. Async-signal-safe (open,
 /// read, close, nanosleep on stack memory), for the forked guard: a SIGCONT
@@ -235,24 +236,25 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
 /// tests/criu_stream.rs's kill-mid-dump test).
 pub(crate) fn wait_untraced(pids: &[i32], limit_ms: u32) {
     // SAFETY: `traced` only opens, reads and closes on stack memory.
-    poll_until(limit_ms, || !pids.iter().any(|&p| unsafe { traced(p) }));
+    poll_until(limit_ms, 1, || !pids.iter().any(|&p| unsafe { traced(p) }));
 }
 
 /// Waits, at most `limit_ms`, until `pid` is gone or a zombie (another's
 /// to reap). Async-signal-safe: the guard uses it.
 pub(crate) fn wait_ended(pid: i32, limit_ms: u32) {
     // SAFETY: `running` only opens, reads and closes on stack memory.
-    poll_until(limit_ms, || !unsafe { running(pid) });
+    poll_until(limit_ms, 10, || !unsafe { running(pid) });
 }
 
-/// Asks `done` every 10 ms until it says yes or `limit_ms` has passed.
+/// Asks `done` every `every_ms` until it says yes or `limit_ms` has passed.
 /// Async-signal-safe as long as `done` is (nanosleep on stack memory).
-fn poll_until(limit_ms: u32, mut done: impl FnMut() -> bool) {
-    for waited in 0..=limit_ms / 10 {
-        if done() || waited == limit_ms / 10 {
+fn poll_until(limit_ms: u32, every_ms: u32, mut done: impl FnMut() -> bool) {
+    let every_ms = every_ms.max(1);
+    for waited in 0..=limit_ms / every_ms {
+        if done() || waited == limit_ms / every_ms {
             return;
         }
-        let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: libc::c_long::from(every_ms) * 1_000_000 };
         // SAFETY: nanosleep reads `pause`, which outlives the call; the
         // remainder is not wanted.
         unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };

@@ -15,7 +15,7 @@
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
-use crate::archive::{Archive, Options, PackStats, Packer};
+use crate::archive::{Archive, BlockSource, Options, PackStats, Packer};
 use crate::archive::{OpenOptions, Parents, Proof};
 use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
@@ -329,8 +329,9 @@ pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<Res
 /// are read: from a cold page cache the walk reads the whole file (0.15 s
 /// of 1 GiB mixed memory on this project's VM), which then no longer delays
 /// CRIU. No process runs before that walk has proven the archive: a
-/// streamed restore's last page of each image, and a placed restore's
-/// release of the tree, wait for it (`BlockSource::proven`).
+/// streamed restore's last page of each image, and the release of a placed
+/// or lazy restore's tree (CRIU leaves it stopped), wait for it
+/// (`BlockSource::proven`).
 pub fn open_for_restore(o: &RestoreOptions) -> Result<Arc<Archive>> {
     let how = OpenOptions {
         search: o.parents.clone(),

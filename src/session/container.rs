@@ -452,7 +452,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             work: work.path(),
             victim: &victim,
             verify_first: o.verify_first,
-            fill: Fill::Lazy,
+            fill: Fill::Lazy { stopped: false },
             threads: crate::engine::default_threads(),
             meter: None,
         };

@@ -10,10 +10,16 @@
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
 //! skips). Shared memory and other page images are written whole.
 //!
-//! The proof of the stored bytes: every stored byte of the archive and its
-//! parents is read against its check (`BlockSource::prove_stored`). By
-//! default it runs behind the process, so the tree runs as soon as CRIU has
-//! restored it, whatever the archive's size; damage it finds kills the tree,
+//! Two proofs. The walk of the archive and its parents (do their records
+//! make the index the images and pages came from?) runs beside CRIU, which
+//! leaves a bare tree stopped until it is done: a reordered index stops the
+//! restore before the tree ran, and the tree does not wait for a walk before
+//! CRIU even starts (a container's, which runc cannot leave stopped, is
+//! walked first). The proof of the stored bytes: every stored byte of the
+//! archive and its parents is read against its check
+//! (`BlockSource::prove_stored`). By default it runs behind the process, so
+//! the tree runs as soon as CRIU has restored it, whatever the archive's
+//! size; damage it finds kills the tree,
 //! as a block that fails mid-fill does (every page copied in comes from a
 //! block checked as it is decoded anyway). With `verify_first` it runs
 //! before CRIU starts, beside the writing of the images, so damage at rest
@@ -32,7 +38,7 @@
 //! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
 //! the container's cgroup.
 
-use crate::archive::{Archive, BlockSource, OpenOptions};
+use crate::archive::{Archive, BlockSource};
 use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
@@ -45,7 +51,7 @@ use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, RestoreOptions,
 };
-use crate::session::pager::{Abort, LazyProcess, Pager, TOUCHED_MAX};
+use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
 use crate::session::serve::zero_plan;
 use crate::session::workdir::WorkDir;
@@ -357,7 +363,12 @@ pub(crate) struct LazyRestore<'a> {
 /// When the restored tree runs, against when its memory is in.
 pub(crate) enum Fill {
     /// At once: its pages arrive on demand, the rest in the background.
-    Lazy,
+    /// `stopped`: CRIU leaves the tree stopped (`--leave-stopped`, a bare
+    /// tree), and it runs once the walks of the archive and its parents,
+    /// which ran beside CRIU's restore, have proven them; what they find
+    /// stops the restore before the tree ran. Otherwise (a container, which
+    /// runc cannot leave stopped) the archive must have been walked before.
+    Lazy { stopped: bool },
     /// Held stopped (CRIU's `--leave-stopped`) until every page is in, then
     /// let run: an eager restore whose memory criuz places itself, on
     /// `threads` threads (`session::place`). A bare tree only. `planned`:
@@ -378,9 +389,9 @@ impl LazyRestore<'_> {
         started: Instant,
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
-        let (hold, planned) = match self.fill {
-            Fill::Held { planned } => (true, planned),
-            Fill::Lazy => (false, None),
+        let (hold, stopped, planned) = match self.fill {
+            Fill::Held { planned } => (true, true, planned),
+            Fill::Lazy { stopped } => (false, stopped, None),
         };
         let blocks = Blocks::new(self.source.clone());
         // Until CRIU has restored the tree, what CRIU reads comes first: from
@@ -418,6 +429,11 @@ impl LazyRestore<'_> {
         // decoded, which is what a streamed restore promises too.
         let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
+        let source = &*self.source;
+        let (fill_gate, finished) = match stopped && !hold {
+            true => FillGate::new().map(|(g, rx)| (Some(g), Some(rx)))?,
+            false => (None, None),
+        };
         // Decoders while the tree runs: where zstd blocks dominate, decoding
         // is slower than copying, so every core but one (left to the tree)
         // decodes; LZ4 and raw blocks decode faster than one thread copies
@@ -432,7 +448,7 @@ impl LazyRestore<'_> {
         } else {
             1
         };
-        let (paged, proof, status, running, published) = std::thread::scope(|s| {
+        let (paged, proof, status, running, published, ran) = std::thread::scope(|s| {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
             }
@@ -450,8 +466,38 @@ impl LazyRestore<'_> {
                 })
             };
             let mut proving = None;
+            // A lazy tree CRIU leaves stopped runs once CRIU has handed over
+            // its memory (and stops and lets go of it) and the walks behind
+            // have proven the index its images and pages came from, which a
+            // reordered index with every check recomputed would not be:
+            // what the walks find fails the pager, which kills the tree
+            // before it ran. The pager serves faults meanwhile but fills
+            // nothing in (`FillGate`).
+            let releasing = fill_gate.as_ref().zip(finished).map(|(gate, finished)| {
+                let (resumed, abort) = (&resumed, &abort);
+                s.spawn(move || {
+                    if finished.recv().is_err() {
+                        return false;
+                    }
+                    match source.proven().and_then(|()| source.parents_walked()) {
+                        Ok(()) => {
+                            victim.resume();
+                            let _ = resumed.set(Instant::now());
+                            gate.open();
+                            true
+                        }
+                        Err(e) => {
+                            abort.fail(e);
+                            false
+                        }
+                    }
+                })
+            });
             let paging = s.spawn(|| {
-                let mut r = pager.run(&listener, &stop_rx, &abort);
+                let gate = fill_gate.as_ref();
+                let mut r = pager.run(&listener, &stop_rx, &abort, gate);
+                // Nothing more to tell the release.
+                gate.inspect(|g| g.close());
                 if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
                     // archive opened while it still arrived must be proven
@@ -485,20 +531,27 @@ impl LazyRestore<'_> {
             let mut published = Ok(());
             let mut paging = Some(paging);
             let mut paged = None;
+            let mut ran = false;
             if status.as_ref().is_ok_and(|s| s.success()) {
                 if hold {
                     // Restored, held stopped: it runs once the pager is done.
                     let r = paging.take().map_or(Err(Error::Cancelled), |p| p.join().unwrap_or(Err(Error::Cancelled)));
                     if let Some(t) = resumed.get() {
+                        ran = true;
                         running = (*t - started).as_secs_f64();
                         published = on_running();
                     }
                     paged = Some(r);
                 } else {
-                    // The tree runs while its pages still arrive.
-                    self.source.read_ahead(true);
-                    proving = prove_behind.then(prove);
-                    published = on_running();
+                    // The tree runs (once released, where CRIU left it
+                    // stopped) while its pages still arrive.
+                    ran = releasing.is_none_or(|r| r.join().unwrap_or(false));
+                    if ran {
+                        running = resumed.get().map_or(running, |t| (*t - started).as_secs_f64());
+                        self.source.read_ahead(true);
+                        proving = prove_behind.then(prove);
+                        published = on_running();
+                    }
                 }
             } else {
                 // The restore failed (or, without -d, the tree ended badly):
@@ -509,7 +562,7 @@ impl LazyRestore<'_> {
             let paged = paged
                 .or_else(|| paging.map(|p| p.join().unwrap_or(Err(Error::Cancelled))))
                 .unwrap_or(Err(Error::Cancelled));
-            (paged, proof, status, running, published)
+            (paged, proof, status, running, published, ran)
         });
         let mut ended = String::new();
         if paged.is_err() || proof.is_err() {
@@ -528,10 +581,10 @@ impl LazyRestore<'_> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
         let resident = report.resident.map_or(started.elapsed(), |t| t - started).as_secs_f64();
-        let failed = if hold {
-            "restore failed, held tree killed before it ran"
-        } else {
+        let failed = if ran {
             "lazy restore failed, restored tree killed"
+        } else {
+            "restore failed before the restored tree ran"
         };
         let failed = if ended.is_empty() { failed.to_string() } else { format!("{failed}: {ended}") };
         paged.and(proof).map_err(|e| e.context(failed))?;
@@ -577,20 +630,14 @@ fn mostly_zstd(source: &dyn BlockSource) -> bool {
     zstd * 2 > all
 }
 
-/// Opens the archive of a lazy restore. The tree runs before its pages are
-/// in, so the archive and its parents are walked whole first: an archive
-/// whose records disagree with its index (reordered entries with every
-/// check recomputed pass each block's own checks) stops the restore while
-/// nothing runs, never after the tree ran on pages in the wrong place. The
-/// proof of the stored bytes runs behind the tree (first with
-/// `verify_first`).
-pub fn open_for_lazy(o: &RestoreOptions) -> Result<Arc<Archive>> {
-    let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
-    crate::archive::open(&o.input, &how)
-}
-
-/// Restores `archive` (from [`open_for_lazy`]) lazily: see the module
-/// documentation.
+/// Restores `archive` lazily (see the module documentation), opened as
+/// every restore opens it (`checkpoint::open_for_restore`: from its index,
+/// the archive and its parents walked behind). CRIU restores the tree
+/// stopped while the walks run, and the tree runs once they have proven the
+/// index its images and pages came from: an archive whose records disagree
+/// with its index (reordered entries with every check recomputed pass each
+/// block's own checks) stops the restore while nothing runs. The proof of
+/// the stored bytes runs behind the tree (first with `verify_first`).
 pub fn restore_lazy(
     o: &RestoreOptions,
     archive: Arc<Archive>,
@@ -598,7 +645,14 @@ pub fn restore_lazy(
     criu: &Criu,
     threads: usize,
 ) -> Result<LazyReport> {
-    restore_through_pager(o, archive, started, criu, Fill::Lazy, threads)
+    let walked = archive.clone();
+    // Pages that needed the parents fail as cancelled: the walk says why.
+    restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads).map_err(|e| {
+        match walked.parents_walked() {
+            Err(why) => why,
+            Ok(()) => e,
+        }
+    })
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -646,9 +700,9 @@ fn restore_through_pager(
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
-    if matches!(fill, Fill::Held { .. }) {
-        cmd.arg("--leave-stopped");
-    }
+    // Held until every page is in (placed), or until the walks behind have
+    // proven the archive (lazy).
+    cmd.arg("--leave-stopped");
     let victim = Victim::Tree(pids);
     let lazy = LazyRestore {
         source,

@@ -32,7 +32,9 @@ use crate::session::place::{self, HeldFill, Missing, Target};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -141,6 +143,49 @@ impl Abort {
     }
 }
 
+/// For a tree CRIU leaves stopped until something else lets it run (a
+/// lazy restore's walks behind): tells that thing when CRIU has handed over
+/// all of the tree's memory, and holds the pager's fill back until the tree
+/// runs (on 2 cores the fill slowed the walks the tree waits for). Faults
+/// are served meanwhile: nothing waits on the pager.
+pub(crate) struct FillGate {
+    finished: Mutex<Option<Sender<()>>>,
+    open: AtomicBool,
+    wake: UnixStream,
+    woken: UnixStream,
+}
+
+impl FillGate {
+    /// The gate, and where its handover is told (nothing is told, the
+    /// sender dropped, if the pager ends before: see [`FillGate::close`]).
+    pub(crate) fn new() -> std::io::Result<(FillGate, Receiver<()>)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (wake, woken) = UnixStream::pair()?;
+        Ok((FillGate { finished: Mutex::new(Some(tx)), open: AtomicBool::new(false), wake, woken }, rx))
+    }
+
+    /// Lets the fill start (the tree runs).
+    pub(crate) fn open(&self) {
+        self.open.store(true, Ordering::Release);
+        let _ = self.wake.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Says that no handover will be told any more.
+    pub(crate) fn close(&self) {
+        self.finished.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    fn tell_finished(&self) {
+        if let Some(tx) = self.finished.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
 /// How many faulted pages are kept for the working set record.
 pub(crate) const TOUCHED_MAX: usize = 1 << 20;
 
@@ -199,16 +244,27 @@ impl<'a> Pager<'a> {
 
     /// Serves the tree until every lazy page is in place, or `stop` becomes
     /// readable (the restore failed: nothing will come), or `abort` says to
-    /// fail. The report, also on error, says how far it got.
-    pub(crate) fn run(&mut self, listener: &UnixListener, stop: &UnixStream, abort: &Abort) -> Result<()> {
+    /// fail. The report, also on error, says how far it got. With `gate`,
+    /// the fill waits for it (see [`FillGate`]).
+    pub(crate) fn run(
+        &mut self,
+        listener: &UnixListener,
+        stop: &UnixStream,
+        abort: &Abort,
+        gate: Option<&FillGate>,
+    ) -> Result<()> {
         let mut criu: Option<UnixStream> = None;
         let mut woken = false;
         loop {
             if let Some(why) = abort.why.get().filter(|_| self.finished) {
                 return Err(why.duplicate());
             }
-            let busy = !self.faults.is_empty() || (self.finished && self.spaces.iter().any(|s| !s.missing.is_empty()));
-            if self.finished && !busy {
+            // One look at the gate per turn: should it open after, the poll
+            // below sees its wake (level-triggered, for good).
+            let gate_shut = gate.filter(|g| !g.is_open());
+            let filling = self.finished && gate_shut.is_none();
+            let busy = !self.faults.is_empty() || (filling && self.spaces.iter().any(|s| !s.missing.is_empty()));
+            if filling && !busy {
                 self.report.resident = Some(Instant::now());
                 if self.had_working_set {
                     self.report.working_set_in.get_or_insert(Instant::now());
@@ -218,6 +274,12 @@ impl<'a> Pager<'a> {
             let mut fds = vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
             fds.push(libc::pollfd {
                 fd: if woken { -1 } else { abort.woken.as_raw_fd() },
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // Until the gate opens, its opening wakes the poll.
+            fds.push(libc::pollfd {
+                fd: gate_shut.map_or(-1, |g| g.woken.as_raw_fd()),
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -271,8 +333,13 @@ impl<'a> Pager<'a> {
                     self.read_events(i)?;
                 }
             }
+            if self.finished {
+                if let Some(g) = gate {
+                    g.tell_finished();
+                }
+            }
             self.serve_faults()?;
-            if self.faults.is_empty() && self.finished {
+            if self.faults.is_empty() && filling {
                 match self.held_fill.take() {
                     Some(how) => self.fill_held(&how)?,
                     None => self.fill_one()?,

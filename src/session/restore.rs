@@ -75,7 +75,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Stream => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Placed => placed(checkpoint::open_for_restore(o)?, None),
         How::Lazy => {
-            let source = lazy::open_for_lazy(o)?;
+            let source = checkpoint::open_for_restore(o)?;
             if source.find(crate::cuda::RECORD_FILE).is_some() {
                 // A CUDA process's resume copies all of its device memory
                 // back from host memory at once: lazily, every page of it

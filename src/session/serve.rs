@@ -163,16 +163,12 @@ pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min
         if raw_pos % PAGE_SIZE as u64 != 0 {
             return Ok(None);
         }
-        let first = raw_pos / PAGE_SIZE as u64;
-        for p in 0..h.pages() {
-            if h.is_zero_page(p) {
-                zero.insert_growing((first + p as u64) as usize);
-            }
+        if !h.zero_bitmap.is_empty() {
+            zero.insert_shifted(&h.zero_bitmap, (raw_pos / PAGE_SIZE as u64) as usize, h.pages());
         }
         i += 1;
     }
-    let is_zero = |p: u64| zero.contains(p as usize);
-    Ok(images::plan_runs(&mm, pagemap, &is_zero, min_run))
+    Ok(images::plan_runs(&mm, pagemap, &zero, min_run))
 }
 
 /// One block made ready for CRIU's pipe: the bytes CRIU must read, without

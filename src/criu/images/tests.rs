@@ -28,7 +28,10 @@ fn zero_pages_of_private_anonymous_memory_are_left_out() {
     };
     let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 7 }.encode_to_vec(), entry(0x10000, 4), entry(0x20000, 4)]);
     // pages 0..8: anon 0 1 2 3, file 4 5 6 7; zero: 1, 2, 5
-    let zero = |p: u64| [1, 2, 5].contains(&p);
+    let mut zero = PageBits::new();
+    for p in [1, 2, 5] {
+        zero.insert_growing(p);
+    }
     let plan = plan(&mm, &pm, &zero).unwrap();
     assert_eq!(plan.pages_id, 7);
     assert_eq!(plan.skipped_pages, 2);
@@ -54,7 +57,10 @@ fn only_long_zero_runs_are_left_out_when_asked() {
     };
     let pm = image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 3 }.encode_to_vec(), e.encode_to_vec()]);
     // Zero: 2..5 (too short to leave out), 10..30 (long), 39 (short, at the end).
-    let zero = |p: u64| (2..5).contains(&p) || (10..30).contains(&p) || p == 39;
+    let mut zero = PageBits::new();
+    zero.insert_range(2, 5);
+    zero.insert_range(10, 30);
+    zero.insert_growing(39);
     let plan = plan_runs(&mm, &pm, &zero, 16).unwrap();
     assert_eq!(plan.skipped_pages, 20);
     assert!((0..40).all(|p| plan.is_skipped(p) == (10..30).contains(&p)));
@@ -150,7 +156,9 @@ fn a_pagemap_with_fields_we_do_not_know_gets_no_plan() {
         PagemapEntry { vaddr: 0x10000, nr_pages: 4, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }
             .encode_to_vec();
     let pm = |entry: &[u8]| image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 1 }.encode_to_vec(), entry.to_vec()]);
-    assert!(plan(&mm, &pm(&entry), &|_| true).is_some(), "the plain pagemap gets a plan");
+    let mut all = PageBits::new();
+    all.insert_range(0, 4);
+    assert!(plan(&mm, &pm(&entry), &all).is_some(), "the plain pagemap gets a plan");
     // Pages compressed by CRIU itself (upstream `--compress`, PR 2895):
     // the sizes of the compressed blocks are in new pagemap fields, and
     // "page N of the pages image" no longer means N * 4096 bytes in. Both
@@ -165,17 +173,116 @@ fn a_pagemap_with_fields_we_do_not_know_gets_no_plan() {
     for extra in [compressed_a, compressed_b] {
         let mut e = entry.clone();
         e.extend_from_slice(&extra);
-        assert!(plan(&mm, &pm(&e), &|_| true).is_none(), "a compressed pagemap must get no plan");
+        assert!(plan(&mm, &pm(&e), &all).is_none(), "a compressed pagemap must get no plan");
     }
     // PE_PAYLOAD_ALIGNED (1 << 3), which compressed images use, is unknown to the plan too.
     let aligned =
         PagemapEntry { flags: Some(PE_PRESENT | 8), ..PagemapEntry::decode(&entry[..]).unwrap() }.encode_to_vec();
-    assert!(plan(&mm, &pm(&aligned), &|_| true).is_none());
+    assert!(plan(&mm, &pm(&aligned), &all).is_none());
     entry.extend_from_slice(&[9 << 3, 1]);
-    assert!(plan(&mm, &pm(&entry), &|_| true).is_none(), "any unknown field must disable the plan");
+    assert!(plan(&mm, &pm(&entry), &all).is_none(), "any unknown field must disable the plan");
 }
 
 #[test]
 fn unexpected_images_get_no_plan() {
-    assert!(plan(b"garbage", b"garbage", &|_| true).is_none());
+    assert!(plan(b"garbage", b"garbage", &PageBits::with_pages(8)).is_none());
+}
+
+/// The plan page by page, as a reference: (kept entries as (vaddr, pages),
+/// pages left out).
+fn plan_page_by_page(
+    vmas: &[(u64, u64, bool)],
+    entries: &[(u64, u64)],
+    zero: &[bool],
+    min_run: u64,
+) -> (Vec<(u64, u64)>, Vec<u64>) {
+    let anon = |a: u64| vmas.iter().any(|&(s, e, anon)| anon && s <= a && a < e);
+    let (mut kept, mut left_out, mut page) = (Vec::new(), Vec::new(), 0u64);
+    for &(vaddr, nr) in entries {
+        let skippable = |i: u64| zero[(page + i) as usize] && anon(vaddr + i * 4096);
+        let (mut i, mut run): (u64, Option<(u64, u64)>) = (0, None);
+        while i < nr {
+            let mut end = i;
+            while end < nr && skippable(end) {
+                end += 1;
+            }
+            if end > i && end - i >= min_run {
+                left_out.extend(page + i..page + end);
+                kept.extend(run.take());
+                i = end;
+                continue;
+            }
+            let upto = end.max(i + 1);
+            run = Some(run.map_or((vaddr + i * 4096, upto - i), |(s, n)| (s, n + upto - i)));
+            i = upto;
+        }
+        kept.extend(run);
+        page += nr;
+    }
+    (kept, left_out)
+}
+
+#[test]
+fn zero_runs_found_a_byte_at_a_time_match_page_by_page() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    for round in 0..300u64 {
+        // VMAs back to back, anonymous or file-backed; entries inside them,
+        // some crossing from one into the next.
+        let mut vmas = Vec::new();
+        let mut at = 0x100000u64;
+        for _ in 0..1 + rand(4) {
+            let len = (1 + rand(90)) * 4096;
+            vmas.push((at, at + len, rand(3) != 0));
+            at += len + rand(2) * 4096;
+        }
+        let mut entries = Vec::new();
+        let mut a = vmas[0].0;
+        while a < at && entries.len() < 6 {
+            let nr = 1 + rand(120);
+            entries.push((a, nr));
+            a += (nr + rand(4)) * 4096;
+        }
+        let pages: u64 = entries.iter().map(|e| e.1).sum();
+        let dense = round % 3;
+        let zero: Vec<bool> = (0..pages).map(|_| rand(4) < dense + 1).collect();
+        let min_run = [1, 2, 16][round as usize % 3];
+
+        let mm = MmEntry {
+            vmas: vmas
+                .iter()
+                .map(|&(s, e, is_anon)| {
+                    if is_anon {
+                        vma(s, e, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)
+                    } else {
+                        vma(s, e, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6))
+                    }
+                })
+                .collect(),
+        };
+        let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+        let mut objs = vec![PagemapHead { pages_id: 2 }.encode_to_vec()];
+        for &(vaddr, nr) in &entries {
+            let e =
+                PagemapEntry { vaddr, nr_pages: nr as u32, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None };
+            objs.push(e.encode_to_vec());
+        }
+        let pm = image(PAGEMAP_MAGIC, &objs);
+        let mut bits = PageBits::new();
+        for (p, _) in zero.iter().enumerate().filter(|(_, z)| **z) {
+            bits.insert_growing(p);
+        }
+        let plan = plan_runs(&mm, &pm, &bits, min_run).unwrap();
+        let (kept, left_out) = plan_page_by_page(&vmas, &entries, &zero, min_run);
+        let got: Vec<(u64, u64)> = self::entries(&plan.pagemap).into_iter().map(|(v, n, _)| (v, n)).collect();
+        assert_eq!(got, kept, "round {round}: kept entries");
+        assert_eq!(plan.skipped_pages, left_out.len() as u64, "round {round}");
+        assert!((0..pages).all(|p| plan.is_skipped(p) == left_out.contains(&p)), "round {round}: pages left out");
+    }
 }
