@@ -389,8 +389,9 @@ impl LazyRestore<'_> {
         started: Instant,
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
-        let (hold, stopped, planned) = match self.fill {
-            Fill::Held { planned } => (true, true, planned),
+        // `gated`: a lazy tree CRIU leaves stopped, let run by the walks.
+        let (hold, gated, planned) = match self.fill {
+            Fill::Held { planned } => (true, false, planned),
             Fill::Lazy { stopped } => (false, stopped, None),
         };
         let blocks = Blocks::new(self.source.clone());
@@ -430,7 +431,7 @@ impl LazyRestore<'_> {
         let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
         let source = &*self.source;
-        let (fill_gate, finished) = match stopped && !hold {
+        let (fill_gate, finished) = match gated {
             true => FillGate::new().map(|(g, rx)| (Some(g), Some(rx)))?,
             false => (None, None),
         };
@@ -645,14 +646,7 @@ pub fn restore_lazy(
     criu: &Criu,
     threads: usize,
 ) -> Result<LazyReport> {
-    let walked = archive.clone();
-    // Pages that needed the parents fail as cancelled: the walk says why.
-    restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads).map_err(|e| {
-        match walked.parents_walked() {
-            Err(why) => why,
-            Ok(()) => e,
-        }
-    })
+    restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads)
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -672,17 +666,28 @@ pub(crate) fn restore_placed(
     threads: usize,
     planned: Option<Placement>,
 ) -> Result<LazyReport> {
+    restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads)
+}
+
+/// A bare tree's restore through the pager, its archive's parents walked
+/// behind (`checkpoint::open_for_restore`): pages that needed them fail as
+/// cancelled, and the walk says why.
+fn restore_through_pager(
+    o: &RestoreOptions,
+    archive: Arc<Archive>,
+    started: Instant,
+    criu: &Criu,
+    fill: Fill,
+    threads: usize,
+) -> Result<LazyReport> {
     let walked = archive.clone();
-    // Pages that needed the parents fail as cancelled: the walk says why.
-    restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads).map_err(|e| {
-        match walked.parents_walked() {
-            Err(why) => why,
-            Ok(()) => e,
-        }
+    restore_bare_tree(o, archive, started, criu, fill, threads).map_err(|e| match walked.parents_walked() {
+        Err(why) => why,
+        Ok(()) => e,
     })
 }
 
-fn restore_through_pager(
+fn restore_bare_tree(
     o: &RestoreOptions,
     archive: Arc<Archive>,
     started: Instant,
