@@ -646,7 +646,8 @@ pub fn restore_lazy(
     criu: &Criu,
     threads: usize,
 ) -> Result<LazyReport> {
-    restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads)
+    let walked = archive.clone();
+    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads))
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -666,28 +667,21 @@ pub(crate) fn restore_placed(
     threads: usize,
     planned: Option<Placement>,
 ) -> Result<LazyReport> {
-    restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads)
+    let walked = archive.clone();
+    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads))
 }
 
-/// A bare tree's restore through the pager, its archive's parents walked
-/// behind (`checkpoint::open_for_restore`): pages that needed them fail as
-/// cancelled, and the walk says why.
-fn restore_through_pager(
-    o: &RestoreOptions,
-    archive: Arc<Archive>,
-    started: Instant,
-    criu: &Criu,
-    fill: Fill,
-    threads: usize,
-) -> Result<LazyReport> {
-    let walked = archive.clone();
-    restore_bare_tree(o, archive, started, criu, fill, threads).map_err(|e| match walked.parents_walked() {
+/// What a restore through the pager ended with. Its archive's parents are
+/// walked behind (`checkpoint::open_for_restore`): pages that needed them
+/// fail as cancelled, and the walk says why.
+fn parents_say_why(archive: &Archive, restored: Result<LazyReport>) -> Result<LazyReport> {
+    restored.map_err(|e| match archive.parents_walked() {
         Err(why) => why,
         Ok(()) => e,
     })
 }
 
-fn restore_bare_tree(
+fn restore_through_pager(
     o: &RestoreOptions,
     archive: Arc<Archive>,
     started: Instant,
