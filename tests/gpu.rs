@@ -272,6 +272,7 @@ fn a_restore_checks_the_gpus_before_criu_and_maps_them_on_request() {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let r = ok(out, "criuz restore --gpu-map --lazy");
     assert_eq!(r["fill"], "place", "{r}");
+    assert!(r["not_lazy"].as_str().is_some_and(|w| w.contains("CUDA")), "the report says why: {r}");
     assert!(err.contains("placed before the tree ran, not lazily"), "{err}");
     let log = fake.log();
     assert_eq!(calls(&log), ["restore restore", "unlock restore"], "{log:?}");

@@ -93,6 +93,9 @@ pub struct LazyReport {
     pub lazy_pages: u64,
     pub faults: u64,
     pub criu_exit: i32,
+    /// Why a lazy restore that was asked for placed the memory instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_lazy: Option<&'static str>,
 }
 
 /// Zero runs shorter than this stay in a lazy pagemap (copied in as zeros
@@ -431,10 +434,8 @@ impl LazyRestore<'_> {
         let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
         let source = &*self.source;
-        let (fill_gate, finished) = match gated {
-            true => FillGate::new().map(|(g, rx)| (Some(g), Some(rx)))?,
-            false => (None, None),
-        };
+        let fill_gate = if gated { Some(FillGate::new()?) } else { None };
+        let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
         // Decoders while the tree runs: where zstd blocks dominate, decoding
         // is slower than copying, so every core but one (left to the tree)
         // decodes; LZ4 and raw blocks decode faster than one thread copies
@@ -474,7 +475,7 @@ impl LazyRestore<'_> {
             // what the walks find fails the pager, which kills the tree
             // before it ran. The pager serves faults meanwhile but fills
             // nothing in (`FillGate`).
-            let releasing = fill_gate.as_ref().zip(finished).map(|(gate, finished)| {
+            let releasing = fill_gate.as_ref().map(|gate| {
                 let (resumed, abort) = (&resumed, &abort);
                 s.spawn(move || {
                     if finished.recv().is_err() {
@@ -494,11 +495,9 @@ impl LazyRestore<'_> {
                     }
                 })
             });
+            let gated = fill_gate.as_ref().map(|g| (g, finished_tx));
             let paging = s.spawn(|| {
-                let gate = fill_gate.as_ref();
-                let mut r = pager.run(&listener, &stop_rx, &abort, gate);
-                // Nothing more to tell the release.
-                gate.inspect(|g| g.close());
+                let mut r = pager.run(&listener, &stop_rx, &abort, gated);
                 if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
                     // archive opened while it still arrived must be proven
@@ -612,6 +611,7 @@ impl LazyRestore<'_> {
                 lazy_pages: report.pages,
                 faults: report.faults,
                 criu_exit: status.code().unwrap_or(-1),
+                not_lazy: None,
             },
         ))
     }

@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::mpsc::Sender;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -144,24 +144,19 @@ impl Abort {
 }
 
 /// For a tree CRIU leaves stopped until something else lets it run (a
-/// lazy restore's walks behind): tells that thing when CRIU has handed over
-/// all of the tree's memory, and holds the pager's fill back until the tree
+/// lazy restore's walks behind): holds the pager's fill back until the tree
 /// runs (on 2 cores the fill slowed the walks the tree waits for). Faults
 /// are served meanwhile: nothing waits on the pager.
 pub(crate) struct FillGate {
-    finished: Mutex<Option<Sender<()>>>,
     open: AtomicBool,
     wake: UnixStream,
     woken: UnixStream,
 }
 
 impl FillGate {
-    /// The gate, and where its handover is told (nothing is told, the
-    /// sender dropped, if the pager ends before: see [`FillGate::close`]).
-    pub(crate) fn new() -> std::io::Result<(FillGate, Receiver<()>)> {
-        let (tx, rx) = std::sync::mpsc::channel();
+    pub(crate) fn new() -> std::io::Result<FillGate> {
         let (wake, woken) = UnixStream::pair()?;
-        Ok((FillGate { finished: Mutex::new(Some(tx)), open: AtomicBool::new(false), wake, woken }, rx))
+        Ok(FillGate { open: AtomicBool::new(false), wake, woken })
     }
 
     /// Lets the fill start (the tree runs).
@@ -170,21 +165,14 @@ impl FillGate {
         let _ = self.wake.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Says that no handover will be told any more.
-    pub(crate) fn close(&self) {
-        self.finished.lock().unwrap_or_else(|p| p.into_inner()).take();
-    }
-
-    fn tell_finished(&self) {
-        if let Some(tx) = self.finished.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = tx.send(());
-        }
-    }
-
     fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
 }
+
+/// A gated fill ([`Pager::run`]): the gate, and where to tell that CRIU has
+/// handed over all of the tree's memory (dropped untold if it never did).
+pub(crate) type Gated<'g> = (&'g FillGate, Sender<()>);
 
 /// How many faulted pages are kept for the working set record.
 pub(crate) const TOUCHED_MAX: usize = 1 << 20;
@@ -244,15 +232,16 @@ impl<'a> Pager<'a> {
 
     /// Serves the tree until every lazy page is in place, or `stop` becomes
     /// readable (the restore failed: nothing will come), or `abort` says to
-    /// fail. The report, also on error, says how far it got. With `gate`,
-    /// the fill waits for it (see [`FillGate`]).
+    /// fail. The report, also on error, says how far it got. With `gated`,
+    /// the fill waits for its gate (see [`FillGate`]).
     pub(crate) fn run(
         &mut self,
         listener: &UnixListener,
         stop: &UnixStream,
         abort: &Abort,
-        gate: Option<&FillGate>,
+        gated: Option<Gated<'_>>,
     ) -> Result<()> {
+        let (gate, mut finished) = gated.unzip();
         let mut criu: Option<UnixStream> = None;
         let mut woken = false;
         loop {
@@ -334,8 +323,8 @@ impl<'a> Pager<'a> {
                 }
             }
             if self.finished {
-                if let Some(g) = gate {
-                    g.tell_finished();
+                if let Some(tx) = finished.take() {
+                    let _ = tx.send(());
                 }
             }
             self.serve_faults()?;

@@ -81,7 +81,10 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
                 // back from host memory at once: lazily, every page of it
                 // faults in one at a time (a 21.7 GB image on 16 cores: first
                 // answer 14.3-15.3 s lazily, 8.9 s placed; BENCHMARKS.md).
-                placed(source, None)
+                let why = "its CUDA processes read all their memory as they resume: placed before the tree ran, \
+                           not lazily";
+                lazy::restore_placed(o, source, started, criu, archive.threads, None)
+                    .map(|r| Restored::Placed(LazyReport { not_lazy: Some(why), ..r }))
             } else {
                 lazy::restore_lazy(o, source, started, criu, archive.threads).map(Restored::Lazy)
             }

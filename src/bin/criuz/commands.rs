@@ -14,6 +14,7 @@ use criuz::progress::{Meter, Progress, Ticker};
 use criuz::session::checkpoint::{self, DumpOptions};
 use criuz::session::criu_run::RestoreOptions;
 
+use criuz::session::lazy::LazyReport;
 use criuz::session::restore::{How, Restored};
 use criuz::session::standalone;
 use std::path::{Path, PathBuf};
@@ -256,12 +257,8 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     let r = criuz::session::restore::restore(o, how, &threads.options(), &c);
     drop(ticker);
     let r = r?;
-    if how == How::Lazy && matches!(r, Restored::Placed(_)) {
-        eprintln!(
-            "criuz: {}: its CUDA processes read all their memory as they resume: placed before the tree ran, \
-             not lazily",
-            o.input
-        );
+    if let Restored::Placed(LazyReport { not_lazy: Some(why), .. }) = &r {
+        eprintln!("criuz: {}: {why}", o.input);
     }
     if json {
         print::json(&r, false)?;
