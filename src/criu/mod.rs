@@ -1,7 +1,7 @@
 //! The CRIU side: finding a usable CRIU (>= 4.0) here; its streamer protocol
 //! (`streamer`), handing bytes to its pipes (`splice`), the few image files
-//! criuz reads (`images`) and CRIU's dump statistics (`stats`) in the
-//! submodules.
+//! criuz reads (`images`), CRIU's dump statistics (`stats`) and its version
+//! (`version`, remembered per binary) in the submodules.
 //!
 //! Order: `--criu PATH`, then `$CRIUZ_CRIU`, then the build cache that
 //! `scripts/setup.sh` fills (`$CRIUZ_CACHE`, else `$XDG_CACHE_HOME/criuz`, else
@@ -10,7 +10,6 @@
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 pub mod images;
 pub mod page_server;
@@ -19,6 +18,7 @@ pub mod splice;
 pub mod stats;
 pub mod streamer;
 pub mod uffd;
+mod version;
 
 pub const MIN_MAJOR: u32 = 4;
 /// Versions `scripts/setup.sh` may have built into the cache, newest first.
@@ -55,13 +55,7 @@ pub fn cache_dir() -> PathBuf {
 
 /// `Version: 4.1.1` -> (4, "4.1.1")
 fn probe_version(path: &Path) -> std::result::Result<(u32, String), String> {
-    let out = Command::new(path).arg("--version").output().map_err(|e| format!("cannot run: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Version:"))
-        .map(|v| v.trim().to_string())
-        .ok_or_else(|| "no version in `criu --version` output".to_string())?;
+    let version = version::version_of(path, &version::record_path(&cache_dir()))?;
     let major = version.split('.').next().and_then(|m| m.parse().ok()).ok_or(format!("odd version {version}"))?;
     Ok((major, version))
 }
