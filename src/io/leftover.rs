@@ -52,18 +52,39 @@ pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBu
 }
 
 /// Runs `make` (which makes a staging entry and publishes it held) again
-/// when it fails. Another criuz's sweep (`remove_abandoned`) takes a staging
-/// entry that is not yet locked: ours, in the instant between its creation
-/// and its lock, when several start together. Then ours is gone or locked
-/// by the sweeper, and `make` makes it anew; after [`STAGING_TRIES`] more
-/// tries the last error stands.
-pub fn made_again_if_swept<T, E>(mut make: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+/// when it fails as another criuz's sweep (`remove_abandoned`) makes it
+/// fail. Such a sweep takes a staging entry that is not yet locked: ours,
+/// in the instant between its creation and its lock, when several start
+/// together. Then ours is gone, locked by the sweeper, or its name still
+/// taken until the sweeper removes it ([`MaybeSwept`]), and `make` makes it
+/// anew; after [`STAGING_TRIES`] more tries the last error stands. Any other
+/// failure (no permission, no space) stands at once.
+pub fn made_again_if_swept<T, E: MaybeSwept>(mut make: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let mut tries = 0;
     loop {
         match make() {
-            Err(_) if tries < STAGING_TRIES => tries += 1,
+            Err(e) if e.maybe_swept() && tries < STAGING_TRIES => tries += 1,
             made => return made,
         }
+    }
+}
+
+/// Whether an error is one a sweep of our staging entry by another criuz
+/// causes (see [`made_again_if_swept`]).
+pub trait MaybeSwept {
+    fn maybe_swept(&self) -> bool;
+}
+
+impl MaybeSwept for std::io::Error {
+    fn maybe_swept(&self) -> bool {
+        use std::io::ErrorKind::{AlreadyExists, NotFound, WouldBlock};
+        matches!(self.kind(), NotFound | WouldBlock | AlreadyExists)
+    }
+}
+
+impl MaybeSwept for crate::error::Error {
+    fn maybe_swept(&self) -> bool {
+        matches!(self, crate::error::Error::File { err, .. } if err.maybe_swept())
     }
 }
 
@@ -267,6 +288,25 @@ mod tests {
         });
         let made: Vec<_> = made.into_iter().map(|m| m.expect("every maker gets its directory")).collect();
         assert_eq!(made.iter().map(Vec::len).sum::<usize>(), 1600);
+    }
+
+    /// Only what a sweep causes is tried again: a refusal stands at once.
+    #[test]
+    fn only_a_swept_entry_is_made_again() {
+        let kinds = [std::io::ErrorKind::PermissionDenied, std::io::ErrorKind::NotFound];
+        let tries: Vec<u32> = kinds
+            .iter()
+            .map(|&kind| {
+                let mut tries = 0;
+                let made: std::io::Result<()> = made_again_if_swept(|| {
+                    tries += 1;
+                    Err(std::io::Error::from(kind))
+                });
+                assert_eq!(made.map_err(|e| e.kind()), Err(kind));
+                tries
+            })
+            .collect();
+        assert_eq!(tries, [1, STAGING_TRIES + 1]);
     }
 
     #[test]
