@@ -219,8 +219,15 @@ fn a_runc_container_using_cuda_is_suspended_and_resumed() {
     assert!(log().lines().all(|l| l.contains("tracer=0")), "{}", log());
     assert_eq!(state(), "2");
     std::fs::remove_file(fake.path().join("log")).unwrap();
-    let head = ["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu)];
-    ok(r.criuz_with(&head, &env), "criuz runc restore of a CUDA container");
+    let head = ["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu), "--json"];
+    let out = ok(r.criuz_with(&head, &env), "criuz runc restore of a CUDA container");
+    // Lazy by default, but not with CUDA: the driver's resume reads every
+    // page at once, so every page is written before the container runs.
+    let json = &out.stderr[out.stderr.iter().position(|&b| b == b'{').unwrap()..];
+    let report: serde_json::Value = serde_json::from_slice(json).unwrap();
+    assert!(report["eager"].is_object(), "{report}");
+    assert!(report["not_lazy"].as_str().is_some_and(|w| w.contains("CUDA")), "{report}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not lazily"));
     assert_eq!(calls(), ["restore", "unlock"], "{}", log());
     assert_eq!(state(), "0");
     assert_eq!(r.sum(), before, "memory after a restore of a CUDA container");

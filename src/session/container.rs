@@ -392,6 +392,10 @@ pub struct ContainerRestoreReport {
     pub seconds: f64,
     /// CUDA restore and unlock of the container's processes, after runc.
     pub cuda_resume_seconds: Option<f64>,
+    /// Why a restore that would have been lazy (asked, or the default) was
+    /// eager: the kernel gives no userfaultfd, or the container uses CUDA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_lazy: Option<&'static str>,
     /// In JSON, an `eager` or a `lazy` object beside `seconds`.
     #[serde(flatten)]
     pub how: RestoredHow,
@@ -422,13 +426,17 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let started = Instant::now();
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
-    let lazy = match o.memory {
-        Memory::Lazy => true,
-        Memory::Eager => false,
-        Memory::Auto => uffd::lazy_restore_available(),
-    };
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
+    let (lazy, not_lazy) = match o.memory {
+        Memory::Eager => (false, None),
+        // As `restore --lazy` of a CUDA archive places its memory first
+        // (`session::restore`): the driver's resume reads all of it at once.
+        _ if cuda.is_some() => (false, Some(CUDA_NOT_LAZY)),
+        Memory::Lazy => (true, None),
+        Memory::Auto if uffd::lazy_restore_available() => (true, None),
+        Memory::Auto => (false, Some(NO_USERFAULTFD)),
+    };
     // Once runc has the container running: its CUDA processes resumed, or
     // the container killed.
     let resume = || -> Result<Option<f64>> {
@@ -470,6 +478,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         return Ok(ContainerRestoreReport {
             seconds: started.elapsed().as_secs_f64(),
             cuda_resume_seconds: cuda_resumed.get(),
+            not_lazy,
             how: RestoredHow::Lazy(report),
         });
     }
@@ -485,9 +494,16 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     Ok(ContainerRestoreReport {
         seconds: started.elapsed().as_secs_f64(),
         cuda_resume_seconds,
+        not_lazy,
         how: RestoredHow::Eager { unpack_seconds, bytes: st.bytes, zero_pages_skipped },
     })
 }
+
+/// Why a container using CUDA is restored eagerly.
+const CUDA_NOT_LAZY: &str =
+    "its CUDA processes read all their memory as they resume: every page written before the container ran, not lazily";
+/// Why a lazy-by-default restore was eager.
+const NO_USERFAULTFD: &str = "this kernel gives no userfaultfd for a lazy restore: restored eagerly";
 
 fn runc_restore_args(cmd: &mut Command, o: &RuncRestore) {
     if let Some(b) = &o.bundle {

@@ -234,8 +234,8 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
             let input = location(&input)?;
             let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra, gpu_map };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
-            if memory == Memory::Auto && matches!(r.how, RestoredHow::Eager { .. }) {
-                eprintln!("criuz: this kernel gives no userfaultfd for a lazy restore: restored eagerly");
+            if let Some(why) = r.not_lazy {
+                eprintln!("criuz: {}: {why}", o.input);
             }
             if json {
                 print::json(&r, true)?;
