@@ -17,8 +17,9 @@ use workload::{Running, Tools};
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all]: zero,mixed,random,text,elf (memory patterns),
-    /// redis,jvm,python (applications)
+    /// Workloads, comma separated [default: all but shared]: zero,mixed,random,text,elf,bf16
+    /// (memory patterns), redis,jvm,python (applications); shared (text in shared anonymous
+    /// memory, which CRIU restores itself)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream and sync ones]:
@@ -153,8 +154,8 @@ impl Plan {
         let mut workloads: Vec<String> = Vec::new();
         for w in a.workloads.clone().unwrap_or_else(|| workload::all().iter().map(|s| s.to_string()).collect()) {
             let w = w.trim().to_string();
-            if !workload::all().contains(&w.as_str()) {
-                return Err(Error::Invalid(format!("unknown workload {w:?} (known: {})", workload::all().join(","))));
+            if !workload::known().contains(&w.as_str()) {
+                return Err(Error::Invalid(format!("unknown workload {w:?} (known: {})", workload::known().join(","))));
             }
             if !workloads.contains(&w) {
                 workloads.push(w);
@@ -369,7 +370,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let need = match w.as_str() {
             "redis" => Some("redis-server"),
             "jvm" => Some("java"),
-            p if workload::PATTERNS.contains(&p) && !workload_bin.is_file() => {
+            p if (workload::PATTERNS.contains(&p) || p == "shared") && !workload_bin.is_file() => {
                 unavailable.push((w.clone(), format!("{} not found", workload_bin.display())));
                 None
             }

@@ -23,8 +23,18 @@ pub const APPS: &[&str] = &["redis", "jvm", "python"];
 const JAVA_SOURCE: &str = include_str!("../../bench/BenchApp.java");
 const PYTHON_SOURCE: &str = include_str!("../../bench/bench_app.py");
 
+/// Run only when named: `shared` (the `text` pattern in shared anonymous
+/// memory, which CRIU restores itself, from the images criuz writes first).
+pub const ON_REQUEST: &[&str] = &["shared"];
+
+/// The workloads a run does by default.
 pub fn all() -> Vec<&'static str> {
     PATTERNS.iter().chain(APPS).copied().collect()
+}
+
+/// Every workload a run may name.
+pub fn known() -> Vec<&'static str> {
+    all().into_iter().chain(ON_REQUEST.iter().copied()).collect()
 }
 
 /// What the workloads need, prepared once per bench.
@@ -132,9 +142,13 @@ impl Running {
         let ready = dir.join("ready");
         let mut run = Running { pid: 0, dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
         match name {
-            p if PATTERNS.contains(&p) => {
+            p if PATTERNS.contains(&p) || p == "shared" => {
                 let mut cmd = Command::new(&tools.workload_bin);
-                cmd.arg("--dir").arg(dir).args(["--mib", &mib.to_string(), "--pattern", p]);
+                cmd.arg("--dir").arg(dir).arg("--mib").arg(mib.to_string());
+                match p {
+                    "shared" => cmd.args(["--pattern", "text", "--shared", "1"]),
+                    _ => cmd.args(["--pattern", p]),
+                };
                 run.pid = spawn_detached(cmd, &log)?;
                 run.kind = Kind::Pattern;
                 wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())

@@ -137,22 +137,6 @@ impl Blocks {
         Ok((data, starts[i]))
     }
 
-    /// Up to `n` pages from page `page` of image `file_id` (fewer at a block
-    /// end): the decoded block and the byte range in it.
-    pub(crate) fn pages(
-        &self,
-        dec: &mut Decoder,
-        file_id: u32,
-        page: u64,
-        n: u64,
-    ) -> Result<(Arc<Vec<u8>>, std::ops::Range<usize>)> {
-        let (data, first) = self.block_at(dec, file_id, page, n > 1)?;
-        let start = (page * PAGE_SIZE as u64 - first) as usize;
-        let whole = (data.len() - start) / PAGE_SIZE;
-        let take = (n as usize).min(whole);
-        Ok((data, start..start + take * PAGE_SIZE))
-    }
-
     /// Decodes the blocks after the last one asked for until `finish`. A
     /// block that fails is left to the request that needs it, which reports
     /// the failure.
