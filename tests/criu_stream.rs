@@ -109,8 +109,9 @@ fn zero_pages_are_left_out_and_restore_intact() {
 }
 
 /// The default eager restore places private memory itself; it streams
-/// where CRIU would restore much itself (a large shared memory segment,
-/// which placing would first write to $TMPDIR), and where asked to.
+/// where CRIU would restore much itself (a large shared memory segment, or
+/// more shared memory than private, which placing would first write to
+/// $TMPDIR), and where asked to.
 #[test]
 fn eager_restores_place_memory_unless_streaming_suits_better() {
     let fill = |r: &serde_json::Value| r["fill"].as_str().map(str::to_string);
@@ -122,13 +123,18 @@ fn eager_restores_place_memory_unless_streaming_suits_better() {
     assert!(r["lazy_pages"].as_u64().unwrap() > (32 << 20) / 4096 * 9 / 10, "{r}");
     let r = roundtrip(Spec { pattern: "text", ..Default::default() }, &[], &["--fill", "stream"]);
     assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
-    // A little shared memory: placed around it (CRIU restores it from the
-    // images criuz writes). Almost nothing is left to place, so criuz is done
-    // as soon as CRIU says the restore finished, before CRIU stops the tree
-    // and lets go of it: a tree let run too early was left stopped (one
-    // restore in three), its checksum never came.
+    // Memory that is nearly all shared: streamed by default (placing would
+    // write it to $TMPDIR for CRIU to read back, more than the stream costs).
+    let shared = || Spec { pattern: "text", shared: true, ..Default::default() };
+    let r = roundtrip(shared(), &[], &[]);
+    assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    // Placed when asked, around it (CRIU restores it from the images criuz
+    // writes). Almost nothing is left to place, so criuz is done as soon as
+    // CRIU says the restore finished, before CRIU stops the tree and lets
+    // go of it: a tree let run too early was left stopped (one restore in
+    // three), its checksum never came.
     for _ in 0..4 {
-        let r = roundtrip(Spec { pattern: "text", shared: true, ..Default::default() }, &[], &[]);
+        let r = roundtrip(shared(), &[], &["--fill", "place"]);
         assert_eq!(fill(&r).as_deref(), Some("place"), "{r}");
     }
     // More than PLACE_EAGER_MAX (256 MiB) of it: streamed.

@@ -159,11 +159,13 @@ fn lazy_pagemap(
 /// CRIU would still restore itself from images written to a work directory
 /// first (`eager_bytes`): every pages image that is not a process's private
 /// anonymous memory (shared memory, private file mappings) and the pages a
-/// process's pagemap does not mark lazy. Worked out once: deciding whether to
-/// place and writing the images both use it.
+/// process's pagemap does not mark lazy; and what criuz would copy in
+/// (`placed_bytes`). Worked out once: deciding whether to place and writing
+/// the images both use it.
 pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
     pub eager_bytes: u64,
+    pub placed_bytes: u64,
 }
 
 /// The archive's `Placement`; `None` where criuz cannot place the memory: a
@@ -182,13 +184,20 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
     }
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
     let mut eager_bytes = 0;
+    let mut placed_bytes = 0;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
-        eager_bytes += match images::pages_image_id(&f.name).and_then(|id| by_image.get(&id)) {
-            Some(l) => l.runs.iter().filter(|(r, _)| !r.lazy).map(|(r, _)| r.nr * PAGE_SIZE as u64).sum(),
-            None => f.raw_size,
+        let bytes = |l: &LazyPagemap, lazy: bool| -> u64 {
+            l.runs.iter().filter(|(r, _)| r.lazy == lazy).map(|(r, _)| r.nr.saturating_mul(PAGE_SIZE as u64)).sum()
         };
+        match images::pages_image_id(&f.name).and_then(|id| by_image.get(&id)) {
+            Some(l) => {
+                eager_bytes += bytes(l, false);
+                placed_bytes += bytes(l, true);
+            }
+            None => eager_bytes += f.raw_size,
+        }
     }
-    Ok(Some(Placement { pagemaps, eager_bytes }))
+    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes }))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),

@@ -16,7 +16,10 @@
 //! while the object downloads; placing would wait for all of it), for an
 //! archive whose pagemaps criuz does not understand, or where CRIU would
 //! still restore more than [`PLACE_EAGER_MAX`] itself (shared memory,
-//! private file mappings: placing writes those to `$TMPDIR` first).
+//! private file mappings: placing writes those to `$TMPDIR` first), or more
+//! than criuz would place: a copy into `$TMPDIR` that CRIU then reads costs
+//! more than the stream's one pipe (200 MiB of shared memory on 2 cores:
+//! placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md).
 
 use crate::archive::{BlockSource, Options};
 use crate::criu::{uffd, Criu};
@@ -93,7 +96,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
             match lazy::plan_placement(&*source)? {
-                Some(plan) if plan.eager_bytes <= PLACE_EAGER_MAX => placed(source, Some(plan)),
+                Some(plan) if plan.eager_bytes <= PLACE_EAGER_MAX.min(plan.placed_bytes) => placed(source, Some(plan)),
                 _ => checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager),
             }
         }
