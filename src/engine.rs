@@ -68,6 +68,42 @@ pub fn window_for(budget: usize, block_size: usize, threads: usize) -> usize {
     (budget / (2 * block_size.max(1))).max(2 * threads).max(2)
 }
 
+/// Runs `step` on `threads` threads (the caller's among them), each with a
+/// state of its own from `state` (its decoder, its buffer), until every
+/// thread's `step` says there is no more work (`Ok(false)`) or one fails:
+/// the first error stops the other threads before their next step and is
+/// returned. For work that needs no order, only that nothing goes on after
+/// a failure (a restore's blocks, placed or written for CRIU).
+pub fn until_done_or_failed<S>(
+    threads: usize,
+    state: impl Fn() -> S + Sync,
+    step: impl Fn(&mut S) -> Result<bool> + Sync,
+) -> Result<()> {
+    let stop = AtomicBool::new(false);
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    let work = || {
+        let mut own = state();
+        while !stop.load(Ordering::Relaxed) {
+            match step(&mut own) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads.max(1) {
+            s.spawn(work);
+        }
+        work();
+    });
+    failed.into_inner().unwrap_or_else(|p| p.into_inner()).map_or(Ok(()), Err)
+}
+
 /// Keeps an engine's workers back until its queue nears full or the hold is
 /// released (see the module doc).
 #[derive(Default)]
@@ -293,6 +329,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every item is taken once; after a failure no thread takes another,
+    /// and the failure is what the call returns.
+    #[test]
+    fn work_until_done_or_the_first_failure() {
+        use std::sync::atomic::AtomicUsize;
+        let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let step = |_: &mut ()| -> Result<bool> {
+            if next.fetch_add(1, Ordering::Relaxed) >= 1000 {
+                return Ok(false);
+            }
+            done.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        };
+        until_done_or_failed(4, || (), step).expect("no failure");
+        assert_eq!(done.load(Ordering::Relaxed), 1000);
+
+        let (next, after) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let step = |_: &mut ()| -> Result<bool> {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i == 10 {
+                return Err(Error::Usage("item 10".into()));
+            }
+            if i > 10 {
+                after.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(i < 1_000_000)
+        };
+        let err = until_done_or_failed(4, || (), step).expect_err("item 10 fails");
+        assert!(err.to_string().contains("item 10"), "{err}");
+        // Threads already inside a step may finish it; none goes on.
+        assert!(after.load(Ordering::Relaxed) < 1000, "work went on after the failure");
+    }
 
     #[test]
     fn the_default_absorb_is_a_share_of_available_memory() {

@@ -334,43 +334,24 @@ fn write_eager(
         }
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let failed: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
-    let work = || {
-        let mut dec = Decoder::new();
-        loop {
-            if failed.lock().expect("eager failure").is_some() {
-                return;
-            }
-            let Some((_, pieces)) = by_block.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) else {
-                return;
-            };
-            let written = (|| -> Result<()> {
-                let first = pieces.first().map_or(0, |&(page, _, _)| page);
-                let (block, base) = blocks.block_at(&mut dec, file, first, false).context(|| what.to_string())?;
-                for &(page, at, nr) in pieces {
-                    let page_bytes = |n: u64| usize::try_from(n.checked_mul(PAGE_SIZE as u64)?).ok();
-                    let from = page_bytes(page).and_then(|b| b.checked_sub(base as usize));
-                    let range = from.zip(page_bytes(nr)).and_then(|(f, len)| Some(f..f.checked_add(len)?));
-                    let bytes = range.and_then(|r| block.get(r)).ok_or_else(|| {
-                        Error::corrupt(0, format!("{what}: page {page} is not stored whole in its block"))
-                    })?;
-                    out.write_all_at(bytes, at * PAGE_SIZE as u64).at(path)?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = written {
-                failed.lock().expect("eager failure").get_or_insert(e);
-                return;
-            }
+    let step = |dec: &mut Decoder| -> Result<bool> {
+        let Some((_, pieces)) = by_block.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) else {
+            return Ok(false);
+        };
+        let first = pieces.first().map_or(0, |&(page, _, _)| page);
+        let (block, base) = blocks.block_at(dec, file, first, false).context(|| what.to_string())?;
+        for &(page, at, nr) in pieces {
+            let page_bytes = |n: u64| usize::try_from(n.checked_mul(PAGE_SIZE as u64)?).ok();
+            let from = page_bytes(page).and_then(|b| b.checked_sub(base as usize));
+            let range = from.zip(page_bytes(nr)).and_then(|(f, len)| Some(f..f.checked_add(len)?));
+            let bytes = range
+                .and_then(|r| block.get(r))
+                .ok_or_else(|| Error::corrupt(0, format!("{what}: page {page} is not stored whole in its block")))?;
+            out.write_all_at(bytes, at * PAGE_SIZE as u64).at(path)?;
         }
+        Ok(true)
     };
-    std::thread::scope(|s| {
-        for _ in 1..threads.clamp(1, by_block.len().max(1)) {
-            s.spawn(work);
-        }
-        work();
-    });
-    failed.into_inner().expect("eager failure").map_or(Ok(()), Err)
+    crate::engine::until_done_or_failed(threads.clamp(1, by_block.len().max(1)), Decoder::new, step)
 }
 
 /// Pages by pid that a lazy restore saw faulted (first touches, in order),

@@ -132,50 +132,22 @@ pub(crate) fn fill(
     how: &HeldFill,
 ) -> Result<Filled> {
     let cursor = Mutex::new(Cursor { ranges, next: 0, taken: 0 });
-    let failed: Mutex<Option<Error>> = Mutex::new(None);
-    let stop = AtomicBool::new(false);
     let pages = AtomicU64::new(0);
     let left: Mutex<Vec<Missing>> = Mutex::new(Vec::new());
     let gone: Vec<AtomicBool> = targets.iter().map(|_| AtomicBool::new(false)).collect();
-    let work = || {
-        let (mut dec, mut data) = (Decoder::new(), Vec::new());
-        while !stop.load(Ordering::Relaxed) {
-            let unit = match cursor.lock().expect("fill cursor").next_unit(targets, starts) {
-                Ok(Some(u)) => u,
-                Ok(None) => return,
-                Err(e) => {
-                    failed.lock().expect("fill failure").get_or_insert(e);
-                    stop.store(true, Ordering::Relaxed);
-                    return;
-                }
-            };
-            let copied = place_unit(source, targets, &unit, &gone, &mut dec, &mut data, &left);
-            match copied {
-                Ok(n) => {
-                    pages.fetch_add(n, Ordering::Relaxed);
-                    if let Some(m) = &how.meter {
-                        m.taken.fetch_add(n * PAGE, Ordering::Relaxed);
-                    }
-                }
-                Err(e) => {
-                    let pid = unit.pieces.first().map_or(0, |p| targets[p.space].pid);
-                    let e = e.context(format!("{}: pages of restored process {pid}", source.label()));
-                    failed.lock().expect("fill failure").get_or_insert(e);
-                    stop.store(true, Ordering::Relaxed);
-                    return;
-                }
-            }
+    let step = |(dec, data): &mut (Decoder, Vec<u8>)| -> Result<bool> {
+        let Some(unit) = cursor.lock().expect("fill cursor").next_unit(targets, starts)? else { return Ok(false) };
+        let n = place_unit(source, targets, &unit, &gone, dec, data, &left).map_err(|e| {
+            let pid = unit.pieces.first().map_or(0, |p| targets[p.space].pid);
+            e.context(format!("{}: pages of restored process {pid}", source.label()))
+        })?;
+        pages.fetch_add(n, Ordering::Relaxed);
+        if let Some(m) = &how.meter {
+            m.taken.fetch_add(n * PAGE, Ordering::Relaxed);
         }
+        Ok(true)
     };
-    std::thread::scope(|s| {
-        for _ in 1..how.threads.max(1) {
-            s.spawn(work);
-        }
-        work();
-    });
-    if let Some(e) = failed.into_inner().expect("fill failure") {
-        return Err(e);
-    }
+    crate::engine::until_done_or_failed(how.threads, || (Decoder::new(), Vec::new()), step)?;
     let gone = gone.iter().enumerate().filter(|(_, g)| g.load(Ordering::Relaxed)).map(|(i, _)| i).collect();
     Ok(Filled { pages: pages.into_inner(), left: left.into_inner().expect("fill leftovers"), gone })
 }
