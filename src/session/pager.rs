@@ -126,20 +126,41 @@ pub(crate) struct PagerReport {
 /// of a userfaultfd closes, as for a copy that failed.
 pub(crate) struct Abort {
     why: OnceLock<Error>,
-    wake: UnixStream,
-    woken: UnixStream,
+    wake: Wake,
 }
 
 impl Abort {
     pub(crate) fn new() -> std::io::Result<Abort> {
-        let (wake, woken) = UnixStream::pair()?;
-        Ok(Abort { why: OnceLock::new(), wake, woken })
+        Ok(Abort { why: OnceLock::new(), wake: Wake::new()? })
     }
 
     /// Makes the pager fail with `why` (the first failure given wins).
     pub(crate) fn fail(&self, why: Error) {
         let _ = self.why.set(why);
-        let _ = self.wake.shutdown(std::net::Shutdown::Both);
+        self.wake.ring();
+    }
+}
+
+/// What wakes the pager's poll from another thread, for good once rung
+/// (the shut side of a socket pair reads as ready, level-triggered).
+struct Wake {
+    ring: UnixStream,
+    woken: UnixStream,
+}
+
+impl Wake {
+    fn new() -> std::io::Result<Wake> {
+        let (ring, woken) = UnixStream::pair()?;
+        Ok(Wake { ring, woken })
+    }
+
+    fn ring(&self) {
+        let _ = self.ring.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// The descriptor the poll waits on.
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.woken.as_raw_fd()
     }
 }
 
@@ -149,20 +170,18 @@ impl Abort {
 /// are served meanwhile: nothing waits on the pager.
 pub(crate) struct FillGate {
     open: AtomicBool,
-    wake: UnixStream,
-    woken: UnixStream,
+    wake: Wake,
 }
 
 impl FillGate {
     pub(crate) fn new() -> std::io::Result<FillGate> {
-        let (wake, woken) = UnixStream::pair()?;
-        Ok(FillGate { open: AtomicBool::new(false), wake, woken })
+        Ok(FillGate { open: AtomicBool::new(false), wake: Wake::new()? })
     }
 
     /// Lets the fill start (the tree runs).
     pub(crate) fn open(&self) {
         self.open.store(true, Ordering::Release);
-        let _ = self.wake.shutdown(std::net::Shutdown::Both);
+        self.wake.ring();
     }
 
     fn is_open(&self) -> bool {
@@ -261,17 +280,9 @@ impl<'a> Pager<'a> {
                 return Ok(());
             }
             let mut fds = vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-            fds.push(libc::pollfd {
-                fd: if woken { -1 } else { abort.woken.as_raw_fd() },
-                events: libc::POLLIN,
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd: if woken { -1 } else { abort.wake.fd() }, events: libc::POLLIN, revents: 0 });
             // Until the gate opens, its opening wakes the poll.
-            fds.push(libc::pollfd {
-                fd: gate_shut.map_or(-1, |g| g.woken.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd: gate_shut.map_or(-1, |g| g.wake.fd()), events: libc::POLLIN, revents: 0 });
             let conn_at = fds.len();
             fds.push(libc::pollfd {
                 fd: criu.as_ref().map_or(listener.as_raw_fd(), |c| c.as_raw_fd()),
