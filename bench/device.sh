@@ -14,8 +14,10 @@
 #   bash bench/device.sh lazy-cold # the same from a dropped page cache
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
+#   bash bench/device.sh gpu-ids   # the GPU app, criuz-zstd dumping with --ids
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # each configuration, then scale with a cold cache, then lazy
+#                                  # criuz zstd (plain, then --ids) and lz4, dump memory of random
+#                                  # and elf, lazy, then the GPU app with plain CRIU
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +54,10 @@ case ${1:-} in
     c=${2:?"gpu: which configuration (criu-dir, criuz-lz4, criuz-zstd)"}
     "${B[@]}" --gpu --configs "$c" --runs 1 --cold --json "$out/gpu-$c.json"
     ;;
+  gpu-ids)
+    # The same, criuz dumping with --ids: does the image hold pages twice?
+    "${B[@]}" --gpu --gpu-ids --configs criuz-zstd --runs 1 --cold --json "$out/gpu-ids.json"
+    ;;
   session)
     # Most wanted first; each part gets at most its cap and what is left.
     end=$(($(date +%s) + ${BUDGET_S:-540}))
@@ -68,17 +74,22 @@ case ${1:-} in
     # Each part's JSON under parts/ (named by the part), all of it in one
     # archive at the end: what the device tool returns is a few files.
     export OUT=$out/parts
-    part 150 bash "$me" gpu criuz-lz4
-    part 120 bash "$me" gpu criu-dir
-    part 150 bash "$me" gpu criuz-zstd
-    for w in mixed text random elf; do
-      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir,criu-dir+sync,criuz-lz4} part 100 bash "$me" cold
+    # What CRIU's start costs depends on whether /run keeps its kernel probes.
+    findmnt -n -o FSTYPE /run || true
+    nvidia-smi -L || true
+    part 170 bash "$me" gpu criuz-zstd
+    part 170 bash "$me" gpu-ids
+    part 170 bash "$me" gpu criuz-lz4
+    # Dump memory where the archive stays large (issue 33: <= 1 GiB).
+    for w in random elf; do
+      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
     done
-    RUNS=1 part 90 bash "$me" lazy
+    RUNS=1 part 100 bash "$me" lazy
+    part 120 bash "$me" gpu criu-dir
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|session" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-ids|session" >&2
     exit 2
     ;;
 esac

@@ -32,6 +32,17 @@ fn restore(arc: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// dump -> (original gone) -> restore -> same checksums. Returns the restore summary.
 fn roundtrip(spec: Spec, dump_args: &[&str], restore_args: &[&str]) -> serde_json::Value {
+    roundtrip_then(spec, dump_args, restore_args, |_| {})
+}
+
+/// As `roundtrip`, with `restored` run on the restored workload before its
+/// checksums are taken.
+fn roundtrip_then(
+    spec: Spec,
+    dump_args: &[&str],
+    restore_args: &[&str],
+    restored: impl FnOnce(&Workload),
+) -> serde_json::Value {
     let Some(_criu) = criu() else { return serde_json::Value::Null };
     let _g = serial();
     let mut w = Workload::start(spec);
@@ -45,6 +56,7 @@ fn roundtrip(spec: Spec, dump_args: &[&str], restore_args: &[&str]) -> serde_jso
     assert!(!w.alive());
     let r = restore(&arc, restore_args);
     assert_eq!(r["pid"].as_i64(), Some(w.pid as i64));
+    restored(&w);
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
     r
@@ -106,6 +118,21 @@ fn zero_pages_are_left_out_and_restore_intact() {
     assert!(r["zero_pages_skipped"].as_u64().unwrap() > 3000, "{r}");
     let r = roundtrip(Spec { pattern: "mixed", ..Default::default() }, &[], &["--keep-zero-pages"]);
     assert_eq!(r["zero_pages_skipped"].as_u64(), Some(0));
+    // Placed with every zero page kept: each one is a page of the restored
+    // process's memory (what CRIU's own restore makes), not a hole.
+    let rss_anon_kib = |w: &Workload| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid)).unwrap();
+        let line = status.lines().find(|l| l.starts_with("RssAnon:")).expect("RssAnon");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let mut rss = Vec::new();
+    for keep in [&["--fill", "place"][..], &["--fill", "place", "--keep-zero-pages"]] {
+        let r =
+            roundtrip_then(Spec { pattern: "mixed", ..Default::default() }, &[], keep, |w| rss.push(rss_anon_kib(w)));
+        assert_eq!(r["fill"].as_str(), Some("place"), "{r}");
+        assert_eq!(r["zero_pages_skipped"].as_u64() == Some(0), keep.len() == 3, "{r}");
+    }
+    assert!(rss[1] >= rss[0] + 12 * 1024, "zero pages kept: RssAnon {} KiB against {} KiB", rss[1], rss[0]);
 }
 
 /// The default eager restore places private memory itself; it streams
@@ -140,16 +167,100 @@ fn eager_restores_place_memory_unless_streaming_suits_better() {
     // More than PLACE_EAGER_MAX (256 MiB) of it: streamed.
     let r = roundtrip(Spec { mib: 300, pattern: "text", shared: true, ..Default::default() }, &[], &[]);
     assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    // A tree whose processes share pages: streamed by default (CRIU keeps
+    // them shared), placed when asked.
+    let tree = || Spec { mode: "tree", children: 2, ..Default::default() };
+    let r = roundtrip(tree(), &[], &[]);
+    assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    let r = roundtrip(tree(), &[], &["--fill", "place"]);
+    assert_eq!(fill(&r).as_deref(), Some("place"), "{r}");
 }
 
 #[test]
 fn process_tree_children_keep_their_zeroed_cow_pages() {
     // Each child zeroes pages it shares copy-on-write with the parent; with
     // zero pages left out, the restore must still give the child zeros.
-    let r = roundtrip(Spec { mode: "tree", children: 3, ..Default::default() }, &[], &[]);
-    if !r.is_null() {
-        assert!(r["zero_pages_skipped"].as_u64().unwrap() > 0);
+    for fill in ["stream", "place"] {
+        let r = roundtrip(Spec { mode: "tree", children: 3, ..Default::default() }, &[], &["--fill", fill]);
+        if !r.is_null() {
+            assert!(r["zero_pages_skipped"].as_u64().unwrap() > 0);
+        }
     }
+}
+
+/// A tree's processes share most of their memory (forked children): CRIU
+/// dumps each one's pages, and the archive stores each page once (page ids
+/// by default for a tree, `--no-ids` to go without).
+#[test]
+fn a_tree_stores_the_pages_its_processes_share_once() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mode: "tree", children: 3, ..Default::default() });
+    let before = w.sums();
+    // The tree's anonymous memory, a page shared copy-on-write counted once.
+    let pss_anon_kib = |pids: &[i32]| -> u64 {
+        let rollup = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap();
+        let field = |t: String| -> u64 {
+            t.lines().find_map(|l| l.strip_prefix("Pss_Anon:")?.split_whitespace().next()?.parse().ok()).unwrap()
+        };
+        pids.iter().map(|p| field(rollup(p))).sum()
+    };
+    let pids = w.pids.clone();
+    assert_eq!(pids.len(), 4, "{pids:?}");
+    let memory_before = pss_anon_kib(&pids);
+    let tmp = tempfile::tempdir().unwrap();
+    let (deduped, plain) = (tmp.path().join("deduped.czr"), tmp.path().join("plain.czr"));
+    let p = dump(&w, &plain, &["--leave-running", "--no-ids"]);
+    let d = dump(&w, &deduped, &[]);
+    let (di, pi) = (inspect(&deduped), inspect(&plain));
+    assert!(di["total"]["blocks_dedup"].as_u64().unwrap() > 0 && di["page_id_bytes"].as_u64().unwrap() > 0, "{di}");
+    assert_eq!((pi["total"]["blocks_dedup"].as_u64(), pi["page_id_bytes"].as_u64()), (Some(0), Some(0)), "{pi}");
+    let size = |r: &serde_json::Value| r["archive_bytes"].as_u64().unwrap();
+    assert!(size(&d) * 2 < size(&p), "deduped {} bytes against {}", size(&d), size(&p));
+    w.reap_original();
+    let r = restore(&deduped, &[]);
+    assert_eq!(r["pid"].as_i64(), Some(w.pid as i64));
+    // Streamed (CRIU keeps the pages shared, as they were): no more memory
+    // than before the dump, where placing gives each process its own copy.
+    assert_eq!(r["fill"].as_str(), Some("stream"), "{r}");
+    let memory_restored = pss_anon_kib(&pids);
+    assert!(memory_restored <= memory_before, "restored {memory_restored} KiB against {memory_before} KiB");
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
+/// A tree that shares little of its memory (a shell and the program it
+/// started) stores no page ids unless asked: hashing every page would cost
+/// more than it finds.
+#[test]
+fn a_tree_that_shares_little_stores_no_page_ids() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("{WORKLOAD} --dir {} --mib 32 --pattern mixed & wait", dir.path().display());
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &script]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: setsid(2) is async-signal-safe: CRIU dumps a session leader.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut sh, || {
+            libc::setsid();
+            Ok(())
+        })
+    };
+    let mut sh = sh.spawn().unwrap();
+    let ready = dir.path().join("ready");
+    wait_for("workload ready", Duration::from_secs(60), || ready.exists());
+    let program: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let arc = dir.path().join("wrapped.czr");
+    let shell = sh.id().to_string();
+    ok(criuz(&["dump", "-t", &shell, "-o", arc.to_str().unwrap(), "--leave-running"]), "criuz dump");
+    let i = inspect(&arc);
+    // SAFETY: ending the program this test started; the shell then exits.
+    unsafe { libc::kill(program, libc::SIGKILL) };
+    let _ = sh.wait();
+    assert_eq!(i["page_id_bytes"].as_u64(), Some(0), "{i}");
+    assert!(i["total"]["pages"].as_u64().unwrap() > 32 * 256, "the program's memory is in the archive: {i}");
 }
 
 #[test]

@@ -165,18 +165,22 @@ fn a_cuda_process_is_suspended_before_criu_and_resumed_once_restored() {
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
 
-    // Streamed through CRIU with every zero page (the bench's zeros-kept
-    // row): resumed the same way. The process restored again is, as far
-    // as the driver knows, checkpointed again.
-    fake.set_state("w", 2);
-    fake.clear_log();
-    let r = ok(restore(&fake, &arc, &["--fill", "stream", "--keep-zero-pages"]), "criuz restore --fill stream");
-    assert_eq!(r["fill"], "stream", "{r}");
-    assert!(r["cuda_resume_seconds"].as_f64().is_some(), "{r}");
-    assert_eq!(calls(&fake.log()), ["restore restore", "unlock restore"]);
-    assert_eq!(fake.state("w"), 0);
-    assert_eq!(w.sums(), before, "memory streamed back differs");
-    w.stop();
+    // With every zero page, placed and streamed through CRIU (the bench's
+    // zeros-placed and zeros-streamed rows): resumed the same way. The
+    // process restored again is, as far as the driver knows, checkpointed
+    // again.
+    for fill in ["place", "stream"] {
+        fake.set_state("w", 2);
+        fake.clear_log();
+        let r = ok(restore(&fake, &arc, &["--fill", fill, "--keep-zero-pages"]), "criuz restore --keep-zero-pages");
+        assert_eq!(r["fill"], fill, "{r}");
+        assert_eq!(r["zero_pages_skipped"].as_u64(), Some(0), "{r}");
+        assert!(r["cuda_resume_seconds"].as_f64().is_some(), "{r}");
+        assert_eq!(calls(&fake.log()), ["restore restore", "unlock restore"]);
+        assert_eq!(fake.state("w"), 0);
+        assert_eq!(w.sums(), before, "memory restored with --fill {fill} differs");
+        w.stop();
+    }
 }
 
 #[test]

@@ -211,7 +211,7 @@ fn identical_pages_across_a_process_tree_are_stored_once() {
         ..Default::default()
     });
     let before = w.sums();
-    dump(&w, &plain, &["--leave-running"]);
+    dump(&w, &plain, &["--leave-running", "--no-ids"]);
     dump(&w, &ids, &["--ids"]);
     w.reap_original();
     let rep = inspect(&ids);

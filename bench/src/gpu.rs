@@ -7,11 +7,17 @@
 //!   restore with `criu restore -D -d`, then the driver's restore + unlock.
 //! - `criuz-lz4`, `criuz-zstd`: `criuz dump` (which suspends CUDA itself) and
 //!   `criuz restore -d` (`eager`: placed, as `--lazy` is too for CUDA
-//!   processes), and `zeros-kept`: streamed through CRIU with every zero page
-//!   (`--fill stream --keep-zero-pages`). The driver's resume after a placed
-//!   restore took 4.0-4.2 s against 3.3-3.6 s after CRIU's own (session
-//!   24); a placed restore leaves zero pages unmapped, CRIU writes them, and
-//!   this row says whether that is the difference.
+//!   processes); `zeros-placed`: placed with every zero page as a page of
+//!   memory (`--fill place --keep-zero-pages`); `zeros-streamed`: streamed
+//!   through CRIU with every zero page (`--fill stream --keep-zero-pages`).
+//!   The driver's resume after a placed restore took 4.0-4.2 s against
+//!   3.3-3.6 s after CRIU's own (session 24); a placed restore leaves zero
+//!   pages unmapped where CRIU writes them, and these rows say whether that
+//!   is the difference, and what placing them costs.
+//!
+//! With `--gpu-ids` criuz dumps with `--ids`: whether the image holds
+//! pages twice (PyTorch's allocator keeps freed blocks, such as the
+//! temporary a tensor was filled from, with their bytes).
 //!
 //! One dump per configuration and run; the archive (or directory) is then
 //! restored each way, each restore followed by a
@@ -38,12 +44,14 @@ pub struct AppSize {
     pub weights_gib: f64,
     pub kv_gib: f64,
     pub kv_fill: f64,
+    /// criuz dumps store page ids (`--ids`: identical pages stored once).
+    pub ids: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct GpuRow {
     pub config: String,
-    /// eager, or (criuz) zeros-kept.
+    /// eager, or (criuz) zeros-placed or zeros-streamed.
     pub restore: String,
     pub cold: bool,
     /// Medians over the runs, seconds.
@@ -201,7 +209,8 @@ pub fn measure(
 ) -> Result<Vec<GpuRow>> {
     let mut rows = Vec::new();
     for &config in configs {
-        let hows: &[&str] = if config == "criu-dir" { &["eager"] } else { &["eager", "zeros-kept"] };
+        let hows: &[&str] =
+            if config == "criu-dir" { &["eager"] } else { &["eager", "zeros-placed", "zeros-streamed"] };
         let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); hows.len()];
         for run_no in 0..runs.max(1) {
             eprintln!("bench: gpu: {config}, run {}", run_no + 1);
@@ -247,13 +256,12 @@ pub fn measure(
                 dumped.stored_bytes = dumped.raw_bytes;
             } else {
                 let codec = config.trim_start_matches("criuz-");
-                let (secs, out) = run(
-                    Command::new(criuz)
-                        .args(["dump", "-t", &app.pid.to_string(), "-o"])
-                        .arg(&arc)
-                        .args(["--codec", codec, "--json"]),
-                    "criuz dump",
-                )?;
+                let mut cmd = Command::new(criuz);
+                cmd.args(["dump", "-t", &app.pid.to_string(), "-o"]).arg(&arc).args(["--codec", codec, "--json"]);
+                if size.ids {
+                    cmd.arg("--ids");
+                }
+                let (secs, out) = run(&mut cmd, "criuz dump")?;
                 let d = json(&out);
                 dumped.suspend_s = d["cuda"]["suspend_seconds"].as_f64().unwrap_or(f64::NAN);
                 dumped.dump_s = secs - dumped.suspend_s;
@@ -287,9 +295,11 @@ pub fn measure(
                     restored(&app, &expect, cold, || {
                         let mut cmd = Command::new(criuz);
                         cmd.args(["restore", "-d", "-i"]).arg(&arc).arg("--json");
-                        if *how == "zeros-kept" {
-                            cmd.args(["--fill", "stream", "--keep-zero-pages"]);
-                        }
+                        match *how {
+                            "zeros-placed" => cmd.args(["--fill", "place", "--keep-zero-pages"]),
+                            "zeros-streamed" => cmd.args(["--fill", "stream", "--keep-zero-pages"]),
+                            _ => &mut cmd,
+                        };
                         let (secs, out) = run(&mut cmd, "criuz restore")?;
                         let resume = json(&out)["cuda_resume_seconds"].as_f64().unwrap_or(f64::NAN);
                         Ok((secs - resume, resume))

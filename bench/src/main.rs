@@ -103,8 +103,9 @@ pub struct BenchArgs {
     /// Instead of the comparison: a CUDA process (PyTorch, bf16 weights and
     /// KV cache on the GPU) with criu-dir (CUDA suspended through the
     /// driver, then criu dump -D; criu restore, then the driver's resume)
-    /// against criuz-lz4 and criuz-zstd, eager and lazy (--configs picks
-    /// among the three); skips with a line saying why on a machine without a GPU
+    /// against criuz-lz4 and criuz-zstd, each restored placed, and with
+    /// every zero page placed or streamed (--configs picks among the
+    /// three); skips with a line saying why on a machine without a GPU
     #[arg(long, conflicts_with_all = ["incremental", "lazy", "containers", "load", "codec_table"])]
     pub gpu: bool,
     /// With --gpu: GiB of bf16 weights on the GPU
@@ -116,6 +117,10 @@ pub struct BenchArgs {
     /// With --gpu: the share of the KV cache filled
     #[arg(long, value_name = "SHARE", default_value_t = 0.25, requires = "gpu")]
     pub gpu_kv_fill: f64,
+    /// With --gpu: criuz dumps with --ids (each page that occurs more than
+    /// once stored once: the allocator may keep freed copies of tensors)
+    #[arg(long, requires = "gpu")]
+    pub gpu_ids: bool,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -246,6 +251,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     let before = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} before the dump: {e}")))?;
     let pids = proc::tree(app.pid);
     let cpu_before: f64 = pids.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
+    let tree_before_kib = proc::pss_anon_kib(&pids);
 
     // The previous run's writeback must not run inside this one's dump.
     // SAFETY: sync(2) has no preconditions.
@@ -278,7 +284,9 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     let r = config::restore(cfg, ctx.env, &place)?;
     // CPU the restored processes spent being restored (CRIU fills their memory
     // from inside them).
-    let restored_cpu: f64 = proc::tree(app.pid).iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
+    let restored = proc::tree(app.pid);
+    let restored_cpu: f64 = restored.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
+    let tree_restored_kib = proc::pss_anon_kib(&restored);
     if !proc::alive(app.pid) {
         return Err(Error::Invalid(format!("the restored process {} is not running", app.pid)));
     }
@@ -319,6 +327,8 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         warm_restore_s,
         cold_read_bps: cold_extra.map(|extra| d.bytes as f64 / extra),
         disk_read_bps,
+        tree_before_kib,
+        tree_restored_kib,
     })
 }
 
@@ -422,7 +432,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             println!("criuz-bench --gpu: skipped, no GPU to measure here: {why}");
             return Ok(());
         }
-        let size = gpu::AppSize { weights_gib: args.gpu_weights, kv_gib: args.gpu_kv, kv_fill: args.gpu_kv_fill };
+        let size = gpu::AppSize {
+            weights_gib: args.gpu_weights,
+            kv_gib: args.gpu_kv,
+            kv_fill: args.gpu_kv_fill,
+            ids: args.gpu_ids,
+        };
         let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
         if let Some(path) = &args.json {

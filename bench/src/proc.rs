@@ -172,6 +172,18 @@ fn ppid(pid: i32) -> Option<i32> {
 }
 
 /// user+system CPU seconds of a live process (all its threads), from /proc.
+/// The anonymous memory of `pids` (their `Pss_Anon` added up, KiB): a page
+/// shared copy-on-write between them counts once, zero pages never
+/// written count nothing.
+pub fn pss_anon_kib(pids: &[i32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
+        .filter_map(|t| {
+            t.lines().find_map(|l| l.strip_prefix("Pss_Anon:")?.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .sum::<u64>()
+}
+
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
     let f = stat_fields(pid)?;
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;

@@ -32,6 +32,11 @@ pub struct Sample {
     pub cold_read_bps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_read_bps: Option<f64>,
+    /// The workload tree's anonymous memory (its processes' `Pss_Anon`
+    /// added up: a page shared copy-on-write counts once) before the dump,
+    /// and right after the restore, before anything reads it.
+    pub tree_before_kib: u64,
+    pub tree_restored_kib: u64,
 }
 
 /// Everything measured for one workload x configuration.
@@ -147,6 +152,9 @@ pub struct ResultJson {
     /// Largest over the runs: dump or restore, and the dump's alone.
     pub peak_rss_kib: Option<u64>,
     pub dump_rss_kib: Option<u64>,
+    /// Medians: the tree's anonymous memory before the dump and restored.
+    pub tree_before_kib: Option<u64>,
+    pub tree_restored_kib: Option<u64>,
     /// With `--cold`: the warm restore right after, the restore's read rate
     /// (checkpoint bytes over cold minus warm restore seconds) and the plain
     /// sequential read rate of the same checkpoint.
@@ -202,6 +210,8 @@ impl ResultJson {
             ratio: bytes.zip(raw_bytes).map(|(b, r)| b as f64 / r.max(1) as f64),
             peak_rss_kib: if ok { p.samples.iter().map(|s| s.peak_rss_kib).max() } else { None },
             dump_rss_kib: if ok { p.samples.iter().map(|s| s.dump_rss_kib).max() } else { None },
+            tree_before_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_before_kib)) } else { None },
+            tree_restored_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_restored_kib)) } else { None },
             warm_restore_s: fig(&|s| s.warm_restore_s),
             cold_read_bps: fig(&|s| s.cold_read_bps),
             disk_read_bps: fig(&|s| s.disk_read_bps),
@@ -237,6 +247,7 @@ pub fn table(results: &[ResultJson]) -> String {
         "cpu s",
         "dump RSS MiB",
         "peak RSS MiB",
+        "tree MiB before / restored",
         "warm restore s / cold read MB/s (disk)",
         "intact",
     ];
@@ -261,6 +272,10 @@ pub fn table(results: &[ResultJson]) -> String {
             fmt_fig(r.cpu_s, r.runs),
             r.dump_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
+            match (r.tree_before_kib, r.tree_restored_kib) {
+                (Some(b), Some(a)) => format!("{:.0} / {:.0}", b as f64 / 1024.0, a as f64 / 1024.0),
+                _ => "-".into(),
+            },
             match (r.warm_restore_s, r.cold_read_bps, r.disk_read_bps) {
                 (Some(w), Some(c), Some(d)) => {
                     format!("{:.2} / {:.0} ({:.0})", w.median, c.median / 1e6, d.median / 1e6)

@@ -23,13 +23,20 @@ pub const APPS: &[&str] = &["redis", "jvm", "python"];
 const JAVA_SOURCE: &str = include_str!("../../bench/BenchApp.java");
 const PYTHON_SOURCE: &str = include_str!("../../bench/bench_app.py");
 
+/// A tree as a pre-forking server makes it: the `mixed` pattern filled by
+/// a parent, then [`FORKED_CHILDREN`] children forked, each rewriting a
+/// few of its pages; the rest stay shared with the parent. `--size` is the
+/// whole tree's (each process maps a quarter).
+pub const TREES: &[&str] = &["forked"];
+const FORKED_CHILDREN: usize = 3;
+
 /// Run only when named: `shared` (the `text` pattern in shared anonymous
 /// memory, which CRIU restores itself, from the images criuz writes first).
 pub const ON_REQUEST: &[&str] = &["shared"];
 
 /// The workloads a run does by default.
 pub fn all() -> Vec<&'static str> {
-    PATTERNS.iter().chain(APPS).copied().collect()
+    PATTERNS.iter().chain(TREES).chain(APPS).copied().collect()
 }
 
 /// Every workload a run may name.
@@ -87,8 +94,15 @@ pub struct Running {
 }
 
 enum Kind {
-    Pattern,
-    Redis { addr: SocketAddr, keys: u64, idle_sockets: usize },
+    /// `criuz-workload`: its root, and as many forked children.
+    Pattern {
+        children: usize,
+    },
+    Redis {
+        addr: SocketAddr,
+        keys: u64,
+        idle_sockets: usize,
+    },
     Answering,
 }
 
@@ -142,15 +156,27 @@ impl Running {
         let ready = dir.join("ready");
         let mut run = Running { pid: 0, dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
         match name {
-            p if PATTERNS.contains(&p) || p == "shared" => {
+            p if PATTERNS.contains(&p) || TREES.contains(&p) || p == "shared" => {
                 let mut cmd = Command::new(&tools.workload_bin);
-                cmd.arg("--dir").arg(dir).arg("--mib").arg(mib.to_string());
-                match p {
-                    "shared" => cmd.args(["--pattern", "text", "--shared", "1"]),
-                    _ => cmd.args(["--pattern", p]),
+                cmd.arg("--dir").arg(dir);
+                let children = match p {
+                    "shared" => {
+                        cmd.args(["--mib", &mib.to_string(), "--pattern", "text", "--shared", "1"]);
+                        0
+                    }
+                    "forked" => {
+                        let each = (mib / (FORKED_CHILDREN as u64 + 1)).max(1).to_string();
+                        let children = FORKED_CHILDREN.to_string();
+                        cmd.args(["--mib", &each, "--pattern", "mixed", "--mode", "tree", "--children", &children]);
+                        FORKED_CHILDREN
+                    }
+                    _ => {
+                        cmd.args(["--mib", &mib.to_string(), "--pattern", p]);
+                        0
+                    }
                 };
                 run.pid = spawn_detached(cmd, &log)?;
-                run.kind = Kind::Pattern;
+                run.kind = Kind::Pattern { children };
                 wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
             }
@@ -209,16 +235,33 @@ impl Running {
     /// [`fingerprint`](Self::fingerprint), failing after `timeout`.
     pub fn fingerprint_within(&mut self, timeout: Duration) -> Result<String> {
         match &self.kind {
-            Kind::Pattern => {
-                let sum = self.dir.join("sum-root");
-                let _ = std::fs::remove_file(&sum);
+            Kind::Pattern { children } => {
+                // Every process of the tree checks its own memory (the root
+                // passes the signal on to its children).
+                let roles: Vec<String> =
+                    std::iter::once("root".to_string()).chain((1..=*children).map(|k| format!("child{k}"))).collect();
+                let sums: Vec<PathBuf> = roles.iter().map(|r| self.dir.join(format!("sum-{r}"))).collect();
+                for sum in &sums {
+                    let _ = std::fs::remove_file(sum);
+                }
+                let processes = proc::tree(self.pid).len();
+                if processes != roles.len() {
+                    return Err(Error::Invalid(format!(
+                        "workload {} has {processes} processes, not {}",
+                        self.pid,
+                        roles.len()
+                    )));
+                }
                 // SAFETY: signalling our own workload.
                 if unsafe { libc::kill(self.pid, libc::SIGUSR1) } != 0 {
                     return Err(Error::Invalid(format!("workload {} is not running", self.pid)));
                 }
-                wait_for("the workload's checksum", timeout, self.pid, || sum.exists())?;
-                let s = std::fs::read_to_string(&sum).map_err(|e| Error::file(&sum, e))?;
-                Ok(s.trim().to_string())
+                wait_for("the workload's checksums", timeout, self.pid, || sums.iter().all(|s| s.exists()))?;
+                let mut all = Vec::with_capacity(sums.len());
+                for sum in &sums {
+                    all.push(std::fs::read_to_string(sum).map_err(|e| Error::file(sum, e))?.trim().to_string());
+                }
+                Ok(all.join(" "))
             }
             Kind::Redis { addr, keys, .. } => {
                 let keys = *keys;
@@ -253,7 +296,7 @@ impl Running {
     pub fn rewrite(&mut self, percent: f64, seed: u64) -> Result<Option<u64>> {
         let timeout = Duration::from_secs(300);
         match &self.kind {
-            Kind::Pattern => {
+            Kind::Pattern { .. } => {
                 let done = self.dir.join("rewrote-root");
                 let _ = std::fs::remove_file(&done);
                 let spec = self.dir.join("rewrite");

@@ -226,6 +226,23 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
         .sum()
 }
 
+/// What of the anonymous memory of `pids` is shared with another process,
+/// and all of it, in bytes: `Shared_Dirty` and `Anonymous` of each one's
+/// `/proc/PID/smaps_rollup`. Pages a forked child still shares with its
+/// parent count there (written before the fork, hence dirty); file pages
+/// rarely do (they are dirty only in shared writable mappings). A process
+/// that cannot be read counts nothing.
+pub(crate) fn shared_anon_bytes(pids: &[i32]) -> (u64, u64) {
+    let field = |text: &str, name: &str| -> u64 {
+        let kib = text.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok());
+        kib.unwrap_or(0).saturating_mul(1024)
+    };
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
+        .map(|t| (field(&t, "Shared_Dirty:"), field(&t, "Anonymous:")))
+        .fold((0, 0), |(s, a), (s2, a2)| (s.saturating_add(s2), a.saturating_add(a2)))
+}
+
 /// Waits, checking every millisecond (a restored tree is let run the moment
 /// CRIU has let go of it) and for at most `limit_ms`, until none of
 /// `pids` is traced (its /proc status says `TracerPid:\t0`, or it is gone):

@@ -108,6 +108,10 @@ const LAZY_MIN_ZERO_RUN: u64 = 16;
 /// restore).
 const HELD_MIN_ZERO_RUN: u64 = 1;
 
+/// No zero run is left out (`--keep-zero-pages`): every zero page is placed
+/// as a page of memory.
+const KEPT_ZERO_RUN: u64 = u64::MAX;
+
 /// A process's pagemap as written for a lazy restore: its runs with their
 /// pages' positions in the archive's image (`first`), and where CRIU finds
 /// each run in the pages image written for it.
@@ -166,6 +170,11 @@ pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
     pub eager_bytes: u64,
     pub placed_bytes: u64,
+    /// Several processes, some of whose pages are stored by reference: a
+    /// tree whose processes shared pages (forked children and their
+    /// parent). CRIU's own restore keeps such pages shared (copy-on-write,
+    /// as they were); placing gives every process a copy of its own.
+    pub shares_pages: bool,
 }
 
 /// The archive's `Placement`; `None` where criuz cannot place the memory: a
@@ -185,7 +194,12 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
     let mut eager_bytes = 0;
     let mut placed_bytes = 0;
+    let mut by_reference = false;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
+        by_reference = by_reference
+            || (0..)
+                .map_while(|i| source.block_header(f.file_id, i))
+                .any(|(h, _)| h.codec == crate::format::BlockCodec::Dedup);
         let bytes = |l: &LazyPagemap, lazy: bool| -> u64 {
             l.runs.iter().filter(|(r, _)| r.lazy == lazy).map(|(r, _)| r.nr.saturating_mul(PAGE_SIZE as u64)).sum()
         };
@@ -197,7 +211,8 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             None => eager_bytes += f.raw_size,
         }
     }
-    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes }))
+    let shares_pages = pagemaps.len() > 1 && by_reference;
+    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, shares_pages }))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
@@ -441,8 +456,10 @@ pub(crate) enum Fill {
     /// Held stopped (CRIU's `--leave-stopped`) until every page is in, then
     /// let run: an eager restore whose memory criuz places itself, on
     /// `threads` threads (`session::place`). A bare tree only. `planned`:
-    /// its pagemaps, where already worked out (`plan_placement`).
-    Held { planned: Option<Placement> },
+    /// its pagemaps, where already worked out (`plan_placement`, which
+    /// leaves zero pages out). `keep_zero_pages`: every zero page placed
+    /// too, as a page of memory (as CRIU's own restore writes them).
+    Held { planned: Option<Placement>, keep_zero_pages: bool },
 }
 
 impl LazyRestore<'_> {
@@ -459,9 +476,11 @@ impl LazyRestore<'_> {
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         // `gated`: a lazy tree CRIU leaves stopped, let run by the walks.
-        let (hold, gated, planned) = match self.fill {
-            Fill::Held { planned } => (true, false, planned),
-            Fill::Lazy { stopped } => (false, stopped, None),
+        let (hold, gated, planned, keep_zeros) = match self.fill {
+            Fill::Held { planned, keep_zero_pages } => {
+                (true, false, planned.filter(|_| !keep_zero_pages), keep_zero_pages)
+            }
+            Fill::Lazy { stopped } => (false, stopped, None, false),
         };
         let blocks = Blocks::new(self.source.clone());
         // Until CRIU has restored the tree, what CRIU reads comes first: from
@@ -479,7 +498,11 @@ impl LazyRestore<'_> {
         // their own blocks); otherwise behind the running tree, below.
         let (proven, materialized) = std::thread::scope(|s| {
             let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            let min_zero_run = if hold { HELD_MIN_ZERO_RUN } else { LAZY_MIN_ZERO_RUN };
+            let min_zero_run = match (keep_zeros, hold) {
+                (true, _) => KEPT_ZERO_RUN,
+                (false, true) => HELD_MIN_ZERO_RUN,
+                (false, false) => LAZY_MIN_ZERO_RUN,
+            };
             let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.threads);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
@@ -734,7 +757,17 @@ pub(crate) fn restore_placed(
     planned: Option<Placement>,
 ) -> Result<LazyReport> {
     let walked = archive.clone();
-    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Held { planned }, threads))
+    parents_say_why(
+        &walked,
+        restore_through_pager(
+            o,
+            archive,
+            started,
+            criu,
+            Fill::Held { planned, keep_zero_pages: o.keep_zero_pages },
+            threads,
+        ),
+    )
 }
 
 /// What a restore through the pager ended with. Its archive's parents are

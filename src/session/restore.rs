@@ -10,16 +10,21 @@
 //! stream reads every page through one pipe on one thread, a copy that
 //! does not grow with the cores; placing decodes and copies on all of them
 //! (on 2 cores, 1 GiB of text restored with LZ4 in 0.36 s against the
-//! stream's 0.73 s, docs/BENCHMARKS.md). It streams where placing cannot work or would cost
-//! more: without a kernel userfaultfd, with `--keep-zero-pages` (which asks
-//! for every page through CRIU), from an object store (the stream restores
-//! while the object downloads; placing would wait for all of it), for an
-//! archive whose pagemaps criuz does not understand, or where CRIU would
+//! stream's 0.73 s, docs/BENCHMARKS.md). It streams where placing cannot
+//! work or would cost more: without a kernel userfaultfd, with
+//! `--keep-zero-pages` (which asks for every page as CRIU restores it;
+//! `--fill place` places them too), from an object store (the stream
+//! restores while the object downloads; placing would wait for all of it),
+//! for an archive whose pagemaps criuz does not understand, for a tree
+//! whose processes share pages (stored once, by reference: CRIU's stream
+//! keeps them shared copy-on-write, placing gives each process its own
+//! copy; a forked 1 GiB tree on 2 cores held 352 MiB before the dump, 176
+//! MiB streamed, 513 MiB placed, docs/BENCHMARKS.md), or where CRIU would
 //! still restore more than [`PLACE_EAGER_MAX`] itself (shared memory,
-//! private file mappings: placing writes those to `$TMPDIR` first), or more
-//! than criuz would place: a copy into `$TMPDIR` that CRIU then reads costs
-//! more than the stream's one pipe (200 MiB of shared memory on 2 cores:
-//! placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md).
+//! private file mappings: placing writes those to `$TMPDIR` first), or
+//! more than criuz would place: a copy into `$TMPDIR` that CRIU then reads
+//! costs more than the stream's one pipe (200 MiB of shared memory on 2
+//! cores: placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md).
 
 use crate::archive::{BlockSource, Options};
 use crate::criu::{uffd, Criu};
@@ -96,7 +101,9 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
             match lazy::plan_placement(&*source)? {
-                Some(plan) if plan.eager_bytes <= PLACE_EAGER_MAX.min(plan.placed_bytes) => placed(source, Some(plan)),
+                Some(plan) if !plan.shares_pages && plan.eager_bytes <= PLACE_EAGER_MAX.min(plan.placed_bytes) => {
+                    placed(source, Some(plan))
+                }
                 _ => checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager),
             }
         }

@@ -167,6 +167,11 @@ pub enum Cmd {
         /// state is suspended into host memory before CRIU freezes the tree)
         #[arg(long)]
         no_gpu: bool,
+        /// Store no page ids unless --ids asks (by default a tree of several
+        /// processes that share much of their memory stores them, and each
+        /// page that occurs more than once in it only once)
+        #[arg(long, conflicts_with = "ids")]
+        no_ids: bool,
         /// Print the summary as JSON on stdout (stderr when the archive goes to stdout)
         #[arg(long)]
         json: bool,
@@ -198,7 +203,7 @@ pub enum Cmd {
         /// Cap on the archive bytes spooled to a private temporary file when the archive comes from a pipe
         #[arg(long, default_value_t = SPOOL_CAP, value_parser = parse_spool)]
         pipe_buffer: u64,
-        /// Send CRIU every zero page (default: leave out those CRIU restores as zero anyway)
+        /// Restore every zero page as a page of memory (default: leave out those that read as zero anyway)
         #[arg(long)]
         keep_zero_pages: bool,
         /// Run the process at once and fetch its memory on demand (criu lazy-pages, criuz as page server); returns when every page is in
@@ -340,7 +345,7 @@ pub enum Cmd {
         /// Cap on the archive bytes spooled to a private temporary file when the archive comes from a pipe
         #[arg(long, default_value_t = SPOOL_CAP, value_parser = parse_spool)]
         pipe_buffer: u64,
-        /// Send CRIU every zero page (default: leave out those CRIU restores as zero anyway)
+        /// Restore every zero page as a page of memory (default: leave out those that read as zero anyway)
         #[arg(long)]
         keep_zero_pages: bool,
         #[command(flatten)]

@@ -40,13 +40,26 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             leave_running,
             shell_job,
             no_gpu,
+            no_ids,
             json,
             parent,
             write,
             absorb,
             extra,
         } => {
-            let o = DumpOptions { pid, output, force, leave_running, shell_job, extra, parent, meter: None, no_gpu };
+            let auto_ids = !no_ids;
+            let o = DumpOptions {
+                pid,
+                output,
+                force,
+                leave_running,
+                shell_job,
+                extra,
+                parent,
+                meter: None,
+                no_gpu,
+                auto_ids,
+            };
             dump(o, &criu, json, &write, &absorb)?
         }
         Cmd::Restore {
