@@ -118,14 +118,19 @@ impl Runc {
     /// A bundle under `dir` whose init is the workload (`mib`, `pattern`),
     /// its stdio runc's (nothing CRIU cannot dump).
     fn bundle(dir: &Path, prefix: &str, mib: &str, pattern: &str) -> Runc {
+        Self::bundle_with(dir, prefix, &["--mib", mib, "--pattern", pattern])
+    }
+    /// The same, with the workload's arguments (after `--dir`) given.
+    fn bundle_with(dir: &Path, prefix: &str, args: &[&str]) -> Runc {
         let bundle = dir.join("bundle");
         rootfs(&bundle.join("rootfs"));
         run_ok(Command::new(tool("runc")).args(["spec", "-b", p(&bundle)]));
         let cfg = bundle.join("config.json");
         let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
         spec["process"]["terminal"] = false.into();
-        spec["process"]["args"] =
-            serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", mib, "--pattern", pattern]);
+        let mut argv = vec!["/bin/criuz-workload", "--dir", "/wl"];
+        argv.extend_from_slice(args);
+        spec["process"]["args"] = serde_json::json!(argv);
         spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
         std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
         Runc { id: format!("{prefix}-{}", std::process::id()), bundle, root: tempfile::tempdir().unwrap() }
@@ -299,6 +304,43 @@ fn runc_containers_round_trip_by_both_routes() {
         assert!(!before_start || !err.contains("killed"), "{how:?}: found before the container started: {err}");
         assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{how:?}: no container is left");
     }
+}
+
+/// A container whose processes share their memory (a workload that forked
+/// two children): checkpointed with each shared page stored once, restored
+/// eagerly by default (CRIU keeps the pages shared; lazily each process
+/// would get a copy), every process's memory intact.
+#[test]
+fn a_container_whose_processes_share_memory_stores_it_once_and_restores_it_shared() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let args = ["--mib", "32", "--pattern", "mixed", "--mode", "tree", "--children", "2"];
+    let r = Runc::bundle_with(t.path(), "criuz-tree", &args);
+    r.start(&criu);
+    // Every process's checksum: the root passes the signal on.
+    let sums = || -> Vec<String> {
+        let files: Vec<PathBuf> =
+            ["root", "child1", "child2"].iter().map(|k| r.wl().join(format!("sum-{k}"))).collect();
+        for f in &files {
+            let _ = std::fs::remove_file(f);
+        }
+        run_ok(r.cmd().args(["kill", &r.id, "USR1"]));
+        wait_for("the container's checksums", Duration::from_secs(60), || files.iter().all(|f| f.exists()));
+        files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect()
+    };
+    let before = sums();
+    let arc = t.path().join("tree.czr");
+    ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
+    let inspect: serde_json::Value =
+        serde_json::from_slice(&ok(criuz(&["inspect", "--json", p(&arc)]), "inspect").stdout).unwrap();
+    assert!(inspect["total"]["blocks_dedup"].as_u64().unwrap() > 0, "{inspect}");
+    let out = ok(r.restore(&arc, &["--json"], &criu), "criuz runc restore");
+    let json = &out.stderr[out.stderr.iter().position(|&b| b == b'{').unwrap()..];
+    let report: serde_json::Value = serde_json::from_slice(json).unwrap();
+    assert!(report["eager"].is_object(), "restored eagerly: {report}");
+    assert!(report["not_lazy"].as_str().is_some_and(|w| w.contains("share")), "{report}");
+    assert_eq!(sums(), before, "every process's memory after the restore");
 }
 
 /// criuz's private work directories on tmpfs.

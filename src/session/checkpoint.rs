@@ -31,7 +31,7 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, run_criu,
-    RestoreOptions,
+    tree_dedups_within, RestoreOptions,
 };
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
@@ -58,30 +58,9 @@ pub struct DumpOptions {
     pub no_gpu: bool,
     /// Store page ids, and so each page that occurs more than once only
     /// once, where the tree is likely to hold such pages (see
-    /// [`dedups_within`]); off with `--no-ids`.
+    /// [`criu_run::dedups_within`](crate::session::criu_run::dedups_within));
+    /// off with `--no-ids`.
     pub auto_ids: bool,
-}
-
-/// Whether a dump stores page ids (and so dedups within the archive)
-/// without being asked: for a tree of several processes that share at
-/// least a quarter of their anonymous memory (`shared` of `anon` bytes, as
-/// [`tree::shared_anon_bytes`] counts them): forked children that still
-/// share most of their memory with their parent, which CRIU writes for each
-/// of them (measured in docs/BENCHMARKS.md, `forked`). Hashing every page
-/// costs CPU: a single process, or a tree that shares little (a shell
-/// wrapper and the program it started), is left without (512 MiB mixed on
-/// 2 cores: durable dump 0.42 s with against 0.34 s without).
-pub fn dedups_within(processes: usize, shared: u64, anon: u64) -> bool {
-    processes > 1 && shared > 0 && shared.saturating_mul(4) >= anon
-}
-
-/// [`dedups_within`] for the tree of `root` as it is now.
-fn tree_dedups_within(root: i32) -> bool {
-    let pids = tree::tree_pids(&[root]);
-    // smaps_rollup walks the page tables (about 10 ms a GiB): one process
-    // is decided without it.
-    let (shared, anon) = if pids.len() > 1 { tree::shared_anon_bytes(&pids) } else { (0, 0) };
-    dedups_within(pids.len(), shared, anon)
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -464,19 +443,4 @@ pub fn restore_opened(
         criu_exit: status.code().unwrap_or(-1),
         cuda_resume_seconds,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_tree_that_shares_much_of_its_memory_dedups() {
-        const MIB: u64 = 1 << 20;
-        assert!(dedups_within(4, 900 * MIB, 1024 * MIB), "forked children sharing most of it");
-        assert!(dedups_within(2, 256 * MIB, 1024 * MIB), "a quarter shared");
-        assert!(!dedups_within(2, 255 * MIB, 1024 * MIB), "less than a quarter");
-        assert!(!dedups_within(2, 0, 0), "nothing to share");
-        assert!(!dedups_within(1, 1024 * MIB, 1024 * MIB), "one process shares with none of the tree");
-    }
 }

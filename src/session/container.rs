@@ -45,7 +45,7 @@ use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu, tree_dedups_within};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
@@ -125,6 +125,10 @@ pub struct RuncCheckpoint {
     pub extra: Vec<String>,
     /// Leave the container's CUDA processes as they are (see `cuda`).
     pub no_gpu: bool,
+    /// Store page ids where the container's processes share much of their
+    /// memory (as `criuz dump` does: `criu_run::dedups_within`); off with
+    /// `--no-ids`.
+    pub auto_ids: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -180,7 +184,12 @@ fn images_dir(work: &WorkDir) -> Result<PathBuf> {
 pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &Criu) -> Result<CheckpointReport> {
     let started = Instant::now();
     // A container runc cannot report fails in runc checkpoint, saying why.
-    let suspended = match (o.no_gpu, runc.init_pid(criu, &o.id)) {
+    let init = runc.init_pid(criu, &o.id);
+    let opts = &Options {
+        ids: opts.ids || (o.auto_ids && init.as_ref().is_ok_and(|&pid| tree_dedups_within(pid))),
+        ..opts.clone()
+    };
+    let suspended = match (o.no_gpu, init) {
         (false, Ok(pid)) => cuda::suspend_tree(pid)?,
         _ => None,
     };
@@ -434,6 +443,8 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         // (`session::restore`): the driver's resume reads all of it at once.
         _ if cuda.is_some() => (false, Some(CUDA_NOT_LAZY)),
         Memory::Lazy => (true, None),
+        // As a default eager restore of such a tree streams (`session::restore`).
+        Memory::Auto if crate::session::lazy::shares_pages(&*archive) => (false, Some(SHARED_NOT_LAZY)),
         Memory::Auto if uffd::lazy_restore_available() => (true, None),
         Memory::Auto => (false, Some(NO_USERFAULTFD)),
     };
@@ -500,6 +511,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
 }
 
 /// Why a container using CUDA is restored eagerly.
+const SHARED_NOT_LAZY: &str = "its processes share pages, which CRIU keeps shared: every page written before the \
+                               container ran, not lazily (that would give each process a copy of its own)";
+
 const CUDA_NOT_LAZY: &str =
     "its CUDA processes read all their memory as they resume: every page written before the container ran, not lazily";
 /// Why a lazy-by-default restore was eager.

@@ -43,7 +43,7 @@ use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
-use crate::format::{check_entry_name, FileEntry, FileKind, PAGE_SIZE};
+use crate::format::{check_entry_name, BlockCodec, FileEntry, FileKind, PAGE_SIZE};
 use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
@@ -170,10 +170,8 @@ pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
     pub eager_bytes: u64,
     pub placed_bytes: u64,
-    /// Several processes, some of whose pages are stored by reference: a
-    /// tree whose processes shared pages (forked children and their
-    /// parent). CRIU's own restore keeps such pages shared (copy-on-write,
-    /// as they were); placing gives every process a copy of its own.
+    /// The tree's processes shared pages ([`shares_pages`]): placing would
+    /// give every process a copy of its own.
     pub shares_pages: bool,
 }
 
@@ -194,12 +192,7 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
     let mut eager_bytes = 0;
     let mut placed_bytes = 0;
-    let mut by_reference = false;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
-        by_reference = by_reference
-            || (0..)
-                .map_while(|i| source.block_header(f.file_id, i))
-                .any(|(h, _)| h.codec == crate::format::BlockCodec::Dedup);
         let bytes = |l: &LazyPagemap, lazy: bool| -> u64 {
             l.runs.iter().filter(|(r, _)| r.lazy == lazy).map(|(r, _)| r.nr.saturating_mul(PAGE_SIZE as u64)).sum()
         };
@@ -211,8 +204,22 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             None => eager_bytes += f.raw_size,
         }
     }
-    let shares_pages = pagemaps.len() > 1 && by_reference;
-    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, shares_pages }))
+    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, shares_pages: shares_pages(source) }))
+}
+
+/// Whether the archive's tree has several processes and some of their
+/// pages are stored by reference (dedup blocks): its processes shared
+/// pages, which CRIU's own restore keeps shared (copy-on-write, as they
+/// were) and a restore through userfaultfd copies into each of them. Reads
+/// the index only (block headers, no payload).
+pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
+    let top = |f: &&FileEntry| !f.name.contains('/');
+    let files = || source.index().files.iter().filter(top);
+    let processes = files().filter(|f| f.kind == FileKind::Plain && images::process_pagemap_pid(&f.name).is_some());
+    processes.count() > 1
+        && files()
+            .filter(|f| f.kind == FileKind::Pages)
+            .any(|f| (0..).map_while(|i| source.block_header(f.file_id, i)).any(|(h, _)| h.codec == BlockCodec::Dedup))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),

@@ -112,6 +112,11 @@ pub enum RuncCmd {
         /// GPU state is suspended into host memory before the container is frozen)
         #[arg(long)]
         no_gpu: bool,
+        /// Store no page ids unless --ids asks (by default a container whose
+        /// processes share much of their memory stores them, and each page
+        /// that occurs more than once in it only once)
+        #[arg(long, conflicts_with = "ids")]
+        no_ids: bool,
         /// Print a JSON report
         #[arg(long)]
         json: bool,
@@ -176,14 +181,14 @@ pub enum RuncCmd {
 
 pub fn runc(cmd: RuncCmd) -> Result<()> {
     match cmd {
-        RuncCmd::Checkpoint { id, output, force, leave_running, via, no_gpu, json, global, write, extra } => {
+        RuncCmd::Checkpoint { id, output, force, leave_running, via, no_gpu, no_ids, json, global, write, extra } => {
             let opts = write.options()?;
             let criu = global.criu.locate()?;
             let via = match via {
                 ViaArg::Follow => Via::Follow,
                 ViaArg::PageServer => Via::PageServer,
             };
-            let o = RuncCheckpoint { id, output, force, leave_running, via, extra, no_gpu };
+            let o = RuncCheckpoint { id, output, force, leave_running, via, extra, no_gpu, auto_ids: !no_ids };
             let r = container::runc_checkpoint(&global.runc(), &o, &opts, &criu)?;
             if json {
                 print::json(&r, true)?;
