@@ -150,11 +150,15 @@ fn eager_restores_place_memory_unless_streaming_suits_better() {
     assert!(r["lazy_pages"].as_u64().unwrap() > (32 << 20) / 4096 * 9 / 10, "{r}");
     let r = roundtrip(Spec { pattern: "text", ..Default::default() }, &[], &["--fill", "stream"]);
     assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    assert!(r["not_placed"].is_null(), "streamed as asked: {r}");
+    // Why a default restore streamed, in its report.
+    let why = |r: &serde_json::Value| r["not_placed"].as_str().unwrap_or_default().to_string();
     // Memory that is nearly all shared: streamed by default (placing would
     // write it to $TMPDIR for CRIU to read back, more than the stream costs).
     let shared = || Spec { pattern: "text", shared: true, ..Default::default() };
     let r = roundtrip(shared(), &[], &[]);
     assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    assert!(why(&r).contains("CRIU would restore"), "{r}");
     // Placed when asked, around it (CRIU restores it from the images criuz
     // writes). Almost nothing is left to place, so criuz is done as soon as
     // CRIU says the restore finished, before CRIU stops the tree and lets
@@ -172,6 +176,7 @@ fn eager_restores_place_memory_unless_streaming_suits_better() {
     let tree = || Spec { mode: "tree", children: 2, ..Default::default() };
     let r = roundtrip(tree(), &[], &[]);
     assert_eq!(fill(&r).as_deref(), Some("stream"), "{r}");
+    assert!(why(&r).contains("share pages"), "{r}");
     let r = roundtrip(tree(), &[], &["--fill", "place"]);
     assert_eq!(fill(&r).as_deref(), Some("place"), "{r}");
 }

@@ -317,6 +317,9 @@ pub struct RestoreReport {
     pub criu_exit: i32,
     /// CUDA restore and unlock of the restored processes, after CRIU.
     pub cuda_resume_seconds: Option<f64>,
+    /// Why a default restore streamed where it would otherwise place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_placed: Option<&'static str>,
 }
 
 /// Restores from an archive through CRIU's stream mode.
@@ -442,5 +445,6 @@ pub fn restore_opened(
         files: report.served.len(),
         criu_exit: status.code().unwrap_or(-1),
         cuda_resume_seconds,
+        not_placed: None,
     })
 }

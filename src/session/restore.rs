@@ -100,15 +100,28 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Auto if !placing_suits(o) => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
-            match lazy::plan_placement(&*source)? {
-                Some(plan) if !plan.shares_pages && plan.eager_bytes <= PLACE_EAGER_MAX.min(plan.placed_bytes) => {
-                    placed(source, Some(plan))
-                }
-                _ => checkpoint::restore_opened(o, source, started, archive, criu).map(Restored::Eager),
+            let plan = lazy::plan_placement(&*source)?;
+            let not_placed = match &plan {
+                None => Some(UNKNOWN_PAGEMAPS),
+                Some(p) if p.shares_pages => Some(SHARED_PAGES),
+                Some(p) if p.eager_bytes > PLACE_EAGER_MAX.min(p.placed_bytes) => Some(MOSTLY_EAGER),
+                Some(_) => None,
+            };
+            match (plan, not_placed) {
+                (Some(plan), None) => placed(source, Some(plan)),
+                _ => checkpoint::restore_opened(o, source, started, archive, criu)
+                    .map(|r| Restored::Eager(RestoreReport { not_placed, ..r })),
             }
         }
     }
 }
+
+/// Why a default restore streams (`restore --json`: `not_placed`).
+const UNKNOWN_PAGEMAPS: &str = "its pagemaps are not ones criuz can rewrite for placing: streamed through CRIU";
+const SHARED_PAGES: &str = "its processes share pages, which CRIU's stream keeps shared: streamed through CRIU \
+                            (--fill place is faster, and gives each process a copy of its own)";
+const MOSTLY_EAGER: &str = "CRIU would restore much of its memory itself (shared memory, private file mappings): \
+                            streamed through CRIU";
 
 /// The most an archive placed by default may leave CRIU to restore itself
 /// (shared memory, private file mappings), which is written to `$TMPDIR`

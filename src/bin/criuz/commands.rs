@@ -11,7 +11,7 @@ use criuz::archive::OpenOptions;
 use criuz::io::Output;
 use criuz::offline::{self, Reading};
 use criuz::progress::{Meter, Progress, Ticker};
-use criuz::session::checkpoint::{self, DumpOptions};
+use criuz::session::checkpoint::{self, DumpOptions, RestoreReport};
 use criuz::session::criu_run::RestoreOptions;
 
 use criuz::session::lazy::LazyReport;
@@ -270,7 +270,9 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     let r = criuz::session::restore::restore(o, how, &threads.options(), &c);
     drop(ticker);
     let r = r?;
-    if let Restored::Placed(LazyReport { not_lazy: Some(why), .. }) = &r {
+    if let Restored::Placed(LazyReport { not_lazy: Some(why), .. })
+    | Restored::Eager(RestoreReport { not_placed: Some(why), .. }) = &r
+    {
         eprintln!("criuz: {}: {why}", o.input);
     }
     if json {
