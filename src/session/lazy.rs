@@ -170,9 +170,6 @@ pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
     pub eager_bytes: u64,
     pub placed_bytes: u64,
-    /// The tree's processes shared pages ([`shares_pages`]): placing would
-    /// give every process a copy of its own.
-    pub shares_pages: bool,
 }
 
 /// The archive's `Placement`; `None` where criuz cannot place the memory: a
@@ -204,7 +201,7 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             None => eager_bytes += f.raw_size,
         }
     }
-    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, shares_pages: shares_pages(source) }))
+    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes }))
 }
 
 /// Whether the archive's tree has several processes and some of their

@@ -103,7 +103,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
             let plan = lazy::plan_placement(&*source)?;
             let not_placed = match &plan {
                 None => Some(UNKNOWN_PAGEMAPS),
-                Some(p) if p.shares_pages => Some(SHARED_PAGES),
+                Some(_) if lazy::shares_pages(&*source) => Some(SHARED_PAGES),
                 Some(p) if p.eager_bytes > PLACE_EAGER_MAX.min(p.placed_bytes) => Some(MOSTLY_EAGER),
                 Some(_) => None,
             };
