@@ -3,8 +3,9 @@
 //! another process's archive, F and E records edited, truncation. Every
 //! variant is restored from a file and from a pipe; each must fail as a
 //! damaged archive (exit 3), leave no process running on wrong memory, and
-//! leave no work directory behind. The undamaged archive then restores with
-//! the workload's own checksums, so the test can tell success from failure.
+//! leave no work directory behind; a tree's dedup references re-pointed
+//! too. The undamaged archive then restores with the workload's own
+//! checksums, so the test can tell success from failure.
 
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
@@ -278,6 +279,113 @@ fn crafted_byte_planes_blocks_never_restore_wrong_memory() {
         assert_eq!(out.status.code(), Some(3), "{what}: restore from a pipe must fail as damaged: {err}");
         assert!(!w.alive(), "{what}: a process runs after a failed pipe restore");
         assert_eq!(criuz(&["verify", bad.to_str().unwrap()]).status.code(), Some(3), "{what}: verify must reject it");
+    }
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "the undamaged archive must restore: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
+/// Where the references of a tree's archive point: a child's dedup block
+/// names pages of its parent's pages image. Crafted by someone who re-points
+/// a reference at other real pages (one page back in the same block, or the
+/// same pages of another block of the same size) and recomputes every check
+/// but the block's data check: the reference resolves, only the pages it
+/// yields are wrong. Restored streamed (a tree's default), placed, lazily and
+/// from a pipe, each fails as damaged (exit 3) and no process of the tree
+/// runs; the undamaged archive restores every process intact.
+#[test]
+fn crafted_references_in_a_tree_archive_never_restore_wrong_memory() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    // Random pages: no two equal, so a reference moved anywhere yields
+    // other bytes.
+    let mut w = Workload::start(Spec { mib: 8, pattern: "random", mode: "tree", children: 2, ..Default::default() });
+    let before = w.sums();
+    let arc = tmp.path().join("good.czr");
+    dump_to(&w, &arc, &[]);
+    w.reap_original();
+    let good = std::fs::read(&arc).unwrap();
+    let recs = records(&good);
+    let u32_at = |at: usize| u32::from_le_bytes(good[at..at + 4].try_into().unwrap());
+    // The blocks of a file in order (a reference names the block's index).
+    let file_blocks = |id: u32| -> Vec<Rec> {
+        recs.iter().copied().filter(|r| r.kind == b'B' && u32_at(r.start + 4) == id).collect()
+    };
+    // A reference into an ordinary block that can move one page back, and
+    // another ordinary block of the same size to move it to.
+    let mut found = None;
+    'blocks: for x in recs.iter().filter(|r| r.kind == b'B' && good[r.start + 1] == 3) {
+        let payload = x.start + x.header_len + 4;
+        for i in 0..u32_at(payload) as usize {
+            let at = payload + 4 + 20 * i;
+            let (source, file, block, first) = (&good[at..at + 2], u32_at(at + 4), u32_at(at + 8), u32_at(at + 12));
+            if source != [0, 0] || first == 0 {
+                continue;
+            }
+            let targets = file_blocks(file);
+            let target = targets[block as usize];
+            let other = targets.iter().position(|t| {
+                t.start != target.start && good[t.start + 1] != 3 && u32_at(t.start + 8) == u32_at(target.start + 8)
+            });
+            if let (true, Some(other)) = (good[target.start + 1] != 3, other) {
+                found = Some((*x, at, other as u32));
+                break 'blocks;
+            }
+        }
+    }
+    let (x, extent, other) = found.expect("a child's reference to its parent's pages");
+    let craft = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = good.clone();
+        edit(&mut v);
+        let payload = x.start + x.header_len + 4;
+        let check = xxhash_rust::xxh3::xxh3_64(&v[payload..x.start + x.len]) as u32;
+        v[x.start + 24..x.start + 28].copy_from_slice(&check.to_le_bytes());
+        reseal(&mut v, Reseal::All);
+        v
+    };
+    let control = tmp.path().join("control.czr");
+    std::fs::write(&control, craft(&|_| {})).unwrap();
+    assert_eq!(criuz(&["verify", control.to_str().unwrap()]).status.code(), Some(0), "the resealing itself breaks");
+    let first = u32_at(extent + 12);
+    let variants: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a reference moved one page back",
+            craft(&|v| v[extent + 12..extent + 16].copy_from_slice(&(first - 1).to_le_bytes())),
+        ),
+        (
+            "a reference moved to another block",
+            craft(&|v| v[extent + 8..extent + 12].copy_from_slice(&other.to_le_bytes())),
+        ),
+    ];
+    let tree_gone = |w: &Workload| w.pids.iter().all(|p| process_state(*p).is_none_or(|s| s == 'Z'));
+    for (what, bytes) in variants {
+        let bad = tmp.path().join("bad.czr");
+        std::fs::write(&bad, &bytes).unwrap();
+        let out = criuz(&["verify", bad.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: verify must reject it");
+        assert!(
+            err.contains("checksum mismatch after resolving"),
+            "{what}: the reference must resolve, its pages be wrong: {err}"
+        );
+        for how in [&["-d"][..], &["-d", "--fill", "place"], &["-d", "--lazy"]] {
+            let mut args = vec!["restore", "-i", bad.to_str().unwrap()];
+            args.extend_from_slice(how);
+            let out = criuz(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{what} {how:?}: must fail as damaged: {err}");
+            wait_for("the crafted restore's tree to be gone", std::time::Duration::from_secs(10), || {
+                reap_zombies();
+                tree_gone(&w)
+            });
+        }
+        let out = restore_from_pipe(&bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: restore from a pipe must fail as damaged: {err}");
+        reap_zombies();
+        assert!(tree_gone(&w), "{what}: a process runs after a failed pipe restore");
     }
     let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
     assert!(out.status.success(), "the undamaged archive must restore: {}", String::from_utf8_lossy(&out.stderr));
