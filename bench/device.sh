@@ -14,9 +14,9 @@
 #   bash bench/device.sh lazy-cold # the same from a dropped page cache
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
-#   bash bench/device.sh gpu-ids   # the GPU app, criuz-zstd dumping with --ids
+#   bash bench/device.sh gpu-no-ids  # the GPU app, criuz-zstd dumping with --no-ids
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # criuz zstd (plain, then --ids) and lz4, dump memory of random
+#                                  # criuz zstd (default, then --no-ids) and lz4, dump memory of random
 #                                  # and elf, lazy, then the GPU app with plain CRIU
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
@@ -54,9 +54,10 @@ case ${1:-} in
     c=${2:?"gpu: which configuration (criu-dir, criuz-lz4, criuz-zstd)"}
     "${B[@]}" --gpu --configs "$c" --runs 1 --cold --json "$out/gpu-$c.json"
     ;;
-  gpu-ids)
-    # The same, criuz dumping with --ids: does the image hold pages twice?
-    "${B[@]}" --gpu --gpu-ids --configs criuz-zstd --runs 1 --cold --json "$out/gpu-ids.json"
+  gpu-no-ids)
+    # The same, criuz dumping with --no-ids: what the page ids a CUDA
+    # tree stores by default cost and save.
+    "${B[@]}" --gpu --gpu-no-ids --configs criuz-zstd --runs 1 --cold --json "$out/gpu-no-ids.json"
     ;;
   session)
     # Most wanted first; each part gets at most its cap and what is left.
@@ -78,7 +79,7 @@ case ${1:-} in
     findmnt -n -o FSTYPE /run || true
     nvidia-smi -L || true
     part 170 bash "$me" gpu criuz-zstd
-    part 170 bash "$me" gpu-ids
+    part 170 bash "$me" gpu-no-ids
     part 170 bash "$me" gpu criuz-lz4
     # Dump memory where the archive stays large (issue 33: <= 1 GiB).
     for w in random elf; do
@@ -89,7 +90,7 @@ case ${1:-} in
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-ids|session" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-no-ids|session" >&2
     exit 2
     ;;
 esac

@@ -223,6 +223,10 @@ fn a_runc_container_using_cuda_is_suspended_and_resumed() {
     assert_eq!(calls(), ["lock", "checkpoint"], "{}", log());
     assert!(log().lines().all(|l| l.contains("tracer=0")), "{}", log());
     assert_eq!(state(), "2");
+    // Page ids by default, as for `criuz dump` of a CUDA tree.
+    let inspect = criuz(&["inspect", "--json", p(&arc)]);
+    let inspect: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert!(inspect["page_id_bytes"].as_u64().unwrap() > 0, "{inspect}");
     std::fs::remove_file(fake.path().join("log")).unwrap();
     let head = ["restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", "--criu", p(&criu), "--json"];
     let out = ok(r.criuz_with(&head, &env), "criuz runc restore of a CUDA container");

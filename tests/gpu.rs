@@ -149,6 +149,9 @@ fn a_cuda_process_is_suspended_before_criu_and_resumed_once_restored() {
     let inspect = ok(criuz(&["inspect", "--json", arc.to_str().unwrap()]), "inspect");
     let files: Vec<&str> = inspect["files"].as_array().unwrap().iter().filter_map(|f| f["name"].as_str()).collect();
     assert!(files.contains(&"criuz-cuda.json"), "{files:?}");
+    // A tree holding CUDA state stores page ids by default (a GPU
+    // allocator's freed blocks keep copies of tensors' bytes).
+    assert!(inspect["page_id_bytes"].as_u64().unwrap() > 0, "{inspect}");
 
     w.reap_original();
     fake.clear_log();
@@ -188,9 +191,11 @@ fn a_dump_that_leaves_the_process_running_resumes_its_cuda() {
     let Some((_g, fake, _tmp, arc)) = setup() else { return };
     let mut w = cuda_workload();
     let before = w.sums();
-    let d = ok(dump(&fake, &w, &arc, &["--leave-running"]), "criuz dump --leave-running");
+    let d = ok(dump(&fake, &w, &arc, &["--leave-running", "--no-ids"]), "criuz dump --leave-running");
     assert_eq!(calls(&fake.log()), ["lock dump", "checkpoint dump", "restore dump", "unlock dump"]);
     assert!(d["cuda"]["resume_seconds"].as_f64().is_some(), "{d}");
+    let inspect = ok(criuz(&["inspect", "--json", arc.to_str().unwrap()]), "inspect");
+    assert_eq!(inspect["page_id_bytes"].as_u64(), Some(0), "--no-ids: {inspect}");
     assert_eq!(fake.state("w"), 0);
     assert!(w.alive());
     assert_eq!(w.sums(), before);

@@ -44,6 +44,11 @@ pub enum Config {
     CriuzLz4Stream,
     /// criuz-zstd, restored with `--fill stream`.
     CriuzZstdStream,
+    /// criuz-lz4 dumped with `--ids` (every stored page hashed, each page
+    /// stored once): what the ids cost where the memory repeats nothing.
+    CriuzLz4Ids,
+    /// criuz-zstd dumped with `--ids`.
+    CriuzZstdIds,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -76,6 +81,9 @@ impl Config {
     pub const FILL: [Config; 4] =
         [Config::CriuzLz4Place, Config::CriuzZstdPlace, Config::CriuzLz4Stream, Config::CriuzZstdStream];
 
+    /// Run only when asked for: dumps with page ids.
+    pub const IDS: [Config; 2] = [Config::CriuzLz4Ids, Config::CriuzZstdIds];
+
     /// Whether a restore reads the checkpoint where it lies (no directory
     /// unpacked first), so that it can be restored twice in a row.
     pub fn restores_from_checkpoint(self) -> bool {
@@ -92,6 +100,8 @@ impl Config {
                 | Config::CriuzZstdStream
                 | Config::CriuzLz4Sealed
                 | Config::CriuzZstdSealed
+                | Config::CriuzLz4Ids
+                | Config::CriuzZstdIds
         )
     }
 
@@ -111,6 +121,8 @@ impl Config {
             Config::CriuzZstdPlace => "criuz-zstd-place",
             Config::CriuzLz4Stream => "criuz-lz4-stream",
             Config::CriuzZstdStream => "criuz-zstd-stream",
+            Config::CriuzLz4Ids => "criuz-lz4-ids",
+            Config::CriuzZstdIds => "criuz-zstd-ids",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
@@ -122,6 +134,7 @@ impl Config {
             .chain(Config::S3)
             .chain(Config::SEALED)
             .chain(Config::FILL)
+            .chain(Config::IDS)
             .chain(Config::SYNCED)
             .find(|c| c.name() == s)
     }
@@ -319,18 +332,27 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzLz4Place
         | Config::CriuzZstdPlace
         | Config::CriuzLz4Stream
-        | Config::CriuzZstdStream => {
+        | Config::CriuzZstdStream
+        | Config::CriuzLz4Ids
+        | Config::CriuzZstdIds => {
             let zstd = matches!(
                 cfg,
-                Config::CriuzZstd | Config::CriuzZstdSealed | Config::CriuzZstdPlace | Config::CriuzZstdStream
+                Config::CriuzZstd
+                    | Config::CriuzZstdSealed
+                    | Config::CriuzZstdPlace
+                    | Config::CriuzZstdStream
+                    | Config::CriuzZstdIds
             );
             let codec = if zstd { "zstd" } else { "lz4" };
             let pid = pid.to_string();
             let seal = env.seal_args(cfg);
-            let seal: Vec<&str> = seal.iter().map(String::as_str).collect();
+            let mut extra: Vec<&str> = seal.iter().map(String::as_str).collect();
+            if Config::IDS.contains(&cfg) {
+                extra.push("--ids");
+            }
             if env.link.is_some() {
                 let mut args = vec!["dump", "-t", &pid, "-o", "-", "--codec", codec, "--criu", &criu];
-                args.extend(&seal);
+                args.extend(&extra);
                 let cmd = criuz_cmd(env, &args);
                 usage.add(proc::pipeline(vec![cmd], Src::Null, to_dest(&ckpt), &p.logs, "criuz-dump")?.usage);
                 let secs = t.elapsed().as_secs_f64();
@@ -344,7 +366,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                 });
             }
             let mut args = vec!["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
-            args.extend(&seal);
+            args.extend(&extra);
             if let Some(a) = &env.absorb {
                 args.extend(["--absorb", a.as_str()]);
             }
@@ -447,7 +469,9 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzLz4Place
         | Config::CriuzZstdPlace
         | Config::CriuzLz4Stream
-        | Config::CriuzZstdStream => {
+        | Config::CriuzZstdStream
+        | Config::CriuzLz4Ids
+        | Config::CriuzZstdIds => {
             let input = if link { "-" } else { s(&ckpt) };
             let keys = env.key_args(cfg);
             let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];

@@ -15,9 +15,11 @@
 //!   pages unmapped where CRIU writes them, and these rows say whether that
 //!   is the difference, and what placing them costs.
 //!
-//! With `--gpu-ids` criuz dumps with `--ids`: whether the image holds
-//! pages twice (PyTorch's allocator keeps freed blocks, such as the
-//! temporary a tensor was filled from, with their bytes).
+//! criuz stores page ids for a tree holding CUDA state by default (each
+//! page that occurs twice stored once: PyTorch's allocator keeps freed
+//! blocks, such as the temporary a tensor was filled from, with their
+//! bytes); `--gpu-no-ids` dumps with `--no-ids`, to see what they cost and
+//! save.
 //!
 //! One dump per configuration and run; the archive (or directory) is then
 //! restored each way, each restore followed by a
@@ -44,8 +46,8 @@ pub struct AppSize {
     pub weights_gib: f64,
     pub kv_gib: f64,
     pub kv_fill: f64,
-    /// criuz dumps store page ids (`--ids`: identical pages stored once).
-    pub ids: bool,
+    /// criuz dumps without page ids (`--no-ids`).
+    pub no_ids: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -258,8 +260,8 @@ pub fn measure(
                 let codec = config.trim_start_matches("criuz-");
                 let mut cmd = Command::new(criuz);
                 cmd.args(["dump", "-t", &app.pid.to_string(), "-o"]).arg(&arc).args(["--codec", codec, "--json"]);
-                if size.ids {
-                    cmd.arg("--ids");
+                if size.no_ids {
+                    cmd.arg("--no-ids");
                 }
                 let (secs, out) = run(&mut cmd, "criuz dump")?;
                 let d = json(&out);

@@ -117,10 +117,11 @@ pub struct BenchArgs {
     /// With --gpu: the share of the KV cache filled
     #[arg(long, value_name = "SHARE", default_value_t = 0.25, requires = "gpu")]
     pub gpu_kv_fill: f64,
-    /// With --gpu: criuz dumps with --ids (each page that occurs more than
-    /// once stored once: the allocator may keep freed copies of tensors)
+    /// With --gpu: criuz dumps with --no-ids (a tree holding CUDA state
+    /// stores page ids by default, each page that occurs more than once
+    /// stored once): what the ids cost and save
     #[arg(long, requires = "gpu")]
-    pub gpu_ids: bool,
+    pub gpu_no_ids: bool,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -177,6 +178,8 @@ impl Plan {
                             .chain(&Config::S3)
                             .chain(&Config::SEALED)
                             .chain(&Config::FILL)
+                            .chain(&Config::IDS)
+                            .chain(&Config::SYNCED)
                             .map(|c| c.name())
                             .collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
@@ -436,7 +439,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             weights_gib: args.gpu_weights,
             kv_gib: args.gpu_kv,
             kv_fill: args.gpu_kv_fill,
-            ids: args.gpu_ids,
+            no_ids: args.gpu_no_ids,
         };
         let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));

@@ -30,8 +30,8 @@ use crate::proc::tree::{self, end_aborted_tree};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, run_criu,
-    tree_dedups_within, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, publish_pidfile, restore_command,
+    resume_cuda, run_criu, RestoreOptions,
 };
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
@@ -57,8 +57,9 @@ pub struct DumpOptions {
     /// by the user or by CRIU's CUDA plugin, or not to be dumped.
     pub no_gpu: bool,
     /// Store page ids, and so each page that occurs more than once only
-    /// once, where the tree is likely to hold such pages (see
-    /// [`criu_run::dedups_within`](crate::session::criu_run::dedups_within));
+    /// once, where the tree is likely to hold such pages: processes sharing
+    /// much of their memory, or CUDA state (see
+    /// [`criu_run::ids_by_default`](crate::session::criu_run::ids_by_default));
     /// off with `--no-ids`.
     pub auto_ids: bool,
 }
@@ -180,13 +181,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let work = WorkDir::new("criuz-dump-")?;
     let listener = Listener::bind(work.path(), streamer::CAPTURE_SOCKET)?;
     let dedup = dedup_for(o.parent.as_deref(), &o.output)?;
-    let archive = &Options { ids: archive.ids || (o.auto_ids && tree_dedups_within(o.pid)), ..archive.clone() };
-    let meter = o.meter.clone().unwrap_or_default();
-    let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
-    let stop = AtomicBool::new(false);
     // Before CRIU freezes the tree: a frozen process cannot let the driver
     // move its GPU state. Dropped on any failure below, it resumes them.
     let suspended = if o.no_gpu { None } else { cuda::suspend_tree(o.pid)? };
+    let ids = archive.ids || (o.auto_ids && ids_by_default(o.pid, suspended.is_some()));
+    let archive = &Options { ids, ..archive.clone() };
+    let meter = o.meter.clone().unwrap_or_default();
+    let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
+    let stop = AtomicBool::new(false);
 
     let mut cmd = Command::new(&criu.path);
     cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])

@@ -45,7 +45,7 @@ use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu, tree_dedups_within};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
@@ -126,8 +126,8 @@ pub struct RuncCheckpoint {
     /// Leave the container's CUDA processes as they are (see `cuda`).
     pub no_gpu: bool,
     /// Store page ids where the container's processes share much of their
-    /// memory (as `criuz dump` does: `criu_run::dedups_within`); off with
-    /// `--no-ids`.
+    /// memory or hold CUDA state (as `criuz dump` does:
+    /// `criu_run::ids_by_default`); off with `--no-ids`.
     pub auto_ids: bool,
 }
 
@@ -185,13 +185,13 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
     let started = Instant::now();
     // A container runc cannot report fails in runc checkpoint, saying why.
     let init = runc.init_pid(criu, &o.id);
-    let opts = &Options {
-        ids: opts.ids || (o.auto_ids && init.as_ref().is_ok_and(|&pid| tree_dedups_within(pid))),
-        ..opts.clone()
-    };
-    let suspended = match (o.no_gpu, init) {
-        (false, Ok(pid)) => cuda::suspend_tree(pid)?,
+    let suspended = match (o.no_gpu, &init) {
+        (false, Ok(pid)) => cuda::suspend_tree(*pid)?,
         _ => None,
+    };
+    let opts = &Options {
+        ids: opts.ids || (o.auto_ids && init.is_ok_and(|pid| ids_by_default(pid, suspended.is_some()))),
+        ..opts.clone()
     };
     let held = if o.leave_running { None } else { Held::pause(runc, criu, &o.id) };
     let record = suspended.as_ref().map(|s| s.record());

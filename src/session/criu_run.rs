@@ -72,8 +72,21 @@ pub fn dedups_within(processes: usize, shared: u64, anon: u64) -> bool {
     processes > 1 && shared > 0 && shared.saturating_mul(4) >= anon
 }
 
-/// [`dedups_within`] for the tree of `root` as it is now.
-pub(crate) fn tree_dedups_within(root: i32) -> bool {
+/// Whether a dump of the tree of `root` stores page ids without being
+/// asked: where [`dedups_within`] says so of the tree as it is now, or
+/// where the dump suspended CUDA state in it (`holds_cuda`). The driver's
+/// checkpoint brings the process's device memory into its host memory,
+/// and GPU allocators (PyTorch's caching allocator) keep freed blocks with
+/// their bytes: a temporary a tensor was filled or converted from is a
+/// second copy of it (3.2 GB of the 21.7 GB image of `criuz-bench --gpu`'s
+/// app look like one). The hashing costs CPU where nothing repeats: on 2
+/// cores, 1 GiB of bf16 dumped in 1.65 s instead of 1.01 s with LZ4
+/// (docs/BENCHMARKS.md, session 28), a cost paid on a machine's spare
+/// cores where it has them.
+pub(crate) fn ids_by_default(root: i32, holds_cuda: bool) -> bool {
+    if holds_cuda {
+        return true;
+    }
     let pids = tree::tree_pids(&[root]);
     // smaps_rollup walks the page tables (about 10 ms a GiB): one process
     // is decided without it.

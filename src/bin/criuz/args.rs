@@ -168,8 +168,9 @@ pub enum Cmd {
         #[arg(long)]
         no_gpu: bool,
         /// Store no page ids unless --ids asks (by default a tree of several
-        /// processes that share much of their memory stores them, and each
-        /// page that occurs more than once in it only once)
+        /// processes that share much of their memory, or one holding CUDA
+        /// state, stores them, and each page that occurs more than once in
+        /// it only once)
         #[arg(long, conflicts_with = "ids")]
         no_ids: bool,
         /// Print the summary as JSON on stdout (stderr when the archive goes to stdout)

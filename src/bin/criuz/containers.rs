@@ -113,8 +113,9 @@ pub enum RuncCmd {
         #[arg(long)]
         no_gpu: bool,
         /// Store no page ids unless --ids asks (by default a container whose
-        /// processes share much of their memory stores them, and each page
-        /// that occurs more than once in it only once)
+        /// processes share much of their memory, or that holds CUDA state,
+        /// stores them, and each page that occurs more than once in it only
+        /// once)
         #[arg(long, conflicts_with = "ids")]
         no_ids: bool,
         /// Print a JSON report
