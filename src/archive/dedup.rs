@@ -80,8 +80,7 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
         return DedupedBlock { ids, extents: None, literal: Vec::new() };
     }
     let mut extents: Vec<Extent> = Vec::new();
-    let mut literal = Vec::new();
-    let mut literal_ids = Vec::new();
+    let mut literal_pages = Vec::new();
     let mut own = index.own.lock().unwrap();
     for (i, id) in ids.iter().enumerate() {
         let found = index.parents.get(id).copied().or_else(|| own.get(id).copied());
@@ -89,17 +88,22 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
             Some(l) => Origin::Ref { source: l.source, file_id: l.file_id, block: l.block, first: l.page },
             None => {
                 own.insert(*id, PageAt { source: 0, file_id, block, page: i as u32 });
-                literal.extend_from_slice(&stored[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-                literal_ids.push(*id);
+                literal_pages.push(i);
                 Origin::Literal
             }
         };
         push_page(&mut extents, origin);
     }
     drop(own);
-    if literal_ids.len() == ids.len() {
+    if literal_pages.len() == ids.len() {
+        // Nothing found elsewhere (the usual block): no copy of its pages.
         return DedupedBlock { ids, extents: None, literal: Vec::new() };
     }
+    let mut literal = Vec::with_capacity(literal_pages.len() * PAGE_SIZE);
+    for &i in &literal_pages {
+        literal.extend_from_slice(&stored[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+    }
+    let literal_ids = literal_pages.iter().map(|&i| ids[i]).collect();
     DedupedBlock { ids: literal_ids, extents: Some(extents), literal }
 }
 

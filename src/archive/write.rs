@@ -398,22 +398,27 @@ impl FileSink {
 /// and a dedup block when some of them are found elsewhere.
 fn encode_deduped(enc: &mut Encoder, index: &DedupIndex, file_id: u32, block: u32, data: &[u8]) -> EncodedBlock {
     let bitmap = zero_bitmap(data);
-    let stored = enc.gather(data, &bitmap);
-    let d = dedup_block(index, file_id, block, &stored);
+    // A block without zero pages is its own stored bytes (no copy: a block
+    // of floats, or of a dense heap, has none).
+    let gathered = (bitmap.count() > 0).then(|| enc.gather(data, &bitmap));
+    let stored = gathered.as_deref().unwrap_or(data);
+    let d = dedup_block(index, file_id, block, stored);
     let mut encoded = match d.extents {
         None => {
-            let (codec, payload) = enc.compress(&stored);
-            EncodedBlock::new(codec, 0, data.len(), bitmap, &stored, payload)
+            let (codec, payload) = enc.compress(stored);
+            EncodedBlock::new(codec, 0, data.len(), bitmap, stored, payload)
         }
         Some(extents) => {
             let (inner, literal) = enc.compress(&d.literal);
             let mut payload = Vec::with_capacity(literal.len() + 16 + extents.len() * 20);
             DedupPayload { extents, inner, literal_len: d.literal.len() as u32 }.encode_head(&mut payload);
             payload.extend_from_slice(&literal);
-            EncodedBlock::new(BlockCodec::Dedup, 0, data.len(), bitmap, &stored, payload)
+            EncodedBlock::new(BlockCodec::Dedup, 0, data.len(), bitmap, stored, payload)
         }
     };
-    enc.recycle(stored);
+    if let Some(g) = gathered {
+        enc.recycle(g);
+    }
     encoded.ids = Some(d.ids);
     encoded
 }

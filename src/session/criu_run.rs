@@ -80,7 +80,7 @@ pub fn dedups_within(processes: usize, shared: u64, anon: u64) -> bool {
 /// their bytes: a temporary a tensor was filled or converted from is a
 /// second copy of it (3.2 GB of the 21.7 GB image of `criuz-bench --gpu`'s
 /// app look like one). The hashing costs CPU where nothing repeats: on 2
-/// cores, 1 GiB of bf16 dumped in 1.65 s instead of 1.01 s with LZ4
+/// cores, 1 GiB of bf16 dumped in 1.23 s instead of 0.95 s with LZ4
 /// (docs/BENCHMARKS.md, session 28), a cost paid on a machine's spare
 /// cores where it has them.
 pub(crate) fn ids_by_default(root: i32, holds_cuda: bool) -> bool {
