@@ -251,24 +251,42 @@ impl Encoder {
             return None;
         }
         let (try_low, try_high) = (low_codec != BlockCodec::Raw, high_codec != BlockCodec::Raw);
-        self.split.clear();
-        planes::split_into(src, &mut self.split);
-        let (low, high) = self.split.split_at(src.len().div_ceil(2));
+        // Split straight into the payload after its prefix: the low plane,
+        // usually stored raw, is then where it belongs without a copy.
         let mut payload = Vec::with_capacity(src.len() + PLANES_PREFIX);
         payload.extend_from_slice(&[0; PLANES_PREFIX]);
-        let mut store = |plane: &[u8], attempt: bool, payload: &mut Vec<u8>| {
-            if attempt {
-                if let (BlockCodec::Lz4 | BlockCodec::Zstd, out) = compress(config, zstd.as_deref_mut(), plane) {
-                    payload.extend_from_slice(&out);
-                    return true;
-                }
+        planes::split_into(src, &mut payload);
+        let high_at = PLANES_PREFIX + src.len().div_ceil(2);
+        let mut attempt = |on: bool, plane: &[u8]| {
+            if !on {
+                return None;
             }
-            payload.extend_from_slice(plane);
-            false
+            match compress(config, zstd.as_deref_mut(), plane) {
+                (BlockCodec::Lz4 | BlockCodec::Zstd, out) => Some(out),
+                _ => None,
+            }
         };
-        let low_compressed = store(low, try_low, &mut payload);
-        let low_len = payload.len() - PLANES_PREFIX;
-        let high_compressed = store(high, try_high, &mut payload);
+        let low_out = attempt(try_low, &payload[PLANES_PREFIX..high_at]);
+        let high_out = attempt(try_high, &payload[high_at..]);
+        let (low_compressed, high_compressed) = (low_out.is_some(), high_out.is_some());
+        let low_len = match low_out {
+            // Rare (the low plane of floats is noise): rebuilt around it.
+            Some(low) => {
+                let mut rebuilt = Vec::with_capacity(PLANES_PREFIX + low.len() + payload.len() - high_at);
+                rebuilt.extend_from_slice(&[0; PLANES_PREFIX]);
+                rebuilt.extend_from_slice(&low);
+                rebuilt.extend_from_slice(high_out.as_deref().unwrap_or(&payload[high_at..]));
+                payload = rebuilt;
+                low.len()
+            }
+            None => {
+                if let Some(high) = high_out {
+                    payload.truncate(high_at);
+                    payload.extend_from_slice(&high);
+                }
+                high_at - PLANES_PREFIX
+            }
+        };
         let prefix = PlanesPrefix { low_len: low_len as u32, low_compressed, high_compressed };
         payload[..PLANES_PREFIX].copy_from_slice(&prefix.encode());
         if payload.len() > src.len() - src.len() / 8 {
@@ -592,6 +610,63 @@ pub fn scatter(header: &BlockHeader, stored: &[u8], omit: &dyn Fn(usize) -> bool
         } else {
             out.extend_from_slice(&stored[src..src + len]);
             src += len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::PlanesPrefix;
+
+    /// A xorshift stream: the same bytes on every run.
+    fn stream(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// 16-bit words from `word`, 64 pages of them.
+    fn words(mut word: impl FnMut(usize) -> u16) -> Vec<u8> {
+        (0..64 * PAGE_SIZE / 2).flat_map(|i| word(i).to_le_bytes()).collect()
+    }
+
+    fn round_trip(config: CodecConfig, data: &[u8]) -> (BlockCodec, Option<PlanesPrefix>) {
+        let block = Encoder::new(config).encode(1, data, true);
+        let mut out = Vec::new();
+        Decoder::new().decode(&block.header, &block.payload, &mut out).expect("decodes");
+        assert!(out == data, "{:?} does not give back what it stored", block.header.codec);
+        let prefix = block.header.codec.is_planes().then(|| PlanesPrefix::decode(&block.payload).unwrap().0);
+        (block.header.codec, prefix)
+    }
+
+    /// Byte planes round-trip whichever of them compresses: bf16 values
+    /// (the low plane noise, stored raw where it lies) and words whose low
+    /// bytes repeat too (both planes compressed, the payload rebuilt).
+    #[test]
+    fn byte_planes_give_back_every_word_whichever_plane_compresses() {
+        let mut next = stream(7);
+        let bf16 = words(|_| {
+            // A rough normal: the sum of four uniforms, scaled like weights.
+            let u: f32 = (0..4).map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0;
+            ((u * 0.02).to_bits() >> 16) as u16
+        });
+        let mut next = stream(11);
+        let both = words(|i| (0x3c00 | (next() % 4) << 8) as u16 | ((i / 3) % 4) as u16);
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            let config = CodecConfig::new(codec, None).unwrap();
+            let (c, prefix) = round_trip(config, &bf16);
+            let prefix = prefix.unwrap_or_else(|| panic!("{codec:?}: bf16 stored as {c:?}, not as planes"));
+            assert!(!prefix.low_compressed && prefix.high_compressed, "{codec:?}: {prefix:?}");
+            let (c, prefix) = round_trip(config, &both);
+            let prefix = prefix.unwrap_or_else(|| panic!("{codec:?}: stored as {c:?}, not as planes"));
+            assert!(prefix.low_compressed && prefix.high_compressed, "{codec:?}: {prefix:?}");
+            // Without planes the same bytes come back too.
+            round_trip(CodecConfig { planes: false, ..config }, &bf16);
         }
     }
 }
