@@ -658,7 +658,7 @@ mod tests {
             ((u * 0.02).to_bits() >> 16) as u16
         });
         let mut next = stream(11);
-        let both = words(|_| (0x3c00 | (next() % 4) << 8 | next() % 4) as u16);
+        let both = words(|_| (0x3c00 | ((next() % 4) << 8) | (next() % 4)) as u16);
         for codec in [Codec::Lz4, Codec::Zstd] {
             let config = CodecConfig::new(codec, None).unwrap();
             let (c, prefix) = round_trip(config, &bf16);
