@@ -101,18 +101,33 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
             let plan = lazy::plan_placement(&*source)?;
-            let not_placed = match &plan {
-                None => Some(UNKNOWN_PAGEMAPS),
-                Some(_) if lazy::shares_pages(&*source) => Some(SHARED_PAGES),
-                Some(p) if p.eager_bytes > PLACE_EAGER_MAX.min(p.placed_bytes) => Some(MOSTLY_EAGER),
-                Some(_) => None,
-            };
+            let holds_cuda = source.find(crate::cuda::RECORD_FILE).is_some();
+            let sizes = plan.as_ref().map(|p| (p.eager_bytes, p.placed_bytes));
+            let not_placed = why_not_placed(sizes, holds_cuda, || lazy::shares_pages(&*source));
             match (plan, not_placed) {
                 (Some(plan), None) => placed(source, Some(plan)),
                 _ => checkpoint::restore_opened(o, source, started, archive, criu)
                     .map(|r| Restored::Eager(RestoreReport { not_placed, ..r })),
             }
         }
+    }
+}
+
+/// Why a default restore streams (`None`: it places), given the bytes CRIU
+/// would restore itself and those criuz would place (`None`: pagemaps it
+/// cannot place). A tree whose processes share pages streams, so CRIU
+/// keeps them shared, unless it holds CUDA state: its resume reads all of
+/// its memory at once (the GPU app streamed with its zero pages took
+/// 14.8-17.7 s, placed 4.6-5.6 s: BENCHMARKS.md, session 27), and its
+/// dump stores page ids whether or not
+/// its processes share anything (`criu_run::ids_by_default`), so its
+/// references say little about sharing.
+fn why_not_placed(sizes: Option<(u64, u64)>, holds_cuda: bool, shares: impl FnOnce() -> bool) -> Option<&'static str> {
+    match sizes {
+        None => Some(UNKNOWN_PAGEMAPS),
+        Some(_) if !holds_cuda && shares() => Some(SHARED_PAGES),
+        Some((eager, placed)) if eager > PLACE_EAGER_MAX.min(placed) => Some(MOSTLY_EAGER),
+        Some(_) => None,
     }
 }
 
@@ -133,4 +148,23 @@ pub const PLACE_EAGER_MAX: u64 = 256 << 20;
 /// read (see the module doc).
 fn placing_suits(o: &RestoreOptions) -> bool {
     !o.keep_zero_pages && !matches!(o.input, Location::Object(_)) && uffd::lazy_restore_available()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_default_restore_places_unless_streaming_suits_better() {
+        const MIB: u64 = 1 << 20;
+        let private = Some((0, 512 * MIB));
+        assert_eq!(why_not_placed(private, false, || false), None);
+        assert_eq!(why_not_placed(None, false, || false), Some(UNKNOWN_PAGEMAPS));
+        assert_eq!(why_not_placed(private, false, || true), Some(SHARED_PAGES));
+        // A CUDA tree's references are no sign of sharing, and its resume
+        // wants every page at once: placed.
+        assert_eq!(why_not_placed(private, true, || true), None);
+        assert_eq!(why_not_placed(Some((300 * MIB, 512 * MIB)), true, || true), Some(MOSTLY_EAGER));
+        assert_eq!(why_not_placed(Some((100 * MIB, 50 * MIB)), false, || false), Some(MOSTLY_EAGER));
+    }
 }
