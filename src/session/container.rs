@@ -536,8 +536,11 @@ fn runc_restore_args(cmd: &mut Command, o: &RuncRestore) {
 /// directory holding `criu`, a link to the CRIU criuz found, goes first.
 fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command> {
     let bin = work.path().join("bin");
-    std::fs::DirBuilder::new().mode(0o700).create(&bin).at(&bin)?;
-    std::os::unix::fs::symlink(&criu.path, bin.join("criu")).at(&bin)?;
+    // Made once per work directory (private to this command).
+    if !bin.is_dir() {
+        std::fs::DirBuilder::new().mode(0o700).create(&bin).at(&bin)?;
+        std::os::unix::fs::symlink(&criu.path, bin.join("criu")).at(&bin)?;
+    }
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs = vec![bin];
     dirs.extend(std::env::split_paths(&path));
@@ -546,33 +549,44 @@ fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command>
     Ok(c)
 }
 
-/// `podman container checkpoint --export` of container `id` into an
+/// What `criuz podman checkpoint` was asked.
+pub struct PodmanCheckpoint<'a> {
+    /// The container's name or id.
+    pub id: &'a str,
+    pub output: &'a Path,
+    pub force: bool,
+    /// More `podman container checkpoint` options.
+    pub extra: &'a [String],
+    /// Store page ids where the container's processes share much of their
+    /// memory (`criu_run::ids_by_default`, asked before podman checkpoints
+    /// it); off with `--no-ids`.
+    pub auto_ids: bool,
+}
+
+/// `podman container checkpoint --export` of container `o.id` into an
 /// archive. The export goes to a private tar file on tmpfs first, then is
 /// packed: podman ends the container as it exports (unless told
 /// `--leave-running`), so should packing fail, the export is kept and named
-/// instead of lost. `extra` goes to podman.
-pub fn podman_checkpoint(
-    podman: &Path,
-    criu: &Criu,
-    id: &str,
-    output: &Path,
-    force: bool,
-    extra: &[String],
-    opts: &Options,
-) -> Result<PackStats> {
-    let out = Output::open(output, force)?;
+/// instead of lost.
+pub fn podman_checkpoint(podman: &Path, criu: &Criu, o: &PodmanCheckpoint, opts: &Options) -> Result<PackStats> {
+    let out = Output::open(o.output, o.force)?;
     let work = work_dir("criuz-podman-")?;
+    // Whether its processes share pages is asked of the running container;
+    // one podman cannot report is left to podman's checkpoint to refuse.
+    let shares = || podman_init_pid(podman, criu, &work, o.id).is_some_and(|pid| ids_by_default(pid, false));
+    let opts = &Options { ids: opts.ids || (o.auto_ids && shares()), ..opts.clone() };
     let tar = work.path().join("export.tar");
     // Uncompressed: criuz compresses it, page-aware.
     let status = podman_command(podman, criu, &work)?
         .args(["container", "checkpoint", "--compress", "none", "--export"])
         .arg(&tar)
-        .args(extra)
-        .arg(id)
+        .args(o.extra)
+        .arg(o.id)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()
         .map_err(|e| cannot_run(podman.display(), e))?;
+    let id = o.id;
     if !status.success() {
         return Err(Error::Criu(format!("podman container checkpoint {id} failed ({status}); nothing written")));
     }
@@ -590,6 +604,20 @@ pub fn podman_checkpoint(
             )))
         }
     }
+}
+
+/// The host pid of container `id`'s init, as podman reports it (None where
+/// it cannot: no such container, not running).
+fn podman_init_pid(podman: &Path, criu: &Criu, work: &WorkDir, id: &str) -> Option<i32> {
+    let out = podman_command(podman, criu, work)
+        .ok()?
+        .args(["container", "inspect", "--format", "{{.State.Pid}}", id])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    (out.status.success() && pid > 0).then_some(pid)
 }
 
 /// `podman container restore --import` from an archive of a podman export:

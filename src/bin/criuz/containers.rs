@@ -292,6 +292,11 @@ pub enum PodmanCmd {
         criu: CriuArgs,
         #[command(flatten)]
         write: ArchiveArgs,
+        /// Store no page ids unless --ids asks (by default a container whose
+        /// processes share much of their memory stores them, and each page
+        /// that occurs more than once in it only once)
+        #[arg(long, conflicts_with = "ids")]
+        no_ids: bool,
         /// More podman container checkpoint options (after --)
         #[arg(last = true)]
         extra: Vec<String>,
@@ -318,11 +323,12 @@ pub enum PodmanCmd {
 
 pub fn podman(cmd: PodmanCmd) -> Result<()> {
     match cmd {
-        PodmanCmd::Checkpoint { id, output, force, podman, criu, write, extra } => {
+        PodmanCmd::Checkpoint { id, output, force, podman, criu, write, no_ids, extra } => {
             let opts = write.options()?;
             let criu = criu.locate()?;
             let t = Instant::now();
-            let s = container::podman_checkpoint(&podman, &criu, &id, &output, force, &extra, &opts)?;
+            let o = container::PodmanCheckpoint { id: &id, output: &output, force, extra: &extra, auto_ids: !no_ids };
+            let s = container::podman_checkpoint(&podman, &criu, &o, &opts)?;
             eprintln!(
                 "checkpointed container {id} into {}: {}, {:.2}s",
                 output.display(),
