@@ -619,17 +619,7 @@ pub fn scatter(header: &BlockHeader, stored: &[u8], omit: &dyn Fn(usize) -> bool
 mod tests {
     use super::*;
     use crate::format::PlanesPrefix;
-
-    /// A xorshift stream: the same bytes on every run.
-    fn stream(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed | 1;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
+    use crate::planes::tests::xorshift;
 
     /// 16-bit words from `word`, 64 pages of them.
     fn words(mut word: impl FnMut(usize) -> u16) -> Vec<u8> {
@@ -651,13 +641,13 @@ mod tests {
     /// rebuilt).
     #[test]
     fn byte_planes_give_back_every_word_whichever_plane_compresses() {
-        let mut next = stream(7);
+        let mut next = xorshift(7);
         let bf16 = words(|_| {
             // A rough normal: the sum of four uniforms, scaled like weights.
             let u: f32 = (0..4).map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0;
             ((u * 0.02).to_bits() >> 16) as u16
         });
-        let mut next = stream(11);
+        let mut next = xorshift(11);
         let both = words(|_| (0x3c00 | ((next() % 4) << 8) | (next() % 4)) as u16);
         for codec in [Codec::Lz4, Codec::Zstd] {
             let config = CodecConfig::new(codec, None).unwrap();

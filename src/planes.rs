@@ -251,8 +251,20 @@ fn entropy(hist: &[u32; 256]) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A xorshift stream: the same bytes on every run (for the tests of
+    /// this module and of `codec`).
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
 
     #[test]
     fn join_undoes_split_for_every_length() {
@@ -305,13 +317,7 @@ mod tests {
 
     #[test]
     fn coded_len_follows_the_entropy_and_says_when_it_pays() {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         let noise: Vec<u8> = (0..8192).map(|_| next() as u8).collect();
         assert_eq!(coded_len(&noise), (8192, false), "noise is stored as it is");
         // Four values, evenly: two bits a byte.
@@ -324,13 +330,7 @@ mod tests {
     #[test]
     fn only_word_shaped_bytes_look_like_words() {
         // bf16-like: a high byte from a few values, a low byte from all.
-        let mut x = 1u32;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x
-        };
+        let mut next = xorshift(1);
         let words: Vec<u8> = (0..8192).flat_map(|_| [next() as u8, 0x3C + (next() % 4) as u8]).collect();
         assert!(looks_like_words(&words));
         let random: Vec<u8> = (0..16384).map(|_| next() as u8).collect();
