@@ -15,8 +15,10 @@
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
 #   bash bench/device.sh gpu-no-ids  # the GPU app, criuz-zstd dumping with --no-ids
+#   bash bench/device.sh gpu-no-planes # the GPU app, criuz-lz4 dumping with --no-planes (dump CPU)
+#   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # criuz zstd (default, then --no-ids) and lz4, dump memory of random
+#                                  # criuz lz4, then lz4 --no-planes, zstd, dump memory of random
 #                                  # and elf, lazy, then the GPU app with plain CRIU
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
@@ -59,6 +61,17 @@ case ${1:-} in
     # tree stores by default cost and save.
     "${B[@]}" --gpu --gpu-no-ids --configs criuz-zstd --runs 1 --cold --json "$out/gpu-no-ids.json"
     ;;
+  gpu-no-planes)
+    # criuz-lz4 without byte planes: beside a `gpu criuz-lz4` run, what
+    # the planes cost in dump CPU on this image.
+    "${B[@]}" --gpu --gpu-no-planes --configs criuz-lz4 --runs 1 --cold --json "$out/gpu-no-planes.json"
+    ;;
+  gpu-runs)
+    # Each run its own folder: a part's JSON is named by its configuration.
+    for c in criuz-zstd criu-dir criuz-zstd criuz-lz4 criu-dir; do
+      OUT=$out/runs/$c-$(date +%s%N) bash "$PWD/bench/device.sh" gpu "$c"
+    done
+    ;;
   session)
     # Most wanted first; each part gets at most its cap and what is left.
     end=$(($(date +%s) + ${BUDGET_S:-540}))
@@ -78,9 +91,9 @@ case ${1:-} in
     # What CRIU's start costs depends on whether /run keeps its kernel probes.
     findmnt -n -o FSTYPE /run || true
     nvidia-smi -L || true
-    part 170 bash "$me" gpu criuz-zstd
-    part 170 bash "$me" gpu-no-ids
     part 170 bash "$me" gpu criuz-lz4
+    part 170 bash "$me" gpu-no-planes
+    part 170 bash "$me" gpu criuz-zstd
     # Dump memory where the archive stays large (issue 33: <= 1 GiB).
     for w in random elf; do
       OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
@@ -90,7 +103,7 @@ case ${1:-} in
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-no-ids|session" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-no-ids|gpu-no-planes|gpu-runs|session" >&2
     exit 2
     ;;
 esac

@@ -36,24 +36,14 @@ pub const CODECS: &[(&str, &[&str])] = &[
     ("zstd-flat", &["--codec", "zstd", "--no-planes"]),
 ];
 
-/// CPU seconds (user and system) of the waited-for children so far.
-fn children_cpu() -> f64 {
-    // SAFETY: getrusage fills the struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 /// Runs `cmd` to its end: wall seconds and CPU seconds.
 fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
-    let (t, cpu) = (Instant::now(), children_cpu());
+    let (t, cpu) = (Instant::now(), proc::children_cpu());
     let out = cmd.stdin(Stdio::null()).output()?;
     if !out.status.success() {
         return Err(Error::Invalid(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
-    Ok((t.elapsed().as_secs_f64(), children_cpu() - cpu))
+    Ok((t.elapsed().as_secs_f64(), proc::children_cpu() - cpu))
 }
 
 /// Rows for one pattern: dumps a fresh workload once, then packs and unpacks

@@ -19,15 +19,17 @@
 //! page that occurs twice stored once: PyTorch's allocator keeps freed
 //! blocks, such as the temporary a tensor was filled from, with their
 //! bytes); `--gpu-no-ids` dumps with `--no-ids`, to see what they cost and
-//! save.
+//! save. `--gpu-no-planes` dumps with `--no-planes`: beside a default dump,
+//! what the byte planes of 16-bit floats cost in dump CPU on this image.
 //!
 //! One dump per configuration and run; the archive (or directory) is then
 //! restored each way, each restore followed by a
 //! request whose answer must equal the one before the dump: the first
 //! answer's time counts from the restore's start. With `--cold` the page
 //! cache is dropped before each restore. Columns: suspend, durable dump
-//! without the suspend, CRIU's frozen time, size, restore (CRIU's part),
-//! resume, first answer, intact. On a machine without a GPU (no driver, no
+//! without the suspend, the dump's CPU (criuz and CRIU, or CRIU alone;
+//! the suspend's share is the driver's, in the app), CRIU's frozen time,
+//! size, restore (CRIU's part), resume, first answer, intact. On a machine without a GPU (no driver, no
 //! device, or no PyTorch that sees one) it says so and measures nothing.
 
 use crate::error::{Error, Result};
@@ -48,6 +50,8 @@ pub struct AppSize {
     pub kv_fill: f64,
     /// criuz dumps without page ids (`--no-ids`).
     pub no_ids: bool,
+    /// criuz dumps without byte planes (`--no-planes`).
+    pub no_planes: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -59,6 +63,9 @@ pub struct GpuRow {
     /// Medians over the runs, seconds.
     pub suspend_s: f64,
     pub dump_s: f64,
+    /// User and system CPU of the dump's commands: criuz and the CRIU it
+    /// runs, or `criu dump` (the suspend is the driver's work, in the app).
+    pub dump_cpu_s: f64,
     pub frozen_s: f64,
     pub restore_s: f64,
     pub resume_s: f64,
@@ -164,6 +171,13 @@ fn run(cmd: &mut Command, what: &str) -> Result<(f64, Vec<u8>)> {
     Ok((t.elapsed().as_secs_f64(), out.stdout))
 }
 
+/// Runs `cmd` as [`run`] does, with the CPU its process tree used.
+fn run_cpu(cmd: &mut Command, what: &str) -> Result<(f64, f64, Vec<u8>)> {
+    let cpu = proc::children_cpu();
+    let (secs, out) = run(cmd, what)?;
+    Ok((secs, proc::children_cpu() - cpu, out))
+}
+
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).unwrap_or_default()
 }
@@ -173,6 +187,7 @@ fn json(bytes: &[u8]) -> serde_json::Value {
 struct Sample {
     suspend_s: f64,
     dump_s: f64,
+    dump_cpu_s: f64,
     frozen_s: f64,
     restore_s: f64,
     resume_s: f64,
@@ -236,7 +251,7 @@ pub fn measure(
                     return Err(Error::Invalid(e.to_string()));
                 }
                 dumped.suspend_s = t.elapsed().as_secs_f64();
-                let t = Instant::now();
+                let (t, cpu) = (Instant::now(), proc::children_cpu());
                 let dumped_dir = run(
                     Command::new(&criu.path)
                         .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
@@ -251,6 +266,7 @@ pub fn measure(
                 // as criuz's archive is.
                 unsafe { libc::sync() };
                 dumped.dump_s = t.elapsed().as_secs_f64();
+                dumped.dump_cpu_s = proc::children_cpu() - cpu;
                 dumped.frozen_s =
                     crate::config::frozen_from_stats(&std::fs::read(image.join("stats-dump")).unwrap_or_default())
                         .unwrap_or(f64::NAN);
@@ -263,7 +279,11 @@ pub fn measure(
                 if size.no_ids {
                     cmd.arg("--no-ids");
                 }
-                let (secs, out) = run(&mut cmd, "criuz dump")?;
+                if size.no_planes {
+                    cmd.arg("--no-planes");
+                }
+                let (secs, cpu, out) = run_cpu(&mut cmd, "criuz dump")?;
+                dumped.dump_cpu_s = cpu;
                 let d = json(&out);
                 dumped.suspend_s = d["cuda"]["suspend_seconds"].as_f64().unwrap_or(f64::NAN);
                 dumped.dump_s = secs - dumped.suspend_s;
@@ -326,6 +346,7 @@ pub fn measure(
                 cold,
                 suspend_s: med(|s| s.suspend_s),
                 dump_s: med(|s| s.dump_s),
+                dump_cpu_s: med(|s| s.dump_cpu_s),
                 frozen_s: med(|s| s.frozen_s),
                 restore_s: med(|s| s.restore_s),
                 resume_s: med(|s| s.resume_s),
@@ -342,16 +363,28 @@ pub fn measure(
 
 pub fn table(rows: &[GpuRow]) -> String {
     let mut s = format!(
-        "{:<11} {:<6} {:>9} {:>7} {:>7} {:>9} {:>6} {:>8} {:>7} {:>8} {:>7}\n",
-        "config", "how", "suspend s", "dump s", "frozen", "GB", "ratio", "restore", "resume", "answer", "intact"
+        "{:<11} {:<14} {:>9} {:>7} {:>8} {:>7} {:>9} {:>6} {:>8} {:>7} {:>8} {:>7}\n",
+        "config",
+        "how",
+        "suspend s",
+        "dump s",
+        "dump CPU",
+        "frozen",
+        "GB",
+        "ratio",
+        "restore",
+        "resume",
+        "answer",
+        "intact"
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<11} {:<6} {:>9.2} {:>7.2} {:>7.2} {:>9.2} {:>6.3} {:>8.2} {:>7.2} {:>8.2} {:>7}\n",
+            "{:<11} {:<14} {:>9.2} {:>7.2} {:>8.2} {:>7.2} {:>9.2} {:>6.3} {:>8.2} {:>7.2} {:>8.2} {:>7}\n",
             r.config,
             r.restore,
             r.suspend_s,
             r.dump_s,
+            r.dump_cpu_s,
             r.frozen_s,
             r.stored_bytes as f64 / 1e9,
             r.stored_bytes as f64 / r.raw_bytes.max(1) as f64,

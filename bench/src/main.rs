@@ -122,6 +122,10 @@ pub struct BenchArgs {
     /// stored once): what the ids cost and save
     #[arg(long, requires = "gpu")]
     pub gpu_no_ids: bool,
+    /// With --gpu: criuz dumps with --no-planes, to compare the dump's CPU
+    /// with the byte planes of 16-bit floats and without
+    #[arg(long, requires = "gpu")]
+    pub gpu_no_planes: bool,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -440,6 +444,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             kv_gib: args.gpu_kv,
             kv_fill: args.gpu_kv_fill,
             no_ids: args.gpu_no_ids,
+            no_planes: args.gpu_no_planes,
         };
         let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));

@@ -184,6 +184,16 @@ pub fn pss_anon_kib(pids: &[i32]) -> u64 {
         .sum::<u64>()
 }
 
+/// CPU seconds (user and system) of the waited-for children so far.
+pub fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
     let f = stat_fields(pid)?;
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
