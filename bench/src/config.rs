@@ -49,6 +49,11 @@ pub enum Config {
     CriuzLz4Ids,
     /// criuz-zstd dumped with `--ids`.
     CriuzZstdIds,
+    /// criuz-lz4 dumped with `--no-planes`: what the byte planes of 16-bit
+    /// floats cost and gain.
+    CriuzLz4Flat,
+    /// criuz-zstd dumped with `--no-planes`.
+    CriuzZstdFlat,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -84,6 +89,9 @@ impl Config {
     /// Run only when asked for: dumps with page ids.
     pub const IDS: [Config; 2] = [Config::CriuzLz4Ids, Config::CriuzZstdIds];
 
+    /// Run only when asked for: dumps without byte planes.
+    pub const FLAT: [Config; 2] = [Config::CriuzLz4Flat, Config::CriuzZstdFlat];
+
     /// Whether a restore reads the checkpoint where it lies (no directory
     /// unpacked first), so that it can be restored twice in a row.
     pub fn restores_from_checkpoint(self) -> bool {
@@ -102,6 +110,8 @@ impl Config {
                 | Config::CriuzZstdSealed
                 | Config::CriuzLz4Ids
                 | Config::CriuzZstdIds
+                | Config::CriuzLz4Flat
+                | Config::CriuzZstdFlat
         )
     }
 
@@ -123,6 +133,8 @@ impl Config {
             Config::CriuzZstdStream => "criuz-zstd-stream",
             Config::CriuzLz4Ids => "criuz-lz4-ids",
             Config::CriuzZstdIds => "criuz-zstd-ids",
+            Config::CriuzLz4Flat => "criuz-lz4-flat",
+            Config::CriuzZstdFlat => "criuz-zstd-flat",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
@@ -135,6 +147,7 @@ impl Config {
             .chain(Config::SEALED)
             .chain(Config::FILL)
             .chain(Config::IDS)
+            .chain(Config::FLAT)
             .chain(Config::SYNCED)
             .find(|c| c.name() == s)
     }
@@ -334,7 +347,9 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
         | Config::CriuzLz4Ids
-        | Config::CriuzZstdIds => {
+        | Config::CriuzZstdIds
+        | Config::CriuzLz4Flat
+        | Config::CriuzZstdFlat => {
             let zstd = matches!(
                 cfg,
                 Config::CriuzZstd
@@ -342,6 +357,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                     | Config::CriuzZstdPlace
                     | Config::CriuzZstdStream
                     | Config::CriuzZstdIds
+                    | Config::CriuzZstdFlat
             );
             let codec = if zstd { "zstd" } else { "lz4" };
             let pid = pid.to_string();
@@ -349,6 +365,9 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let mut extra: Vec<&str> = seal.iter().map(String::as_str).collect();
             if Config::IDS.contains(&cfg) {
                 extra.push("--ids");
+            }
+            if Config::FLAT.contains(&cfg) {
+                extra.push("--no-planes");
             }
             if env.link.is_some() {
                 let mut args = vec!["dump", "-t", &pid, "-o", "-", "--codec", codec, "--criu", &criu];
@@ -471,7 +490,9 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
         | Config::CriuzLz4Ids
-        | Config::CriuzZstdIds => {
+        | Config::CriuzZstdIds
+        | Config::CriuzLz4Flat
+        | Config::CriuzZstdFlat => {
             let input = if link { "-" } else { s(&ckpt) };
             let keys = env.key_args(cfg);
             let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];

@@ -22,13 +22,16 @@ pub struct BenchArgs {
     /// memory, which CRIU restores itself)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
-    /// Configurations, comma separated [default: all but the S3, sealed, place, stream and sync ones]:
+    /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat
+    /// and sync ones]:
     /// criu-dir, criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criu-dir+sync (criu
     /// dump -D, then sync, timed); criuz-s3,criuz+boto3 (a
     /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
     /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream
-    /// (restored with --fill stream, through CRIU's image stream)
+    /// (restored with --fill stream, through CRIU's image stream), criuz-lz4-ids,
+    /// criuz-zstd-ids (dumped with --ids), criuz-lz4-flat, criuz-zstd-flat (dumped with
+    /// --no-planes)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub configs: Option<Vec<String>>,
     /// Memory of each workload in MiB [default: 1024, or 32 with --quick]
@@ -183,6 +186,7 @@ impl Plan {
                             .chain(&Config::SEALED)
                             .chain(&Config::FILL)
                             .chain(&Config::IDS)
+                            .chain(&Config::FLAT)
                             .chain(&Config::SYNCED)
                             .map(|c| c.name())
                             .collect();
@@ -329,6 +333,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         bytes: d.bytes,
         raw_bytes: d.raw_bytes,
         cpu_s: d.usage.cpu_s + dumped_cpu + r.usage.cpu_s + restored_cpu,
+        dump_cpu_s: d.usage.cpu_s + dumped_cpu,
         peak_rss_kib: d.usage.maxrss_kib.max(r.usage.maxrss_kib),
         dump_rss_kib: d.usage.maxrss_kib,
         warm_restore_s,

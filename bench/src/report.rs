@@ -13,6 +13,9 @@ pub struct Sample {
     pub bytes: u64,
     pub raw_bytes: u64,
     pub cpu_s: f64,
+    /// The dump's part of `cpu_s`: its commands (criuz and CRIU, or CRIU
+    /// and the archiver) and CRIU's parasite code in the dumped tree.
+    pub dump_cpu_s: f64,
     /// The larger of the dump's and the restore's peak RSS.
     pub peak_rss_kib: u64,
     /// The dump's alone (with `--absorb`, criuz holds the pages CRIU wrote
@@ -144,6 +147,7 @@ pub struct ResultJson {
     pub frozen_s: Option<Figure>,
     pub restore_s: Option<Figure>,
     pub cpu_s: Option<Figure>,
+    pub dump_cpu_s: Option<Figure>,
     /// Medians over the runs.
     pub bytes: Option<u64>,
     pub raw_bytes: Option<u64>,
@@ -205,6 +209,7 @@ impl ResultJson {
             frozen_s: fig(&|s| s.frozen_s),
             restore_s: fig(&|s| Some(s.restore_s)),
             cpu_s: fig(&|s| Some(s.cpu_s)),
+            dump_cpu_s: fig(&|s| Some(s.dump_cpu_s)),
             bytes,
             raw_bytes,
             ratio: bytes.zip(raw_bytes).map(|(b, r)| b as f64 / r.max(1) as f64),
@@ -245,6 +250,7 @@ pub fn table(results: &[ResultJson]) -> String {
         "raw MiB",
         "ratio",
         "cpu s",
+        "dump cpu s",
         "dump RSS MiB",
         "peak RSS MiB",
         "tree MiB before / restored",
@@ -270,6 +276,7 @@ pub fn table(results: &[ResultJson]) -> String {
             mib(r.raw_bytes),
             r.ratio.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into()),
             fmt_fig(r.cpu_s, r.runs),
+            fmt_fig(r.dump_cpu_s, r.runs),
             r.dump_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             match (r.tree_before_kib, r.tree_restored_kib) {
