@@ -31,6 +31,7 @@ if [ "$(id -u)" -eq 0 ]; then
     ./target/release/criuz-bench --quick --workloads mixed --configs criuz-s3,criuz+boto3 --json "$out/s3.json" &&
     ./target/release/criuz-bench --quick --containers --json "$out/containers.json" &&
     ./target/release/criuz-bench --quick --workloads mixed --configs criuz-lz4,criuz-lz4-stream,criuz-zstd-stream --cold --json "$out/fill.json" &&
+    ./target/release/criuz-bench --quick --workloads bf16 --configs criuz-lz4-flat,criuz-zstd-ids --json "$out/flat.json" &&
     ./target/release/criuz-bench --quick --load 2 --workloads mixed --json "$out/load.json"; then
     passed=$((passed + 1))
   else
