@@ -12,7 +12,7 @@ use crate::workload::{Running, Tools};
 use criuz::criu::Criu;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CodecRow {
@@ -38,12 +38,8 @@ pub const CODECS: &[(&str, &[&str])] = &[
 
 /// Runs `cmd` to its end: wall seconds and CPU seconds.
 fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
-    let (t, cpu) = (Instant::now(), proc::children_cpu());
-    let out = cmd.stdin(Stdio::null()).output()?;
-    if !out.status.success() {
-        return Err(Error::Invalid(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim())));
-    }
-    Ok((t.elapsed().as_secs_f64(), proc::children_cpu() - cpu))
+    let what = format!("{cmd:?}");
+    proc::run_measured(cmd, &what).map(|(wall, cpu, _)| (wall, cpu))
 }
 
 /// Rows for one pattern: dumps a fresh workload once, then packs and unpacks

@@ -163,19 +163,7 @@ impl App {
 
 /// Runs `cmd`; its wall time and standard output, or its failure.
 fn run(cmd: &mut Command, what: &str) -> Result<(f64, Vec<u8>)> {
-    let t = Instant::now();
-    let out = cmd.stdin(Stdio::null()).output()?;
-    if !out.status.success() {
-        return Err(Error::Invalid(format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
-    }
-    Ok((t.elapsed().as_secs_f64(), out.stdout))
-}
-
-/// Runs `cmd` as [`run`] does, with the CPU its process tree used.
-fn run_cpu(cmd: &mut Command, what: &str) -> Result<(f64, f64, Vec<u8>)> {
-    let cpu = proc::children_cpu();
-    let (secs, out) = run(cmd, what)?;
-    Ok((secs, proc::children_cpu() - cpu, out))
+    proc::run_measured(cmd, what).map(|(secs, _, out)| (secs, out))
 }
 
 fn json(bytes: &[u8]) -> serde_json::Value {
@@ -251,22 +239,24 @@ pub fn measure(
                     return Err(Error::Invalid(e.to_string()));
                 }
                 dumped.suspend_s = t.elapsed().as_secs_f64();
-                let (t, cpu) = (Instant::now(), proc::children_cpu());
-                let dumped_dir = run(
+                let t = Instant::now();
+                let dumped_dir = proc::run_measured(
                     Command::new(&criu.path)
                         .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
                         .arg(&image),
                     "criu dump",
                 );
-                if let Err(e) = dumped_dir {
-                    let _ = criuz::cuda::resume_pids(&driver, &[app.pid], &[]);
-                    return Err(e);
+                match dumped_dir {
+                    Ok((_, cpu, _)) => dumped.dump_cpu_s = cpu,
+                    Err(e) => {
+                        let _ = criuz::cuda::resume_pids(&driver, &[app.pid], &[]);
+                        return Err(e);
+                    }
                 }
                 // SAFETY: sync(2) has no preconditions: the image made durable,
                 // as criuz's archive is.
                 unsafe { libc::sync() };
                 dumped.dump_s = t.elapsed().as_secs_f64();
-                dumped.dump_cpu_s = proc::children_cpu() - cpu;
                 dumped.frozen_s =
                     crate::config::frozen_from_stats(&std::fs::read(image.join("stats-dump")).unwrap_or_default())
                         .unwrap_or(f64::NAN);
@@ -282,7 +272,7 @@ pub fn measure(
                 if size.no_planes {
                     cmd.arg("--no-planes");
                 }
-                let (secs, cpu, out) = run_cpu(&mut cmd, "criuz dump")?;
+                let (secs, cpu, out) = proc::run_measured(&mut cmd, "criuz dump")?;
                 dumped.dump_cpu_s = cpu;
                 let d = json(&out);
                 dumped.suspend_s = d["cuda"]["suspend_seconds"].as_f64().unwrap_or(f64::NAN);

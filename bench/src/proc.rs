@@ -194,6 +194,19 @@ pub fn children_cpu() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
+/// Runs `cmd` to its end, its standard input empty: its wall seconds, the
+/// CPU seconds of the processes it waited for (its own included) and its
+/// standard output; its failure as an error naming `what`, with its
+/// standard error.
+pub fn run_measured(cmd: &mut Command, what: &str) -> Result<(f64, f64, Vec<u8>)> {
+    let (t, cpu) = (Instant::now(), children_cpu());
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        return Err(Error::Invalid(format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok((t.elapsed().as_secs_f64(), children_cpu() - cpu, out.stdout))
+}
+
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
     let f = stat_fields(pid)?;
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
