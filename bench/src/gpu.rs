@@ -27,8 +27,9 @@
 //! request whose answer must equal the one before the dump: the first
 //! answer's time counts from the restore's start. With `--cold` the page
 //! cache is dropped before each restore. Columns: suspend, durable dump
-//! without the suspend, the dump's CPU (criuz and CRIU, or CRIU alone;
-//! the suspend's share is the driver's, in the app), CRIU's frozen time,
+//! without the suspend, the dump's CPU and peak memory (criuz and CRIU, or
+//! CRIU alone; the suspend's share is the driver's, in the app), CRIU's
+//! frozen time,
 //! size, restore (CRIU's part), resume, first answer, intact. On a machine without a GPU (no driver, no
 //! device, or no PyTorch that sees one) it says so and measures nothing.
 
@@ -66,6 +67,9 @@ pub struct GpuRow {
     /// User and system CPU of the dump's commands: criuz and the CRIU it
     /// runs, or `criu dump` (the suspend is the driver's work, in the app).
     pub dump_cpu_s: f64,
+    /// Largest over the runs: the dump commands' peak resident memory (the
+    /// largest of criuz and its CRIU, or of `criu dump`).
+    pub dump_rss_kib: u64,
     pub frozen_s: f64,
     pub restore_s: f64,
     pub resume_s: f64,
@@ -166,6 +170,14 @@ fn run(cmd: &mut Command, what: &str) -> Result<(f64, Vec<u8>)> {
     proc::run_measured(cmd, what).map(|(secs, _, out)| (secs, out))
 }
 
+/// Runs one dump command to its end: its wall seconds, standard output,
+/// and CPU and peak memory (from wait4, with the processes it waited for).
+fn dump_command(cmd: Command, logs: &Path, step: &str) -> Result<(f64, Vec<u8>, proc::Usage)> {
+    let t = Instant::now();
+    let done = proc::pipeline(vec![cmd], proc::Src::Null, proc::Dst::Capture, logs, step)?;
+    Ok((t.elapsed().as_secs_f64(), done.stdout, done.usage))
+}
+
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).unwrap_or_default()
 }
@@ -176,6 +188,7 @@ struct Sample {
     suspend_s: f64,
     dump_s: f64,
     dump_cpu_s: f64,
+    dump_rss_kib: u64,
     frozen_s: f64,
     restore_s: f64,
     resume_s: f64,
@@ -240,14 +253,10 @@ pub fn measure(
                 }
                 dumped.suspend_s = t.elapsed().as_secs_f64();
                 let t = Instant::now();
-                let dumped_dir = proc::run_measured(
-                    Command::new(&criu.path)
-                        .args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"])
-                        .arg(&image),
-                    "criu dump",
-                );
-                match dumped_dir {
-                    Ok((_, cpu, _)) => dumped.dump_cpu_s = cpu,
+                let mut cmd = Command::new(&criu.path);
+                cmd.args(["dump", "-o", "dump.log", "-t", &app.pid.to_string(), "-D"]).arg(&image);
+                match dump_command(cmd, &store, "criu-dump") {
+                    Ok((_, _, usage)) => (dumped.dump_cpu_s, dumped.dump_rss_kib) = (usage.cpu_s, usage.maxrss_kib),
                     Err(e) => {
                         let _ = criuz::cuda::resume_pids(&driver, &[app.pid], &[]);
                         return Err(e);
@@ -272,8 +281,8 @@ pub fn measure(
                 if size.no_planes {
                     cmd.arg("--no-planes");
                 }
-                let (secs, cpu, out) = proc::run_measured(&mut cmd, "criuz dump")?;
-                dumped.dump_cpu_s = cpu;
+                let (secs, out, usage) = dump_command(cmd, &store, "criuz-dump")?;
+                (dumped.dump_cpu_s, dumped.dump_rss_kib) = (usage.cpu_s, usage.maxrss_kib);
                 let d = json(&out);
                 dumped.suspend_s = d["cuda"]["suspend_seconds"].as_f64().unwrap_or(f64::NAN);
                 dumped.dump_s = secs - dumped.suspend_s;
@@ -337,6 +346,7 @@ pub fn measure(
                 suspend_s: med(|s| s.suspend_s),
                 dump_s: med(|s| s.dump_s),
                 dump_cpu_s: med(|s| s.dump_cpu_s),
+                dump_rss_kib: got.iter().map(|s| s.dump_rss_kib).max().unwrap_or(0),
                 frozen_s: med(|s| s.frozen_s),
                 restore_s: med(|s| s.restore_s),
                 resume_s: med(|s| s.resume_s),
@@ -353,12 +363,13 @@ pub fn measure(
 
 pub fn table(rows: &[GpuRow]) -> String {
     let mut s = format!(
-        "{:<11} {:<14} {:>9} {:>7} {:>8} {:>7} {:>9} {:>6} {:>8} {:>7} {:>8} {:>7}\n",
+        "{:<11} {:<14} {:>9} {:>7} {:>8} {:>8} {:>7} {:>9} {:>6} {:>8} {:>7} {:>8} {:>7}\n",
         "config",
         "how",
         "suspend s",
         "dump s",
         "dump CPU",
+        "dump MiB",
         "frozen",
         "GB",
         "ratio",
@@ -369,12 +380,13 @@ pub fn table(rows: &[GpuRow]) -> String {
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<11} {:<14} {:>9.2} {:>7.2} {:>8.2} {:>7.2} {:>9.2} {:>6.3} {:>8.2} {:>7.2} {:>8.2} {:>7}\n",
+            "{:<11} {:<14} {:>9.2} {:>7.2} {:>8.2} {:>8.0} {:>7.2} {:>9.2} {:>6.3} {:>8.2} {:>7.2} {:>8.2} {:>7}\n",
             r.config,
             r.restore,
             r.suspend_s,
             r.dump_s,
             r.dump_cpu_s,
+            r.dump_rss_kib as f64 / 1024.0,
             r.frozen_s,
             r.stored_bytes as f64 / 1e9,
             r.stored_bytes as f64 / r.raw_bytes.max(1) as f64,
