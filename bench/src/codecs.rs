@@ -42,8 +42,8 @@ fn timed(cmd: &mut Command) -> Result<(f64, f64)> {
     proc::run_measured(cmd, &what).map(|(wall, cpu, _)| (wall, cpu))
 }
 
-/// Rows for one pattern: dumps a fresh workload once, then packs and unpacks
-/// `runs` times per codec.
+/// Rows for one pattern: dumps a fresh workload once, then `runs` rounds,
+/// each packing and unpacking it with every codec.
 pub fn measure(
     pattern: &str,
     mib: u64,
@@ -69,11 +69,13 @@ pub fn measure(
     }
     drop(app);
     let raw_bytes = proc::dir_bytes(&img);
-    let mut rows = Vec::new();
-    for (codec, options) in CODECS {
-        let arc = dir.join(format!("{codec}.czr"));
-        let (mut pack, mut unpack, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..runs.max(1) {
+    // Runs alternate between the codecs (each round packs with every one),
+    // so that a drift of the machine's speed during the table falls on all
+    // of them alike rather than on whichever codec ran then.
+    let mut times = vec![(Vec::new(), Vec::new(), Vec::new()); CODECS.len()];
+    for _ in 0..runs.max(1) {
+        for ((codec, options), (pack, unpack, cpu)) in CODECS.iter().zip(&mut times) {
+            let arc = dir.join(format!("{codec}.czr"));
             let _ = std::fs::remove_file(&arc);
             let (wall, used) = timed(Command::new(criuz).arg("pack").arg(&img).arg("-o").arg(&arc).args(*options))?;
             pack.push(wall);
@@ -83,16 +85,19 @@ pub fn measure(
             unpack.push(timed(Command::new(criuz).arg("unpack").arg(&arc).arg("-d").arg(&out))?.0);
             std::fs::remove_dir_all(&out).map_err(|e| Error::file(&out, e))?;
         }
-        let archive_bytes = proc::file_bytes(&arc);
+    }
+    let mut rows = Vec::new();
+    for ((codec, _), (pack, unpack, cpu)) in CODECS.iter().zip(&times) {
+        let archive_bytes = proc::file_bytes(&dir.join(format!("{codec}.czr")));
         rows.push(CodecRow {
             workload: pattern.to_string(),
             codec: codec.to_string(),
             raw_bytes,
             archive_bytes,
             ratio: archive_bytes as f64 / raw_bytes.max(1) as f64,
-            pack_bytes_per_s: raw_bytes as f64 / crate::report::median(&pack).unwrap_or(f64::NAN),
-            unpack_bytes_per_s: raw_bytes as f64 / crate::report::median(&unpack).unwrap_or(f64::NAN),
-            pack_cpu_s: crate::report::median(&cpu).unwrap_or(f64::NAN),
+            pack_bytes_per_s: raw_bytes as f64 / crate::report::median(pack).unwrap_or(f64::NAN),
+            unpack_bytes_per_s: raw_bytes as f64 / crate::report::median(unpack).unwrap_or(f64::NAN),
+            pack_cpu_s: crate::report::median(cpu).unwrap_or(f64::NAN),
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
