@@ -54,6 +54,10 @@ pub enum Config {
     CriuzLz4Flat,
     /// criuz-zstd dumped with `--no-planes`.
     CriuzZstdFlat,
+    /// criuz-lz4 dumped with `--ids --no-planes`: against criuz-lz4-ids,
+    /// what the planes cost in a dump of a CUDA tree (which has page ids by
+    /// default), on the `gpu-image` stand-in.
+    CriuzLz4IdsFlat,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
@@ -92,6 +96,9 @@ impl Config {
     /// Run only when asked for: dumps without byte planes.
     pub const FLAT: [Config; 2] = [Config::CriuzLz4Flat, Config::CriuzZstdFlat];
 
+    /// Run only when asked for: dumps with page ids and without byte planes.
+    pub const IDS_FLAT: [Config; 1] = [Config::CriuzLz4IdsFlat];
+
     /// Whether a restore reads the checkpoint where it lies (no directory
     /// unpacked first), so that it can be restored twice in a row.
     pub fn restores_from_checkpoint(self) -> bool {
@@ -112,6 +119,7 @@ impl Config {
                 | Config::CriuzZstdIds
                 | Config::CriuzLz4Flat
                 | Config::CriuzZstdFlat
+                | Config::CriuzLz4IdsFlat
         )
     }
 
@@ -135,6 +143,7 @@ impl Config {
             Config::CriuzZstdIds => "criuz-zstd-ids",
             Config::CriuzLz4Flat => "criuz-lz4-flat",
             Config::CriuzZstdFlat => "criuz-zstd-flat",
+            Config::CriuzLz4IdsFlat => "criuz-lz4-ids-flat",
             Config::CriuzS3 => "criuz-s3",
             Config::CriuzBoto3 => "criuz+boto3",
         }
@@ -148,6 +157,7 @@ impl Config {
             .chain(Config::FILL)
             .chain(Config::IDS)
             .chain(Config::FLAT)
+            .chain(Config::IDS_FLAT)
             .chain(Config::SYNCED)
             .find(|c| c.name() == s)
     }
@@ -349,7 +359,8 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
-        | Config::CriuzZstdFlat => {
+        | Config::CriuzZstdFlat
+        | Config::CriuzLz4IdsFlat => {
             let zstd = matches!(
                 cfg,
                 Config::CriuzZstd
@@ -363,10 +374,10 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let pid = pid.to_string();
             let seal = env.seal_args(cfg);
             let mut extra: Vec<&str> = seal.iter().map(String::as_str).collect();
-            if Config::IDS.contains(&cfg) {
+            if Config::IDS.contains(&cfg) || Config::IDS_FLAT.contains(&cfg) {
                 extra.push("--ids");
             }
-            if Config::FLAT.contains(&cfg) {
+            if Config::FLAT.contains(&cfg) || Config::IDS_FLAT.contains(&cfg) {
                 extra.push("--no-planes");
             }
             if env.link.is_some() {
@@ -492,7 +503,8 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
-        | Config::CriuzZstdFlat => {
+        | Config::CriuzZstdFlat
+        | Config::CriuzLz4IdsFlat => {
             let input = if link { "-" } else { s(&ckpt) };
             let keys = env.key_args(cfg);
             let mut args = vec!["restore", "-d", "-i", input, "--criu", &criu];

@@ -17,7 +17,7 @@ use workload::{Running, Tools};
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all but shared]: zero,mixed,random,text,elf,bf16
+    /// Workloads, comma separated [default: all but shared]: zero,mixed,random,text,elf,bf16,gpu-image
     /// (memory patterns), redis,jvm,python (applications); shared (text in shared anonymous
     /// memory, which CRIU restores itself)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
@@ -187,6 +187,7 @@ impl Plan {
                             .chain(&Config::FILL)
                             .chain(&Config::IDS)
                             .chain(&Config::FLAT)
+                            .chain(&Config::IDS_FLAT)
                             .chain(&Config::SYNCED)
                             .map(|c| c.name())
                             .collect();

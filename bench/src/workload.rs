@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const PATTERNS: &[&str] = &["zero", "mixed", "random", "text", "elf", "bf16"];
+pub const PATTERNS: &[&str] = &["zero", "mixed", "random", "text", "elf", "bf16", "gpu-image"];
 pub const APPS: &[&str] = &["redis", "jvm", "python"];
 
 const JAVA_SOURCE: &str = include_str!("../../bench/BenchApp.java");

@@ -7,7 +7,8 @@
 //! text, elf (pages of the machine's own binaries), bf16 (16-bit floats drawn
 //! from a normal distribution with sigma 0.02, as freshly initialised model
 //! weights are: what a GPU process's memory holds once CUDA has copied it
-//! to the host).
+//! to the host), gpu-image (a CPU stand-in for the host image of a
+//! suspended CUDA inference process: see [`gpu_image_page`]).
 //! Modes: single; tree (children share the parent's pages copy-on-write, and
 //! each rewrites or zeroes some of them); threads (several threads write the
 //! memory and stay alive).
@@ -48,7 +49,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16] \
+        "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] [--shared 1] \
          [--tcp-peer HOST:PORT] [--same-children 1]"
     );
@@ -203,6 +204,42 @@ fn fill_random(page: &mut [u8], rng: &mut Rng) {
 /// A page of bf16 values ~ N(0, 0.02^2), rounded to nearest even from f32
 /// (normal deviates by Box-Muller, two per pair of uniforms).
 fn fill_bf16(page: &mut [u8], rng: &mut Rng) {
+    fill_normal_bf16(page, rng, 0.02)
+}
+
+/// What page `n` of the `gpu-image` pattern holds, in the shares the host
+/// image of `../shared/gpu/gpuapp.py` had once its device memory was copied
+/// to the host (session 29, 5,292,373 pages), in runs of pages as the
+/// image's regions are, repeated every [`GPU_IMAGE_PERIOD`] pages:
+/// weights (bf16, sigma 0.02) 19.8%; the KV cache's filled part (bf16,
+/// sigma 1) 14.8%; its unfilled part (zero) 44.5%; a copy of filled cache
+/// pages 12.5% (the freed temporary the cache was filled from, which the
+/// page ids of a CUDA dump store once); other memory (the `mixed` pattern)
+/// the rest.
+enum GpuImagePage {
+    Weights,
+    Cache,
+    Zero,
+    CacheCopy(usize),
+    Other,
+}
+
+const GPU_IMAGE_PERIOD: usize = 1000;
+
+fn gpu_image_page(n: usize) -> GpuImagePage {
+    let (period, at) = (n / GPU_IMAGE_PERIOD, n % GPU_IMAGE_PERIOD);
+    match at {
+        0..198 => GpuImagePage::Weights,
+        198..346 => GpuImagePage::Cache,
+        346..791 => GpuImagePage::Zero,
+        // The cache page this one copies: the same page number, the same bytes.
+        791..916 => GpuImagePage::CacheCopy(period * GPU_IMAGE_PERIOD + 198 + (at - 791)),
+        _ => GpuImagePage::Other,
+    }
+}
+
+/// A page of bf16 values ~ N(0, sigma^2), as [`fill_bf16`].
+fn fill_normal_bf16(page: &mut [u8], rng: &mut Rng, sigma: f64) {
     let bf16 = |x: f32| {
         let bits = x.to_bits();
         ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
@@ -211,7 +248,7 @@ fn fill_bf16(page: &mut [u8], rng: &mut Rng) {
         let r = rng.next();
         let u1 = ((r >> 40) as f64 + 1.0) / (1u64 << 24) as f64;
         let u2 = ((r & 0xFF_FFFF) as f64) / (1u64 << 24) as f64;
-        let radius = (-2.0 * u1.ln()).sqrt() * 0.02;
+        let radius = (-2.0 * u1.ln()).sqrt() * sigma;
         let angle = std::f64::consts::TAU * u2;
         let (a, b) = (bf16((radius * angle.cos()) as f32), bf16((radius * angle.sin()) as f32));
         pair[..2].copy_from_slice(&a.to_le_bytes());
@@ -253,6 +290,15 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
             "random" => fill_random(page, &mut rng),
             "text" => fill_text(page, &mut rng),
             "bf16" => fill_bf16(page, &mut rng),
+            "gpu-image" => match gpu_image_page(n) {
+                GpuImagePage::Weights => fill_bf16(page, &mut rng),
+                GpuImagePage::Cache => fill_normal_bf16(page, &mut rng, 1.0),
+                GpuImagePage::Zero => page.fill(0),
+                GpuImagePage::CacheCopy(of) => {
+                    fill_normal_bf16(page, &mut Rng(xxh3_64(&(of as u64).to_le_bytes()) | 1), 1.0)
+                }
+                GpuImagePage::Other => fill_mixed(page, &mut rng),
+            },
             "elf" if !elf.is_empty() => {
                 let off = (i * PAGE) % (elf.len() - elf.len() % PAGE).max(PAGE);
                 let src = &elf[off.min(elf.len())..];
@@ -261,16 +307,21 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
                 page[m..].fill(0);
             }
             "elf" => fill_random(page, &mut rng),
-            "mixed" => match rng.next() % 4 {
-                0 | 1 => page.fill(0),
-                2 => fill_text(page, &mut rng),
-                _ => fill_random(page, &mut rng),
-            },
+            "mixed" => fill_mixed(page, &mut rng),
             _ => {
                 eprintln!("criuz-workload: unknown pattern {pattern}");
                 std::process::exit(2)
             }
         }
+    }
+}
+
+/// Half the pages zero, a quarter text, a quarter random.
+fn fill_mixed(page: &mut [u8], rng: &mut Rng) {
+    match rng.next() % 4 {
+        0 | 1 => page.fill(0),
+        2 => fill_text(page, rng),
+        _ => fill_random(page, rng),
     }
 }
 
