@@ -136,8 +136,9 @@ impl<W: Write> ArchiveWriter<W> {
         }
         file.entry.raw_size += u64::from(header.raw_len);
         file.check.update(&header.data_check.to_le_bytes());
-        write_all_vectored(&mut self.out, &mut [io::IoSlice::new(&self.scratch), io::IoSlice::new(payload)])?;
-        self.offset += u64::from(record_len);
+        self.flush_scratch()?;
+        self.out.write_all(payload)?;
+        self.offset += payload.len() as u64;
         Ok(())
     }
 
@@ -175,23 +176,6 @@ impl<W: Write> ArchiveWriter<W> {
         self.offset += self.scratch.len() as u64;
         Ok(())
     }
-}
-
-/// Writes all of `bufs`, in as few calls as the writer takes them: a block's
-/// header and payload in one `writev` where the writer passes them on
-/// unbuffered (`io`'s archive files), instead of a copy into a buffer first.
-/// (`Write::write_all_vectored` is not stable yet.)
-fn write_all_vectored(out: &mut impl Write, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
-    io::IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match out.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn open_file(files: &mut [OpenFile], file_id: u32) -> Result<&mut OpenFile> {
@@ -538,75 +522,4 @@ pub fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usiz
         }
     }
     Ok(got)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::{BlockCodec, PageBits};
-
-    /// Takes at most `step` bytes a call, with `writev` or without: a pipe
-    /// or socket that is nearly full.
-    struct Trickle {
-        got: Vec<u8>,
-        step: usize,
-        vectored: bool,
-    }
-
-    impl Write for Trickle {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let n = buf.len().min(self.step);
-            self.got.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-
-        fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-            if !self.vectored {
-                return self.write(bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]));
-            }
-            let mut left = self.step;
-            for b in bufs {
-                let n = b.len().min(left);
-                self.got.extend_from_slice(&b[..n]);
-                left -= n;
-            }
-            Ok(self.step - left)
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn archive<W: Write>(out: W) -> W {
-        let mut w = ArchiveWriter::new(out, &Header::with_id(256 << 10, [7; 16]), &[]).unwrap();
-        let id = w.begin_file("pages-1.img", FileKind::Plain, None).unwrap();
-        for payload in [&b"a block's payload"[..], b"", b"x"] {
-            let check = xxhash_rust::xxh3::xxh3_64(payload);
-            let header = BlockHeader {
-                codec: BlockCodec::Raw,
-                file_id: id,
-                raw_len: payload.len() as u32,
-                stored_len: payload.len() as u32,
-                data_check: check,
-                payload_check: check as u32,
-                zero_bitmap: PageBits::new(),
-                sealed: false,
-            };
-            w.write_block(&header, payload).unwrap();
-        }
-        w.end_file(id).unwrap();
-        w.finish().unwrap().0
-    }
-
-    #[test]
-    fn a_writer_that_takes_a_few_bytes_at_a_time_gets_the_same_archive() {
-        let whole = archive(Vec::new());
-        for step in [1, 3, 7, 64] {
-            for vectored in [false, true] {
-                let got = archive(Trickle { got: Vec::new(), step, vectored }).got;
-                assert_eq!(got, whole, "{step} bytes a call, vectored: {vectored}");
-            }
-        }
-    }
 }

@@ -116,31 +116,15 @@ pub fn sync_parent(path: &Path) {
 /// compressed blocks in criuz's memory. On 16 cores, random memory (an
 /// archive as large as the image, written faster than the disk takes it)
 /// held 1.9 GiB of blocks when the writer started the writeback itself.
-///
-/// Writes pass through a small buffer ([`WRITE_BUFFER`]) that gathers record
-/// headers and small blocks; a block at least that large goes to the file
-/// with its header in one `writev` (see `archive::records`), not copied.
 struct EarlyWriteback {
-    out: std::io::BufWriter<File>,
-    /// Bytes taken, some perhaps still in `out`'s buffer.
-    taken: u64,
+    file: File,
+    written: u64,
     started: u64,
     /// Ranges for the flusher thread; it ends when this is dropped.
     ranges: Option<std::sync::mpsc::Sender<(u64, u64)>>,
 }
 
 const WRITEBACK_STEP: u64 = 8 << 20;
-
-/// The archive writer's buffer. Every byte of an archive passes one writer
-/// thread, which used to copy each block into a 1 MiB buffer first: in
-/// `perf record` of `criuz pack` (2 cores) that copy was 29% of the writer
-/// thread's samples for bf16 memory and 38% for random memory. Blocks of
-/// this size or more (every block stored raw or as planes: 256 KiB by
-/// default) now go from the worker's buffer to the page cache: over five
-/// alternating packs of 1 GiB of random memory, the writer thread's samples
-/// fell from a median of 1101 to 766. On 16 cores that thread's pace is
-/// what an incompressible dump's backlog in memory depends on.
-const WRITE_BUFFER: usize = 64 << 10;
 
 impl EarlyWriteback {
     fn new(file: File) -> Self {
@@ -163,39 +147,25 @@ impl EarlyWriteback {
             // Without the thread, the final fsync does all the writeback.
             std::thread::Builder::new().name("criuz-writeback".into()).spawn(flusher).ok().map(|_| tx)
         });
-        let out = std::io::BufWriter::with_capacity(WRITE_BUFFER, file);
-        EarlyWriteback { out, taken: 0, started: 0, ranges }
-    }
-
-    /// Counts `n` bytes taken and hands every [`WRITEBACK_STEP`] of them
-    /// that has reached the file (not those still buffered) to the flusher.
-    fn took(&mut self, n: usize) {
-        self.taken += n as u64;
-        let in_file = self.taken - self.out.buffer().len() as u64;
-        if in_file - self.started >= WRITEBACK_STEP {
-            if let Some(ranges) = &self.ranges {
-                let _ = ranges.send((self.started, in_file - self.started));
-            }
-            self.started = in_file;
-        }
+        EarlyWriteback { file, written: 0, started: 0, ranges }
     }
 }
 
 impl Write for EarlyWriteback {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.took(n);
-        Ok(n)
-    }
-
-    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        let n = self.out.write_vectored(bufs)?;
-        self.took(n);
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started >= WRITEBACK_STEP {
+            if let Some(ranges) = &self.ranges {
+                let _ = ranges.send((self.started, self.written - self.started));
+            }
+            self.started = self.written;
+        }
         Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+        self.file.flush()
     }
 }
 
@@ -214,8 +184,8 @@ impl Output {
 
     pub fn writer(&self) -> Result<Box<dyn Write + Send>> {
         Ok(match self {
-            Output::File(f) => Box::new(EarlyWriteback::new(f.writer()?)),
-            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(WRITE_BUFFER, std::io::stdout())),
+            Output::File(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, EarlyWriteback::new(f.writer()?))),
+            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
             // Gathers whole parts itself.
             Output::Object(u) => Box::new(u.writer()),
         })
