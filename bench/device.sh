@@ -12,6 +12,7 @@
 #   bash bench/device.sh cold      # cold page cache: read rate against a plain read of the file
 #   bash bench/device.sh lazy      # time to running and to every page in, 4 GiB mixed
 #   bash bench/device.sh lazy-cold # the same from a dropped page cache
+#   bash bench/device.sh write-rate # one thread writing 4 GiB to the page cache, then sync
 #   bash bench/device.sh gpu CONFIG  # the GPU app (issue 34), one of criu-dir, criuz-lz4, criuz-zstd
 #                                    # a command: each takes minutes at this size
 #   bash bench/device.sh gpu-no-ids  # the GPU app, criuz-zstd dumping with --no-ids
@@ -19,7 +20,7 @@
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
 #                                  # criuz lz4, then lz4 --no-planes, zstd, dump memory of random
-#                                  # and elf, lazy, then the GPU app with plain CRIU
+#                                  # and elf, the write rate, lazy, then the GPU app with plain CRIU
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,18 @@ case ${1:-} in
     ;;
   lazy-cold)
     "${B[@]}" --lazy --cold --size "$size" --runs 1 --workloads mixed --json "$out/lazy16-cold.json"
+    ;;
+  write-rate)
+    # What one thread writing a file into the page cache keeps up with (as
+    # criuz's archive writer does), then the sync: whether the backlog of a
+    # 16-core dump of random memory waits for the page cache or the disk.
+    f=/var/tmp/criuz-write-rate
+    rm -f "$f" && sync
+    dd if=/dev/zero of="$f" bs=256K count=16384 2>&1 | tail -1
+    t=$(date +%s.%N)
+    sync
+    echo "sync after it: $(awk "BEGIN { print $(date +%s.%N) - $t }") s"
+    rm -f "$f"
     ;;
   gpu)
     # 4 GiB weights, 12 GiB KV cache (25% filled): a 21.7 GB host image.
@@ -98,12 +111,13 @@ case ${1:-} in
     for w in random elf; do
       OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
     done
+    part 30 bash "$me" write-rate
     RUNS=1 part 100 bash "$me" lazy
     part 120 bash "$me" gpu criu-dir
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|gpu CONFIG|gpu-no-ids|gpu-no-planes|gpu-runs|session" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|write-rate|gpu CONFIG|gpu-no-ids|gpu-no-planes|gpu-runs|session" >&2
     exit 2
     ;;
 esac
