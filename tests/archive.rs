@@ -214,16 +214,12 @@ fn interleaved_files_read_back_sequentially_and_by_index() {
     }
 }
 
-/// A dump absorbing into a budget smaller than its image: the blocks
-/// compressed while the budget is nearly spent and CRIU still writes are
-/// hurried (LZ4 in place of zstd), the rest after `capture_done` use zstd,
-/// and every byte reads back.
-#[test]
-fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
+/// Packs 16 MiB of text as a dump absorbing into a budget smaller than its
+/// image does: three quarters while "CRIU writes", then `capture_done`.
+fn pack_with_a_spent_budget(codec: Codec, out: std::fs::File) -> (Options, criuz::archive::PackStats, Vec<u8>) {
     let data = pattern("text", 4096, 0);
-    let codec = CodecConfig::new(Codec::Zstd, None).unwrap();
     let opts = Options {
-        codec,
+        codec: CodecConfig::new(codec, None).unwrap(),
         block_size: 64 << 10,
         threads: 2,
         memory_budget: 2 << 20,
@@ -232,8 +228,7 @@ fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
         seal: None,
         tree: false,
     };
-    let tmp = tempfile::NamedTempFile::new().unwrap();
-    let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+    let packer = Packer::start(out, &opts, None).unwrap();
     let mut sink = packer.begin_file("pages-1.img").unwrap();
     let (captured, rest) = data.split_at(data.len() * 3 / 4);
     sink.write(captured).unwrap();
@@ -242,10 +237,42 @@ fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
     sink.finish().unwrap();
     let (stats, _) = packer.finish().unwrap();
     assert!(stats.blocks_hurried > 0, "a spent budget hurried nothing: {stats:?}");
+    (opts, stats, data)
+}
+
+/// A dump absorbing into a budget smaller than its image: the blocks
+/// compressed while the budget is nearly spent and CRIU still writes are
+/// hurried (LZ4 in place of zstd), the rest after `capture_done` use zstd,
+/// and every byte reads back.
+#[test]
+fn a_spent_absorb_budget_hurries_blocks_and_loses_nothing() {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let (_, stats, data) = pack_with_a_spent_budget(Codec::Zstd, tmp.reopen().unwrap());
     assert_eq!(stats.codecs.lz4, stats.blocks_hurried, "{stats:?}");
     assert!(stats.codecs.zstd >= 16, "the backlog after capture_done was not zstd: {stats:?}");
     let arc = criuz::archive::open(&Location::File(tmp.path().into()), &Default::default()).unwrap();
     assert!(arc.read_file(arc.find("pages-1.img").unwrap()).unwrap() == data);
+}
+
+/// The dump's rewrite after its budget ran out redoes only the blocks it
+/// hurried, with either codec (LZ4's hurried blocks differ from the others
+/// only in an acceleration no header records): the others are copied as
+/// they were, and every byte reads back.
+#[test]
+fn the_rewrite_after_a_spent_budget_redoes_only_the_hurried_blocks() {
+    for codec in [Codec::Lz4, Codec::Zstd] {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let (opts, stats, data) = pack_with_a_spent_budget(codec, tmp.reopen().unwrap());
+        let again = criuz::session::checkpoint::recompress(tmp.path(), &opts, &stats.hurried).unwrap();
+        assert_eq!(again.blocks, stats.blocks, "{codec:?}: {again:?}");
+        assert_eq!(again.blocks_copied, stats.blocks - stats.blocks_hurried, "{codec:?}: {again:?}");
+        if codec == Codec::Zstd {
+            assert_eq!(again.codecs.lz4, 0, "hurried blocks left after the rewrite: {again:?}");
+        }
+        assert!(again.archive_bytes <= stats.archive_bytes, "{codec:?}: {again:?} against {stats:?}");
+        let arc = criuz::archive::open(&Location::File(tmp.path().into()), &Default::default()).unwrap();
+        assert!(arc.read_file(arc.find("pages-1.img").unwrap()).unwrap() == data, "{codec:?}");
+    }
 }
 
 /// A small CRIU-like images directory.

@@ -110,6 +110,32 @@ pub struct PackStats {
     pub codecs: CodecCounts,
     /// Blocks compressed with the hurried codec under backlog.
     pub blocks_hurried: u64,
+    /// Which blocks those are, for a rewrite that redoes only them.
+    #[serde(skip)]
+    pub hurried: HurriedBlocks,
+    /// Blocks stored as an earlier writer encoded them (a rewrite's).
+    pub blocks_copied: u64,
+}
+
+/// Where an archive's hurried blocks lie: (file id, the block's number in
+/// its file), as the archive's index lists them.
+#[derive(Clone, Default)]
+pub struct HurriedBlocks(std::collections::HashSet<(u32, u32)>);
+
+impl HurriedBlocks {
+    fn insert(&mut self, file_id: u32, block: u32) {
+        self.0.insert((file_id, block));
+    }
+
+    pub fn contains(&self, file_id: u32, block: usize) -> bool {
+        u32::try_from(block).is_ok_and(|b| self.0.contains(&(file_id, b)))
+    }
+}
+
+impl std::fmt::Debug for HurriedBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} blocks", self.0.len())
+    }
 }
 
 impl PackStats {

@@ -53,9 +53,24 @@ enum PackJob {
 }
 
 enum PackResult {
-    Begin { key: u64, name: String, kind: FileKind, meta: Option<EntryMeta> },
-    Block { key: u64, block: EncodedBlock, hurried: bool },
-    End { key: u64 },
+    Begin {
+        key: u64,
+        name: String,
+        kind: FileKind,
+        meta: Option<EntryMeta>,
+    },
+    /// `number`: the block's place in its file; `copied`: stored as an
+    /// earlier writer encoded it.
+    Block {
+        key: u64,
+        block: EncodedBlock,
+        number: u32,
+        hurried: bool,
+        copied: bool,
+    },
+    End {
+        key: u64,
+    },
 }
 
 /// Builds an archive from files written concurrently.
@@ -151,14 +166,14 @@ impl Packer {
                         encoded.header.file_id = key as u32;
                         encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
                     }
-                    PackResult::Block { key, block: encoded, hurried }
+                    PackResult::Block { key, block: encoded, number: block, hurried, copied: false }
                 }
                 PackJob::Encoded { key, mut encoded, block } => {
                     if let Some(k) = &block_key {
                         encoded.header.file_id = key as u32;
                         encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
                     }
-                    PackResult::Block { key, block: encoded, hurried: false }
+                    PackResult::Block { key, block: encoded, number: block, hurried: false, copied: true }
                 }
                 PackJob::End { key } => PackResult::End { key },
             },
@@ -181,10 +196,14 @@ impl Packer {
                             ids.insert(key, w.begin_file(&name, kind, meta)?);
                             stats.files += 1;
                         }
-                        PackResult::Block { key, mut block, hurried } => {
-                            stats.blocks_hurried += u64::from(hurried);
+                        PackResult::Block { key, mut block, number, hurried, copied } => {
                             debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
                             block.header.file_id = ids[&key];
+                            if hurried {
+                                stats.hurried.insert(block.header.file_id, number);
+                            }
+                            stats.blocks_hurried += u64::from(hurried);
+                            stats.blocks_copied += u64::from(copied);
                             w.write_block(&block.header, &block.payload)?;
                             if let Some(page_ids) = &block.ids {
                                 w.write_ids(block.header.file_id, page_ids)?;

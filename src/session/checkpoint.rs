@@ -119,26 +119,20 @@ pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Op
     Options { memory_budget: budget, absorb_first: budget > engine::DEFAULT_MEMORY_BUDGET, ..opts }
 }
 
-/// Rewrites the archive at `path` with the codec of `opts`, replacing it
-/// only once the new one is complete: a dump whose absorb budget ran out
-/// wrote blocks with the hurried codec, and the user asked for another.
-/// Every block is decoded and checked on the way (`offline::flatten`), so
-/// this is a full pass at the asked codec's speed; the process no longer
-/// waits for it. Archives with parents are left as they are (flattening
-/// would drop the parents).
-pub fn recompress(path: &Path, opts: &Options) -> Result<PackStats> {
+/// Rewrites the archive at `path`, replacing it only once the new one is
+/// complete: a dump whose absorb budget ran out wrote the blocks `hurried`
+/// lists with the hurried codec (LZ4, at acceleration 8 where LZ4 was
+/// asked). Only those are decoded, checked and compressed again with the
+/// codec asked for, on every worker; the others are copied as they are.
+/// Archives with page ids, whose blocks are written again with their ids,
+/// are redone whole (`offline::recode`). The process no longer waits for
+/// this. Archives with parents are left as they are (the caller).
+pub fn recompress(path: &Path, opts: &Options, hurried: &crate::archive::HurriedBlocks) -> Result<PackStats> {
     let source = crate::archive::open(&Location::File(path.to_path_buf()), &OpenOptions::default())?;
     let out = Output::open(path, true)?;
     let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
-    // Asked for zstd, a hurried block is an LZ4 block: only those are
-    // decoded and compressed again, on every worker; the rest are copied.
-    // (Asked for LZ4, hurried blocks differ only in their acceleration,
-    // which the block does not record: all are redone.)
-    let hurried = |h: &crate::format::BlockHeader| h.codec == crate::format::BlockCodec::Lz4;
-    let stats = match opts.codec.codec {
-        crate::codec::Codec::Zstd => crate::offline::recode(source, out.writer()?, &bounded, &|h| !hurried(h))?,
-        _ => crate::offline::flatten(source, out.writer()?, &bounded)?,
-    };
+    let stats =
+        crate::offline::recode(source, out.writer()?, &bounded, &|file, block, _| !hurried.contains(file, block))?;
     out.commit()?;
     Ok(stats)
 }
@@ -278,7 +272,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let rewrite =
         pack.blocks_hurried > 0 && o.parent.is_none() && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
     let mut archive_bytes = pack.archive_bytes;
-    let (recompressed, recompress_failed) = match rewrite.then(|| recompress(&o.output, archive)) {
+    let (recompressed, recompress_failed) = match rewrite.then(|| recompress(&o.output, archive, &pack.hurried)) {
         None => (false, None),
         Some(Ok(rewritten)) => {
             archive_bytes = rewritten.archive_bytes;
