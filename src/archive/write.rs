@@ -27,13 +27,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// A file's start, passed through the workers in order.
+struct FileStart {
+    key: u64,
+    name: String,
+    kind: FileKind,
+    meta: Option<EntryMeta>,
+}
+
 enum PackJob {
-    Begin {
-        key: u64,
-        name: String,
-        kind: FileKind,
-        meta: Option<EntryMeta>,
-    },
+    Begin(FileStart),
     Block {
         key: u64,
         data: SlabBuf,
@@ -53,12 +56,7 @@ enum PackJob {
 }
 
 enum PackResult {
-    Begin {
-        key: u64,
-        name: String,
-        kind: FileKind,
-        meta: Option<EntryMeta>,
-    },
+    Begin(FileStart),
     /// `number`: the block's place in its file; `copied`: stored as an
     /// earlier writer encoded it.
     Block {
@@ -151,7 +149,7 @@ impl Packer {
             hold.clone(),
             move || Encoder::new(codec),
             move |enc: &mut Encoder, job: PackJob| match job {
-                PackJob::Begin { key, name, kind, meta } => PackResult::Begin { key, name, kind, meta },
+                PackJob::Begin(start) => PackResult::Begin(start),
                 PackJob::Block { key, data, page_aware, block } => {
                     // A held worker runs only when the budget is nearly
                     // spent: catch up fast rather than stall CRIU.
@@ -192,7 +190,7 @@ impl Packer {
                         return Err(Error::Cancelled);
                     }
                     match r {
-                        PackResult::Begin { key, name, kind, meta } => {
+                        PackResult::Begin(FileStart { key, name, kind, meta }) => {
                             ids.insert(key, w.begin_file(&name, kind, meta)?);
                             stats.files += 1;
                         }
@@ -247,7 +245,7 @@ impl Packer {
         let sub = self.submitter.as_ref().expect("packer running").clone();
         let mut next = self.next_key.lock().unwrap();
         let key = *next;
-        sub.submit(PackJob::Begin { key, name: name.to_string(), kind, meta })?;
+        sub.submit(PackJob::Begin(FileStart { key, name: name.to_string(), kind, meta }))?;
         *next += 1;
         drop(next);
         Ok(FileSink {
