@@ -209,7 +209,7 @@ mod tests {
             serde_json::to_string(&stats).unwrap(),
             r#"{"files":0,"raw_bytes":0,"archive_bytes":0,"zero_pages":0,"blocks":0,"blocks_raw":2,"blocks_lz4":2,"#
                 .to_string()
-                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_planes":5,"blocks_hurried":0}"#
+                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_planes":5,"blocks_hurried":0,"blocks_copied":0}"#
         );
     }
 }
