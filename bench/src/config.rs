@@ -149,7 +149,8 @@ impl Config {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Config> {
+    /// Every configuration: the default ones, then those run only when asked for.
+    pub fn every() -> impl Iterator<Item = Config> {
         Config::ALL
             .into_iter()
             .chain(Config::S3)
@@ -159,7 +160,20 @@ impl Config {
             .chain(Config::FLAT)
             .chain(Config::IDS_FLAT)
             .chain(Config::SYNCED)
-            .find(|c| c.name() == s)
+    }
+
+    pub fn parse(s: &str) -> Option<Config> {
+        Config::every().find(|c| c.name() == s)
+    }
+
+    /// Whether criuz dumps with `--ids`.
+    fn with_ids(self) -> bool {
+        Config::IDS.contains(&self) || Config::IDS_FLAT.contains(&self)
+    }
+
+    /// Whether criuz dumps with `--no-planes`.
+    fn without_planes(self) -> bool {
+        Config::FLAT.contains(&self) || Config::IDS_FLAT.contains(&self)
     }
 
     pub fn uses_s3(self) -> bool {
@@ -374,10 +388,10 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let pid = pid.to_string();
             let seal = env.seal_args(cfg);
             let mut extra: Vec<&str> = seal.iter().map(String::as_str).collect();
-            if Config::IDS.contains(&cfg) || Config::IDS_FLAT.contains(&cfg) {
+            if cfg.with_ids() {
                 extra.push("--ids");
             }
-            if Config::FLAT.contains(&cfg) || Config::IDS_FLAT.contains(&cfg) {
+            if cfg.without_planes() {
                 extra.push("--no-planes");
             }
             if env.link.is_some() {

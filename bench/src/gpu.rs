@@ -29,9 +29,9 @@
 //! cache is dropped before each restore. Columns: suspend, durable dump
 //! without the suspend, the dump's CPU and peak memory (criuz and CRIU, or
 //! CRIU alone; the suspend's share is the driver's, in the app), CRIU's
-//! frozen time,
-//! size, restore (CRIU's part), resume, first answer, intact. On a machine without a GPU (no driver, no
-//! device, or no PyTorch that sees one) it says so and measures nothing.
+//! frozen time, size, restore (CRIU's part), resume, first answer, intact.
+//! On a machine without a GPU (no driver, no device, or no PyTorch that
+//! sees one) it says so and measures nothing.
 
 use crate::error::{Error, Result};
 use crate::proc;

@@ -180,17 +180,7 @@ impl Plan {
             Some(list) => {
                 for c in list {
                     let cfg = Config::parse(c.trim()).ok_or_else(|| {
-                        let known: Vec<&str> = Config::ALL
-                            .iter()
-                            .chain(&Config::S3)
-                            .chain(&Config::SEALED)
-                            .chain(&Config::FILL)
-                            .chain(&Config::IDS)
-                            .chain(&Config::FLAT)
-                            .chain(&Config::IDS_FLAT)
-                            .chain(&Config::SYNCED)
-                            .map(|c| c.name())
-                            .collect();
+                        let known: Vec<&str> = Config::every().map(|c| c.name()).collect();
                         Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
                     })?;
                     if !configs.contains(&cfg) {

@@ -108,10 +108,9 @@ pub struct PackStats {
     /// Blocks by codec (`blocks_raw`, `blocks_lz4`, ... in JSON).
     #[serde(flatten)]
     pub codecs: CodecCounts,
-    /// Blocks compressed with the hurried codec under backlog.
-    pub blocks_hurried: u64,
-    /// Which blocks those are, for a rewrite that redoes only them.
-    #[serde(skip)]
+    /// Blocks compressed with the hurried codec under backlog, and where
+    /// they lie, for a rewrite that redoes only them (their count in JSON).
+    #[serde(rename = "blocks_hurried")]
     pub hurried: HurriedBlocks,
     /// Blocks stored as an earlier writer encoded them (a rewrite's).
     pub blocks_copied: u64,
@@ -129,6 +128,20 @@ impl HurriedBlocks {
 
     pub fn contains(&self, file_id: u32, block: usize) -> bool {
         u32::try_from(block).is_ok_and(|b| self.0.contains(&(file_id, b)))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl serde::Serialize for HurriedBlocks {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_u64(self.len())
     }
 }
 

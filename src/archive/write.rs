@@ -200,7 +200,6 @@ impl Packer {
                             if hurried {
                                 stats.hurried.insert(block.header.file_id, number);
                             }
-                            stats.blocks_hurried += u64::from(hurried);
                             stats.blocks_copied += u64::from(copied);
                             w.write_block(&block.header, &block.payload)?;
                             if let Some(page_ids) = &block.ids {

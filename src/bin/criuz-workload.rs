@@ -284,7 +284,7 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
     let elf = if pattern == "elf" { elf_corpus(buf.len()) } else { Vec::new() };
     for (i, page) in buf.chunks_mut(PAGE).enumerate() {
         let n = first_page + i;
-        let mut rng = Rng(xxh3_64(&(n as u64).to_le_bytes()) | 1);
+        let mut rng = page_rng(n);
         match pattern {
             "zero" => page.fill(0),
             "random" => fill_random(page, &mut rng),
@@ -294,9 +294,7 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
                 GpuImagePage::Weights => fill_bf16(page, &mut rng),
                 GpuImagePage::Cache => fill_normal_bf16(page, &mut rng, 1.0),
                 GpuImagePage::Zero => page.fill(0),
-                GpuImagePage::CacheCopy(of) => {
-                    fill_normal_bf16(page, &mut Rng(xxh3_64(&(of as u64).to_le_bytes()) | 1), 1.0)
-                }
+                GpuImagePage::CacheCopy(of) => fill_normal_bf16(page, &mut page_rng(of), 1.0),
                 GpuImagePage::Other => fill_mixed(page, &mut rng),
             },
             "elf" if !elf.is_empty() => {
@@ -314,6 +312,12 @@ fn fill(buf: &mut [u8], pattern: &str, first_page: usize) {
             }
         }
     }
+}
+
+/// The generator page `n` of a pattern is filled from: the same bytes for
+/// the same page number on every run.
+fn page_rng(n: usize) -> Rng {
+    Rng(xxh3_64(&(n as u64).to_le_bytes()) | 1)
 }
 
 /// Half the pages zero, a quarter text, a quarter random.

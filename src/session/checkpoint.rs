@@ -269,8 +269,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
     // The process is done with; the archive is durable. Only now are hurried
     // blocks worth redoing, and only where rewriting the archive is cheap.
-    let rewrite =
-        pack.blocks_hurried > 0 && o.parent.is_none() && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
+    let rewrite = !pack.hurried.is_empty()
+        && o.parent.is_none()
+        && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
     let mut archive_bytes = pack.archive_bytes;
     let (recompressed, recompress_failed) = match rewrite.then(|| recompress(&o.output, archive, &pack.hurried)) {
         None => (false, None),
@@ -293,7 +294,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         raw_bytes_per_second: pack.raw_bytes as f64 / seconds.max(1e-9),
         files: pack.files,
         zero_pages: pack.zero_pages,
-        hurried_blocks: pack.blocks_hurried,
+        hurried_blocks: pack.hurried.len(),
         recompressed,
         recompress_failed,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
