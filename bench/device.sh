@@ -17,10 +17,13 @@
 #                                    # a command: each takes minutes at this size
 #   bash bench/device.sh gpu-no-ids  # the GPU app, criuz-zstd dumping with --no-ids
 #   bash bench/device.sh gpu-no-planes # the GPU app, criuz-lz4 dumping with --no-planes (dump CPU)
+#   bash bench/device.sh planes-cpu # criuz pack --ids of 1 GiB gpu-image with and without planes, -j 16/8/4
+#   bash bench/device.sh gpu-eager CONFIG # criuz-lz4 or criuz-lz4-flat (--no-planes), eager restore only
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # criuz lz4, then lz4 --no-planes, zstd, dump memory of random
-#                                  # and elf, the write rate, lazy, then the GPU app with plain CRIU
+#                                  # plain CRIU, then lz4 and lz4 --no-planes in turn (ABBA), the
+#                                  # planes' CPU alone, the write rate, dump memory of random, one
+#                                  # more pair, elf, lazy
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +82,46 @@ case ${1:-} in
     # the planes cost in dump CPU on this image.
     "${B[@]}" --gpu --gpu-no-planes --configs criuz-lz4 --runs 1 --cold --json "$out/gpu-no-planes.json"
     ;;
+  planes-cpu)
+    # The byte planes' CPU on this machine's cores, without the GPU app or
+    # CRIU's share: 1 GiB of the gpu-image stand-in (about 30 s to fill, on
+    # one core) dumped once by CRIU, then packed into /dev/shm with page ids
+    # (as a CUDA dump stores them), with and without planes, by worker
+    # count, in turn; user, sys and wall seconds.
+    # CRIUZ names another build to compare, PLANES_JOBS the worker counts.
+    d=/var/tmp/criuz-planes-cpu
+    rm -rf "$d" && mkdir -p "$d/img" "$d/w"
+    criuz-workload --dir "$d/w" --mib 1024 --pattern gpu-image >"$d/w.log" 2>&1 &
+    w=$!
+    for _ in $(seq 240); do grep -q ready "$d/w.log" && break; sleep 0.5; done
+    criu dump -t "$w" -D "$d/img" --shell-job -o dump.log
+    { wait "$w"; } 2>/dev/null || true
+    TIMEFORMAT='%U %S %R'
+    for j in ${PLANES_JOBS:-16 8 4}; do
+      for _ in 1 2 3; do
+        for f in planes flat; do
+          flat=()
+          [[ $f == flat ]] && flat=(--no-planes)
+          a=/dev/shm/criuz-planes-cpu.czr
+          rm -f "$a"
+          t=$({ time "${CRIUZ:-criuz}" pack --ids "${flat[@]}" -j "$j" -o "$a" "$d/img" >/dev/null 2>&1; } 2>&1)
+          echo "planes-cpu: -j $j $f user/sys/wall $t bytes $(stat -c %s "$a")"
+          rm -f "$a"
+        done
+      done
+    done
+    rm -rf "$d"
+    ;;
+  gpu-eager)
+    # One run, criuz's archive restored eagerly only: criuz-lz4 (byte
+    # planes) or criuz-lz4-flat (--no-planes). Alternated, these pairs give
+    # the planes' dump CPU on the GPU image, and LZ4's own figures.
+    c=${2:?"gpu-eager: criuz-lz4 or criuz-lz4-flat"}
+    flat=()
+    [[ $c == criuz-lz4-flat ]] && flat=(--gpu-no-planes)
+    "${B[@]}" --gpu --gpu-eager-only "${flat[@]}" --configs criuz-lz4 --runs 1 --cold \
+      --json "$out/gpu-eager-$c-$(date +%s%N).json"
+    ;;
   gpu-runs)
     # Each run its own folder: a part's JSON is named by its configuration.
     for c in criuz-zstd criu-dir criuz-zstd criuz-lz4 criu-dir; do
@@ -104,20 +147,30 @@ case ${1:-} in
     # What CRIU's start costs depends on whether /run keeps its kernel probes.
     findmnt -n -o FSTYPE /run || true
     nvidia-smi -L || true
-    part 170 bash "$me" gpu criuz-lz4
-    part 170 bash "$me" gpu-no-planes
-    part 170 bash "$me" gpu criuz-zstd
-    # Dump memory where the archive stays large (issue 33: <= 1 GiB).
-    for w in random elf; do
-      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
-    done
-    part 30 bash "$me" write-rate
-    RUNS=1 part 100 bash "$me" lazy
+    # The GPU app with plain CRIU first: the baseline, and the first run
+    # after the machine starts, which was the slowest in both calls of
+    # session 31 (dump CPU 32.8 and 36.0 s against 28.2-33.0 for the same
+    # configuration later).
     part 120 bash "$me" gpu criu-dir
+    # The planes' dump CPU on the GPU image: lz4 and lz4 --no-planes in
+    # turn (ABBA), a third pair after the short parts.
+    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4; do
+      part 110 bash "$me" gpu-eager "$c"
+    done
+    # The same without the GPU, CRIU or the disk: the planes' CPU alone.
+    PLANES_JOBS="16 8" part 90 bash "$me" planes-cpu
+    part 30 bash "$me" write-rate
+    # Dump memory where the archive stays large (issue 33: <= 1 GiB).
+    OUT=$out/parts/random WORKLOADS=random CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
+    for c in criuz-lz4 criuz-lz4-flat; do
+      part 110 bash "$me" gpu-eager "$c"
+    done
+    OUT=$out/parts/elf WORKLOADS=elf CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
+    RUNS=1 part 100 bash "$me" lazy
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
-    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|write-rate|gpu CONFIG|gpu-no-ids|gpu-no-planes|gpu-runs|session" >&2
+    echo "usage: bench/device.sh scale|cpus|cold|lazy|lazy-cold|write-rate|gpu CONFIG|gpu-no-ids|gpu-no-planes|planes-cpu|gpu-eager CONFIG|gpu-runs|session" >&2
     exit 2
     ;;
 esac

@@ -156,7 +156,6 @@ pub struct Encoder {
     gathered: Vec<u8>,
     hurried: bool,
     sample: Vec<u8>,
-    split: Vec<u8>,
 }
 
 impl Encoder {
@@ -167,15 +166,7 @@ impl Encoder {
         };
         let planes = config.for_planes();
         let planes_zstd = config.may_use_planes().then(|| planes_compressor(planes.level));
-        Encoder {
-            config,
-            zstd,
-            planes_zstd,
-            gathered: Vec::new(),
-            hurried: false,
-            sample: Vec::new(),
-            split: Vec::new(),
-        }
+        Encoder { config, zstd, planes_zstd, gathered: Vec::new(), hurried: false, sample: Vec::new() }
     }
 
     /// Compress the next blocks with [`CodecConfig::hurried`] (or, given
@@ -234,19 +225,17 @@ impl Encoder {
     /// `src` compressed as byte planes, if its sample shrinks by
     /// [`planes::MIN_GAIN`] more that way; else None (the caller compresses
     /// it as it is). The sample is compressed as it is; its planes are
-    /// estimated from their byte histograms ([`planes::coded_len`]), and
+    /// estimated from their byte histograms ([`planes::PlaneHistograms`]), and
     /// each plane of the block is compressed only where its estimate says
     /// that pays.
     fn compress_planes(&mut self, src: &[u8]) -> Option<(BlockCodec, Vec<u8>)> {
         planes::sample(src, &mut self.sample);
-        if !planes::looks_like_words(&self.sample) {
+        let histograms = planes::PlaneHistograms::of(&self.sample);
+        if !histograms.look_like_words() {
             return None;
         }
         let plain = compress(self.config, self.zstd.as_mut(), &self.sample).1.len();
-        self.split.clear();
-        planes::split_into(&self.sample, &mut self.split);
-        let (low, high) = self.split.split_at(self.sample.len().div_ceil(2));
-        let ((low_len, try_low), (high_len, try_high)) = (planes::coded_len(low), planes::coded_len(high));
+        let ((low_len, try_low), (high_len, try_high)) = histograms.coded_lens();
         if (PLANES_PREFIX + low_len + high_len) as f64 > plain as f64 * (1.0 - planes::MIN_GAIN) {
             return None;
         }
@@ -313,8 +302,11 @@ impl Encoder {
 /// literals Huffman-coded anyway (an experimental parameter of zstd 1.5)
 /// level -20 stores 0.325 at 908 MB/s against level 1's 0.326 at 719, and
 /// decodes as fast (2.4 GB/s). What is left is zstd's histogram and
-/// Huffman coder. The frames are ordinary zstd frames: readers need
-/// nothing new.
+/// Huffman coder. Session 31, 128 MiB of bf16 (sigma 0.02) in 256 KiB
+/// blocks, one core: level -100 took 0.454 ns a block byte against
+/// -20's 0.487 for the same 0.325 of the plane (the match finder skips
+/// further). The frames are ordinary zstd frames: readers need nothing
+/// new.
 fn planes_compressor(level: i32) -> zstd::bulk::Compressor<'static> {
     use zstd::zstd_safe::{CParameter, ParamSwitch};
     if level != 1 {
@@ -332,7 +324,7 @@ fn planes_compressor(level: i32) -> zstd::bulk::Compressor<'static> {
 
 /// zstd's level for byte planes where the codec's fastest was asked (see
 /// [`planes_compressor`]).
-const PLANES_FAST_LEVEL: i32 = -20;
+const PLANES_FAST_LEVEL: i32 = -100;
 
 /// One bit per page of `data` (LSB first), set for all-zero whole pages; a
 /// short tail is always stored. An all-clear bitmap is kept so readers know

@@ -21,6 +21,7 @@
 //! bytes); `--gpu-no-ids` dumps with `--no-ids`, to see what they cost and
 //! save. `--gpu-no-planes` dumps with `--no-planes`: beside a default dump,
 //! what the byte planes of 16-bit floats cost in dump CPU on this image.
+//! `--gpu-eager-only` leaves out the two zero-page rows: a shorter run.
 //!
 //! One dump per configuration and run; the archive (or directory) is then
 //! restored each way, each restore followed by a
@@ -53,6 +54,8 @@ pub struct AppSize {
     pub no_ids: bool,
     /// criuz dumps without byte planes (`--no-planes`).
     pub no_planes: bool,
+    /// criuz's archives restored eagerly only (`--gpu-eager-only`).
+    pub eager_only: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -227,8 +230,11 @@ pub fn measure(
 ) -> Result<Vec<GpuRow>> {
     let mut rows = Vec::new();
     for &config in configs {
-        let hows: &[&str] =
-            if config == "criu-dir" { &["eager"] } else { &["eager", "zeros-placed", "zeros-streamed"] };
+        let hows: &[&str] = if config == "criu-dir" || size.eager_only {
+            &["eager"]
+        } else {
+            &["eager", "zeros-placed", "zeros-streamed"]
+        };
         let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); hows.len()];
         for run_no in 0..runs.max(1) {
             eprintln!("bench: gpu: {config}, run {}", run_no + 1);

@@ -129,6 +129,11 @@ pub struct BenchArgs {
     /// with the byte planes of 16-bit floats and without
     #[arg(long, requires = "gpu")]
     pub gpu_no_planes: bool,
+    /// With --gpu: restore criuz's archives eagerly only, without the
+    /// zeros-placed and zeros-streamed rows (a shorter run, for the dump's
+    /// figures and more runs in a device call's time)
+    #[arg(long, requires = "gpu")]
+    pub gpu_eager_only: bool,
 }
 
 /// `125M` -> 125_000_000 bytes per second (decimal units, as link rates are quoted).
@@ -441,6 +446,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             kv_fill: args.gpu_kv_fill,
             no_ids: args.gpu_no_ids,
             no_planes: args.gpu_no_planes,
+            eager_only: args.gpu_eager_only,
         };
         let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
