@@ -44,9 +44,9 @@ use std::time::{Duration, Instant};
 
 const APP: &str = include_str!("../gpu_app.py");
 
-/// The app's sizes.
+/// The app's sizes, and how criuz dumps and restores it.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
-pub struct AppSize {
+pub struct GpuPlan {
     pub weights_gib: f64,
     pub kv_gib: f64,
     pub kv_fill: f64,
@@ -117,7 +117,7 @@ struct App {
 }
 
 impl App {
-    fn start(work: &Path, size: AppSize) -> Result<App> {
+    fn start(work: &Path, size: GpuPlan) -> Result<App> {
         let dir = work.join("app");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
@@ -218,10 +218,11 @@ fn restored(app: &App, expect: &str, cold: bool, restore: impl FnOnce() -> Resul
 }
 
 /// Rows of every configuration: `runs` dumps each, every dump restored
-/// eagerly (and lazily for criuz).
+/// eagerly (criuz's also with every zero page placed, then streamed,
+/// unless `eager_only`).
 pub fn measure(
     configs: &[&str],
-    size: AppSize,
+    plan: GpuPlan,
     runs: usize,
     cold: bool,
     work: &Path,
@@ -230,7 +231,7 @@ pub fn measure(
 ) -> Result<Vec<GpuRow>> {
     let mut rows = Vec::new();
     for &config in configs {
-        let hows: &[&str] = if config == "criu-dir" || size.eager_only {
+        let hows: &[&str] = if config == "criu-dir" || plan.eager_only {
             &["eager"]
         } else {
             &["eager", "zeros-placed", "zeros-streamed"]
@@ -241,7 +242,7 @@ pub fn measure(
             let store = work.join("store");
             let _ = std::fs::remove_dir_all(&store);
             std::fs::create_dir_all(&store).map_err(|e| Error::file(&store, e))?;
-            let app = App::start(work, size)?;
+            let app = App::start(work, plan)?;
             let expect = app.answer(0).unwrap_or_default();
             let mut dumped = Sample::default();
             let (image, arc) = (store.join("img"), store.join("gpu.czr"));
@@ -281,10 +282,10 @@ pub fn measure(
                 let codec = config.trim_start_matches("criuz-");
                 let mut cmd = Command::new(criuz);
                 cmd.args(["dump", "-t", &app.pid.to_string(), "-o"]).arg(&arc).args(["--codec", codec, "--json"]);
-                if size.no_ids {
+                if plan.no_ids {
                     cmd.arg("--no-ids");
                 }
-                if size.no_planes {
+                if plan.no_planes {
                     cmd.arg("--no-planes");
                 }
                 let (secs, out, usage) = dump_command(cmd, &store, "criuz-dump")?;

@@ -440,7 +440,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             println!("criuz-bench --gpu: skipped, no GPU to measure here: {why}");
             return Ok(());
         }
-        let size = gpu::AppSize {
+        let gpu_plan = gpu::GpuPlan {
             weights_gib: args.gpu_weights,
             kv_gib: args.gpu_kv,
             kv_fill: args.gpu_kv_fill,
@@ -448,10 +448,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             no_planes: args.gpu_no_planes,
             eager_only: args.gpu_eager_only,
         };
-        let rows = gpu::measure(&configs, size, plan.runs, args.cold, work.path(), &criu, &criuz)?;
+        let rows = gpu::measure(&configs, gpu_plan, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "gpu": rows, "app": size }))?;
+            write_table_json(path, &criu.version, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
         }
         if rows.iter().any(|r| !r.intact) {
             return Err(Error::Invalid("a GPU restore is not intact".into()));
