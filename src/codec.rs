@@ -155,6 +155,10 @@ pub struct Encoder {
     planes_zstd: Option<zstd::bulk::Compressor<'static>>,
     gathered: Vec<u8>,
     hurried: bool,
+    /// Whether a hurried block since the last
+    /// [`take_worth_redoing`](Self::take_worth_redoing) may be stored smaller
+    /// by the configured codec.
+    worth_redoing: bool,
     sample: Vec<u8>,
 }
 
@@ -166,13 +170,30 @@ impl Encoder {
         };
         let planes = config.for_planes();
         let planes_zstd = config.may_use_planes().then(|| planes_compressor(planes.level));
-        Encoder { config, zstd, planes_zstd, gathered: Vec::new(), hurried: false, sample: Vec::new() }
+        Encoder {
+            config,
+            zstd,
+            planes_zstd,
+            gathered: Vec::new(),
+            hurried: false,
+            worth_redoing: false,
+            sample: Vec::new(),
+        }
     }
 
     /// Compress the next blocks with [`CodecConfig::hurried`] (or, given
     /// false, with the configured codec again).
     pub fn hurry(&mut self, hurried: bool) {
         self.hurried = hurried;
+    }
+
+    /// Whether a block compressed hurried since the last call may be stored
+    /// smaller by the configured codec, so that redoing it pays; clears it.
+    /// A hurried block that LZ4 left raw and whose sample no entropy coder
+    /// shrinks, as it is or as planes (random memory, compressed data), is
+    /// final: redoing it would rewrite the archive for nothing.
+    pub fn take_worth_redoing(&mut self) -> bool {
+        std::mem::take(&mut self.worth_redoing)
     }
 
     /// Encodes `data`; with `page_aware`, zero pages are elided.
@@ -212,7 +233,13 @@ impl Encoder {
     /// says that pays; raw when that saves less than 1/8.
     pub fn compress(&mut self, src: &[u8]) -> (BlockCodec, Vec<u8>) {
         if self.hurried {
-            return compress(self.config.hurried(), None, src);
+            let (codec, out) = compress(self.config.hurried(), None, src);
+            // One page from the middle says it: this runs while CRIU waits.
+            let middle = src.len() / PAGE_SIZE / 2 * PAGE_SIZE;
+            self.worth_redoing |= codec != BlockCodec::Raw
+                || src.len() < planes::MIN_LEN
+                || planes::entropy_may_shrink(&src[middle..middle + PAGE_SIZE]);
+            return (codec, out);
         }
         if self.config.may_use_planes() && src.len() >= planes::MIN_LEN {
             if let Some(done) = self.compress_planes(src) {
@@ -651,6 +678,30 @@ mod tests {
             assert!(prefix.low_compressed && prefix.high_compressed, "{codec:?}: {prefix:?}");
             // Without planes the same bytes come back too.
             round_trip(CodecConfig { planes: false, ..config }, &bf16);
+        }
+    }
+
+    #[test]
+    fn a_hurried_block_is_worth_redoing_unless_nothing_would_shrink_it() {
+        let mut next = xorshift(5);
+        let random: Vec<u8> = (0..64 * PAGE_SIZE).map(|_| next() as u8).collect();
+        let text: Vec<u8> = b"a dump hurried while CRIU writes ".iter().copied().cycle().take(64 * PAGE_SIZE).collect();
+        // Noisy low bytes, high bytes from a few values: LZ4 leaves these raw,
+        // the planes do not.
+        let bf16 = words(|_| (0x3c00 | ((next() % 4) << 8) | (next() % 256)) as u16);
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            let mut enc = Encoder::new(CodecConfig::new(codec, None).unwrap());
+            enc.hurry(true);
+            assert_eq!(enc.compress(&random).0, BlockCodec::Raw);
+            assert!(!enc.take_worth_redoing(), "{codec:?}: random bytes");
+            enc.compress(&text);
+            assert!(enc.take_worth_redoing(), "{codec:?}: text");
+            assert!(!enc.take_worth_redoing(), "{codec:?}: taking it clears it");
+            assert_eq!(enc.compress(&bf16).0, BlockCodec::Raw, "{codec:?}");
+            assert!(enc.take_worth_redoing(), "{codec:?}: 16-bit words");
+            enc.hurry(false);
+            enc.compress(&text);
+            assert!(!enc.take_worth_redoing(), "{codec:?}: not hurried");
         }
     }
 }

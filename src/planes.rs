@@ -245,6 +245,19 @@ impl PlaneHistograms {
     }
 }
 
+/// Whether an entropy coder could store `sample` an eighth smaller, as its
+/// bytes are or as planes (by their order-0 entropy). Where it could not,
+/// and LZ4 found no matches worth an eighth either, no codec here stores
+/// such bytes smaller.
+pub fn entropy_may_shrink(sample: &[u8]) -> bool {
+    let mut bytes = [0u32; 256];
+    for &b in sample {
+        bytes[b as usize] += 1;
+    }
+    let planes = PlaneHistograms::of(sample);
+    coded_len_of(&bytes).1 || coded_len_of(&planes.low).1 || coded_len_of(&planes.high).1
+}
+
 /// What an entropy coder would store of the plane whose byte histogram is
 /// `hist`, by its order-0 entropy (plus a table's worth), and whether that
 /// saves the eighth that decides whether a block is stored compressed: the

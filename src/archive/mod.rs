@@ -108,8 +108,11 @@ pub struct PackStats {
     /// Blocks by codec (`blocks_raw`, `blocks_lz4`, ... in JSON).
     #[serde(flatten)]
     pub codecs: CodecCounts,
-    /// Blocks compressed with the hurried codec under backlog, and where
-    /// they lie, for a rewrite that redoes only them (their count in JSON).
+    /// Blocks compressed with the hurried codec under backlog that the
+    /// codec asked for may store smaller (see
+    /// [`Encoder::take_worth_redoing`](crate::codec::Encoder::take_worth_redoing)),
+    /// and where they lie, for a rewrite that redoes only them (their count
+    /// in JSON).
     #[serde(rename = "blocks_hurried")]
     pub hurried: HurriedBlocks,
     /// Blocks stored as an earlier writer encoded them (a rewrite's).

@@ -159,6 +159,8 @@ impl Packer {
                         (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
                         _ => enc.encode(0, &data, page_aware),
                     };
+                    // Counted as hurried only where the rewrite may gain.
+                    let hurried = enc.take_worth_redoing() && hurried;
                     if let Some(k) = &block_key {
                         // The seal binds the file id: a file's key is its id.
                         encoded.header.file_id = key as u32;

@@ -78,7 +78,9 @@ pub struct DumpReport {
     pub files: u64,
     pub zero_pages: u64,
     /// Blocks compressed with the hurried codec because the absorb budget
-    /// was nearly spent while CRIU wrote (see `CodecConfig::hurried`).
+    /// was nearly spent while CRIU wrote (see `CodecConfig::hurried`), and
+    /// that the codec asked for may store smaller; a raw block of bytes no
+    /// codec shrinks is not counted.
     pub hurried_blocks: u64,
     /// The archive was then rewritten with the codec asked for (see [`recompress`]).
     pub recompressed: bool,
