@@ -61,11 +61,11 @@ pub fn pack_tar<W: Write + Send + 'static>(
 /// Writes the files of `source` (with its parents attached) into a new,
 /// self-contained archive: every reference resolved, every byte checked.
 pub fn flatten<W: Write + Send + 'static>(source: Arc<Archive>, out: W, opts: &Options) -> Result<PackStats> {
-    rewrite(source, out, opts, &|_, _, _| false)
+    rewrite(source, out, opts, &|_, _| false)
 }
 
-/// [`flatten`], storing the blocks `keep` accepts (given a block's file id,
-/// its number in the file and its header) as they are, not decoded, not
+/// [`flatten`], storing the blocks `keep` accepts (given a block's file id
+/// and its number in the file) as they are, not decoded, not
 /// compressed again, and re-encoding the others: a dump's rewrite of the
 /// blocks it compressed in a hurry touches only those. For archives
 /// without page ids (a block's ids come from its data) whose block size is
@@ -75,7 +75,7 @@ pub fn recode<W: Write + Send + 'static>(
     source: Arc<Archive>,
     out: W,
     opts: &Options,
-    keep: &dyn Fn(u32, usize, &crate::format::BlockHeader) -> bool,
+    keep: &dyn Fn(u32, usize) -> bool,
 ) -> Result<PackStats> {
     let header = source.header();
     if opts.ids || header.flags & (FLAG_IDS | FLAG_PARENT) != 0 || header.block_size as usize != opts.block_size {
@@ -90,7 +90,7 @@ fn rewrite<W: Write + Send + 'static>(
     source: Arc<Archive>,
     out: W,
     opts: &Options,
-    keep: &dyn Fn(u32, usize, &crate::format::BlockHeader) -> bool,
+    keep: &dyn Fn(u32, usize) -> bool,
 ) -> Result<PackStats> {
     let packer = Packer::start(out, opts, None)?;
     let fed = (|| -> Result<()> {
@@ -100,10 +100,7 @@ fn rewrite<W: Write + Send + 'static>(
             let mut sink = packer.begin_file(&entry.name)?;
             let mut i = 0;
             while let Some(b) = source.block(entry.file_id, i)? {
-                let as_is = !b.is_resolved()
-                    && !b.header.sealed
-                    && sink.pending_len() == 0
-                    && keep(entry.file_id, i, &b.header);
+                let as_is = !b.is_resolved() && !b.header.sealed && sink.pending_len() == 0 && keep(entry.file_id, i);
                 if as_is {
                     sink.write_encoded(b.header.clone(), b.payload().to_vec())?;
                 } else {

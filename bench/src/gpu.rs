@@ -117,7 +117,7 @@ struct App {
 }
 
 impl App {
-    fn start(work: &Path, size: GpuPlan) -> Result<App> {
+    fn start(work: &Path, plan: GpuPlan) -> Result<App> {
         let dir = work.join("app");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
@@ -125,9 +125,9 @@ impl App {
         std::fs::write(&script, APP).map_err(|e| Error::file(&script, e))?;
         let mut cmd = Command::new("python3");
         cmd.arg(&script).arg(&dir);
-        cmd.env("W_GIB", size.weights_gib.to_string())
-            .env("KV_GIB", size.kv_gib.to_string())
-            .env("KV_FILL", size.kv_fill.to_string());
+        cmd.env("W_GIB", plan.weights_gib.to_string())
+            .env("KV_GIB", plan.kv_gib.to_string())
+            .env("KV_FILL", plan.kv_fill.to_string());
         let log = work.join("app.log");
         let pid = spawn_detached(cmd, &log)?;
         let ready = dir.join("ready");

@@ -133,8 +133,7 @@ pub fn recompress(path: &Path, opts: &Options, hurried: &crate::archive::Hurried
     let source = crate::archive::open(&Location::File(path.to_path_buf()), &OpenOptions::default())?;
     let out = Output::open(path, true)?;
     let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
-    let stats =
-        crate::offline::recode(source, out.writer()?, &bounded, &|file, block, _| !hurried.contains(file, block))?;
+    let stats = crate::offline::recode(source, out.writer()?, &bounded, &|file, block| !hurried.contains(file, block))?;
     out.commit()?;
     Ok(stats)
 }
