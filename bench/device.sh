@@ -21,9 +21,9 @@
 #   bash bench/device.sh gpu-eager CONFIG # criuz-lz4 or criuz-lz4-flat (--no-planes), eager restore only
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # plain CRIU, then lz4 and lz4 --no-planes in turn (ABBA), the
-#                                  # planes' CPU alone, the write rate, dump memory of random, one
-#                                  # more pair, elf, lazy
+#                                  # lz4 and lz4 --no-planes in turn after a run not counted (ABBA
+#                                  # BAAB), the planes' CPU alone, dump memory of random and elf
+#                                  # with the default budget and with CAP (768M)
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +46,9 @@ case ${1:-} in
     done
     ;;
   cold)
+    # ABSORB gives criuz's dumps that budget (e.g. 768M).
     "${B[@]}" --cold --size "$size" --runs 1 --workloads "${WORKLOADS:-mixed,text}" \
-      --configs "${CONFIGS:-criu-dir,criuz-lz4,criuz-zstd}" --json "$out/cold16.json"
+      --configs "${CONFIGS:-criu-dir,criuz-lz4,criuz-zstd}" ${ABSORB:+--absorb "$ABSORB"} --json "$out/cold16.json"
     ;;
   lazy)
     "${B[@]}" --lazy --size "$size" --runs "${RUNS:-3}" --workloads mixed --json "$out/lazy16.json"
@@ -147,26 +148,23 @@ case ${1:-} in
     # What CRIU's start costs depends on whether /run keeps its kernel probes.
     findmnt -n -o FSTYPE /run || true
     nvidia-smi -L || true
-    # The GPU app with plain CRIU first: the baseline, and the first run
-    # after the machine starts, which was the slowest in both calls of
-    # session 31 (dump CPU 32.8 and 36.0 s against 28.2-33.0 for the same
-    # configuration later).
-    part 120 bash "$me" gpu criu-dir
+    # A first run, reported apart and not counted: in both calls of session
+    # 31 the first run after the machine started was the dearest (dump CPU
+    # 32.8 and 36.0 s against 28.2-33.0 for the same configuration later).
+    OUT=$out/parts/warmup part 110 bash "$me" gpu-eager criuz-lz4-flat
     # The planes' dump CPU on the GPU image: lz4 and lz4 --no-planes in
-    # turn (ABBA), a third pair after the short parts.
-    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4; do
+    # turn, ABBA BAAB.
+    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4 criuz-lz4 criuz-lz4-flat; do
       part 110 bash "$me" gpu-eager "$c"
     done
     # The same without the GPU, CRIU or the disk: the planes' CPU alone.
-    PLANES_JOBS="16 8" part 90 bash "$me" planes-cpu
-    part 30 bash "$me" write-rate
-    # Dump memory where the archive stays large (issue 33: <= 1 GiB).
-    OUT=$out/parts/random WORKLOADS=random CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
-    for c in criuz-lz4 criuz-lz4-flat; do
-      part 110 bash "$me" gpu-eager "$c"
+    PLANES_JOBS=16 part 90 bash "$me" planes-cpu
+    # Dump memory where the archive stays large (issue 33: <= 1 GiB): the
+    # default budget, then a cap (CAP), random then elf.
+    for w in random elf; do
+      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=criu-dir+sync,criuz-lz4 part 60 bash "$me" cold
+      OUT=$out/parts/$w-cap WORKLOADS=$w CONFIGS=criuz-lz4 ABSORB=${CAP:-768M} part 45 bash "$me" cold
     done
-    OUT=$out/parts/elf WORKLOADS=elf CONFIGS=${CONFIGS:-criu-dir+sync,criuz-lz4} part 60 bash "$me" cold
-    RUNS=1 part 100 bash "$me" lazy
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)

@@ -6,7 +6,7 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | layout | `format` | the byte layout, one file per record family; pure, no I/O |
-//! | blocks | `planes`, `codec`, `seal`, `engine` | the byte-plane transform of 16-bit words; zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
+//! | blocks | `planes`, `huffman`, `codec`, `seal`, `engine` | the byte-plane transform of 16-bit words; zstd frames of a plane Huffman-coded from the planes' sample; zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
 //! | storage | `io` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores (a local file read ahead), S3, what a killed criuz left |
 //! | archive | `archive` | writing (`write`, `dedup`); reading through one door, `archive::open`: `prove` → `fetch` → `resolve` → `block` (the `BlockSource` seam, every block through `check`) → `stored` (the opened archive); `ids` for page ids |
 //! | CRIU | `criu` | everything CRIU speaks: streamer socket, page-server protocol, userfaultfd hand-over, images, stats |
@@ -35,6 +35,7 @@ pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod format;
+pub mod huffman;
 pub mod io;
 pub mod offline;
 pub mod planes;

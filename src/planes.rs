@@ -243,6 +243,11 @@ impl PlaneHistograms {
     pub fn coded_lens(&self) -> ((usize, bool), (usize, bool)) {
         (coded_len_of(&self.low), coded_len_of(&self.high))
     }
+
+    /// The high plane's byte counts (for [`crate::huffman::frame`]'s table).
+    pub fn high(&self) -> &[u32; 256] {
+        &self.high
+    }
 }
 
 /// Whether an entropy coder could store `sample` an eighth smaller, as its
