@@ -17,7 +17,7 @@
 #                                    # a command: each takes minutes at this size
 #   bash bench/device.sh gpu-no-ids  # the GPU app, criuz-zstd dumping with --no-ids
 #   bash bench/device.sh gpu-no-planes # the GPU app, criuz-lz4 dumping with --no-planes (dump CPU)
-#   bash bench/device.sh planes-cpu # criuz pack --ids of 1 GiB gpu-image with and without planes, -j 16/8/4
+#   bash bench/device.sh planes-cpu # criuz pack --ids of 512 MiB gpu-image with and without planes, -j 16/8/4
 #   bash bench/device.sh gpu-eager CONFIG # criuz-lz4 or criuz-lz4-flat (--no-planes), eager restore only
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
 #   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
@@ -85,14 +85,16 @@ case ${1:-} in
     ;;
   planes-cpu)
     # The byte planes' CPU on this machine's cores, without the GPU app or
-    # CRIU's share: 1 GiB of the gpu-image stand-in (about 30 s to fill, on
-    # one core) dumped once by CRIU, then packed into /dev/shm with page ids
-    # (as a CUDA dump stores them), with and without planes, by worker
-    # count, in turn; user, sys and wall seconds.
+    # CRIU's share: PLANES_MIB (512) of the gpu-image stand-in dumped once
+    # by CRIU, then packed into /dev/shm with page ids (as a CUDA dump
+    # stores them), with and without planes, by worker count, in turn;
+    # user, sys and wall seconds. Filling takes one core a while: 1 GiB did
+    # not fill within session 32's 90 s cap there (on 2 cores here, about a
+    # minute and a half).
     # CRIUZ names another build to compare, PLANES_JOBS the worker counts.
     d=/var/tmp/criuz-planes-cpu
     rm -rf "$d" && mkdir -p "$d/img" "$d/w"
-    criuz-workload --dir "$d/w" --mib 1024 --pattern gpu-image >"$d/w.log" 2>&1 &
+    criuz-workload --dir "$d/w" --mib "${PLANES_MIB:-512}" --pattern gpu-image >"$d/w.log" 2>&1 &
     w=$!
     for _ in $(seq 240); do grep -q ready "$d/w.log" && break; sleep 0.5; done
     criu dump -t "$w" -D "$d/img" --shell-job -o dump.log

@@ -84,10 +84,11 @@ mod ffi {
     }
 }
 
-/// `HUF_flags_bmi2`: the coder's BMI2 build, for CPUs that have it.
+/// `HUF_flags_bmi2`: the coder's BMI2 build, for CPUs that have BMI1 and
+/// BMI2 (zstd's own test). A zstd built without that variant ignores it.
 fn bmi2_flag() -> c_int {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("bmi2") {
+    if std::arch::is_x86_feature_detected!("bmi1") && std::arch::is_x86_feature_detected!("bmi2") {
         return 1;
     }
     0
