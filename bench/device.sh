@@ -20,10 +20,10 @@
 #   bash bench/device.sh planes-cpu # criuz pack --ids of 512 MiB gpu-image with and without planes, -j 16/8/4
 #   bash bench/device.sh gpu-eager CONFIG # criuz-lz4 or criuz-lz4-flat (--no-planes), eager restore only
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
-#   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the GPU app with
-#                                  # lz4 and lz4 --no-planes in turn after a run not counted (ABBA
-#                                  # BAAB), the planes' CPU alone, dump memory of random and elf
-#                                  # with the default budget and with CAP (768M)
+#   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the writer's rate,
+#                                  # dump memory of random and elf with the default budget and with
+#                                  # CAP (1536M), the GPU app with zstd, lz4 and lz4 --no-planes in
+#                                  # turn after a run not counted (ABBA), lazy
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +67,43 @@ case ${1:-} in
     sync
     echo "sync after it: $(awk "BEGIN { print $(date +%s.%N) - $t }") s"
     rm -f "$f"
+    # The same 4 GiB in 256 KiB writes, alone and with writeback started
+    # every 8 MiB by a second thread as criuz's archive writer does
+    # (io::EarlyWriteback): whether starting writeback early slows the
+    # writer, which on 16 cores drains random memory's dump at about
+    # 1.9 GB/s (session 32) while its backlog holds 1-2 GiB.
+    for early in 0 1 0 1; do
+      python3 - "$f" "$early" <<'PY'
+import ctypes, os, sys, threading, time, queue
+path, early = sys.argv[1], sys.argv[2] == "1"
+libc = ctypes.CDLL(None, use_errno=True)
+libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+SYNC_FILE_RANGE_WRITE = 2
+chunk, step, total = os.urandom(256 << 10), 8 << 20, 4 << 30
+os.sync()
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+ranges = queue.Queue()
+def flusher():
+    while (r := ranges.get()) is not None:
+        libc.sync_file_range(fd, r[0], r[1], SYNC_FILE_RANGE_WRITE)
+th = threading.Thread(target=flusher)
+th.start()
+t0, written, started = time.monotonic(), 0, 0
+while written < total:
+    written += os.write(fd, chunk)
+    if early and written - started >= step:
+        ranges.put((started, written - started))
+        started = written
+ranges.put(None)
+th.join()
+t1 = time.monotonic()
+os.fsync(fd)
+t2 = time.monotonic()
+os.close(fd)
+os.unlink(path)
+print(f"write-rate: early writeback {'on ' if early else 'off'}: written {t1 - t0:.2f} s ({total / (t1 - t0) / 1e9:.2f} GB/s), durable {t2 - t0:.2f} s")
+PY
+    done
     ;;
   gpu)
     # 4 GiB weights, 12 GiB KV cache (25% filled): a 21.7 GB host image.
@@ -150,23 +187,27 @@ case ${1:-} in
     # What CRIU's start costs depends on whether /run keeps its kernel probes.
     findmnt -n -o FSTYPE /run || true
     nvidia-smi -L || true
-    # A first run, reported apart and not counted: in both calls of session
-    # 31 the first run after the machine started was the dearest (dump CPU
-    # 32.8 and 36.0 s against 28.2-33.0 for the same configuration later).
-    OUT=$out/parts/warmup part 110 bash "$me" gpu-eager criuz-lz4-flat
-    # The planes' dump CPU on the GPU image: lz4 and lz4 --no-planes in
-    # turn, ABBA BAAB.
-    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4 criuz-lz4 criuz-lz4-flat; do
-      part 110 bash "$me" gpu-eager "$c"
-    done
-    # The same without the GPU, CRIU or the disk: the planes' CPU alone.
-    PLANES_JOBS=16 part 90 bash "$me" planes-cpu
+    # The archive writer's rate into the page cache, with and without early
+    # writeback (issue 33: random memory's dump holds 1-2 GiB because its
+    # archive drains at about 1.9 GB/s there).
+    part 60 bash "$me" write-rate
     # Dump memory where the archive stays large (issue 33: <= 1 GiB): the
-    # default budget, then a cap (CAP), random then elf.
+    # default budget, then a cap (CAP, 1536M: about 0.6 of a budget shows
+    # as memory, session 32), random then elf.
     for w in random elf; do
       OUT=$out/parts/$w WORKLOADS=$w CONFIGS=criu-dir+sync,criuz-lz4 part 60 bash "$me" cold
-      OUT=$out/parts/$w-cap WORKLOADS=$w CONFIGS=criuz-lz4 ABSORB=${CAP:-768M} part 45 bash "$me" cold
+      OUT=$out/parts/$w-cap WORKLOADS=$w CONFIGS=criuz-lz4 ABSORB=${CAP:-1536M} part 45 bash "$me" cold
     done
+    # The GPU app with zstd: its size since the high plane is Huffman-coded
+    # from the sample (session 32 measured LZ4 only).
+    part 120 bash "$me" gpu criuz-zstd
+    # A first run, reported apart and not counted, then LZ4 with and
+    # without planes in turn (ABBA): the planes' dump CPU.
+    OUT=$out/parts/warmup part 110 bash "$me" gpu-eager criuz-lz4-flat
+    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4; do
+      part 110 bash "$me" gpu-eager "$c"
+    done
+    RUNS=1 part 100 bash "$me" lazy
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)
