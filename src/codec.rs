@@ -109,7 +109,7 @@ impl CodecConfig {
     /// and made the dump 2.27 s, zstd 0.663 in 1.44 s; zstd's planes decode
     /// at about 1.8 GB/s a core, LZ4's at 2.8.
     fn for_planes(self) -> CodecConfig {
-        let level = if self.codec == Codec::Zstd && self.level >= 12 { self.level } else { 1 };
+        let level = if self.codec == Codec::Zstd && self.level >= 12 { self.level } else { PLANES_FAST };
         CodecConfig { codec: Codec::Zstd, level, ..self }
     }
 }
@@ -286,14 +286,12 @@ impl Encoder {
         let low_out = attempt(try_low, &payload[PLANES_PREFIX..high_at]);
         // At the fast setting the high plane is Huffman-coded from the
         // sample's counts: zstd's frame without zstd's own histogram pass.
-        let mut high_out = None;
-        if try_high && config.level == 1 {
-            let mut frame = Vec::new();
-            if huffman::frame(&payload[high_at..], histograms.high(), &mut frame) {
-                high_out = Some(frame);
-            }
-        }
-        let high_out = high_out.or_else(|| attempt(try_high, &payload[high_at..]));
+        let high = &payload[high_at..];
+        let high_out = if try_high && config.level == PLANES_FAST {
+            huffman::frame(high, histograms.high()).or_else(|| attempt(true, high))
+        } else {
+            attempt(try_high, high)
+        };
         let (low_compressed, high_compressed) = (low_out.is_some(), high_out.is_some());
         let low_len = match low_out {
             // Rare (the low plane of floats is noise): rebuilt around it.
@@ -348,7 +346,7 @@ impl Encoder {
 /// what that declines, and low planes.
 fn planes_compressor(level: i32) -> zstd::bulk::Compressor<'static> {
     use zstd::zstd_safe::{CParameter, ParamSwitch};
-    if level != 1 {
+    if level != PLANES_FAST {
         return zstd::bulk::Compressor::new(level).expect("zstd level was validated");
     }
     let mut z = zstd::bulk::Compressor::new(PLANES_FAST_LEVEL).expect("a valid zstd level");
@@ -364,6 +362,10 @@ fn planes_compressor(level: i32) -> zstd::bulk::Compressor<'static> {
 /// zstd's level for byte planes where the codec's fastest was asked (see
 /// [`planes_compressor`]).
 const PLANES_FAST_LEVEL: i32 = -100;
+
+/// The planes' setting ([`CodecConfig::for_planes`]) that stands for the
+/// fast one: the high plane Huffman-coded, else zstd at [`PLANES_FAST_LEVEL`].
+const PLANES_FAST: i32 = 1;
 
 /// One bit per page of `data` (LSB first), set for all-zero whole pages; a
 /// short tail is always stored. An all-clear bitmap is kept so readers know

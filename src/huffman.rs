@@ -99,21 +99,19 @@ fn is_error(code: usize) -> bool {
     unsafe { zstd::zstd_safe::zstd_sys::ZSTD_isError(code) != 0 }
 }
 
-/// Appends to `out` a zstd frame of `src`, Huffman-coded with a table from
-/// `sample` (byte counts of a sample of such bytes), and says whether it
-/// did: not where the linked zstd is another version, where `src` holds
-/// one byte value (zstd stores that as a run), or where the frame would not
-/// be smaller than `src`. `out` is then as it was.
-pub fn frame(src: &[u8], sample: &[u32; 256], out: &mut Vec<u8>) -> bool {
+/// A zstd frame of `src`, Huffman-coded with a table from `sample` (byte
+/// counts of a sample of such bytes); None where the linked zstd is another
+/// version, where `src` holds one byte value (zstd stores that as a run),
+/// or where the frame would not be smaller than `src`.
+pub fn frame(src: &[u8], sample: &[u32; 256]) -> Option<Vec<u8>> {
     if src.is_empty() || zstd::zstd_safe::version_number() != ZSTD_VERSION {
-        return false;
+        return None;
     }
-    let Ok(content_size) = u32::try_from(src.len()) else { return false };
+    let content_size = u32::try_from(src.len()).ok()?;
     let (least, greatest) = byte_range(src);
     let mut workspace = [0u64; WORKSPACE_U64];
-    let Some(table) = Table::new(sample, least, greatest, &mut workspace) else { return false };
-    let start = out.len();
-    out.reserve(src.len() + 16);
+    let table = Table::new(sample, least, greatest, &mut workspace)?;
+    let mut out = Vec::with_capacity(src.len() + 16);
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.push(SINGLE_SEGMENT_FCS4);
     out.extend_from_slice(&content_size.to_le_bytes());
@@ -122,12 +120,11 @@ pub fn frame(src: &[u8], sample: &[u32; 256], out: &mut Vec<u8>) -> bool {
     let per_block = src.len().div_ceil(blocks);
     for (i, literals) in src.chunks(per_block).enumerate() {
         let last = i + 1 == blocks;
-        if !table.append_block(literals, last, &mut workspace, out) || out.len() - start >= src.len() {
-            out.truncate(start);
-            return false;
+        if !table.append_block(literals, last, &mut workspace, &mut out) || out.len() >= src.len() {
+            return None;
         }
     }
-    true
+    Some(out)
 }
 
 /// A Huffman table (zstd's `HUF_CElt` array) with a code for every byte
@@ -298,7 +295,6 @@ mod tests {
 
     #[test]
     fn a_frame_decodes_to_its_bytes_with_zstd_at_every_size_and_sample() {
-        let mut out = Vec::new();
         for (i, len) in
             [16 << 10, (16 << 10) + 1, 100_000, 128 << 10, (128 << 10) + 1, 300_001, 1 << 20].into_iter().enumerate()
         {
@@ -308,12 +304,9 @@ mod tests {
             let own = histogram(&plane[..8192]);
             let narrow = histogram(&skewed(8192, 0x74, 0x76, 0, 99));
             for sample in [own, narrow, [0; 256]] {
-                out.clear();
-                out.extend_from_slice(b"kept");
-                assert!(frame(&plane, &sample, &mut out), "{len} bytes");
-                assert_eq!(&out[..4], b"kept");
-                assert!(out.len() - 4 < len * 3 / 4, "{len} bytes coded to {}", out.len() - 4);
-                assert_eq!(decode(&out[4..], len), plane, "{len} bytes");
+                let out = frame(&plane, &sample).unwrap_or_else(|| panic!("{len} bytes"));
+                assert!(out.len() < len * 3 / 4, "{len} bytes coded to {}", out.len());
+                assert_eq!(decode(&out, len), plane, "{len} bytes");
             }
         }
     }
@@ -321,31 +314,26 @@ mod tests {
     #[test]
     fn bytes_the_sample_never_saw_still_have_codes() {
         // Rare bytes anywhere in 0..=255, two values, and the full range.
-        let mut out = Vec::new();
         let cases = [skewed(64 << 10, 0x60, 0x7F, 40, 7), skewed(64 << 10, 3, 4, 0, 8), skewed(64 << 10, 0, 255, 0, 9)];
         for plane in cases {
             let sample = histogram(&skewed(8192, 0x70, 0x72, 0, 10));
-            out.clear();
-            if frame(&plane, &sample, &mut out) {
+            if let Some(out) = frame(&plane, &sample) {
                 assert_eq!(decode(&out, plane.len()), plane);
             }
         }
         // A skewed plane with rare outliers must compress, outliers and all.
         let plane = skewed(64 << 10, 0x60, 0x6F, 40, 11);
-        out.clear();
-        assert!(frame(&plane, &histogram(&plane[..4096]), &mut out));
+        let out = frame(&plane, &histogram(&plane[..4096])).expect("a skewed plane compresses");
         assert_eq!(decode(&out, plane.len()), plane);
     }
 
     #[test]
     fn no_frame_where_it_would_not_pay_or_zstd_stores_a_run() {
-        let mut out = vec![1, 2, 3];
         let mut next = xorshift(5);
         let noise: Vec<u8> = (0..65536).map(|_| next() as u8).collect();
-        assert!(!frame(&noise, &histogram(&noise), &mut out));
-        assert!(!frame(&[9u8; 65536], &[0; 256], &mut out));
-        assert!(!frame(&[], &[0; 256], &mut out));
-        assert_eq!(out, [1, 2, 3]);
+        assert!(frame(&noise, &histogram(&noise)).is_none());
+        assert!(frame(&[9u8; 65536], &[0; 256]).is_none());
+        assert!(frame(&[], &[0; 256]).is_none());
     }
 
     #[test]
