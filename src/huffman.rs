@@ -337,6 +337,18 @@ mod tests {
     }
 
     #[test]
+    fn short_input_gets_no_frame_or_one_that_decodes() {
+        // The planes' blocks are 16 KiB or more; the function takes any
+        // length, and four streams need at least six literals.
+        for len in 1..300 {
+            let plane = skewed(len, 0x70, 0x73, 0, len as u64);
+            if let Some(out) = frame(&plane, &histogram(&plane)) {
+                assert_eq!(decode(&out, len), plane, "{len} bytes");
+            }
+        }
+    }
+
+    #[test]
     fn byte_range_is_the_least_and_greatest_byte() {
         let mut next = xorshift(3);
         for len in [1, 31, 32, 33, 1000] {
