@@ -20,7 +20,9 @@
 //! the zstd crate uses. Those functions are not zstd's public API: their
 //! signatures below are zstd 1.5.7's, and they are called only when the
 //! linked library says it is that version. Elsewhere [`frame`] says no and
-//! the caller compresses with zstd as before.
+//! the caller compresses with zstd as before; this module's tests then
+//! fail, so that an update of zstd-sys is noticed and these signatures
+//! checked against the new version's `huf.h`.
 
 use std::ffi::{c_int, c_uint, c_void};
 
