@@ -261,15 +261,8 @@ fn byte_range(src: &[u8]) -> (u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::planes::byte_histogram as histogram;
     use crate::planes::tests::xorshift;
-
-    fn histogram(bytes: &[u8]) -> [u32; 256] {
-        let mut h = [0u32; 256];
-        for &b in bytes {
-            h[usize::from(b)] += 1;
-        }
-        h
-    }
 
     /// Bytes drawn from a skewed distribution over `lo..=hi`, as a float
     /// plane's exponents are, with `rare` bytes anywhere in 0..=255.

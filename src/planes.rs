@@ -255,12 +255,17 @@ impl PlaneHistograms {
 /// and LZ4 found no matches worth an eighth either, no codec here stores
 /// such bytes smaller.
 pub fn entropy_may_shrink(sample: &[u8]) -> bool {
-    let mut bytes = [0u32; 256];
-    for &b in sample {
-        bytes[b as usize] += 1;
-    }
     let planes = PlaneHistograms::of(sample);
-    coded_len_of(&bytes).1 || coded_len_of(&planes.low).1 || coded_len_of(&planes.high).1
+    coded_len_of(&byte_histogram(sample)).1 || coded_len_of(&planes.low).1 || coded_len_of(&planes.high).1
+}
+
+/// How many times each byte value occurs in `bytes`.
+pub fn byte_histogram(bytes: &[u8]) -> [u32; 256] {
+    let mut hist = [0u32; 256];
+    for &b in bytes {
+        hist[usize::from(b)] += 1;
+    }
+    hist
 }
 
 /// What an entropy coder would store of the plane whose byte histogram is
@@ -307,11 +312,7 @@ pub(crate) mod tests {
 
     /// [`coded_len_of`] a plane's bytes.
     fn coded_len(plane: &[u8]) -> (usize, bool) {
-        let mut hist = [0u32; 256];
-        for &b in plane {
-            hist[b as usize] += 1;
-        }
-        coded_len_of(&hist)
+        coded_len_of(&byte_histogram(plane))
     }
 
     #[test]
@@ -384,15 +385,10 @@ pub(crate) mod tests {
         let mut planes = Vec::new();
         split_into(&src, &mut planes);
         let (low, high) = planes.split_at(src.len().div_ceil(2));
-        let count = |plane: &[u8]| {
-            let mut hist = [0u32; 256];
-            plane.iter().for_each(|&b| hist[b as usize] += 1);
-            hist
-        };
         let h = PlaneHistograms::of(&src);
         // The odd length's last byte ends the low plane but is no word's.
-        assert_eq!(h.low, count(&low[..low.len() - 1]));
-        assert_eq!(h.high, count(high));
+        assert_eq!(h.low, byte_histogram(&low[..low.len() - 1]));
+        assert_eq!(h.high, byte_histogram(high));
         assert_ne!(h.low, h.high);
     }
 
