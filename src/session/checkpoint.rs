@@ -132,6 +132,8 @@ pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Op
 pub fn recompress(path: &Path, opts: &Options, hurried: &crate::archive::HurriedBlocks) -> Result<PackStats> {
     let source = crate::archive::open(&Location::File(path.to_path_buf()), &OpenOptions::default())?;
     let out = Output::open(path, true)?;
+    // After CRIU: nothing is frozen while this archive is written.
+    out.flush_behind();
     let bounded = Options { memory_budget: engine::DEFAULT_MEMORY_BUDGET, absorb_first: false, ..opts.clone() };
     let stats = crate::offline::recode(source, out.writer()?, &bounded, &|file, block| !hurried.contains(file, block))?;
     out.commit()?;
@@ -207,6 +209,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let (status, captured) = std::thread::scope(|s| {
         let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
         let status = run_criu(&mut cmd, &[]);
+        // The tree is frozen no more: what is written may be flushed.
+        out.flush_behind();
         stop.store(true, Ordering::Relaxed);
         (status, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
