@@ -67,41 +67,50 @@ case ${1:-} in
     sync
     echo "sync after it: $(awk "BEGIN { print $(date +%s.%N) - $t }") s"
     rm -f "$f"
-    # The same 4 GiB in 256 KiB writes, alone and with writeback started
+    # The same 4 GiB in 256 KiB writes: alone (0), with writeback started
     # every 8 MiB by a second thread as criuz's archive writer does
-    # (io::EarlyWriteback): whether starting writeback early slows the
-    # writer, which on 16 cores drains random memory's dump at about
-    # 1.9 GB/s (session 32) while its backlog holds 1-2 GiB.
-    for early in 0 1 0 1; do
-      python3 - "$f" "$early" <<'PY'
+    # (io::EarlyWriteback) (1), and with that thread also flushing every
+    # 32 MiB, as it does once CRIU is done (2, session 33):
+    # whether either slows the writer, which on 16 cores drains random
+    # memory's dump at about 1.9 GB/s (session 32) while its backlog holds
+    # 1-2 GiB.
+    for mode in 0 1 2 0 1 2; do
+      python3 - "$f" "$mode" <<'PY'
 import ctypes, os, sys, threading, time, queue
-path, early = sys.argv[1], sys.argv[2] == "1"
+path, mode = sys.argv[1], int(sys.argv[2])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 SYNC_FILE_RANGE_WRITE = 2
-chunk, step, total = os.urandom(256 << 10), 8 << 20, 4 << 30
+chunk, step, flush_step, total = os.urandom(256 << 10), 8 << 20, 32 << 20, 4 << 30
 os.sync()
 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
 ranges = queue.Queue()
 def flusher():
+    next_flush = flush_step
     while (r := ranges.get()) is not None:
-        libc.sync_file_range(fd, r[0], r[1], SYNC_FILE_RANGE_WRITE)
+        libc.sync_file_range(own, r[0], r[1], SYNC_FILE_RANGE_WRITE)
+        if mode == 2 and r[0] + r[1] >= next_flush:
+            os.fdatasync(own)
+            next_flush = r[0] + r[1] + flush_step
 th = threading.Thread(target=flusher)
 th.start()
 t0, written, started = time.monotonic(), 0, 0
 while written < total:
     written += os.write(fd, chunk)
-    if early and written - started >= step:
+    if mode and written - started >= step:
         ranges.put((started, written - started))
         started = written
+t1 = time.monotonic()
 ranges.put(None)
 th.join()
-t1 = time.monotonic()
 os.fsync(fd)
 t2 = time.monotonic()
+os.close(own)
 os.close(fd)
 os.unlink(path)
-print(f"write-rate: early writeback {'on ' if early else 'off'}: written {t1 - t0:.2f} s ({total / (t1 - t0) / 1e9:.2f} GB/s), durable {t2 - t0:.2f} s")
+what = ["off", "on", "on, flushed every 32 MiB"][mode]
+print(f"write-rate: early writeback {what}: written {t1 - t0:.2f} s ({total / (t1 - t0) / 1e9:.2f} GB/s), durable {t2 - t0:.2f} s")
 PY
     done
     ;;
