@@ -79,6 +79,26 @@ pub fn until_done_or_failed<S>(
     state: impl Fn() -> S + Sync,
     step: impl Fn(&mut S) -> Result<bool> + Sync,
 ) -> Result<()> {
+    until_done_or_failed_on(Crew::Spawn(threads), state, step)
+}
+
+/// The threads that run [`until_done_or_failed_on`]'s work.
+#[derive(Clone, Copy)]
+pub enum Crew<'p> {
+    /// This many, spawned for the call (the calling thread is one of them).
+    Spawn(usize),
+    /// Every thread of a pool kept across calls, while the calling thread
+    /// waits: for work cut into short calls, each of which would otherwise
+    /// pay for spawning its threads.
+    Pool(&'p rayon::ThreadPool),
+}
+
+/// [`until_done_or_failed`] on the threads of `crew`.
+pub fn until_done_or_failed_on<S>(
+    crew: Crew<'_>,
+    state: impl Fn() -> S + Sync,
+    step: impl Fn(&mut S) -> Result<bool> + Sync,
+) -> Result<()> {
     let stop = AtomicBool::new(false);
     let failed: Mutex<Option<Error>> = Mutex::new(None);
     let work = || {
@@ -95,12 +115,17 @@ pub fn until_done_or_failed<S>(
             }
         }
     };
-    std::thread::scope(|s| {
-        for _ in 1..threads.max(1) {
-            s.spawn(work);
+    match crew {
+        Crew::Spawn(threads) => std::thread::scope(|s| {
+            for _ in 1..threads.max(1) {
+                s.spawn(work);
+            }
+            work();
+        }),
+        Crew::Pool(pool) => {
+            pool.broadcast(|_| work());
         }
-        work();
-    });
+    }
     failed.into_inner().unwrap_or_else(|p| p.into_inner()).map_or(Ok(()), Err)
 }
 

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LazyRow {
     pub workload: String,
+    /// The dump's codec.
+    pub codec: String,
     /// Every restore started from a dropped page cache.
     pub cold: bool,
     pub raw_bytes: u64,
@@ -121,15 +123,19 @@ fn settle(mib: u64, cold: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn measure(
-    name: &str,
-    mib: u64,
-    runs: usize,
-    cold: bool,
-    work: &Path,
-    tools: &Tools,
-    criuz: &Path,
-) -> Result<LazyRow> {
+/// What one lazy row measures: a workload of `mib` MiB dumped with `codec`,
+/// restored `runs` times each way (at least 3), from a dropped page cache
+/// if `cold`.
+pub struct Shape<'a> {
+    pub workload: &'a str,
+    pub codec: &'a str,
+    pub mib: u64,
+    pub runs: usize,
+    pub cold: bool,
+}
+
+pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path) -> Result<LazyRow> {
+    let &Shape { workload: name, codec, mib, runs, cold } = shape;
     let dir = work.join(format!("lazy-{name}"));
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
@@ -138,7 +144,7 @@ pub fn measure(
     let before = app.fingerprint()?;
     let pids = proc::tree(app.pid);
     let pid = app.pid.to_string();
-    let dump = Command::new(criuz).args(["dump", "-t", &pid, "-o"]).arg(&arc).output()?;
+    let dump = Command::new(criuz).args(["dump", "--codec", codec, "-t", &pid, "-o"]).arg(&arc).output()?;
     if !dump.status.success() {
         return Err(Error::Invalid(format!("criuz dump: {}", String::from_utf8_lossy(&dump.stderr).trim())));
     }
@@ -219,6 +225,7 @@ pub fn measure(
     };
     let row = LazyRow {
         workload: name.to_string(),
+        codec: codec.to_string(),
         cold,
         raw_bytes,
         archive_bytes: proc::file_bytes(&arc),
@@ -245,8 +252,9 @@ pub fn measure(
 /// The table, with each lazy time as a ratio of the plain restore.
 pub fn table(rows: &[LazyRow]) -> String {
     let mut s = format!(
-        "{:<8} {:>8} {:>9} {:>10} {:>10} {:>14} {:>15} {:>15} {:>9} {:>9} {:>7}\n",
+        "{:<8} {:<5} {:>8} {:>9} {:>10} {:>10} {:>14} {:>15} {:>15} {:>9} {:>9} {:>7}\n",
         "workload",
+        "codec",
         "raw MiB",
         "plain s",
         "plain+rd s",
@@ -261,8 +269,9 @@ pub fn table(rows: &[LazyRow]) -> String {
     for r in rows {
         let x = |v: f64, of: f64| format!("{v:.2} ({:.2}x)", v / of);
         s.push_str(&format!(
-            "{:<8} {:>8.1} {:>9.2} {:>10.2} {:>10} {:>14} {:>15} {:>15} {:>9.1} {:>9.1} {:>7}\n",
+            "{:<8} {:<5} {:>8.1} {:>9.2} {:>10.2} {:>10} {:>14} {:>15} {:>15} {:>9.1} {:>9.1} {:>7}\n",
             r.workload,
+            r.codec,
             r.raw_bytes as f64 / (1 << 20) as f64,
             r.plain_restore_s,
             r.plain_restore_read_s,
@@ -277,9 +286,10 @@ pub fn table(rows: &[LazyRow]) -> String {
     }
     for r in rows {
         s.push_str(&format!(
-            "{}: with the recorded working set ({} pages first, in after {:.2}s): running {:.2}s ({:.2}x), \
+            "{} {}: with the recorded working set ({} pages first, in after {:.2}s): running {:.2}s ({:.2}x), \
              lazy+read {:.2}s ({:.2}x)\n",
             r.workload,
+            r.codec,
             r.working_set_pages,
             r.ws_in_s,
             r.ws_running_s,

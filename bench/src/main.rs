@@ -82,7 +82,8 @@ pub struct BenchArgs {
     pub shares: Option<Vec<f64>>,
     /// Instead of the comparison: lazy restore (criuz restore --lazy) against
     /// plain restore of the same archive: time until the tree runs, until
-    /// every page is in, and a full read of memory right after the restore
+    /// every page is in, and a full read of memory right after the restore;
+    /// dumped with LZ4, or each codec --configs names of criuz-lz4,criuz-zstd
     #[arg(long, conflicts_with = "incremental")]
     pub lazy: bool,
     /// Instead of the comparison: the mixed workload in a runc container,
@@ -514,14 +515,30 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     if args.lazy {
+        // The dump's codec: criuz-zstd among --configs adds zstd rows; LZ4
+        // (the default) unless --configs leaves it out.
+        let codecs: Vec<&str> = match &args.configs {
+            None => vec!["lz4"],
+            Some(_) => [(Config::CriuzLz4, "lz4"), (Config::CriuzZstd, "zstd")]
+                .into_iter()
+                .filter(|(c, _)| plan.configs.contains(c))
+                .map(|(_, codec)| codec)
+                .collect(),
+        };
+        if codecs.is_empty() {
+            return Err(Error::Invalid("--lazy measures criuz-lz4 and criuz-zstd; --configs names neither".into()));
+        }
         let mut rows = Vec::new();
         for w in &plan.workloads {
-            eprintln!("bench: lazy: {w}, {} MiB", plan.mib);
-            let row = lazy::measure(w, plan.mib, plan.runs, args.cold, work.path(), &tools, &criuz)?;
-            if !row.intact {
-                return Err(Error::Invalid(format!("{w}: a restore is not intact")));
+            for codec in &codecs {
+                eprintln!("bench: lazy: {w}, {codec}, {} MiB", plan.mib);
+                let shape = lazy::Shape { workload: w, codec, mib: plan.mib, runs: plan.runs, cold: args.cold };
+                let row = lazy::measure(&shape, work.path(), &tools, &criuz)?;
+                if !row.intact {
+                    return Err(Error::Invalid(format!("{w}: a restore is not intact")));
+                }
+                rows.push(row);
             }
-            rows.push(row);
         }
         print!("{}", lazy::table(&rows));
         if let Some(path) = &args.json {

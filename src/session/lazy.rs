@@ -520,7 +520,11 @@ impl LazyRestore<'_> {
         let abort = Abort::new()?;
         let victim = self.victim;
         let held_fill = hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone() });
-        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill);
+        // A running tree is filled in steps on every core (`Pager::fill_step`),
+        // each thread decoding the blocks it copies; on one core, by the
+        // pager's thread a block at a time, decoded ahead.
+        let fill_threads = if hold { 0 } else { self.threads };
+        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads);
         // The proof behind a running tree. A held tree needs none: it runs
         // only once every page is in, each from a block checked as it was
         // decoded, which is what a streamed restore promises too.
@@ -529,14 +533,15 @@ impl LazyRestore<'_> {
         let source = &*self.source;
         let fill_gate = if gated { Some(FillGate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
-        // Decoders while the tree runs: where zstd blocks dominate, decoding
-        // is slower than copying, so every core but one (left to the tree)
-        // decodes; LZ4 and raw blocks decode faster than one thread copies
-        // them in (2 cores: lz4 restores took 0.33-0.52 s with one decoder,
-        // 0.46-0.56 s with two; zstd 0.41-1.10 s with one, 0.49-0.84 s with
-        // two), so one decoder keeps up. A held tree needs none: its fill
-        // threads decode their own blocks (`session::place`).
-        let decoders = if hold {
+        // Decoders for a fill one block at a time (one core): where zstd
+        // blocks dominate, decoding is slower than copying, so every core but
+        // one (left to the tree) decodes; LZ4 and raw blocks decode faster
+        // than one thread copies them in (2 cores: lz4 restores took
+        // 0.33-0.52 s with one decoder, 0.46-0.56 s with two; zstd 0.41-1.10 s
+        // with one, 0.49-0.84 s with two), so one decoder keeps up. A fill in
+        // steps, or of a held tree, needs none: its threads decode their own
+        // blocks (`session::place`).
+        let decoders = if hold || fill_threads > 1 {
             0
         } else if mostly_zstd(&*self.source) {
             self.threads.saturating_sub(1).max(1)

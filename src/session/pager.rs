@@ -8,21 +8,25 @@
 //! starves the fill and pays a round trip per page (a full read of 1 GiB took
 //! over a minute). Here one thread does both, in turn: every waiting fault
 //! first, each answered with the rest of its block still missing (up to 64
-//! pages for one decode), then one block of the fill: first around the pages
-//! an earlier lazy restore saw faulted (the working set, in that order),
-//! then in address order. A fault waits for at most one block copy, and the
+//! pages for one decode), then one step of the fill: first around the pages
+//! an earlier lazy restore saw faulted (the working set, in that order, a
+//! block at a time), then in address order, a few blocks for each core, each
+//! decoded and copied in by the thread that took it (`session::place`),
+//! while this thread waits. A fault waits for at most one step, and the
 //! fill never stops.
 //!
 //! Only this thread changes the address spaces' bookkeeping, and it reads a
-//! space's events before copying into it again, so a copy never lands in a
-//! range the process has since dropped or moved (the kernel refuses copies,
-//! `EAGAIN`, while an event is unread). Every page comes from a checked
-//! block; a block that fails ends the pager with the error, and the caller
-//! kills the tree before any copy of the userfaultfds closes.
+//! space's events only between steps, before copying into that space again,
+//! so a copy never lands in a range the process has since dropped or moved
+//! (the kernel refuses copies, `EAGAIN`, while an event is unread: what a
+//! step could not copy stays missing for the next). Every page comes from a
+//! checked block; a block that fails ends the pager with the error, and the
+//! caller kills the tree before any copy of the userfaultfds closes.
 
 use crate::codec::Decoder;
 use crate::criu::images::PageRun;
 use crate::criu::uffd::{self, Copied, CopiedAll, Event, Handover, Uffd};
+use crate::engine::Crew;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::PAGE_SIZE;
 use crate::proc::cgroup::cgroup_kill_of;
@@ -213,8 +217,18 @@ pub(crate) struct Pager<'a> {
     /// For a held tree: how to fill it once every space is here
     /// (`session::place`); taken when that fill starts.
     held_fill: Option<HeldFill>,
+    /// Threads that fill a running tree in steps (`fill_step`); with one,
+    /// this thread fills a block at a time (`fill_one`).
+    fill_threads: usize,
+    /// Their pool, made when the first step starts.
+    crew: Option<rayon::ThreadPool>,
     report: PagerReport,
 }
+
+/// Blocks each thread of a running tree's fill takes in one step: a fault
+/// that arrives meanwhile waits for the step, so a step is short; two
+/// blocks a thread even out blocks that take longer than others.
+const STEP_BLOCKS: u64 = 2;
 
 /// Whether a copy or a whole step got through.
 enum Step {
@@ -231,6 +245,7 @@ impl<'a> Pager<'a> {
         victim: &'a Victim,
         working_set: &[(u32, u64)],
         held_fill: Option<HeldFill>,
+        fill_threads: usize,
     ) -> Pager<'a> {
         Pager {
             blocks,
@@ -245,6 +260,8 @@ impl<'a> Pager<'a> {
             finished: false,
             fill_next: 0,
             held_fill,
+            fill_threads,
+            crew: None,
             report: PagerReport::default(),
         }
     }
@@ -342,6 +359,7 @@ impl<'a> Pager<'a> {
             if self.faults.is_empty() && filling {
                 match self.held_fill.take() {
                     Some(how) => self.fill_held(&how)?,
+                    None if self.fill_threads > 1 && self.working_set.is_empty() => self.fill_step()?,
                     None => self.fill_one()?,
                 }
             }
@@ -481,9 +499,7 @@ impl<'a> Pager<'a> {
                 return Ok(());
             }
         }
-        if self.report.working_set_in.is_none() && self.had_working_set {
-            self.report.working_set_in = Some(Instant::now());
-        }
+        self.working_set_done();
         let n = self.spaces.len();
         for k in 0..n {
             let i = (self.fill_next + k) % n;
@@ -496,6 +512,79 @@ impl<'a> Pager<'a> {
             return Ok(());
         }
         Ok(())
+    }
+
+    /// Notes when the recorded working set was all in (once the fill has
+    /// moved past it).
+    fn working_set_done(&mut self) {
+        if self.report.working_set_in.is_none() && self.had_working_set {
+            self.report.working_set_in = Some(Instant::now());
+        }
+    }
+
+    /// One step of a running tree's fill on the threads of a pool: the next
+    /// missing pages, [`STEP_BLOCKS`] blocks a thread, each block decoded
+    /// once and copied in by the thread that took it (`session::place`),
+    /// while this thread waits. No event is read during a step, just as none
+    /// is read between `fill_one`'s look at the missing ranges and its copy:
+    /// a copy that meets an unread event is refused (`EAGAIN`), and the rest
+    /// of its range stays missing for a step after this thread has read the
+    /// events. With one thread copying (decoders ahead of it), a lazy
+    /// restore of 4 GiB on 16 cores had every page in after 1.5-1.7 s, where
+    /// a placed restore, filled on every core, took 0.4-0.5 s in all
+    /// (docs/BENCHMARKS.md, sessions 27-31).
+    fn fill_step(&mut self) -> Result<()> {
+        self.working_set_done();
+        if self.crew.is_none() {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(self.fill_threads)
+                .thread_name(|i| format!("criuz-fill-{i}"))
+                .build()
+                .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+            self.crew = Some(pool);
+        }
+        let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
+        let budget = self.fill_threads as u64 * STEP_BLOCKS * block_pages;
+        let (mut ranges, mut pages) = (Vec::new(), 0);
+        let n = self.spaces.len();
+        'spaces: for k in 0..n {
+            let i = (self.fill_next + k) % n;
+            for (&start, &(end, page)) in &self.spaces[i].missing {
+                let take = ((end - start) / PAGE).min(budget - pages);
+                ranges.push(Missing { space: i, start, end: start + take * PAGE, page });
+                pages += take;
+                if pages == budget {
+                    self.fill_next = i;
+                    break 'spaces;
+                }
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let targets: Vec<Target> =
+            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+        let blocks = self.blocks;
+        let crew = Crew::Pool(self.crew.as_ref().expect("made above"));
+        let filled = place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, None)?;
+        self.note_filled(&ranges, filled);
+        Ok(())
+    }
+
+    /// Takes what a fill of `ranges` copied out of the missing ranges: all
+    /// of them but what an event kept out, and every range of a space whose
+    /// process has gone.
+    fn note_filled(&mut self, ranges: &[Missing], filled: place::Filled) {
+        self.report.pages += filled.pages;
+        for r in ranges {
+            self.spaces[r.space].drop_range(r.start, r.end);
+        }
+        for m in filled.left {
+            self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
+        }
+        for i in filled.gone {
+            self.spaces[i].missing.clear();
+        }
     }
 
     /// Fills every space at once, on several threads (the tree is held:
@@ -511,17 +600,10 @@ impl<'a> Pager<'a> {
         let targets: Vec<Target> =
             self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
         let blocks = self.blocks;
-        let filled = place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, how)?;
-        self.report.pages += filled.pages;
-        for s in &mut self.spaces {
-            s.missing.clear();
-        }
-        for m in filled.left {
-            self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
-        }
-        for i in filled.gone {
-            self.spaces[i].missing.clear();
-        }
+        let crew = Crew::Spawn(how.threads);
+        let filled =
+            place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, how.meter.as_deref())?;
+        self.note_filled(&ranges, filled);
         Ok(())
     }
 

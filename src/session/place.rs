@@ -1,11 +1,12 @@
 //! The fill of a tree held stopped (`restore --fill place`, the default
 //! eager restore): every missing page of every address space copied in by
-//! several threads at once.
+//! several threads at once; and each step of a running tree's fill.
 //!
-//! The pager (`session::pager`) copies from one thread because a running
-//! tree changes its address spaces under it: it must read a space's events
-//! before copying into it again. A held tree runs nothing: no event can
-//! come, so that rule holds with any number of copying threads. The work is
+//! A running tree changes its address spaces under its pager
+//! (`session::pager`), which must read a space's events before copying into
+//! it again. A held tree runs nothing: no event can come, so that rule holds
+//! with any number of copying threads; a running tree's pager reads no event
+//! while a step of its fill runs here, so it holds there too. The work is
 //! cut by archive block: each thread takes the next block, decodes it once
 //! through the checked source into a buffer of its own (still in cache for
 //! the copies that follow; no shared cache, no hand-off between threads), and
@@ -14,15 +15,16 @@
 //! could not (on 2 cores, 1 GiB of zstd text restored in 1.07x of `criu
 //! restore -D`'s time that way, 0.89x this way: docs/BENCHMARKS.md).
 //!
-//! Should a copy meet an event after all (`EAGAIN`: something in the tree
-//! ran), the rest of that range goes back to the pager, which reads the
-//! events and finishes it one block at a time. A block that fails to read or
+//! Should a copy meet an event (`EAGAIN`: something in the tree ran), the
+//! rest of that range goes back to the pager, which reads the events and
+//! copies it after them. A block that fails to read or
 //! decode stops every thread with its error (the caller kills the tree
 //! before it ran): no page is copied from a block that did not check out.
 
 use crate::archive::BlockSource;
 use crate::codec::Decoder;
 use crate::criu::uffd::{CopiedAll, Uffd};
+use crate::engine::Crew;
 use crate::error::{Error, Result};
 use crate::format::PAGE_SIZE;
 use crate::progress::Meter;
@@ -121,33 +123,44 @@ impl Cursor<'_> {
     }
 }
 
+thread_local! {
+    /// A fill thread's decoder and block buffer: kept across the steps of a
+    /// running tree's fill, whose pool threads run many short fills (a zstd
+    /// context and a block's buffer made anew for each would be work and
+    /// page faults every step).
+    static WORKSPACE: std::cell::RefCell<(Decoder, Vec<u8>)> = std::cell::RefCell::new((Decoder::new(), Vec::new()));
+}
+
 /// Copies every range of `ranges` (in the order of `Cursor`) into its
-/// space, on `threads` threads. `starts(file)`: where each block of a pages
-/// image starts. An error is the first block or copy that failed.
+/// space, on the threads of `crew`. `starts(file)`: where each block of a
+/// pages image starts. An error is the first block or copy that failed.
 pub(crate) fn fill(
     source: &dyn BlockSource,
     starts: &(dyn Fn(u32) -> Arc<Vec<u64>> + Sync),
     targets: &[Target],
     ranges: &[Missing],
-    how: &HeldFill,
+    crew: Crew<'_>,
+    meter: Option<&Meter>,
 ) -> Result<Filled> {
     let cursor = Mutex::new(Cursor { ranges, next: 0, taken: 0 });
     let pages = AtomicU64::new(0);
     let left: Mutex<Vec<Missing>> = Mutex::new(Vec::new());
     let gone: Vec<AtomicBool> = targets.iter().map(|_| AtomicBool::new(false)).collect();
-    let step = |(dec, data): &mut (Decoder, Vec<u8>)| -> Result<bool> {
+    let step = |_: &mut ()| -> Result<bool> {
         let Some(unit) = cursor.lock().expect("fill cursor").next_unit(targets, starts)? else { return Ok(false) };
-        let n = place_unit(source, targets, &unit, &gone, dec, data, &left).map_err(|e| {
+        let placed =
+            WORKSPACE.with_borrow_mut(|(dec, data)| place_unit(source, targets, &unit, &gone, dec, data, &left));
+        let n = placed.map_err(|e| {
             let pid = unit.pieces.first().map_or(0, |p| targets[p.space].pid);
             e.context(format!("{}: pages of restored process {pid}", source.label()))
         })?;
         pages.fetch_add(n, Ordering::Relaxed);
-        if let Some(m) = &how.meter {
+        if let Some(m) = meter {
             m.taken.fetch_add(n * PAGE, Ordering::Relaxed);
         }
         Ok(true)
     };
-    crate::engine::until_done_or_failed(how.threads, || (Decoder::new(), Vec::new()), step)?;
+    crate::engine::until_done_or_failed_on(crew, || (), step)?;
     let gone = gone.iter().enumerate().filter(|(_, g)| g.load(Ordering::Relaxed)).map(|(i, _)| i).collect();
     Ok(Filled { pages: pages.into_inner(), left: left.into_inner().expect("fill leftovers"), gone })
 }
