@@ -1,12 +1,14 @@
 //! Decoded pages of an archive for a lazy restore: the blocks of its pages
 //! images through the checked block source, cached and decoded ahead.
 //!
-//! The pager (`session::pager`) fills memory in address order while faults
-//! land anywhere, so a block would be decoded again at every switch without
-//! a cache. Bounded in bytes, least recently used first out; decoder threads
-//! (one while the tree runs, leaving a core to it; every core while it is
-//! held stopped) decode the blocks after the one the fill last asked for,
-//! each a block no other is decoding, so the fill's thread mostly copies.
+//! The pager (`session::pager`) answers faults anywhere while its fill
+//! moves in address order, so a block would be decoded again at every
+//! switch without a cache. Bounded in bytes, least recently used first out.
+//! Where the pager's own thread fills a block at a time (one core), decoder
+//! threads decode the blocks after the one the fill last asked for, each a
+//! block no other is decoding, so that thread mostly copies; a fill in
+//! steps on several cores decodes its blocks in its own threads
+//! (`session::place`) and only faults come here.
 
 use crate::archive::BlockSource;
 use crate::codec::Decoder;

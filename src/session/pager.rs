@@ -539,9 +539,16 @@ impl<'a> Pager<'a> {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(self.fill_threads)
                 .thread_name(|i| format!("criuz-fill-{i}"))
-                .build()
-                .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-            self.crew = Some(pool);
+                .build();
+            match pool {
+                Ok(pool) => self.crew = Some(pool),
+                // No threads to be had (a task limit): this thread fills
+                // alone, a block at a time, rather than failing the restore.
+                Err(_) => {
+                    self.fill_threads = 1;
+                    return self.fill_one();
+                }
+            }
         }
         let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
         let budget = self.fill_threads as u64 * STEP_BLOCKS * block_pages;
