@@ -14,6 +14,9 @@
 //!   faulted (`<archive>.touch`); then rounds of lazy + read restoring from
 //!   that record (the fill brings those pages' blocks first).
 //!
+//! - the floor users compare to: `criu restore -D -d` of the same
+//!   checkpoint (the archive unpacked once), timed until it returns.
+//!
 //! The plain lazy rounds remove the record first. Every restore is checked
 //! by the workload's fingerprint. With `--cold` the page cache is dropped
 //! before each restore (after the warm-up), so the archive, criuz's and
@@ -38,6 +41,8 @@ pub struct LazyRow {
     /// Medians over the rounds, seconds.
     pub plain_restore_s: f64,
     pub plain_restore_read_s: f64,
+    /// `criu restore -D -d` of the same checkpoint, unpacked.
+    pub criu_restore_s: f64,
     pub lazy_running_s: f64,
     pub lazy_resident_s: f64,
     pub lazy_running_read_s: f64,
@@ -134,7 +139,7 @@ pub struct Shape<'a> {
     pub cold: bool,
 }
 
-pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path) -> Result<LazyRow> {
+pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &Path) -> Result<LazyRow> {
     let &Shape { workload: name, codec, mib, runs, cold } = shape;
     let dir = work.join(format!("lazy-{name}"));
     let logs = dir.join("logs");
@@ -218,6 +223,22 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path) -> Resul
         ws_in.push(rep["working_set_seconds"].as_f64().unwrap_or(f64::NAN));
         end(&mut app, &mut intact);
     }
+    // The floor users compare to: `criu restore -D` of the same checkpoint.
+    let img = dir.join("img");
+    let unpacked = Command::new(criuz).arg("unpack").arg(&arc).arg("-d").arg(&img).output()?;
+    if !unpacked.status.success() {
+        return Err(Error::Invalid(format!("criuz unpack: {}", String::from_utf8_lossy(&unpacked.stderr).trim())));
+    }
+    let mut criu_restore = Vec::new();
+    for _ in 0..runs.max(3) {
+        settle(mib, cold)?;
+        let mut cmd = Command::new(criu);
+        cmd.args(["restore", "-d", "-D"]).arg(&img).arg("--work-dir").arg(&logs).args(["-o", "criu-restore.log"]);
+        let t = Instant::now();
+        proc::pipeline(vec![cmd], Src::Null, Dst::Null, &logs, "criu-restore")?;
+        criu_restore.push(t.elapsed().as_secs_f64());
+        end(&mut app, &mut intact);
+    }
     let raw_bytes = {
         use criuz::archive::BlockSource;
         let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default())?;
@@ -231,6 +252,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path) -> Resul
         archive_bytes: proc::file_bytes(&arc),
         plain_restore_s: median(&plain),
         plain_restore_read_s: median(&plain_read),
+        criu_restore_s: median(&criu_restore),
         lazy_running_s: median(&running),
         lazy_resident_s: median(&resident),
         lazy_running_read_s: median(&running_read),
@@ -296,6 +318,16 @@ pub fn table(rows: &[LazyRow]) -> String {
             r.ws_running_s / r.plain_restore_s,
             r.ws_running_read_s,
             r.ws_running_read_s / r.plain_restore_read_s
+        ));
+    }
+    for r in rows {
+        s.push_str(&format!(
+            "{} {}: criu restore -D of the same checkpoint {:.2}s: running {:.2}x, resident {:.2}x of it\n",
+            r.workload,
+            r.codec,
+            r.criu_restore_s,
+            r.lazy_running_s / r.criu_restore_s,
+            r.lazy_resident_s / r.criu_restore_s
         ));
     }
     s.push_str(

@@ -533,7 +533,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             for codec in &codecs {
                 eprintln!("bench: lazy: {w}, {codec}, {} MiB", plan.mib);
                 let shape = lazy::Shape { workload: w, codec, mib: plan.mib, runs: plan.runs, cold: args.cold };
-                let row = lazy::measure(&shape, work.path(), &tools, &criuz)?;
+                let row = lazy::measure(&shape, work.path(), &tools, &criuz, &criu.path)?;
                 if !row.intact {
                     return Err(Error::Invalid(format!("{w}: a restore is not intact")));
                 }
