@@ -31,7 +31,9 @@ pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
 /// available now, so CRIU's pages are taken in as fast as CRIU writes them
 /// and compressed behind, and the process is frozen for the dump rather than
 /// for the codec (on 2 cores, LZ4 on a JVM heap keeps pace with CRIU only at
-/// about half its speed). Never below [`DEFAULT_MEMORY_BUDGET`].
+/// about half its speed). Never below [`DEFAULT_MEMORY_BUDGET`]. Blocks a
+/// dump holds by reference (`archive::held`) count against it as if copied,
+/// though they cost no memory of criuz's.
 pub fn default_absorb() -> usize {
     let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;

@@ -690,3 +690,43 @@ fn a_dump_takes_its_absorb_memory_from_the_machine_share() {
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
 }
+
+/// A dump holds the stopped tree's own pages by reference until its
+/// archive is written (src/archive/held.rs), so the tree must not run
+/// before then. Resumed meanwhile by someone else (here a SIGCONT, then a
+/// rewrite of its memory), the dump must fail and publish nothing: its held
+/// pages may no longer be what CRIU dumped.
+#[test]
+fn a_tree_resumed_while_its_archive_is_written_gets_no_checkpoint() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "text", mib: 48, ..Default::default() });
+    w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("resumed.czr");
+    let pid = w.pid.to_string();
+    // zstd at its slowest: the archive is far from written when CRIU is done.
+    let dump = Command::new(CRIUZ)
+        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "19"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("CRIU to leave the process stopped", Duration::from_secs(60), || {
+        process_state(w.pid) == Some('T') && criu_children_of(dump.id()).is_empty()
+    });
+    // criuz takes the tree's CPU times once CRIU is gone (a few ms); resumed
+    // before that, the dump fails too, with "did not stay stopped".
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: resuming the workload this test started.
+    unsafe { libc::kill(w.pid, libc::SIGCONT) };
+    w.rewrite(50.0, 7);
+    let out = dump.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the dump must fail: {err}");
+    assert!(err.contains("ran while its checkpoint was written"), "{err}");
+    assert!(!arc.exists(), "an archive appeared under its final name");
+    assert!(temp_archive(&arc).is_none(), "the temporary archive must be removed");
+    assert!(w.alive(), "the process must run on");
+    w.stop();
+}

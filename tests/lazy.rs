@@ -335,6 +335,25 @@ fn memory_discarded_while_pages_arrive_reads_as_zero() {
     assert_eq!(restored, expected, "discarded memory came back after a lazy restore");
 }
 
+/// Memory moved (mremap) while its pages still arrive keeps its bytes: the
+/// pager must follow the move, copying nothing into the range the memory
+/// left and leaving nothing missing where it went.
+#[test]
+fn memory_moved_while_pages_arrive_keeps_its_bytes() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut w, arc) = big_dumped(tmp.path(), "big.czr");
+    let before = std::fs::read_to_string(w.dir.path().join("sum-root")).unwrap();
+    let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
+    command(&w, "mremap", "mremapped-root");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let restored = memory_sum(&w.sums()["root"]);
+    w.stop();
+    assert_eq!(restored, memory_sum(&before), "memory moved during a lazy restore changed");
+}
+
 #[test]
 fn an_incremental_child_restores_lazily_through_its_parent() {
     let Some(_criu) = criu() else { return };

@@ -17,6 +17,7 @@ pub mod block;
 pub mod check;
 pub mod dedup;
 mod fetch;
+mod held;
 pub mod ids;
 pub mod open;
 mod prove;

@@ -1,8 +1,9 @@
 //! Block buffers carved from larger anonymous mappings, each faulted in
 //! before CRIU's bytes are read into it.
 //!
-//! A dump absorbs CRIU's pages while the process is frozen, so the cost of
-//! taking a block in is frozen time. read(2) copies out of a pipe under the
+//! A dump takes in what CRIU writes while the process is frozen, so the
+//! cost of taking a block in is frozen time (the process's own pages are
+//! mostly held by reference instead, `held`; these buffers take the rest). read(2) copies out of a pipe under the
 //! pipe's lock; into fresh memory, the copy takes a page fault every 4 KiB
 //! and holds the lock through them, while CRIU, splicing the next pages in,
 //! spins on it (one-off diagnosis, not the bench: a perf profile of a 1 GiB

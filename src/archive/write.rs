@@ -9,6 +9,7 @@
 //! temporary name is removed).
 
 use super::dedup::{dedup_block, DedupIndex};
+use super::held::{HeldPipe, Spliced};
 use super::slab::{Carver, SlabBuf};
 use super::{Options, PackStats};
 use crate::archive::records::ArchiveWriter;
@@ -39,7 +40,7 @@ enum PackJob {
     Begin(FileStart),
     Block {
         key: u64,
-        data: SlabBuf,
+        data: BlockData,
         page_aware: bool,
         block: u32,
     },
@@ -53,6 +54,14 @@ enum PackJob {
     End {
         key: u64,
     },
+}
+
+/// A block's bytes as they wait for a worker.
+enum BlockData {
+    /// Copied into memory of ours.
+    Copied(SlabBuf),
+    /// Still CRIU's, referenced from a pipe (see `held`).
+    Held(HeldPipe),
 }
 
 enum PackResult {
@@ -69,6 +78,8 @@ enum PackResult {
     End {
         key: u64,
     },
+    /// A held block could not be read back (its pipe failed).
+    Failed(Error),
 }
 
 /// Builds an archive from files written concurrently.
@@ -147,17 +158,30 @@ impl Packer {
             opts.threads,
             opts.window(),
             hold.clone(),
-            move || Encoder::new(codec),
-            move |enc: &mut Encoder, job: PackJob| match job {
+            move || (Encoder::new(codec), Vec::new()),
+            move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| match job {
                 PackJob::Begin(start) => PackResult::Begin(start),
                 PackJob::Block { key, data, page_aware, block } => {
+                    let copied;
+                    let data: &[u8] = match data {
+                        BlockData::Copied(buf) => {
+                            copied = buf;
+                            &copied
+                        }
+                        BlockData::Held(pipe) => {
+                            if let Err(e) = pipe.read_into(taken) {
+                                return PackResult::Failed(Error::Io(e));
+                            }
+                            taken
+                        }
+                    };
                     // A held worker runs only when the budget is nearly
                     // spent: catch up fast rather than stall CRIU.
                     let hurried = backlog.hurried();
                     enc.hurry(hurried);
                     let mut encoded = match (&dedup, page_aware) {
-                        (Some(d), true) => encode_deduped(enc, d, key as u32, block, &data),
-                        _ => enc.encode(0, &data, page_aware),
+                        (Some(d), true) => encode_deduped(enc, d, key as u32, block, data),
+                        _ => enc.encode(0, data, page_aware),
                     };
                     // Counted as hurried only where the rewrite may gain.
                     let hurried = enc.take_worth_redoing() && hurried;
@@ -211,6 +235,7 @@ impl Packer {
                             stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
                         }
                         PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
+                        PackResult::Failed(e) => return Err(e),
                     }
                 }
                 if stop.load(Ordering::Relaxed) {
@@ -239,6 +264,16 @@ impl Packer {
         self.begin_entry(name, FileKind::for_name(name), None)
     }
 
+    /// [`begin_file`](Self::begin_file) for a page image whose pages stay
+    /// unwritten until the archive is finished (a stopped tree's private
+    /// memory): [`FileSink::read_from`] holds its blocks by reference
+    /// instead of copying them (see `held`).
+    pub fn begin_file_held(&self, name: &str) -> Result<FileSink> {
+        let mut sink = self.begin_file(name)?;
+        sink.hold = sink.page_aware;
+        Ok(sink)
+    }
+
     /// Starts an entry of a tree archive ([`Options::tree`]) with its mode
     /// and mtime: a file, a directory (write nothing) or a link (write its
     /// target).
@@ -257,6 +292,9 @@ impl Packer {
             meter: self.meter.clone(),
             buf: SlabBuf::empty(),
             blocks: 0,
+            hold: false,
+            held: None,
+            block_size: self.block_size,
         })
     }
 
@@ -324,6 +362,11 @@ pub struct FileSink {
     buf: SlabBuf,
     /// Blocks submitted so far (the next block's index in its file).
     blocks: u32,
+    /// Blocks are held by reference where they can be.
+    hold: bool,
+    /// The block being held.
+    held: Option<HeldPipe>,
+    block_size: usize,
 }
 
 impl FileSink {
@@ -344,7 +387,61 @@ impl FileSink {
     /// Reads once from `fd` straight into the current block (no copy, no
     /// zero-filling); returns the bytes read, 0 at end of input.
     pub fn read_from(&mut self, fd: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
+        if self.hold && self.buf.is_empty() {
+            if let Some(n) = self.hold_from(fd.as_raw_fd())? {
+                return Ok(n);
+            }
+        }
         self.read_up_to(fd, usize::MAX)
+    }
+
+    /// Splices from `fd` into the block being held; `None` where this block
+    /// must be copied instead: no pipe could be had (then no later block
+    /// tries), or its slots ran out (what it held is copied out first).
+    fn hold_from(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<Option<usize>> {
+        if self.held.is_none() {
+            self.held = HeldPipe::new(self.block_size);
+            if self.held.is_none() {
+                self.hold = false;
+                return Ok(None);
+            }
+        }
+        let pipe = self.held.as_mut().expect("a held block");
+        match pipe.splice_from(fd, self.block_size - pipe.len())? {
+            Spliced::Bytes(n) => {
+                if pipe.len() == self.block_size {
+                    self.flush_held().map_err(|e| std::io::Error::other(e.to_string()))?;
+                }
+                Ok(Some(n))
+            }
+            Spliced::Full => {
+                let pipe = self.held.take().expect("a held block");
+                let mut bytes = Vec::new();
+                pipe.read_into(&mut bytes)?;
+                // (Nothing held yet and still no room: never try again.)
+                self.hold &= !bytes.is_empty();
+                self.buf = self.carver.carve();
+                self.buf.extend(&bytes);
+                Ok(None)
+            }
+        }
+    }
+
+    fn flush_held(&mut self) -> Result<()> {
+        let Some(mut pipe) = self.held.take() else { return Ok(()) };
+        if pipe.is_empty() {
+            return Ok(());
+        }
+        pipe.seal();
+        self.submit_block(pipe.len(), BlockData::Held(pipe))
+    }
+
+    /// Submits the file's next block, of `len` bytes.
+    fn submit_block(&mut self, len: usize, data: BlockData) -> Result<()> {
+        self.meter.taken.fetch_add(len as u64, Ordering::Relaxed);
+        let block = self.blocks;
+        self.blocks += 1;
+        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })
     }
 
     /// As [`read_from`](Self::read_from), reading at most `limit` bytes
@@ -380,7 +477,7 @@ impl FileSink {
     /// a block boundary (nothing written since the last full block), and
     /// not in an archive with page ids (a block's ids come from its data).
     pub fn write_encoded(&mut self, header: BlockHeader, payload: Vec<u8>) -> Result<()> {
-        if !self.buf.is_empty() || header.sealed {
+        if !self.buf.is_empty() || self.held.as_ref().is_some_and(|p| !p.is_empty()) || header.sealed {
             return Err(Error::Usage("an encoded block between block boundaries, or still sealed".into()));
         }
         self.meter.taken.fetch_add(u64::from(header.raw_len), Ordering::Relaxed);
@@ -393,18 +490,16 @@ impl FileSink {
     }
 
     pub fn pending_len(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.held.as_ref().map_or(0, HeldPipe::len)
     }
 
     fn flush_block(&mut self) -> Result<()> {
         let data = std::mem::replace(&mut self.buf, SlabBuf::empty());
-        self.meter.taken.fetch_add(data.len() as u64, Ordering::Relaxed);
-        let block = self.blocks;
-        self.blocks += 1;
-        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })
+        self.submit_block(data.len(), BlockData::Copied(data))
     }
 
     pub fn finish(mut self) -> Result<()> {
+        self.flush_held()?;
         if !self.buf.is_empty() {
             self.flush_block()?;
         }
@@ -459,5 +554,93 @@ fn chain_key_for(opts: &Options, dedup: Option<&DedupIndex>) -> Result<Option<Ch
         (Some(_), Some(k)) => Ok(Some(k)),
         (Some(_), None) => ChainKey::random().map(Some),
         (None, None) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::{read_sequential, EntryStart, SeqSink};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    #[derive(Default)]
+    struct Files(HashMap<u32, (String, Vec<u8>)>);
+
+    impl SeqSink for Files {
+        fn begin(&mut self, entry: &EntryStart) -> Result<()> {
+            self.0.insert(entry.file_id, (entry.name.to_string(), Vec::new()));
+            Ok(())
+        }
+        fn data(&mut self, file_id: u32, data: &[u8]) -> Result<()> {
+            self.0.get_mut(&file_id).expect("begun").1.extend_from_slice(data);
+            Ok(())
+        }
+        fn end(&mut self, _: u32, _: u64) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A held page image comes back byte for byte: blocks held whole,
+    /// blocks whose pipe ran out of slots part held and part copied (the
+    /// small pieces below are vmspliced, a slot each, never merged), and a
+    /// last block held part full.
+    #[test]
+    fn held_blocks_keep_their_bytes_and_order_when_some_must_be_copied() {
+        let block = 64 << 10;
+        let opts = Options { block_size: block, ..Options::default() };
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+        let mut sink = packer.begin_file_held("pages-1.img").unwrap();
+        assert!(sink.hold);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        };
+        // Whole pages, then 200 pieces of 100 bytes, then whole pages again
+        // and a last part block.
+        let mut pieces: Vec<Vec<u8>> = (0..20).map(|_| (0..4096).map(|_| next()).collect()).collect();
+        pieces.extend((0..200).map(|_| (0..100).map(|_| next()).collect::<Vec<u8>>()));
+        pieces.extend((0..37).map(|_| (0..4096).map(|_| next()).collect::<Vec<u8>>()));
+        let sent: Vec<u8> = pieces.concat();
+        let pieces = Arc::new(pieces);
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both were just created and are ours alone.
+        let (w, r) = unsafe { (OwnedFd::from_raw_fd(fds[1]), OwnedFd::from_raw_fd(fds[0])) };
+        let writer = {
+            let pieces = pieces.clone();
+            std::thread::spawn(move || {
+                for p in pieces.iter() {
+                    let mut at = 0;
+                    while at < p.len() {
+                        let iov =
+                            libc::iovec { iov_base: p[at..].as_ptr() as *mut libc::c_void, iov_len: p.len() - at };
+                        // SAFETY: the pipe references `p`, which `pieces`
+                        // keeps alive and unchanged until the test's end.
+                        let n = unsafe { libc::vmsplice(w.as_raw_fd(), &iov, 1, 0) };
+                        assert!(n > 0, "vmsplice: {}", std::io::Error::last_os_error());
+                        at += n as usize;
+                    }
+                }
+            })
+        };
+        while sink.read_from(&r).unwrap() > 0 {}
+        writer.join().unwrap();
+        let blocks = sink.blocks;
+        sink.finish().unwrap();
+        packer.finish().unwrap();
+        let mut files = Files::default();
+        read_sequential(std::fs::File::open(tmp.path()).unwrap(), &Options::default(), &mut files).unwrap();
+        let (name, got) = files.0.values().next().unwrap();
+        assert_eq!(name, "pages-1.img");
+        assert_eq!(got.len(), sent.len());
+        assert!(*got == sent, "the bytes came back otherwise");
+        // Three whole blocks before `finish`, which adds the part one.
+        assert_eq!(blocks as usize, sent.len() / block);
+        drop(pieces);
     }
 }

@@ -20,7 +20,9 @@
 //! count): what an incremental checkpoint then has to store; if DIR/rewrite
 //! says "fork", the root forks a child instead (see `fork_late`), and
 //! "dontneed" discards the second half of the memory (MADV_DONTNEED: it then
-//! reads as zero) and writes DIR/dontneed-<role>; SIGTERM ends the tree.
+//! reads as zero) and writes DIR/dontneed-<role>; "mremap" moves the second
+//! half of the memory elsewhere and back (its bytes unchanged) and writes
+//! DIR/mremapped-<role>; SIGTERM ends the tree.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -533,6 +535,12 @@ fn serve_signals(
                 write_atomic(&dir.join(format!("dontneed-{role}")), "done\n");
                 continue;
             }
+            if spec.trim() == "mremap" {
+                let half = (buf.len() / 2) & !(PAGE - 1);
+                move_and_back(&mut buf[half..]);
+                write_atomic(&dir.join(format!("mremapped-{role}")), "done\n");
+                continue;
+            }
             let mut words = spec.split_whitespace();
             let percent: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
             let seed: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
@@ -550,6 +558,27 @@ fn serve_signals(
             }
             std::process::exit(0);
         }
+    }
+}
+
+/// Moves `part` (page-aligned, of our own mapping) to another address with
+/// mremap(2) and back again, touching none of its bytes: a lazily restored
+/// process whose memory moves while its pages still arrive.
+fn move_and_back(part: &mut [u8]) {
+    let len = part.len();
+    // SAFETY: a fresh reservation, then moves of our own mapping's pages
+    // into it and back to exactly where they were; no byte is read or
+    // written, and `part` is valid again once they are back.
+    unsafe {
+        let spot =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(spot, libc::MAP_FAILED, "reserve {len} bytes");
+        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+        let moved = libc::mremap(part.as_mut_ptr().cast(), len, len, flags, spot);
+        assert_eq!(moved, spot, "mremap away: {}", std::io::Error::last_os_error());
+        let home: *mut libc::c_void = part.as_mut_ptr().cast();
+        let back = libc::mremap(moved, len, len, flags, home);
+        assert_eq!(back, home, "mremap back: {}", std::io::Error::last_os_error());
     }
 }
 

@@ -332,6 +332,49 @@ unsafe fn traced(pid: i32) -> bool {
     }
 }
 
+/// Every thread of `tree` and its descendants with the CPU time it has run
+/// (nanoseconds, from /proc/PID/task/TID/schedstat), or `None` where one
+/// of them is not stopped (or ended): a tree that reads the same twice has
+/// not run in between. Sorted by thread id.
+pub(crate) fn stopped_runtimes(tree: &[i32]) -> Option<Vec<(i32, u64)>> {
+    let mut threads = Vec::new();
+    for pid in tree_pids(tree) {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let name = task.ok()?.file_name();
+            let tid: i32 = name.to_str()?.parse().ok()?;
+            let dir = format!("/proc/{pid}/task/{tid}");
+            let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
+            // The state follows the last ')' (the command name may hold one).
+            let after = &stat[stat.rfind(')')? + 1..];
+            if !matches!(after.trim_start().chars().next()?, 'T' | 't' | 'Z' | 'X') {
+                return None;
+            }
+            let schedstat = std::fs::read_to_string(format!("{dir}/schedstat")).ok()?;
+            threads.push((tid, schedstat.split_whitespace().next()?.parse().ok()?));
+        }
+    }
+    threads.sort_unstable();
+    Some(threads)
+}
+
+/// [`stopped_runtimes`] once the tree has settled stopped: two readings
+/// 2 ms apart that agree (a thread that has just stopped may still be
+/// leaving the CPU), within `limit_ms`.
+pub(crate) fn settled_runtimes(tree: &[i32], limit_ms: u32) -> Option<Vec<(i32, u64)>> {
+    let mut last = None;
+    let mut settled = None;
+    poll_until(limit_ms, 2, || {
+        let now = stopped_runtimes(tree);
+        if now.is_some() && now == last {
+            settled = now;
+            return true;
+        }
+        last = now;
+        false
+    });
+    settled
+}
+
 /// Whether `pid` is `ancestor` or below it (parents through /proc).
 pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..4096 {

@@ -18,19 +18,34 @@ pub struct CaptureReport {
     pub files: Vec<String>,
 }
 
+/// How a capture takes in the tree's pages.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pages {
+    /// Copied as they arrive.
+    Copied,
+    /// A process's own pages held by reference until the archive is
+    /// finished (see `archive::held`): only for a tree that stays stopped
+    /// until then, which the caller checks before it commits.
+    HeldWhileStopped,
+}
+
 /// Receives CRIU's images on `listener` and writes them into `packer` until
 /// CRIU closes the connection. Returns `None` if `stop` was set before CRIU
 /// connected.
-pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Result<Option<CaptureReport>> {
+pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool, pages: Pages) -> Result<Option<CaptureReport>> {
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
     let mut report = CaptureReport::default();
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let mut readers = Vec::new();
     let result = (|| -> Result<()> {
+        // CRIU opens a pages image right after the pagemap that names it.
+        let mut after_private_pagemap = false;
         while let Some(name) = read_request(&mut sock)? {
             let fd = scm::recv_fd(&sock, "the pipe")?;
             grow_pipe(&fd);
-            let mut sink = packer.begin_file(&name)?;
+            let held = pages == Pages::HeldWhileStopped && after_private_pagemap && name.starts_with("pages-");
+            after_private_pagemap = is_private_pagemap(&name);
+            let mut sink = if held { packer.begin_file_held(&name)? } else { packer.begin_file(&name)? };
             report.files.push(name.clone());
             let failed = failed.clone();
             readers.push(std::thread::spawn(move || {
@@ -56,6 +71,14 @@ pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool) -> Resul
         return Err(e);
     }
     Ok(Some(report))
+}
+
+/// A process's own pagemap (`pagemap-<pid>.img`), not one of shared memory
+/// (`pagemap-shmem-<id>.img`), whose pages other processes may still write.
+fn is_private_pagemap(name: &str) -> bool {
+    name.strip_prefix("pagemap-")
+        .and_then(|rest| rest.strip_suffix(".img"))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Applies the completeness rule to a capture's outcome. Complete: the packer

@@ -204,10 +204,11 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     }
     cmd.args(&o.extra);
 
+    let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
     // Resumes the tree should criuz die while CRIU leaves it stopped.
     let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid])?) };
     let (status, captured) = std::thread::scope(|s| {
-        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop));
+        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop, pages));
         let status = run_criu(&mut cmd, &[]);
         // The tree is frozen no more: what is written may be flushed.
         out.flush_behind();
@@ -232,8 +233,16 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
     }
+    // Held pages are the stopped tree's own: it must not run until they
+    // have all been read, so what it has run is taken now and again before
+    // the archive is committed.
+    let stopped = (pages == capture::Pages::HeldWhileStopped).then(|| tree::settled_runtimes(&[o.pid], 2_000));
     let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
     let written = (|| -> Result<PackStats> {
+        if stopped == Some(None) {
+            packer.abort();
+            return Err(Error::Criu(format!("process {} did not stay stopped after CRIU dumped it", o.pid)));
+        }
         let (packer, _) = capture::settle(packer, captured)
             .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
         if let Some(bytes) = &stats_bytes {
@@ -248,6 +257,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             sink.finish()?;
         }
         let (pack, _) = packer.finish()?;
+        if let Some(Some(before)) = &stopped {
+            if tree::stopped_runtimes(&[o.pid]).as_ref() != Some(before) {
+                return Err(Error::Criu(format!(
+                    "process {} ran while its checkpoint was written (resumed by another process?)",
+                    o.pid
+                )));
+            }
+        }
         out.commit()?;
         Ok(pack)
     })();

@@ -1,0 +1,261 @@
+//! Blocks held by reference: a pipe per block, spliced from CRIU's pipe.
+//!
+//! CRIU's pages reach criuz as pipe buffers that reference the frozen
+//! tree's own pages (its parasite vmsplices them, CRIU splices them on).
+//! Reading them copies each page under the pipe's lock, into memory that
+//! must first be faulted in and zeroed: on 2 cores absorbing half a GiB
+//! that way cost about 0.2 s of CPU (docs/BENCHMARKS.md, session 34).
+//! Splicing them into a pipe of our own moves the references instead, so
+//! a block CRIU has written costs neither a copy nor memory while it waits
+//! for a worker, which reads it into a buffer of its own when it encodes it.
+//!
+//! This is sound only while nothing can write those pages: the tree must
+//! stay stopped until every held block has been read, which the dump
+//! checks before it commits (`session::checkpoint`), and the pages must be
+//! the tree's private memory, not memory shared with processes outside it
+//! (`session::capture` holds only a process's own pages image). A pipe
+//! that cannot be had (descriptors or pipe memory spent) leaves the block
+//! to the copying path.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// Descriptors left to everything else (CRIU's pipes, the archive, /proc).
+const SPARE_FDS: u64 = 1024;
+
+/// Held pipes alive now in this process.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Most held pipes at once: the descriptor limit, raised to its hard
+/// ceiling the first time, less [`SPARE_FDS`]; a dump must never fail for
+/// want of a descriptor it could have had by copying.
+fn most_held() -> usize {
+    static MOST: OnceLock<usize> = OnceLock::new();
+    *MOST.get_or_init(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit on a struct we own.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return 0;
+            }
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, ..lim };
+            if lim.rlim_cur < lim.rlim_max && libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        usize::try_from(lim.rlim_cur.saturating_sub(SPARE_FDS) / 2).unwrap_or(usize::MAX)
+    })
+}
+
+/// One block's bytes, held as references in a pipe of its own.
+pub struct HeldPipe {
+    read: OwnedFd,
+    /// Closed once the block is complete (the read end is all it needs).
+    write: Option<OwnedFd>,
+    len: usize,
+}
+
+/// A place counted in [`LIVE`] that no pipe took.
+struct Unclaimed;
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for HeldPipe {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What one splice did.
+pub enum Spliced {
+    /// Moved this many bytes (0: the source reached its end).
+    Bytes(usize),
+    /// The source has bytes but this pipe has no slot left for them.
+    Full,
+}
+
+impl HeldPipe {
+    /// A pipe with a slot for each page of a `block` (CRIU's pages arrive
+    /// as whole pages; pieces, which would take more slots, leave the block
+    /// to be copied: [`Spliced::Full`]), or `None` where none can be had.
+    pub fn new(block: usize) -> Option<HeldPipe> {
+        if LIVE.fetch_add(1, Ordering::Relaxed) >= most_held() {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        // From here on a `HeldPipe` or `Unclaimed` gives the count back.
+        let unclaimed = Unclaimed;
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both descriptors were just created and are ours alone.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let want = block.max(4096);
+        // SAFETY: fcntl on a descriptor we own.
+        let got = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, want as libc::c_int) };
+        if got < 0 || (got as usize) < want {
+            return None;
+        }
+        std::mem::forget(unclaimed);
+        Some(HeldPipe { read, write: Some(write), len: 0 })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Moves up to `max` bytes from the pipe `src`, waiting for some to
+    /// arrive, without ever waiting for room here.
+    pub fn splice_from(&mut self, src: RawFd, max: usize) -> std::io::Result<Spliced> {
+        let Some(write) = &self.write else { return Ok(Spliced::Full) };
+        let mut poll = libc::pollfd { fd: src, events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: splice between two pipe descriptors, no offsets.
+            let n = unsafe {
+                libc::splice(
+                    src,
+                    std::ptr::null_mut(),
+                    write.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    max,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            if n >= 0 {
+                self.len += n as usize;
+                return Ok(Spliced::Bytes(n as usize));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) if poll.revents & libc::POLLIN != 0 => return Ok(Spliced::Full),
+                Some(libc::EAGAIN) => {
+                    // Nothing to move yet: wait for the source (its end,
+                    // an error or data), then try once more.
+                    // SAFETY: poll on one descriptor we were handed.
+                    while unsafe { libc::poll(&mut poll, 1, -1) } < 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() != std::io::ErrorKind::Interrupted {
+                            return Err(e);
+                        }
+                    }
+                    if poll.revents & libc::POLLIN == 0 {
+                        // Hung up with nothing left: the end.
+                        return Ok(Spliced::Bytes(0));
+                    }
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// No more bytes will be added.
+    pub fn seal(&mut self) {
+        self.write = None;
+    }
+
+    /// Reads every byte held into `buf` (replacing its contents).
+    pub fn read_into(mut self, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        self.seal();
+        buf.clear();
+        buf.reserve(self.len);
+        while buf.len() < self.len {
+            let room = self.len - buf.len();
+            // SAFETY: read(2) writes at most `room` bytes into the spare
+            // capacity reserved above.
+            let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().add(buf.len()).cast(), room) };
+            match n {
+                0 => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+                n if n > 0 => {
+                    // SAFETY: the kernel initialised `n` more bytes.
+                    unsafe { buf.set_len(buf.len() + n as usize) }
+                }
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A pipe (`flags` for pipe2), its write end as a file.
+    fn pipe(flags: libc::c_int) -> (std::fs::File, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) }, 0);
+        // SAFETY: both were just created and are ours alone.
+        unsafe { (std::fs::File::from_raw_fd(fds[1]), OwnedFd::from_raw_fd(fds[0])) }
+    }
+
+    #[test]
+    fn a_held_block_reads_back_what_was_spliced_in_and_the_end_is_seen() {
+        let (mut w, r) = pipe(0);
+        // Fifteen pages, written a page at a time as CRIU does.
+        let data: Vec<u8> = (0..15 * 4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        let writer = {
+            let data = data.clone();
+            std::thread::spawn(move || {
+                for piece in data.chunks(4096) {
+                    w.write_all(piece).unwrap();
+                }
+            })
+        };
+        let mut held = HeldPipe::new(64 << 10).unwrap();
+        loop {
+            match held.splice_from(r.as_raw_fd(), (64 << 10) - held.len()).unwrap() {
+                Spliced::Bytes(0) => break,
+                Spliced::Bytes(_) => {}
+                Spliced::Full => panic!("room for the whole block"),
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(held.len(), data.len());
+        let mut buf = vec![1, 2, 3];
+        held.read_into(&mut buf).unwrap();
+        assert_eq!(buf, data);
+    }
+
+    #[test]
+    fn a_pipe_without_slots_left_says_so_instead_of_waiting() {
+        // A packet pipe: every write a slot of its own, never merged.
+        let (mut w, r) = pipe(libc::O_DIRECT);
+        for _ in 0..8 {
+            w.write_all(&[9u8; 16]).unwrap();
+        }
+        // Two slots: two of the eight writes fit.
+        let mut held = HeldPipe::new(8192).unwrap();
+        let mut moved = 0;
+        let full = loop {
+            match held.splice_from(r.as_raw_fd(), 1 << 20).unwrap() {
+                Spliced::Full => break true,
+                Spliced::Bytes(0) => break false,
+                Spliced::Bytes(n) => moved += n,
+            }
+        };
+        assert!(full, "held {moved} bytes");
+        assert_eq!(held.len(), 32);
+        let mut buf = Vec::new();
+        held.read_into(&mut buf).unwrap();
+        assert_eq!(buf, vec![9u8; 32]);
+    }
+}
