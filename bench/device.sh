@@ -33,6 +33,8 @@ mkdir -p "$out"
 B=(criuz-bench --criu "$PWD/.dev/bin/criu")
 size=${SIZE:-4096}
 nproc
+# A dump holds at most (descriptors - spare) / 2 blocks by reference (src/archive/held.rs).
+echo "descriptors: $(ulimit -Sn) soft, $(ulimit -Hn) hard"
 case ${1:-} in
   scale)
     "${B[@]}" --size "$size" --runs 1 --workloads mixed,text,random,elf \
