@@ -21,15 +21,17 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Descriptors left to everything else (CRIU's pipes, the archive, /proc).
+/// Descriptors left to everything else (CRIU's pipes, the archive, /proc):
+/// this many, or a quarter of a smaller limit.
 const SPARE_FDS: u64 = 1024;
 
 /// Held pipes alive now in this process.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Most held pipes at once: the descriptor limit, raised to its hard
-/// ceiling the first time, less [`SPARE_FDS`]; a dump must never fail for
-/// want of a descriptor it could have had by copying.
+/// Most held pipes at once: the descriptor limit (raised to its hard
+/// ceiling the first time) less the spare ones ([`SPARE_FDS`]), halved, as
+/// a pipe has two while it fills; a dump must never fail for want of a
+/// descriptor it could have had by copying.
 fn most_held() -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     *MOST.get_or_init(|| {
@@ -44,7 +46,8 @@ fn most_held() -> usize {
                 lim = raised;
             }
         }
-        usize::try_from(lim.rlim_cur.saturating_sub(SPARE_FDS) / 2).unwrap_or(usize::MAX)
+        let spare = SPARE_FDS.min(lim.rlim_cur / 4);
+        usize::try_from(lim.rlim_cur.saturating_sub(spare) / 2).unwrap_or(usize::MAX)
     })
 }
 

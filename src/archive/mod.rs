@@ -118,6 +118,9 @@ pub struct PackStats {
     pub hurried: HurriedBlocks,
     /// Blocks stored as an earlier writer encoded them (a rewrite's).
     pub blocks_copied: u64,
+    /// Blocks of CRIU's pages held by reference until compressed, not
+    /// copied in (see `held`).
+    pub blocks_held: u64,
 }
 
 /// Where an archive's hurried blocks lie: (file id, the block's number in
@@ -226,7 +229,8 @@ mod tests {
             serde_json::to_string(&stats).unwrap(),
             r#"{"files":0,"raw_bytes":0,"archive_bytes":0,"zero_pages":0,"blocks":0,"blocks_raw":2,"blocks_lz4":2,"#
                 .to_string()
-                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_planes":5,"blocks_hurried":0,"blocks_copied":0}"#
+                + r#""blocks_zstd":3,"blocks_dedup":4,"blocks_planes":5,"blocks_hurried":0,"blocks_copied":0,"#
+                + r#""blocks_held":0}"#
         );
     }
 }

@@ -67,13 +67,14 @@ enum BlockData {
 enum PackResult {
     Begin(FileStart),
     /// `number`: the block's place in its file; `copied`: stored as an
-    /// earlier writer encoded it.
+    /// earlier writer encoded it; `held`: its bytes were held by reference.
     Block {
         key: u64,
         block: EncodedBlock,
         number: u32,
         hurried: bool,
         copied: bool,
+        held: bool,
     },
     End {
         key: u64,
@@ -162,6 +163,7 @@ impl Packer {
             move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| match job {
                 PackJob::Begin(start) => PackResult::Begin(start),
                 PackJob::Block { key, data, page_aware, block } => {
+                    let held = matches!(data, BlockData::Held(_));
                     let copied;
                     let data: &[u8] = match data {
                         BlockData::Copied(buf) => {
@@ -190,14 +192,14 @@ impl Packer {
                         encoded.header.file_id = key as u32;
                         encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
                     }
-                    PackResult::Block { key, block: encoded, number: block, hurried, copied: false }
+                    PackResult::Block { key, block: encoded, number: block, hurried, copied: false, held }
                 }
                 PackJob::Encoded { key, mut encoded, block } => {
                     if let Some(k) = &block_key {
                         encoded.header.file_id = key as u32;
                         encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
                     }
-                    PackResult::Block { key, block: encoded, number: block, hurried: false, copied: true }
+                    PackResult::Block { key, block: encoded, number: block, hurried: false, copied: true, held: false }
                 }
                 PackJob::End { key } => PackResult::End { key },
             },
@@ -220,13 +222,14 @@ impl Packer {
                             ids.insert(key, w.begin_file(&name, kind, meta)?);
                             stats.files += 1;
                         }
-                        PackResult::Block { key, mut block, number, hurried, copied } => {
+                        PackResult::Block { key, mut block, number, hurried, copied, held } => {
                             debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
                             block.header.file_id = ids[&key];
                             if hurried {
                                 stats.hurried.insert(block.header.file_id, number);
                             }
                             stats.blocks_copied += u64::from(copied);
+                            stats.blocks_held += u64::from(held);
                             w.write_block(&block.header, &block.payload)?;
                             if let Some(page_ids) = &block.ids {
                                 w.write_ids(block.header.file_id, page_ids)?;

@@ -82,6 +82,10 @@ pub struct DumpReport {
     /// that the codec asked for may store smaller; a raw block of bytes no
     /// codec shrinks is not counted.
     pub hurried_blocks: u64,
+    /// Blocks of the tree's pages held by reference until compressed
+    /// instead of copied in (`archive::held`): all of its own pages unless
+    /// descriptors ran short or the dump leaves the tree running.
+    pub held_blocks: u64,
     /// The archive was then rewritten with the codec asked for (see [`recompress`]).
     pub recompressed: bool,
     /// Why that rewrite failed; the hurried archive stands.
@@ -317,6 +321,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         files: pack.files,
         zero_pages: pack.zero_pages,
         hurried_blocks: pack.hurried.len(),
+        held_blocks: pack.blocks_held,
         recompressed,
         recompress_failed,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
