@@ -16,6 +16,12 @@
 //! the queue grows only by what they cannot keep up with. Work a held
 //! worker does under the hold is work done under backlog, which
 //! [`Hold::hurried`] lets the job know.
+//!
+//! The workers also stop taking jobs while `ahead` results are done but not
+//! yet collected (a slow consumer, such as a disk slower than the codec):
+//! what waits for the consumer then waits as jobs, not as results. That
+//! matters where a job's input costs no memory (a dump's pages held by
+//! reference, `archive::held`) and its result does (incompressible pages).
 
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -63,6 +69,12 @@ pub fn free_while_capturing(threads: usize) -> usize {
 /// Number of worker threads to use when the user did not say: all cores.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Results a dump's workers may finish ahead of its writer: the default
+/// budget's worth of blocks, at least two per worker.
+pub fn results_ahead(block_size: usize, threads: usize) -> usize {
+    (DEFAULT_MEMORY_BUDGET / block_size.max(1)).max(2 * threads).max(2)
 }
 
 /// Jobs in flight for a memory budget, counting input and output of each block.
@@ -249,6 +261,55 @@ pub struct Collector<R> {
     pending: BTreeMap<u64, R>,
     next: u64,
     workers: Vec<JoinHandle<()>>,
+    ahead: Arc<Ahead>,
+}
+
+/// Results done and not yet collected, and how many the workers may run
+/// ahead of the collector.
+struct Ahead {
+    done: Mutex<usize>,
+    turn: Condvar,
+    most: usize,
+    /// The collector is gone: nobody will collect, so nobody waits.
+    closed: AtomicBool,
+}
+
+impl Ahead {
+    fn new(most: usize) -> Ahead {
+        Ahead { done: Mutex::new(0), turn: Condvar::new(), most: most.max(1), closed: AtomicBool::new(false) }
+    }
+
+    /// Waits until a worker may start another job. The oldest job not yet
+    /// collected is always being worked on or done (jobs are taken in
+    /// order), so the collector can always make room.
+    fn wait_room(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while *done >= self.most && !self.closed.load(Ordering::Acquire) {
+            done = self.turn.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn finished_one(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    fn collected_one(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *done = done.saturating_sub(1);
+        self.turn.notify_one();
+    }
+
+    fn close(&self) {
+        let _guard = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        self.closed.store(true, Ordering::Release);
+        self.turn.notify_all();
+    }
+}
+
+impl<R> Drop for Collector<R> {
+    fn drop(&mut self) {
+        self.ahead.close();
+    }
 }
 
 impl<R> Collector<R> {
@@ -259,6 +320,7 @@ impl<R> Collector<R> {
         }
         let r = self.pending.remove(&self.next)?;
         self.next += 1;
+        self.ahead.collected_one();
         let _ = self.tokens.recv();
         Some(r)
     }
@@ -273,6 +335,7 @@ impl<R> Iterator for Collector<R> {
         loop {
             if let Some(r) = self.pending.remove(&self.next) {
                 self.next += 1;
+                self.ahead.collected_one();
                 let _ = self.tokens.recv();
                 return Some(r);
             }
@@ -300,13 +363,15 @@ where
     I: Fn() -> S + Send + Sync + 'static,
     W: Fn(&mut S, J) -> R + Send + Sync + 'static,
 {
-    start_held(threads, window, Hold::released(), init, work)
+    start_held(threads, window, window, Hold::released(), init, work)
 }
 
-/// [`start`] with the workers behind `hold`.
+/// [`start`] with the workers behind `hold`, and at most `ahead` results
+/// done before the collector takes them (see the module doc).
 pub fn start_held<J, R, S, I, W>(
     threads: usize,
     window: usize,
+    ahead: usize,
     hold: Arc<Hold>,
     init: I,
     work: W,
@@ -324,10 +389,11 @@ where
     let (tok_tx, tok_rx) = bounded::<()>(window);
     let init = Arc::new(init);
     let work = Arc::new(work);
+    let ahead = Arc::new(Ahead::new(ahead));
     let workers = (0..threads.max(1))
         .map(|i| {
             let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
-            let hold = hold.clone();
+            let (hold, ahead) = (hold.clone(), ahead.clone());
             std::thread::Builder::new()
                 .name(format!("criuz-worker-{i}"))
                 .spawn(move || {
@@ -338,8 +404,11 @@ where
                         if !free {
                             hold.wait_turn(&|| job_rx.len(), high_water);
                         }
+                        ahead.wait_room();
                         let Ok((seq, job)) = job_rx.recv() else { break };
-                        if res_tx.send((seq, work(&mut state, job))).is_err() {
+                        let result = work(&mut state, job);
+                        ahead.finished_one();
+                        if res_tx.send((seq, result)).is_err() {
                             break;
                         }
                     }
@@ -349,7 +418,7 @@ where
         .collect();
     let state = SubmitState { next_seq: 0, jobs: job_tx, hold, high_water };
     let submitter = Submitter { state: Arc::new(Mutex::new(state)), tokens: tok_tx };
-    let collector = Collector { results: res_rx, tokens: tok_rx, pending: BTreeMap::new(), next: 0, workers };
+    let collector = Collector { results: res_rx, tokens: tok_rx, pending: BTreeMap::new(), next: 0, workers, ahead };
     (submitter, collector)
 }
 
@@ -388,6 +457,35 @@ mod tests {
         assert!(err.to_string().contains("item 10"), "{err}");
         // Threads already inside a step may finish it; none goes on.
         assert!(after.load(Ordering::Relaxed) < 1000, "work went on after the failure");
+    }
+
+    /// Workers stop once `ahead` results wait for the collector, and go on
+    /// as it takes them; every result still comes back, in order.
+    #[test]
+    fn workers_wait_for_a_collector_that_falls_behind() {
+        use std::sync::atomic::AtomicUsize;
+        let worked = Arc::new(AtomicUsize::new(0));
+        let counted = worked.clone();
+        let (sub, col) = start_held(
+            2,
+            64,
+            4,
+            Hold::released(),
+            || (),
+            move |_, x: u32| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                x
+            },
+        );
+        for i in 0..40 {
+            sub.submit(i).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Two workers may both pass the gate at its last place.
+        assert!(worked.load(Ordering::SeqCst) <= 5, "{} jobs done ahead", worked.load(Ordering::SeqCst));
+        drop(sub);
+        assert_eq!(col.collect::<Vec<_>>(), (0..40).collect::<Vec<_>>());
+        assert_eq!(worked.load(Ordering::SeqCst), 40);
     }
 
     #[test]
@@ -453,6 +551,7 @@ mod tests {
         let (sub, mut col) = start_held(
             2,
             8,
+            8,
             hold.clone(),
             || (),
             move |_, x: u32| {
@@ -483,7 +582,7 @@ mod tests {
     fn a_free_worker_runs_while_held_and_is_not_hurried() {
         // One free worker of two: below high water it takes every job, and
         // knows it does not work under backlog.
-        let (sub, mut col) = start_held(2, 8, Hold::with_free(1), || (), |_, x: u32| x);
+        let (sub, mut col) = start_held(2, 8, 8, Hold::with_free(1), || (), |_, x: u32| x);
         for i in 0..3 {
             sub.submit(i).unwrap();
         }
@@ -499,7 +598,7 @@ mod tests {
             .collect();
         assert_eq!(got, vec![0, 1, 2]);
         let hold = Hold::with_free(1);
-        let (sub, col) = start_held(2, 8, hold.clone(), || (), {
+        let (sub, col) = start_held(2, 8, 8, hold.clone(), || (), {
             let hold = hold.clone();
             move |_, x: u32| (x, hold.hurried())
         });
@@ -517,7 +616,7 @@ mod tests {
 
     #[test]
     fn dropping_every_submitter_releases_a_hold() {
-        let (sub, col) = start_held(1, 64, Hold::new(), || (), |_, x: u32| x);
+        let (sub, col) = start_held(1, 64, 64, Hold::new(), || (), |_, x: u32| x);
         sub.submit(7).unwrap();
         drop(sub);
         assert_eq!(col.collect::<Vec<_>>(), vec![7]);

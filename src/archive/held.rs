@@ -15,7 +15,15 @@
 //! the tree's private memory, not memory shared with processes outside it
 //! (`session::capture` holds only a process's own pages image). A pipe
 //! that cannot be had (descriptors or pipe memory spent) leaves the block
-//! to the copying path.
+//! to the copying path. What a stopped tree's memory can still receive is
+//! the kernel's own writes for requests in flight (an AIO completing into
+//! its ring), which CRIU does not carry across a checkpoint in any case.
+//!
+//! Safe against the pages' memory itself: a held reference keeps the page
+//! as it was whatever happens to the tree's mappings (a page that is
+//! migrated, collapsed into a huge page or copied on write leaves the held
+//! one's bytes alone), and when the tree is ended the pages live on until
+//! their pipe is read or closed.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -155,9 +155,14 @@ impl Packer {
             engine::Hold::released()
         };
         let backlog = hold.clone();
+        // Results wait for the writer only up to the default budget: past
+        // that, what CRIU has written waits as input, which held pages
+        // make free (on 16 cores the codec outruns the disk on memory that
+        // does not compress).
         let (submitter, collector) = engine::start_held(
             opts.threads,
             opts.window(),
+            engine::results_ahead(opts.block_size, opts.threads),
             hold.clone(),
             move || (Encoder::new(codec), Vec::new()),
             move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| match job {
