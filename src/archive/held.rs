@@ -25,7 +25,7 @@
 //! one's bytes alone), and when the tree is ended the pages live on until
 //! their pipe is read or closed.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -101,13 +101,7 @@ impl HeldPipe {
         }
         // From here on a `HeldPipe` or `Unclaimed` gives the count back.
         let unclaimed = Unclaimed;
-        let mut fds = [0 as RawFd; 2];
-        // SAFETY: pipe2 writes two descriptors into `fds`.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return None;
-        }
-        // SAFETY: both descriptors were just created and are ours alone.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = crate::io::pipe().ok()?;
         let want = block.max(4096);
         // SAFETY: fcntl on a descriptor we own.
         let got = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, want as libc::c_int) };
@@ -208,6 +202,7 @@ impl HeldPipe {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::FromRawFd;
 
     /// A pipe (`flags` for pipe2), its write end as a file.
     fn pipe(flags: libc::c_int) -> (std::fs::File, OwnedFd) {

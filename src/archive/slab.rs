@@ -195,6 +195,11 @@ impl Carver {
         Carver { block, current: None, next: BLOCKS_PER_SLAB }
     }
 
+    /// The size of the buffers it carves.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
     /// A new empty buffer of the carver's size.
     pub fn carve(&mut self) -> SlabBuf {
         if self.next == BLOCKS_PER_SLAB {

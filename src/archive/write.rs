@@ -302,7 +302,6 @@ impl Packer {
             blocks: 0,
             hold: false,
             held: None,
-            block_size: self.block_size,
         })
     }
 
@@ -374,7 +373,6 @@ pub struct FileSink {
     hold: bool,
     /// The block being held.
     held: Option<HeldPipe>,
-    block_size: usize,
 }
 
 impl FileSink {
@@ -407,17 +405,18 @@ impl FileSink {
     /// must be copied instead: no pipe could be had (then no later block
     /// tries), or its slots ran out (what it held is copied out first).
     fn hold_from(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<Option<usize>> {
+        let block = self.carver.block();
         if self.held.is_none() {
-            self.held = HeldPipe::new(self.block_size);
+            self.held = HeldPipe::new(block);
             if self.held.is_none() {
                 self.hold = false;
                 return Ok(None);
             }
         }
         let pipe = self.held.as_mut().expect("a held block");
-        match pipe.splice_from(fd, self.block_size - pipe.len())? {
+        match pipe.splice_from(fd, block - pipe.len())? {
             Spliced::Bytes(n) => {
-                if pipe.len() == self.block_size {
+                if pipe.len() == block {
                     self.flush_held().map_err(|e| std::io::Error::other(e.to_string()))?;
                 }
                 Ok(Some(n))

@@ -40,7 +40,7 @@
 use crate::criu::scm;
 use crate::error::{Error, Result};
 use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree, wait_ended, wait_untraced};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -135,16 +135,6 @@ pub struct Guard {
     pid: libc::pid_t,
 }
 
-fn pipe() -> Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two descriptors into the array we pass.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: both descriptors are new and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 impl Guard {
     /// Forks the guard of a lazily restored `tree`: it kills the tree if
     /// criuz dies before [`release`](Self::release).
@@ -179,7 +169,7 @@ impl Guard {
         let mut argp: Vec<*const libc::c_char> = argv.iter().flatten().map(|a| a.as_ptr()).collect();
         argp.push(std::ptr::null());
         let exec = argv.as_ref().map(|_| argp.as_slice());
-        let (tell_r, tell_w) = pipe()?;
+        let (tell_r, tell_w) = crate::io::pipe()?;
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
         let fds = GuardFds {

@@ -34,9 +34,15 @@ pub fn holder_of(pid: i32) -> Option<Holder> {
     Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat), exiting: is_exiting(&stat) })
 }
 
+/// The state letter of a /proc/PID/stat text (it follows the last ')':
+/// the command name may hold one).
+fn state_of(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// Whether the /proc/PID/stat text `stat` is a zombie's.
 fn is_zombie(stat: &str) -> bool {
-    stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    state_of(stat) == Some('Z')
 }
 
 /// The kernel's PF_EXITING task flag (include/linux/sched.h): set once a
@@ -344,9 +350,7 @@ pub(crate) fn stopped_runtimes(tree: &[i32]) -> Option<Vec<(i32, u64)>> {
             let tid: i32 = name.to_str()?.parse().ok()?;
             let dir = format!("/proc/{pid}/task/{tid}");
             let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
-            // The state follows the last ')' (the command name may hold one).
-            let after = &stat[stat.rfind(')')? + 1..];
-            if !matches!(after.trim_start().chars().next()?, 'T' | 't' | 'Z' | 'X') {
+            if !matches!(state_of(&stat)?, 'T' | 't' | 'Z' | 'X') {
                 return None;
             }
             let schedstat = std::fs::read_to_string(format!("{dir}/schedstat")).ok()?;
