@@ -34,6 +34,33 @@ pub struct Criu {
     pub source: &'static str,
 }
 
+impl Criu {
+    /// Major and minor version, where the version reads so.
+    fn release(&self) -> Option<(u32, u32)> {
+        let mut parts = self.version.split('.').map(|p| p.parse().ok());
+        Some((parts.next()??, parts.next()??))
+    }
+
+    /// Whether this CRIU's restore reads its inventory image before any
+    /// other, right after probing the kernel (`cr_restore_tasks`, read in
+    /// the source of 4.1 to 4.2; 4.0 started its plugins first).
+    pub fn restore_reads_inventory_first(&self) -> bool {
+        matches!(self.release(), Some((4, 1..=2)))
+    }
+
+    /// The `CRIU_FAULT` that has this CRIU catch a restored task at the end
+    /// of its restorer by tracing its system calls instead of with a
+    /// hardware breakpoint (`FI_NO_BREAKPOINTS`, 130 from 3.x to 4.2; the way
+    /// it catches tasks where the kernel has no breakpoints). Setting a
+    /// breakpoint allocates a perf event, which waits for an RCU grace
+    /// period: 5.6 ms of a lazy restore's start on this project's VM (a
+    /// `perf` trace of one), while tracing the restorer's last system calls
+    /// costs microseconds.
+    pub fn no_breakpoints_fault(&self) -> Option<&'static str> {
+        matches!(self.release(), Some((4, 0..=2))).then_some("130")
+    }
+}
+
 /// How a candidate was judged, for the user.
 #[derive(Clone, Debug)]
 pub struct Rejected {
