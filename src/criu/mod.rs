@@ -41,13 +41,6 @@ impl Criu {
         Some((parts.next()??, parts.next()??))
     }
 
-    /// Whether this CRIU's restore reads its inventory image before any
-    /// other, right after probing the kernel (`cr_restore_tasks`, read in
-    /// the source of 4.1 to 4.2; 4.0 started its plugins first).
-    pub fn restore_reads_inventory_first(&self) -> bool {
-        matches!(self.release(), Some((4, 1..=2)))
-    }
-
     /// The `CRIU_FAULT` that has this CRIU catch a restored task at the end
     /// of its restorer by tracing its system calls instead of with a
     /// hardware breakpoint (`FI_NO_BREAKPOINTS`, 130 from 3.x to 4.2; the way
@@ -142,4 +135,24 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
         text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).map(String::from).collect();
     let lines: Vec<String> = if errs.is_empty() { text.lines().map(String::from).collect() } else { errs };
     lines[lines.len().saturating_sub(max)..].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Criu;
+
+    fn criu(version: &str) -> Criu {
+        Criu { path: "/x/criu".into(), version: version.into(), source: "PATH" }
+    }
+
+    #[test]
+    fn breakpoints_are_left_out_only_where_the_fault_number_was_read() {
+        for v in ["4.0", "4.1.1", "4.2", "4.2.1"] {
+            assert_eq!(criu(v).no_breakpoints_fault(), Some("130"), "{v}");
+        }
+        // A later CRIU may number its faults otherwise; an odd version is not guessed at.
+        for v in ["4.3", "5.0", "3.17", "4", "four.two"] {
+            assert_eq!(criu(v).no_breakpoints_fault(), None, "{v}");
+        }
+    }
 }

@@ -258,19 +258,6 @@ pub fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     Ok(unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Asks for a pipe (or FIFO) of `want` bytes, and says what it holds: a
-/// user over the kernel's pipe limits gets less, or keeps what it had.
-pub fn pipe_capacity(pipe: &impl std::os::fd::AsRawFd, want: usize) -> std::io::Result<usize> {
-    // SAFETY: fcntl on a descriptor we hold, with integer arguments.
-    unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, want as libc::c_int) };
-    // SAFETY: as above.
-    let got = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_GETPIPE_SZ) };
-    if got < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(got as usize)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -207,16 +207,7 @@ pub(crate) fn run_criu_told(
     guard: Option<&crate::proc::guard::Guard>,
 ) -> std::io::Result<std::process::ExitStatus> {
     tree::become_subreaper();
-    let child = cmd.spawn()?;
-    wait_criu(child, keep, guard)
-}
-
-/// [`run_criu_told`] of a CRIU started already.
-pub(crate) fn wait_criu(
-    mut child: std::process::Child,
-    keep: &[i32],
-    guard: Option<&crate::proc::guard::Guard>,
-) -> std::io::Result<std::process::ExitStatus> {
+    let mut child = cmd.spawn()?;
     if let Some(g) = guard {
         if let Err(e) = g.wait_for(child.id()) {
             let _ = child.kill();
@@ -236,115 +227,6 @@ pub(crate) fn wait_criu(
     };
     tree::end_criu_strays(keep);
     Ok(status)
-}
-
-/// A `criu restore` started before the images it reads are all written, so
-/// that its start (loading, and probing the kernel: 25-30 ms on this
-/// project's VM, where `/run` is not a tmpfs and CRIU keeps no cache of
-/// what it found) runs beside criuz's writing of them. The first image CRIU
-/// reads once it has probed the kernel is its inventory (`criu/image.c`,
-/// `check_img_inventory`, first in `cr_restore_tasks`): here a FIFO, which
-/// criuz fills only once every other image is in place
-/// ([`release`](Self::release)).
-///
-/// criuz holds the FIFO open for reading and writing until CRIU exits
-/// (opened after the guard was forked, and close-on-exec), so CRIU's open
-/// never waits for a writer. CRIU reads an image a buffer at a time, each
-/// read waiting for a full buffer or the end of the file (`bfd.c`,
-/// `brefill`: a page), and the end never comes while criuz holds the FIFO:
-/// so the inventory goes in followed by zeros to the FIFO's capacity
-/// (16 pages, 2 at least), which CRIU never parses. It parses the magic
-/// and one entry, framed by its length, and closes the image; an inventory
-/// whose entry would run past its end or past CRIU's first buffer (a damaged
-/// or foreign one: a real one is under 100 bytes) is refused before CRIU
-/// reads it, or CRIU would wait for its end for good. Once filled, the FIFO
-/// is replaced by a plain file of the inventory's own bytes, for a CRIU that
-/// would open it only then (or again). A criuz that fails before it filled
-/// the FIFO ends CRIU, which has restored nothing yet ([`Drop`]); one that
-/// dies leaves CRIU an empty FIFO without a writer, and CRIU dies with it
-/// anyway (`die_with_criuz`).
-pub(crate) struct CriuAhead {
-    child: Option<std::process::Child>,
-    fifo: std::fs::File,
-    /// What the FIFO holds.
-    capacity: usize,
-    /// CRIU's first read of it: a page.
-    first_read: usize,
-    images: PathBuf,
-}
-
-/// The image CRIU reads first, named as CRIU names it.
-pub(crate) const INVENTORY: &str = "inventory.img";
-
-/// What the FIFO is asked to hold, in pages: the inventory and the zeros
-/// after it.
-const FIFO_PAGES: usize = 16;
-
-impl CriuAhead {
-    /// Makes `images`/inventory.img a FIFO and starts `cmd` (a `criu
-    /// restore` of `images`).
-    pub(crate) fn spawn(cmd: &mut Command, images: &Path) -> Result<CriuAhead> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = images.join(INVENTORY);
-        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(std::io::Error::from)
-            .at(&path)?;
-        // Read and write: opening a FIFO so waits for no reader. Never waits
-        // to write either: what is written fits an empty FIFO.
-        let fifo =
-            std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_NONBLOCK).open(&path).at(&path)?;
-        // CRIU's image buffer (`criu/bfd.c`, `BUFSIZE`), which its first
-        // read of the inventory fills.
-        // SAFETY: sysconf takes a constant and returns a number.
-        let first_read = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let capacity = crate::io::pipe_capacity(&fifo, FIFO_PAGES * first_read).at(&path)?;
-        if capacity < 2 * first_read {
-            return Err(Error::Criu(format!("{}: a FIFO of {capacity} bytes", path.display())));
-        }
-        tree::become_subreaper();
-        let program = cmd.get_program().to_string_lossy().into_owned();
-        let child = cmd.spawn().map_err(|e| cannot_run(&program, e))?;
-        Ok(CriuAhead { child: Some(child), fifo, capacity, first_read, images: images.to_path_buf() })
-    }
-
-    /// Gives CRIU its inventory, once every other image is written.
-    pub(crate) fn release(&mut self, inventory: &[u8]) -> Result<()> {
-        use std::io::Write;
-        let path = self.images.join(INVENTORY);
-        let framed = inventory
-            .get(4..8)
-            .map(|len| 8 + u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize)
-            .filter(|&end| end <= inventory.len() && end <= self.first_read);
-        if framed.is_none() {
-            return Err(Error::corrupt(
-                0,
-                format!("{INVENTORY}: its entry runs past its {} bytes, or past {}", inventory.len(), self.first_read),
-            ));
-        }
-        let mut filled = vec![0u8; self.capacity];
-        let kept = inventory.len().min(self.capacity);
-        filled[..kept].copy_from_slice(&inventory[..kept]);
-        (&self.fifo).write_all(&filled).at(&path)?;
-        let plain = self.images.join(format!(".{INVENTORY}"));
-        std::fs::write(&plain, inventory).at(&plain)?;
-        std::fs::rename(&plain, &path).at(&path)
-    }
-
-    /// Runs CRIU to its end ([`wait_criu`]).
-    pub(crate) fn wait(mut self, keep: &[i32]) -> std::io::Result<std::process::ExitStatus> {
-        let child = self.child.take().expect("waited once");
-        wait_criu(child, keep, None)
-    }
-}
-
-impl Drop for CriuAhead {
-    /// Not waited for: CRIU is ended, before it read its inventory.
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// Waits for a child to exit, at most a given time: through a pidfd where

@@ -10,13 +10,6 @@
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
 //! skips). Shared memory and other page images are written whole.
 //!
-//! CRIU starts first (`criu_run::CriuAhead`, for a CRIU known to read its
-//! inventory image before any other): its start, probing the kernel, runs
-//! beside the writing of the images, and the inventory, written last
-//! through a FIFO, lets it go on. Runc reads files of its own from the
-//! images directory first, so a container's images are written before
-//! runc starts.
-//!
 //! Two proofs. The walk of the archive and its parents (do their records
 //! make the index the images and pages came from?) runs beside CRIU, which
 //! leaves a bare tree stopped until it is done: a reordered index stops the
@@ -56,8 +49,7 @@ use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, CriuAhead,
-    RestoreOptions, INVENTORY,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, RestoreOptions,
 };
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
@@ -254,30 +246,25 @@ struct Materialized {
     eager_pages: u64,
     /// Zero pages left out of the pagemaps.
     zero_pages: u64,
-    /// The image held back, unwritten.
-    held_back: Option<Vec<u8>>,
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
 /// process's pagemap without its runs of at least `min_zero_run` zero pages
 /// (as `planned` has it already, where given), and its pages image with only
 /// the pages that pagemap does not mark lazy, decoded on `threads` threads
-/// (`write_eager`). The plain file named `hold_back` is returned instead of
-/// written.
+/// (`write_eager`).
 fn materialize(
     blocks: &Blocks,
     dir: &Path,
     min_zero_run: u64,
     mut planned: Option<Placement>,
     threads: usize,
-    hold_back: Option<&str>,
 ) -> Result<Materialized> {
     let source = &blocks.source;
     let label = source.label().to_string();
     let files = source.index().files.clone();
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
     let mut zero_pages = 0;
-    let mut held_back = None;
     // CRIU's images are the top-level files (of a tree: runc's checkpoint
     // keeps its own files beside them, nothing CRIU reads below).
     let top = |f: &&FileEntry| !f.name.contains('/');
@@ -295,10 +282,6 @@ fn materialize(
             bytes = written;
             zero_pages += lazy.zero_pages;
             lazy_images.insert(lazy.pages_id, lazy);
-        }
-        if hold_back == Some(f.name.as_str()) {
-            held_back = Some(bytes);
-            continue;
         }
         let path = dir.join(&f.name);
         std::fs::write(&path, &bytes).at(&path)?;
@@ -328,7 +311,7 @@ fn materialize(
             processes.insert(l.pid, LazyProcess { pages_file: f.file_id, runs });
         }
     }
-    Ok(Materialized { processes, eager_pages: eager, zero_pages, held_back })
+    Ok(Materialized { processes, eager_pages: eager, zero_pages })
 }
 
 /// Pages CRIU restores itself: (page in the archive's image, page in the
@@ -463,9 +446,6 @@ pub(crate) struct LazyRestore<'a> {
     pub threads: usize,
     /// Counts the bytes a held tree's fill copies in, for a progress line.
     pub meter: Option<Arc<Meter>>,
-    /// Start `cmd` (a `criu restore` reading `images`, nothing else
-    /// before CRIU) before the images are written: [`CriuAhead`].
-    pub criu_ahead: bool,
 }
 
 /// When the restored tree runs, against when its memory is in.
@@ -517,10 +497,6 @@ impl LazyRestore<'_> {
         // learn from, nor to bring first.
         let touch = if hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
-        // Forked before CRIU's inventory FIFO is opened, which the guard must
-        // not hold (`CriuAhead`).
-        let guard = Guard::start_for(self.victim)?;
-        let mut ahead = if self.criu_ahead { Some(CriuAhead::spawn(&mut cmd, self.images)?) } else { None };
         // With `verify_first`, every stored byte is proven before the tree
         // may run, beside the images being written (which decode and prove
         // their own blocks); otherwise behind the running tree, below.
@@ -531,15 +507,15 @@ impl LazyRestore<'_> {
                 (false, true) => HELD_MIN_ZERO_RUN,
                 (false, false) => LAZY_MIN_ZERO_RUN,
             };
-            let hold_back = ahead.as_ref().map(|_| INVENTORY);
-            let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.threads, hold_back);
+            let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.threads);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
-        let Materialized { processes, eager_pages, zero_pages, held_back } = materialized?;
+        let Materialized { processes, eager_pages, zero_pages } = materialized?;
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
+        let guard = Guard::start_for(self.victim)?;
         let (stop_tx, stop_rx) = UnixStream::pair()?;
         let abort = Abort::new()?;
         let victim = self.victim;
@@ -572,13 +548,6 @@ impl LazyRestore<'_> {
         } else {
             1
         };
-        if let Some(ahead) = ahead.as_mut() {
-            // Every other image is in place, and the lazy-pages socket listens.
-            let inventory = held_back.ok_or_else(|| {
-                Error::corrupt(0, format!("{}: no {INVENTORY}: not a CRIU checkpoint", self.source.label()))
-            })?;
-            ahead.release(&inventory).context(|| self.source.label().to_string())?;
-        }
         let (paged, proof, status, running, published, ran) = std::thread::scope(|s| {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
@@ -655,10 +624,7 @@ impl LazyRestore<'_> {
                 Victim::Tree(pids) => pids,
                 Victim::Cgroup(_) => &[],
             };
-            let status = match ahead {
-                Some(ahead) => ahead.wait(keep),
-                None => crate::session::criu_run::run_criu(&mut cmd, keep),
-            };
+            let status = crate::session::criu_run::run_criu(&mut cmd, keep);
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
             let mut paging = Some(paging);
@@ -855,7 +821,6 @@ fn restore_through_pager(
         fill,
         threads,
         meter: o.meter.clone(),
-        criu_ahead: criu.restore_reads_inventory_first(),
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {
