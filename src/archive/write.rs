@@ -169,11 +169,12 @@ impl Packer {
                 PackJob::Begin(start) => PackResult::Begin(start),
                 PackJob::Block { key, data, page_aware, block } => {
                     let held = matches!(data, BlockData::Held(_));
-                    let copied;
+                    // Keeps a copied block's buffer alive while `data` borrows it.
+                    let buffer;
                     let data: &[u8] = match data {
                         BlockData::Copied(buf) => {
-                            copied = buf;
-                            &copied
+                            buffer = buf;
+                            &buffer
                         }
                         BlockData::Held(pipe) => {
                             if let Err(e) = pipe.read_into(taken) {
