@@ -653,3 +653,152 @@ fn a_swap_every_check_agrees_with_fails_to_open() {
     archive.block(0, 0).unwrap().unwrap().decode(&mut Decoder::new(), &mut out).unwrap();
     assert_eq!(out, data[..out.len()]);
 }
+
+/// Two image sets of the same names and different contents, packed: what a
+/// `--force` unpack replaces one with the other.
+fn two_checkpoints(dir: &Path, files: usize) -> [std::path::PathBuf; 2] {
+    ["a", "b"].map(|v| {
+        let img = dir.join(format!("img-{v}"));
+        std::fs::create_dir_all(&img).unwrap();
+        for i in 0..files {
+            std::fs::write(img.join(format!("core-{i}.img")), format!("{v}-{i}").repeat(50)).unwrap();
+        }
+        std::fs::write(img.join("inventory.img"), format!("inventory {v}")).unwrap();
+        let arc = dir.join(format!("{v}.czr"));
+        let out = criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        arc
+    })
+}
+
+/// Which of the two checkpoints `dir` holds: Some(0 or 1) when all of one,
+/// None for a mix (or anything else).
+fn holds(dir: &Path, files: usize) -> Option<usize> {
+    let want = |v: &str| -> Vec<(String, Vec<u8>)> {
+        let mut w: Vec<_> = (0..files)
+            .map(|i| (format!("core-{i}.img"), format!("{v}-{i}").repeat(50).into_bytes()))
+            .chain([("inventory.img".to_string(), format!("inventory {v}").into_bytes())])
+            .collect();
+        w.sort();
+        w
+    };
+    let mut got: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "img"))
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect();
+    got.sort();
+    ["a", "b"].iter().position(|v| got == want(v))
+}
+
+/// An unpack killed at any moment, its publish too, leaves the checkpoint
+/// that was there or the whole new one: never new images beside old ones.
+#[test]
+fn unpack_killed_at_any_moment_leaves_the_old_checkpoint_or_the_new_one() {
+    kill_unpacks_at_every_moment(false);
+}
+
+/// An unpack into its own working directory (no swap can be had there) may
+/// be caught halfway, but never with an inventory: CRIU restores nothing
+/// from what it left.
+#[test]
+fn unpack_killed_in_its_working_directory_leaves_no_restorable_mix() {
+    kill_unpacks_at_every_moment(true);
+}
+
+/// Unpacks one checkpoint over the other with `--force`, each killed a
+/// little later than the one before, until they finish; after each, the
+/// target must hold one whole checkpoint, or (`from_inside`: run in the
+/// target, `-d .`) at least no inventory beside images of another one.
+fn kill_unpacks_at_every_moment(from_inside: bool) {
+    const FILES: usize = 400;
+    // On tmpfs, where fsync costs nothing, the renames of a publish are a
+    // large part of an unpack's time, and the kills find them.
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let arcs = two_checkpoints(tmp.path(), FILES);
+    let dest = tmp.path().join("images");
+    std::fs::create_dir(&dest).unwrap();
+    let unpack = |v: usize| {
+        let mut c = Command::new(CRIUZ);
+        c.args(["unpack", arcs[v].to_str().unwrap(), "--force", "-d"]);
+        match from_inside {
+            true => c.arg(".").current_dir(&dest),
+            false => c.arg(&dest),
+        };
+        c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+    };
+    assert!(unpack(0).wait().unwrap().success());
+    assert_eq!(holds(&dest, FILES), Some(0));
+    let started = std::time::Instant::now();
+    assert!(unpack(1).wait().unwrap().success());
+    let whole = started.elapsed();
+    let mut killed = 0;
+    for step in 0..60u32 {
+        let mut child = unpack(step as usize % 2);
+        std::thread::sleep(whole * step / 40);
+        let _ = child.kill();
+        killed += usize::from(!child.wait().unwrap().success());
+        let held = holds(&dest, FILES);
+        let inventory = std::fs::read(dest.join("inventory.img")).ok();
+        let restorable = inventory.is_some_and(|i| ["a", "b"].iter().any(|v| i == format!("inventory {v}").as_bytes()));
+        match from_inside {
+            false => assert!(held.is_some(), "a killed unpack (step {step}) left a mix in {}", dest.display()),
+            true => assert!(
+                held.is_some() || !restorable,
+                "a killed unpack (step {step}) left an inventory beside a mix in {}",
+                dest.display()
+            ),
+        }
+    }
+    assert!(killed > 10, "only {killed} of 60 unpacks were killed before they finished");
+    // The next unpack clears what the killed ones left.
+    assert!(unpack(0).wait().unwrap().success());
+    assert_eq!(holds(&dest, FILES), Some(0));
+    let hidden: Vec<_> = [tmp.path(), dest.as_path()]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()))
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "left behind: {hidden:?}");
+}
+
+/// `--force` replaces only the archive's names: the target's other entries
+/// stay (the same files, not copies), and so do its mode and, where one of
+/// them is a directory (no swap then), the rest of the result.
+#[test]
+fn unpack_force_keeps_the_targets_other_entries_and_mode() {
+    const FILES: usize = 3;
+    let tmp = tempfile::tempdir().unwrap();
+    let arcs = two_checkpoints(tmp.path(), FILES);
+    for with_dir in [false, true] {
+        let dest = tmp.path().join(format!("dest-{with_dir}"));
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o750)).unwrap();
+        std::fs::write(dest.join("notes.txt"), b"mine").unwrap();
+        std::fs::write(dest.join("inventory.img"), b"an older inventory").unwrap();
+        std::os::unix::fs::symlink("notes.txt", dest.join("link")).unwrap();
+        if with_dir {
+            std::fs::create_dir(dest.join("sub")).unwrap();
+            std::fs::write(dest.join("sub/kept"), b"kept").unwrap();
+        }
+        use std::os::unix::fs::MetadataExt;
+        let notes = std::fs::metadata(dest.join("notes.txt")).unwrap().ino();
+        let out = criuz(&["unpack", arcs[1].to_str().unwrap(), "-d", dest.to_str().unwrap(), "--force"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(holds(&dest, FILES), Some(1));
+        assert_eq!(std::fs::read(dest.join("notes.txt")).unwrap(), b"mine");
+        assert_eq!(std::fs::metadata(dest.join("notes.txt")).unwrap().ino(), notes, "the other file was copied");
+        assert_eq!(std::fs::read_link(dest.join("link")).unwrap(), Path::new("notes.txt"));
+        assert_eq!(std::fs::metadata(&dest).unwrap().permissions().mode() & 0o7777, 0o750);
+        if with_dir {
+            assert_eq!(std::fs::read(dest.join("sub/kept")).unwrap(), b"kept");
+        }
+    }
+    let hidden: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "left behind: {hidden:?}");
+}

@@ -1,9 +1,25 @@
 //! Unpacking into a directory. Everything is written into a private staging
-//! directory inside the target (0700), files 0600 while they are written;
-//! only once the whole archive has checked out are modes and mtimes applied
-//! (directories last, deepest first, so writing into them does not change
-//! them again) and the top-level entries renamed into place. A failure at
-//! any point leaves the target as it was.
+//! directory (0700), files 0600 while they are written; only once the whole
+//! archive has checked out are modes and mtimes applied (directories last,
+//! deepest first, so writing into them does not change them again) and the
+//! result published. A failure or a kill at any point leaves the target as
+//! it was.
+//!
+//! Publishing is one `renameat2(RENAME_EXCHANGE)`: the staging directory is
+//! made beside the target, the target's other entries are hard-linked into
+//! it (an unpack adds to a directory, `--force` replaces only the names the
+//! archive has), and the two directories swap; the old one is then removed.
+//! Renaming the entries in one by one was not atomic: an unpack killed
+//! between two renames left new images beside older ones, a mix a restore
+//! could take for one checkpoint. The target is a new directory afterwards
+//! (same mode and owner): a shell inside it sees the old one until it
+//! enters it again. Where no swap can be had (the target is a mount point
+//! or holds criuz's working directory, its parent is not ours to write, it
+//! holds other directories or files that cannot be linked), the entries
+//! move in one by one with
+//! CRIU's inventory as the commit record: an older one is removed first and
+//! the new one moves in last, so a directory caught halfway holds no
+//! inventory, which CRIU refuses to restore.
 //!
 //! Paths are checked once more here (the checked records already refuse bad
 //! ones) and every entry is created with `O_EXCL`/`O_NOFOLLOW` semantics
@@ -37,8 +53,10 @@ struct Pending {
 pub struct DirSink {
     target: PathBuf,
     staging: PathBuf,
+    /// Where the staging directory is, which says how it is published.
+    at: Staging,
     /// Holds the staging directory: one a killed unpack left is removed by
-    /// the next unpack into the same target (`io::leftover`).
+    /// the next unpack beside the same target (`io::leftover`).
     _held: File,
     force: bool,
     entries: Vec<Pending>,
@@ -48,19 +66,60 @@ pub struct DirSink {
     pub progress: Progress,
 }
 
+/// Where the staging directory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Staging {
+    /// In the target's parent, on the target's mount: published by a swap.
+    Beside,
+    /// In the target itself: published entry by entry.
+    Inside,
+}
+
+/// What the name of a staging directory starts with.
+const STAGING_PREFIX: &str = ".criuz-unpack-";
+
+/// CRIU's first image of a restore: without it a directory is no checkpoint.
+const COMMIT_RECORD: &str = "inventory.img";
+
 pub struct UnpackStats {
     pub files: usize,
     pub bytes: u64,
 }
 
 impl DirSink {
-    /// Creates `target` if missing and a staging directory inside it.
+    /// Creates `target` if missing, and a staging directory beside it
+    /// (inside it where it cannot be beside it).
     pub fn create(target: &Path, force: bool, progress: Progress) -> Result<Self> {
         std::fs::create_dir_all(target).at(target)?;
-        let (staging, held) = leftover::held_dir(target, ".criuz-unpack-").at(target)?;
+        let real = target.canonicalize().at(target)?;
+        // A swap would leave our working directory in the old target, where
+        // relative paths would lead from then on.
+        let holds_cwd = std::env::current_dir().and_then(|c| c.canonicalize()).map_or(true, |c| c.starts_with(&real));
+        let parent = real.parent().filter(|p| !holds_cwd && same_mount(&real, p));
+        let beside = match parent {
+            Some(parent) => match leftover::held_dir(parent, STAGING_PREFIX) {
+                Ok(made) => Some(made),
+                // A parent not ours to write: the target itself is.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)) => None,
+                Err(e) => return Err(Error::file(parent, e)),
+            },
+            None => None,
+        };
+        let (staging, held, at) = match beside {
+            Some((staging, held)) => {
+                // What an unpack that staged inside the target left there.
+                leftover::remove_abandoned(target, STAGING_PREFIX);
+                (staging, held, Staging::Beside)
+            }
+            None => {
+                let (staging, held) = leftover::held_dir(target, STAGING_PREFIX).at(target)?;
+                (staging, held, Staging::Inside)
+            }
+        };
         Ok(DirSink {
             target: target.to_path_buf(),
             staging,
+            at,
             _held: held,
             force,
             entries: Vec::new(),
@@ -75,7 +134,7 @@ impl DirSink {
     }
 
     /// After the whole archive checked out: applies modes and mtimes and
-    /// moves the top-level entries into the target.
+    /// publishes the entries in the target.
     pub fn publish(&mut self) -> Result<UnpackStats> {
         // Files and links first, then directories deepest first: setting a
         // directory's mtime must come after everything created in it.
@@ -96,19 +155,107 @@ impl DirSink {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode)).at(path)?;
             set_mtime(path, m, false)?;
         }
-        let top: Vec<&Pending> = self.entries.iter().filter(|e| !e.name.contains('/')).collect();
-        for e in &top {
-            if !self.force && self.existing(&e.name) {
-                return Err(Error::Exists(self.target.join(&e.name)));
+        let top: Vec<String> = self.entries.iter().filter(|e| !e.name.contains('/')).map(|e| e.name.clone()).collect();
+        for name in &top {
+            if !self.force && self.existing(name) {
+                return Err(Error::Exists(self.target.join(name)));
             }
         }
-        for e in &top {
-            let to = self.target.join(&e.name);
-            std::fs::rename(self.staging.join(&e.name), &to).at(&to)?;
+        let swapped = self.at == Staging::Beside && self.swap_in(&top)?;
+        if !swapped {
+            self.move_in(&top)?;
         }
-        sync_parent(&self.target.join("x"));
         let files = self.entries.iter().filter(|e| e.kind.is_file()).count();
         Ok(UnpackStats { files, bytes: self.bytes })
+    }
+
+    /// Publishes by swapping the staging directory with the target, once
+    /// the target's other entries are linked into it. False where that
+    /// cannot be had (nothing published then).
+    fn swap_in(&mut self, top: &[String]) -> Result<bool> {
+        let ours: std::collections::HashSet<&str> = top.iter().map(String::as_str).collect();
+        let others = entry_names(&self.target)?.into_iter().filter(|n| !ours.contains(n.as_str()));
+        let mut linked = Vec::new();
+        for name in others {
+            let from = self.target.join(&name);
+            let to = self.staging.join(&name);
+            let is_dir = from.symlink_metadata().map(|m| m.is_dir()).unwrap_or(false);
+            // Links name the same inode, so nothing of the target is copied
+            // or lost; a directory cannot be linked.
+            if is_dir || link_entry(&from, &to).is_err() {
+                self.unlink(&linked);
+                return Ok(false);
+            }
+            linked.push(name);
+        }
+        if !self.took_target_mode() || !exchange(&self.staging, &self.target) {
+            self.unlink(&linked);
+            return Ok(false);
+        }
+        sync_parent(&self.target);
+        // The staging name now holds the target as it was. Whatever came
+        // into it since its entries were listed moves on, then it goes.
+        let old = self.staging.clone();
+        let mut kept = true;
+        for name in entry_names(&old).unwrap_or_default() {
+            if !ours.contains(name.as_str()) && !linked.contains(&name) {
+                kept &= std::fs::rename(old.join(&name), self.target.join(&name)).is_ok();
+            }
+        }
+        if kept {
+            let _ = std::fs::remove_dir_all(&old);
+        } else {
+            let keep = PathBuf::from(format!("{}{}", old.display(), leftover::KEPT_SUFFIX));
+            let _ = std::fs::rename(&old, &keep);
+            eprintln!(
+                "criuz: {}: unpacked; entries made there during the unpack could not all be moved back, they are in {}",
+                self.target.display(),
+                keep.display()
+            );
+        }
+        Ok(true)
+    }
+
+    /// Gives the staging directory the target's mode and owner, which the
+    /// swap would otherwise change. False where that cannot be had.
+    fn took_target_mode(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(t) = self.target.metadata() else { return false };
+        let Ok(s) = self.staging.metadata() else { return false };
+        if (t.uid(), t.gid()) != (s.uid(), s.gid())
+            && std::os::unix::fs::chown(&self.staging, Some(t.uid()), Some(t.gid())).is_err()
+        {
+            return false;
+        }
+        std::fs::set_permissions(&self.staging, std::fs::Permissions::from_mode(t.mode() & 0o7777)).is_ok()
+            && File::open(&self.staging).and_then(|d| d.sync_all()).is_ok()
+    }
+
+    fn unlink(&self, linked: &[String]) {
+        for name in linked {
+            let _ = std::fs::remove_file(self.staging.join(name));
+        }
+    }
+
+    /// Publishes entry by entry, CRIU's inventory as the commit record: an
+    /// older one leaves first and the new one comes in last.
+    fn move_in(&self, top: &[String]) -> Result<()> {
+        let commits = top.iter().any(|n| n == COMMIT_RECORD);
+        let record = self.target.join(COMMIT_RECORD);
+        if commits && record.symlink_metadata().is_ok() {
+            std::fs::remove_file(&record).at(&record)?;
+            sync_dir(&self.target);
+        }
+        for name in top.iter().filter(|n| *n != COMMIT_RECORD) {
+            let to = self.target.join(name);
+            std::fs::rename(self.staging.join(name), &to).at(&to)?;
+        }
+        if commits {
+            sync_dir(&self.target);
+            std::fs::rename(self.staging.join(COMMIT_RECORD), &record).at(&record)?;
+        }
+        sync_dir(&self.target);
+        Ok(())
     }
 }
 
@@ -116,6 +263,60 @@ impl Drop for DirSink {
     fn drop(&mut self) {
         self.entries.clear();
         let _ = std::fs::remove_dir_all(&self.staging);
+    }
+}
+
+/// Whether `dir` is on its parent's mount (not a mount point itself), so
+/// the two can be renamed into each other.
+fn same_mount(dir: &Path, parent: &Path) -> bool {
+    match (mount_id(dir), mount_id(parent)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn mount_id(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx is plain integers, for which all zeroes is a value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx fills the struct it is given; the path is a valid
+    // NUL-terminated string.
+    let rc =
+        unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_MNT_ID, &mut stx) };
+    (rc == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
+}
+
+/// Swaps two directory entries in one step: `renameat2(RENAME_EXCHANGE)`.
+fn exchange(a: &Path, b: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (Ok(a), Ok(b)) =
+        (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes()))
+    else {
+        return false;
+    };
+    // SAFETY: two valid NUL-terminated paths; renameat2 reads only them.
+    unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) == 0 }
+}
+
+/// A hard link to the entry itself: `std::fs::hard_link` is `linkat`
+/// without `AT_SYMLINK_FOLLOW` here, so a symlink is linked, not followed.
+fn link_entry(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::hard_link(from, to)
+}
+
+fn entry_names(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(dir).at(dir)? {
+        let e = e.at(dir)?;
+        names.push(e.file_name().to_string_lossy().into_owned());
+    }
+    Ok(names)
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
     }
 }
 
