@@ -20,10 +20,8 @@
 #   bash bench/device.sh planes-cpu # criuz pack --ids of 512 MiB gpu-image with and without planes, -j 16/8/4
 #   bash bench/device.sh gpu-eager CONFIG # criuz-lz4 or criuz-lz4-flat (--no-planes), eager restore only
 #   bash bench/device.sh gpu-runs  # more runs for medians: zstd, criu-dir, zstd, lz4, criu-dir
-#   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s): the writer's rate,
-#                                  # dump memory of random and elf with the default budget and with
-#                                  # CAP (1536M), the GPU app with zstd, lz4 and lz4 --no-planes in
-#                                  # turn after a run not counted (ABBA), lazy
+#   bash bench/device.sh session   # what one call has time for (BUDGET_S, 540 s), issue 33 first:
+#                                  # the 4 GiB table (scale), lazy, cold reads, then --cpus 2 and 16
 # SIZE (MiB, 4096) and CONFIGS override the sizes and configurations of scale, cpus and cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -197,28 +195,20 @@ PY
     export OUT=$out/parts
     # What CRIU's start costs depends on whether /run keeps its kernel probes.
     findmnt -n -o FSTYPE /run || true
-    nvidia-smi -L || true
-    # The archive writer's rate into the page cache, with and without early
-    # writeback (issue 33: random memory's dump holds 1-2 GiB because its
-    # archive drains at about 1.9 GB/s there).
-    part 60 bash "$me" write-rate
-    # Dump memory where the archive stays large (issue 33: <= 1 GiB): the
-    # default budget, then a cap (CAP, 1536M: about 0.6 of a budget shows
-    # as memory, session 32), random then elf.
-    for w in random elf; do
-      OUT=$out/parts/$w WORKLOADS=$w CONFIGS=criu-dir+sync,criuz-lz4 part 60 bash "$me" cold
-      OUT=$out/parts/$w-cap WORKLOADS=$w CONFIGS=criuz-lz4 ABSORB=${CAP:-1536M} part 45 bash "$me" cold
+    # Issue 33's 16-core table first: 4 GiB of each pattern, durable dump,
+    # frozen time, warm restore and dump RSS against criu-dir (and criu-dir
+    # followed by sync, for random and elf), LZ4 and zstd; one run each
+    # (medians of 3 do not fit one call: say so beside the figures).
+    CONFIGS=${CONFIGS:-criu-dir,criu-dir+sync,criuz-lz4,criuz-zstd} part 300 bash "$me" scale
+    # Lazy: how soon the tree runs against a placed restore.
+    RUNS=1 part 90 bash "$me" lazy
+    # Cold reads: criuz's read rate against a plain read of the same file.
+    WORKLOADS=mixed CONFIGS=criu-dir,criuz-lz4 part 90 bash "$me" cold
+    # Scaling, with what is left: 2 cores against all 16.
+    for n in 2 16; do
+      part 60 "${B[@]}" --cpus "$n" --size "$size" --runs 1 --workloads mixed --configs criuz-lz4 \
+        --json "$OUT/cpus-$n.json"
     done
-    # The GPU app with zstd: its size since the high plane is Huffman-coded
-    # from the sample (session 32 measured LZ4 only).
-    part 120 bash "$me" gpu criuz-zstd
-    # A first run, reported apart and not counted, then LZ4 with and
-    # without planes in turn (ABBA): the planes' dump CPU.
-    OUT=$out/parts/warmup part 110 bash "$me" gpu-eager criuz-lz4-flat
-    for c in criuz-lz4 criuz-lz4-flat criuz-lz4-flat criuz-lz4; do
-      part 110 bash "$me" gpu-eager "$c"
-    done
-    RUNS=1 part 100 bash "$me" lazy
     tar -C "$out" -czf "$out/device.tgz" parts && rm -rf "$out/parts"
     ;;
   *)

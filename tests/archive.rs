@@ -795,6 +795,18 @@ fn unpack_force_keeps_the_targets_other_entries_and_mode() {
             assert_eq!(std::fs::read(dest.join("sub/kept")).unwrap(), b"kept");
         }
     }
+    // A target reached through a symlink: the directory it leads to gets
+    // the images, the link stays a link.
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::write(real.join("notes.txt"), b"mine").unwrap();
+    let link = tmp.path().join("images");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = criuz(&["unpack", arcs[0].to_str().unwrap(), "-d", link.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(holds(&real, FILES), Some(0));
+    assert_eq!(std::fs::read(real.join("notes.txt")).unwrap(), b"mine");
     let hidden: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())

@@ -15,7 +15,8 @@
 //! (same mode and owner): a shell inside it sees the old one until it
 //! enters it again. Where no swap can be had (the target is a mount point
 //! or holds criuz's working directory, its parent is not ours to write, it
-//! holds other directories or files that cannot be linked), the entries
+//! has extended attributes, which a new directory would lack, or holds
+//! other directories or files that cannot be linked), the entries
 //! move in one by one with
 //! CRIU's inventory as the commit record: an older one is removed first and
 //! the new one moves in last, so a directory caught halfway holds no
@@ -52,6 +53,9 @@ struct Pending {
 /// A [`SeqSink`] that materializes an archive's entries under a directory.
 pub struct DirSink {
     target: PathBuf,
+    /// The target with every link resolved: the directory a swap replaces
+    /// (never a symlink that leads to it).
+    real: PathBuf,
     staging: PathBuf,
     /// Where the staging directory is, which says how it is published.
     at: Staging,
@@ -118,6 +122,7 @@ impl DirSink {
         };
         Ok(DirSink {
             target: target.to_path_buf(),
+            real,
             staging,
             at,
             _held: held,
@@ -173,11 +178,15 @@ impl DirSink {
     /// the target's other entries are linked into it. False where that
     /// cannot be had (nothing published then).
     fn swap_in(&mut self, top: &[String]) -> Result<bool> {
+        // A new directory would not carry them (ACLs, security labels).
+        if has_xattrs(&self.real) {
+            return Ok(false);
+        }
         let ours: std::collections::HashSet<&str> = top.iter().map(String::as_str).collect();
-        let others = entry_names(&self.target)?.into_iter().filter(|n| !ours.contains(n.as_str()));
+        let others = entry_names(&self.real)?.into_iter().filter(|n| !ours.contains(n.as_str()));
         let mut linked = Vec::new();
         for name in others {
-            let from = self.target.join(&name);
+            let from = self.real.join(&name);
             let to = self.staging.join(&name);
             let is_dir = from.symlink_metadata().map(|m| m.is_dir()).unwrap_or(false);
             // Links name the same inode, so nothing of the target is copied
@@ -188,18 +197,18 @@ impl DirSink {
             }
             linked.push(name);
         }
-        if !self.took_target_mode() || !exchange(&self.staging, &self.target) {
+        if !self.took_target_mode() || !exchange(&self.staging, &self.real) {
             self.unlink(&linked);
             return Ok(false);
         }
-        sync_parent(&self.target);
+        sync_parent(&self.real);
         // The staging name now holds the target as it was. Whatever came
         // into it since its entries were listed moves on, then it goes.
         let old = self.staging.clone();
         let mut kept = true;
         for name in entry_names(&old).unwrap_or_default() {
             if !ours.contains(name.as_str()) && !linked.contains(&name) {
-                kept &= std::fs::rename(old.join(&name), self.target.join(&name)).is_ok();
+                kept &= std::fs::rename(old.join(&name), self.real.join(&name)).is_ok();
             }
         }
         if kept {
@@ -220,7 +229,7 @@ impl DirSink {
     /// swap would otherwise change. False where that cannot be had.
     fn took_target_mode(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let Ok(t) = self.target.metadata() else { return false };
+        let Ok(t) = self.real.metadata() else { return false };
         let Ok(s) = self.staging.metadata() else { return false };
         if (t.uid(), t.gid()) != (s.uid(), s.gid())
             && std::os::unix::fs::chown(&self.staging, Some(t.uid()), Some(t.gid())).is_err()
@@ -285,6 +294,16 @@ fn mount_id(path: &Path) -> Option<u64> {
     let rc =
         unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_MNT_ID, &mut stx) };
     (rc == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
+}
+
+/// Whether `path` has extended attributes (or they cannot be listed).
+fn has_xattrs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
+    // SAFETY: a valid NUL-terminated path; a null list of size 0 only asks
+    // for the length.
+    let len = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    len > 0 || (len < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOTSUP))
 }
 
 /// Swaps two directory entries in one step: `renameat2(RENAME_EXCHANGE)`.
