@@ -755,7 +755,12 @@ fn kill_unpacks_at_every_moment(from_inside: bool) {
     // The next unpack clears what the killed ones left.
     assert!(unpack(0).wait().unwrap().success());
     assert_eq!(holds(&dest, FILES), Some(0));
-    let hidden: Vec<_> = [tmp.path(), dest.as_path()]
+    nothing_staged_in(&[tmp.path(), &dest]);
+}
+
+/// Asserts that no hidden entry (what an unpack stages) is left in `dirs`.
+fn nothing_staged_in(dirs: &[&Path]) {
+    let hidden: Vec<_> = dirs
         .iter()
         .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()))
         .filter(|n| n.to_string_lossy().starts_with('.'))
@@ -807,10 +812,5 @@ fn unpack_force_keeps_the_targets_other_entries_and_mode() {
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
     assert_eq!(holds(&real, FILES), Some(0));
     assert_eq!(std::fs::read(real.join("notes.txt")).unwrap(), b"mine");
-    let hidden: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with('.'))
-        .collect();
-    assert!(hidden.is_empty(), "left behind: {hidden:?}");
+    nothing_staged_in(&[tmp.path()]);
 }
