@@ -105,7 +105,11 @@ impl Drop for AtomicFile {
 
 /// Makes a rename durable; best effort (some filesystems refuse to fsync dirs).
 pub fn sync_parent(path: &Path) {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    sync_dir(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")));
+}
+
+/// Makes the entries made or renamed in `dir` durable; best effort.
+pub fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }

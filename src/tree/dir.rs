@@ -16,11 +16,10 @@
 //! enters it again. Where no swap can be had (the target is a mount point
 //! or holds criuz's working directory, its parent is not ours to write, it
 //! has extended attributes, which a new directory would lack, or holds
-//! other directories or files that cannot be linked), the entries
-//! move in one by one with
-//! CRIU's inventory as the commit record: an older one is removed first and
-//! the new one moves in last, so a directory caught halfway holds no
-//! inventory, which CRIU refuses to restore.
+//! other directories or files that cannot be linked), the entries move in
+//! one by one with CRIU's inventory as the commit record: an older one is
+//! removed first and the new one moves in last, so a directory caught
+//! halfway holds no inventory, which CRIU refuses to restore.
 //!
 //! Paths are checked once more here (the checked records already refuse bad
 //! ones) and every entry is created with `O_EXCL`/`O_NOFOLLOW` semantics
@@ -31,7 +30,7 @@
 use crate::archive::{EntryStart, SeqSink};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind};
-use crate::io::{leftover, sync_parent};
+use crate::io::{leftover, sync_dir, sync_parent};
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -285,8 +284,7 @@ fn same_mount(dir: &Path, parent: &Path) -> bool {
 }
 
 fn mount_id(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let c = c_path(path)?;
     // SAFETY: statx is plain integers, for which all zeroes is a value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: statx fills the struct it is given; the path is a valid
@@ -298,8 +296,7 @@ fn mount_id(path: &Path) -> Option<u64> {
 
 /// Whether `path` has extended attributes (or they cannot be listed).
 fn has_xattrs(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
+    let Some(c) = c_path(path) else { return true };
     // SAFETY: a valid NUL-terminated path; a null list of size 0 only asks
     // for the length.
     let len = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
@@ -308,12 +305,7 @@ fn has_xattrs(path: &Path) -> bool {
 
 /// Swaps two directory entries in one step: `renameat2(RENAME_EXCHANGE)`.
 fn exchange(a: &Path, b: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let (Ok(a), Ok(b)) =
-        (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes()))
-    else {
-        return false;
-    };
+    let (Some(a), Some(b)) = (c_path(a), c_path(b)) else { return false };
     // SAFETY: two valid NUL-terminated paths; renameat2 reads only them.
     unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) == 0 }
 }
@@ -333,10 +325,10 @@ fn entry_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+/// `path` as the C string a system call takes.
+fn c_path(path: &Path) -> Option<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
 }
 
 fn set_mtime(path: &Path, m: &EntryMeta, link: bool) -> Result<()> {
