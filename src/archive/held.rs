@@ -170,21 +170,24 @@ impl HeldPipe {
         self.write = None;
     }
 
-    /// Reads every byte held into `buf` (replacing its contents).
-    pub fn read_into(mut self, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    /// Appends every byte held to `buf`.
+    pub fn read_into(mut self, buf: &mut impl ReadTarget) -> std::io::Result<()> {
         self.seal();
-        buf.clear();
-        buf.reserve(self.len);
-        while buf.len() < self.len {
-            let room = self.len - buf.len();
-            // SAFETY: read(2) writes at most `room` bytes into the spare
-            // capacity reserved above.
-            let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().add(buf.len()).cast(), room) };
+        let mut left = self.len;
+        while left > 0 {
+            let (at, room) = buf.room(left);
+            if room == 0 {
+                return Err(std::io::Error::other("no room left for a held block's bytes"));
+            }
+            // SAFETY: read(2) writes at most `room` bytes at `at`, which
+            // `room` gave as writable.
+            let n = unsafe { libc::read(self.read.as_raw_fd(), at.cast(), room.min(left)) };
             match n {
                 0 => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
                 n if n > 0 => {
-                    // SAFETY: the kernel initialised `n` more bytes.
-                    unsafe { buf.set_len(buf.len() + n as usize) }
+                    // SAFETY: the kernel initialised `n` bytes there.
+                    unsafe { buf.filled(n as usize) };
+                    left -= n as usize;
                 }
                 _ => {
                     let e = std::io::Error::last_os_error();
@@ -195,6 +198,34 @@ impl HeldPipe {
             }
         }
         Ok(())
+    }
+}
+
+/// A buffer `read(2)` appends to: a worker's `Vec`, or a block's buffer
+/// (`slab::SlabBuf`), so that a held block that must be copied after all
+/// is read once, straight where it goes.
+pub trait ReadTarget {
+    /// Where the next bytes go, with room for `want` of them where the
+    /// buffer can grow: the place and how many fit there.
+    fn room(&mut self, want: usize) -> (*mut u8, usize);
+    /// Marks `n` more bytes as written.
+    ///
+    /// # Safety
+    /// The `n` bytes at `room`'s place were initialised, and `n` is at most
+    /// what it said fits.
+    unsafe fn filled(&mut self, n: usize);
+}
+
+impl ReadTarget for Vec<u8> {
+    fn room(&mut self, want: usize) -> (*mut u8, usize) {
+        self.reserve(want);
+        // SAFETY: `len <= capacity`: the pointer stays inside the allocation.
+        (unsafe { self.as_mut_ptr().add(self.len()) }, self.capacity() - self.len())
+    }
+
+    unsafe fn filled(&mut self, n: usize) {
+        // SAFETY: the caller initialised `n` bytes within capacity.
+        unsafe { self.set_len(self.len() + n) }
     }
 }
 
@@ -238,7 +269,8 @@ mod tests {
         assert_eq!(held.len(), data.len());
         let mut buf = vec![1, 2, 3];
         held.read_into(&mut buf).unwrap();
-        assert_eq!(buf, data);
+        assert_eq!(buf[..3], [1, 2, 3], "appended");
+        assert_eq!(buf[3..], data);
     }
 
     #[test]

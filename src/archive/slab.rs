@@ -170,6 +170,18 @@ impl SlabBuf {
     }
 }
 
+impl super::held::ReadTarget for SlabBuf {
+    /// The room it has: a block's buffer does not grow.
+    fn room(&mut self, _want: usize) -> (*mut u8, usize) {
+        self.spare()
+    }
+
+    unsafe fn filled(&mut self, n: usize) {
+        // SAFETY: passed on from the caller.
+        unsafe { SlabBuf::filled(self, n) }
+    }
+}
+
 impl std::ops::Deref for SlabBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -177,6 +177,7 @@ impl Packer {
                             &buffer
                         }
                         BlockData::Held(pipe) => {
+                            taken.clear();
                             if let Err(e) = pipe.read_into(taken) {
                                 return PackResult::Failed(Error::Io(e));
                             }
@@ -423,13 +424,13 @@ impl FileSink {
                 Ok(Some(n))
             }
             Spliced::Full => {
+                // What it holds goes into the block's buffer, which the
+                // copying path then fills on.
                 let pipe = self.held.take().expect("a held block");
-                let mut bytes = Vec::new();
-                pipe.read_into(&mut bytes)?;
                 // (Nothing held yet and still no room: never try again.)
-                self.hold &= !bytes.is_empty();
+                self.hold &= !pipe.is_empty();
                 self.buf = self.carver.carve();
-                self.buf.extend(&bytes);
+                pipe.read_into(&mut self.buf)?;
                 Ok(None)
             }
         }
