@@ -367,13 +367,18 @@ const PLANES_FAST_LEVEL: i32 = -100;
 /// fast one: the high plane Huffman-coded, else zstd at [`PLANES_FAST_LEVEL`].
 const PLANES_FAST: i32 = 1;
 
+/// Whether `page` (a whole page) is all zero.
+pub fn is_zero_page(page: &[u8]) -> bool {
+    page == ZERO_PAGE
+}
+
 /// One bit per page of `data` (LSB first), set for all-zero whole pages; a
 /// short tail is always stored. An all-clear bitmap is kept so readers know
 /// the block is page-aware.
 pub fn zero_bitmap(data: &[u8]) -> PageBits {
     let mut bitmap = PageBits::with_pages(data.len().div_ceil(PAGE_SIZE));
     for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
-        if page.len() == PAGE_SIZE && page == ZERO_PAGE {
+        if page.len() == PAGE_SIZE && is_zero_page(page) {
             bitmap.insert(i);
         }
     }

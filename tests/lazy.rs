@@ -21,25 +21,69 @@ fn dump(w: &Workload, arc: &Path) {
     assert!(out.status.success(), "criuz dump: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A workload started from `spec` and checkpointed into `arc` (the
+/// original reaped), with the checksums its processes gave before.
+fn dumped(spec: Spec, arc: &Path) -> (Workload, std::collections::BTreeMap<String, String>) {
+    let mut w = Workload::start(spec);
+    let before = w.sums();
+    dump(&w, arc);
+    w.reap_original();
+    (w, before)
+}
+
+/// The report of `criuz restore --lazy -d --json -i arc`, which must succeed.
+fn restored_lazily(arc: &Path) -> serde_json::Value {
+    let out = criuz(&["restore", "--lazy", "-d", "--json", "-i", arc.to_str().unwrap()]);
+    assert!(out.status.success(), "lazy restore: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn a_tree_restored_lazily_keeps_its_checksums() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("tree.czr");
-    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", mode: "tree", ..Default::default() });
-    let before = w.sums();
-    dump(&w, &arc);
-    w.reap_original();
+    let (mut w, before) = dumped(Spec { mib: 48, pattern: "mixed", mode: "tree", ..Default::default() }, &arc);
 
-    let out = criuz(&["restore", "--lazy", "-d", "--json", "-i", arc.to_str().unwrap()]);
-    assert!(out.status.success(), "lazy restore: {}", String::from_utf8_lossy(&out.stderr));
-    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rep = restored_lazily(&arc);
     // The memory came through criuz's pager, not through CRIU's images.
     let lazy = rep["lazy_pages"].as_u64().unwrap();
     assert!(lazy > (48 << 20) / 4096 / 2, "{rep}");
     assert!(rep["eager_pages"].as_u64().unwrap() < lazy / 10, "{rep}");
     assert_eq!(w.sums(), before, "a lazily restored process sees other memory");
+    w.stop();
+}
+
+/// Anonymous memory resident in process `pid` (kB), from smaps_rollup: a
+/// page mapped to the kernel's zero page does not count.
+fn anonymous_kb(pid: i32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let line = rollup.lines().find(|l| l.starts_with("Anonymous:")).expect("Anonymous: in smaps_rollup");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_lazy_restore_maps_the_zero_pages_it_keeps_instead_of_copying_them() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("one.czr");
+    // Half of `mixed`'s pages are zero, in runs too short for the pagemap to
+    // leave out: the fill meets them among the pages it copies.
+    let (mut w, before) = dumped(Spec { mib: 48, pattern: "mixed", ..Default::default() }, &arc);
+
+    let rep = restored_lazily(&arc);
+    let pages = (48 << 20) / 4096;
+    assert!(rep["zero_pages_mapped"].as_u64().unwrap() > pages / 3, "{rep}");
+    // Every page is in (the restore returned): the process holds memory for
+    // its non-zero half, not for all of it.
+    let kb = anonymous_kb(w.pid);
+    assert!(kb < 48 * 1024 * 7 / 10, "{kb} kB of anonymous memory resident after a lazy restore; {rep}");
+    assert_eq!(w.sums(), before, "a lazily restored process sees other memory");
+    // Its zero pages take writes as any page does.
+    w.rewrite(100.0, 7);
+    w.sums();
     w.stop();
 }
 
@@ -387,10 +431,7 @@ fn a_lazy_restore_reads_its_archive_from_a_pipe() {
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("piped.czr");
-    let mut w = Workload::start(Spec { mib: 32, pattern: "mixed", ..Default::default() });
-    let before = w.sums();
-    dump(&w, &arc);
-    w.reap_original();
+    let (mut w, before) = dumped(Spec { mib: 32, pattern: "mixed", ..Default::default() }, &arc);
 
     // A real pipe (a file on stdin would be read in place).
     let mut cat = std::process::Command::new("cat").arg(&arc).stdout(std::process::Stdio::piped()).spawn().unwrap();
@@ -413,10 +454,7 @@ fn the_pages_a_lazy_restore_saw_faulted_come_first_the_next_time() {
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ws.czr");
-    let mut w = Workload::start(Spec { mib: 256, pattern: "random", ..Default::default() });
-    let before = w.sums();
-    dump(&w, &arc);
-    w.reap_original();
+    let (mut w, before) = dumped(Spec { mib: 256, pattern: "random", ..Default::default() }, &arc);
 
     // Read all memory while its pages still arrive: faults get recorded.
     let pidfile = tmp.path().join("restored.pid");
@@ -450,10 +488,7 @@ fn an_eager_restore_placed_by_criuz_keeps_its_checksums() {
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("placed.czr");
-    let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", mode: "tree", ..Default::default() });
-    let before = w.sums();
-    dump(&w, &arc);
-    w.reap_original();
+    let (mut w, before) = dumped(Spec { mib: 48, pattern: "mixed", mode: "tree", ..Default::default() }, &arc);
 
     let out = criuz(&["restore", "--fill", "place", "-d", "--json", "-i", arc.to_str().unwrap()]);
     assert!(out.status.success(), "placed restore: {}", String::from_utf8_lossy(&out.stderr));
@@ -501,10 +536,7 @@ fn without_detach_the_restored_tree_reads_its_zero_pages_once_all_are_in() {
     // pagemap and read as zero once criuz lets go of the userfaultfds. Without
     // -d, CRIU (and criuz) wait for the tree: it must not wait for them.
     for how in [&["--lazy"][..], &["--fill", "place"]] {
-        let mut w = Workload::start(Spec { mib: 48, pattern: "mixed", ..Default::default() });
-        let before = w.sums();
-        dump(&w, &arc);
-        w.reap_original();
+        let (mut w, before) = dumped(Spec { mib: 48, pattern: "mixed", ..Default::default() }, &arc);
         let restore = std::process::Command::new(CRIUZ)
             .args(["restore", "-i", arc.to_str().unwrap()])
             .args(how)
@@ -532,10 +564,7 @@ fn a_restore_retried_right_after_a_failed_one_succeeds() {
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("good.czr");
     let bad = tmp.path().join("bad.czr");
-    let mut w = Workload::start(Spec { mib: 16, pattern: "mixed", ..Default::default() });
-    let before = w.sums();
-    dump(&w, &arc);
-    w.reap_original();
+    let (mut w, before) = dumped(Spec { mib: 16, pattern: "mixed", ..Default::default() }, &arc);
     // A page block damaged three quarters in: CRIU has forked the tree when
     // it is found, and CRIU leaves the tree's corpses behind. criuz, their
     // subreaper, reaps them before it returns, so the pids are free again.

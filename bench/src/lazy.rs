@@ -56,8 +56,15 @@ pub struct LazyRow {
     /// Peak RSS of `criuz restore` (with its children), MiB.
     pub plain_rss_mib: f64,
     pub lazy_rss_mib: f64,
+    /// The restored tree's anonymous memory (its processes' PSS) once every
+    /// page is in, MiB: what each way of restoring costs the tree itself
+    /// (pages that read as zero may be the kernel's zero page).
+    pub plain_tree_mib: f64,
+    pub lazy_tree_mib: f64,
     /// From criuz's report of the last lazy restore.
     pub lazy_pages: u64,
+    /// Zero pages the last lazy restore mapped rather than copied.
+    pub lazy_zero_pages_mapped: u64,
     pub faults: u64,
     pub intact: bool,
 }
@@ -162,6 +169,8 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
     let (mut plain, mut plain_read, mut running, mut resident, mut running_read) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_rss, mut lazy_rss, mut report) = (0u64, 0u64, serde_json::Value::Null);
+    let (mut plain_tree, mut lazy_tree) = (Vec::new(), Vec::new());
+    let tree_mib = |app: &Running| proc::pss_anon_kib(&proc::tree(app.pid)) as f64 / 1024.0;
     let mut intact = true;
     let end = |app: &mut Running, intact: &mut bool| {
         *intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
@@ -179,6 +188,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
                     let f = proc::pipeline(vec![cmd], Src::Null, Dst::Null, &logs, "restore")?;
                     plain.push(t.elapsed().as_secs_f64());
                     plain_rss = plain_rss.max(f.usage.maxrss_kib);
+                    plain_tree.push(tree_mib(&app));
                     intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
                     plain_read.push(t.elapsed().as_secs_f64());
                     proc::kill_tree(&proc::tree(app.pid));
@@ -192,6 +202,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
                     })?;
                     resident.push(all);
                     lazy_rss = lazy_rss.max(usage.maxrss_kib);
+                    lazy_tree.push(tree_mib(&app));
                     report = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
                     end(&mut app, &mut intact);
                 }
@@ -262,7 +273,10 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
         working_set_pages: ws_pages,
         plain_rss_mib: plain_rss as f64 / 1024.0,
         lazy_rss_mib: lazy_rss as f64 / 1024.0,
+        plain_tree_mib: median(&plain_tree),
+        lazy_tree_mib: median(&lazy_tree),
         lazy_pages: report["lazy_pages"].as_u64().unwrap_or(0),
+        lazy_zero_pages_mapped: report["zero_pages_mapped"].as_u64().unwrap_or(0),
         faults: report["faults"].as_u64().unwrap_or(0),
         intact,
     };
@@ -318,6 +332,12 @@ pub fn table(rows: &[LazyRow]) -> String {
             r.ws_running_s / r.plain_restore_s,
             r.ws_running_read_s,
             r.ws_running_read_s / r.plain_restore_read_s
+        ));
+    }
+    for r in rows {
+        s.push_str(&format!(
+            "{} {}: the restored tree's anonymous memory once every page is in: plain {:.0} MiB, lazy {:.0} MiB\n",
+            r.workload, r.codec, r.plain_tree_mib, r.lazy_tree_mib
         ));
     }
     for r in rows {

@@ -172,14 +172,16 @@ pub enum Copied {
     Gone,
 }
 
-/// How a copy of a whole range ended ([`Uffd::copy_all`]).
+/// How a copy of a whole range ended ([`Uffd::copy_all`],
+/// [`Uffd::copy_all_mapping_zeros`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum CopiedAll {
-    /// All in place; `pages` were copied (the others were there already).
-    Done { pages: u64 },
+    /// All in place; `pages` were copied and `zeros` mapped to the zero page
+    /// (the others were there already).
+    Done { pages: u64, zeros: u64 },
     /// An event waits: the first `done` bytes are in place (`pages` of
-    /// them copied); read the events, then copy the rest.
-    Changing { done: u64, pages: u64 },
+    /// them copied, `zeros` mapped); read the events, then copy the rest.
+    Changing { done: u64, pages: u64, zeros: u64 },
     /// The process has exited.
     Gone,
 }
@@ -236,44 +238,66 @@ impl Uffd {
     /// on page by page).
     pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<Copied> {
         let mut c = Copy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
-        match self.ioctl(UFFDIO_COPY, &mut c) {
-            Ok(()) => Ok(Copied::Bytes(src.len() as u64)),
-            // Partly copied (the count is in `copy`), or an event pending.
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                Ok(if c.copy > 0 { Copied::Bytes(c.copy as u64) } else { Copied::Changing })
-            }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOENT | libc::EINVAL)) => {
-                Ok(Copied::Bytes(0))
-            }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC)) => Ok(Copied::Gone),
-            Err(e) => Err(e),
-        }
+        let r = self.ioctl(UFFDIO_COPY, &mut c);
+        range_ended(r, c.copy, src.len() as u64)
+    }
+
+    /// Maps the zero page over `len` bytes at `dst`, and wakes threads
+    /// waiting there; ends as [`copy`](Self::copy) does.
+    pub fn zero(&self, dst: u64, len: u64) -> io::Result<Copied> {
+        let mut z = ZeroPage { range: Range { start: dst, len }, mode: 0, zeropage: 0 };
+        let r = self.ioctl(UFFDIO_ZEROPAGE, &mut z);
+        range_ended(r, z.zeropage, len)
     }
 
     /// Copies all of `src` to `dst`, going on page by page past a page
     /// already there or not registered (those are skipped, not copied).
     pub fn copy_all(&self, dst: u64, src: &[u8]) -> io::Result<CopiedAll> {
-        const PAGE: u64 = 4096;
-        let len = src.len() as u64;
-        let (mut done, mut pages, mut single) = (0u64, 0u64, false);
-        while done < len {
-            let n = if single { PAGE } else { len - done };
-            match self.copy(dst + done, &src[done as usize..(done + n) as usize])? {
-                Copied::Bytes(0) if !single && n > PAGE => single = true,
-                Copied::Bytes(0) => {
-                    done += PAGE;
-                    single = false;
-                }
-                Copied::Bytes(b) => {
-                    done += b;
-                    pages += b / PAGE;
-                    single = false;
-                }
-                Copied::Changing => return Ok(CopiedAll::Changing { done, pages }),
-                Copied::Gone => return Ok(CopiedAll::Gone),
-            }
+        put_all(src.len() as u64, |off, n| self.copy(dst + off, &src[off as usize..(off + n) as usize]))
+    }
+
+    /// As [`copy_all`](Self::copy_all) for whole pages, but the pages
+    /// `is_zero` names (by index in `src`) are mapped to the kernel's zero
+    /// page instead of copied: no memory of their own and no copy, as if
+    /// the process had never written them (a write gets a page then).
+    pub fn copy_all_mapping_zeros(
+        &self,
+        dst: u64,
+        src: &[u8],
+        is_zero: impl Fn(usize) -> bool,
+    ) -> io::Result<CopiedAll> {
+        const PAGE: usize = 4096;
+        let pages = src.len() / PAGE;
+        if src.len() % PAGE != 0 || !(0..pages).any(&is_zero) {
+            return self.copy_all(dst, src);
         }
-        Ok(CopiedAll::Done { pages })
+        let (mut copied, mut zeros, mut at) = (0, 0, 0);
+        while at < pages {
+            let zero = is_zero(at);
+            let end = (at..pages).find(|&k| is_zero(k) != zero).unwrap_or(pages);
+            let (off, len) = ((at * PAGE) as u64, ((end - at) * PAGE) as u64);
+            let to = dst + off;
+            let got = if zero {
+                put_all(len, |o, n| self.zero(to + o, n))?
+            } else {
+                put_all(len, |o, n| self.copy(to + o, &src[(off + o) as usize..(off + o + n) as usize]))?
+            };
+            let (n, stopped_at) = match got {
+                CopiedAll::Done { pages, .. } => (pages, None),
+                CopiedAll::Changing { done, pages, .. } => (pages, Some(off + done)),
+                CopiedAll::Gone => return Ok(CopiedAll::Gone),
+            };
+            if zero {
+                zeros += n;
+            } else {
+                copied += n;
+            }
+            if let Some(done) = stopped_at {
+                return Ok(CopiedAll::Changing { done, pages: copied, zeros });
+            }
+            at = end;
+        }
+        Ok(CopiedAll::Done { pages: copied, zeros })
     }
 
     /// Maps the zero page at `page` (a fault outside every lazy range).
@@ -313,6 +337,47 @@ impl Uffd {
             _ => Ok(()),
         }
     }
+}
+
+/// How a copy or a zero-page mapping of `len` bytes ended, from its
+/// ioctl's result and its count (bytes done, or a negative error).
+fn range_ended(r: io::Result<()>, count: i64, len: u64) -> io::Result<Copied> {
+    match r {
+        Ok(()) => Ok(Copied::Bytes(len)),
+        // Partly done (the count says how far), or an event pending.
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            Ok(if count > 0 { Copied::Bytes(count as u64) } else { Copied::Changing })
+        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOENT | libc::EINVAL)) => Ok(Copied::Bytes(0)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOSPC)) => Ok(Copied::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// Puts `len` bytes in place with `put(offset, bytes)`, going on page by
+/// page past a page already there or not registered (skipped, not
+/// counted); the pages put count as copied.
+fn put_all(len: u64, mut put: impl FnMut(u64, u64) -> io::Result<Copied>) -> io::Result<CopiedAll> {
+    const PAGE: u64 = 4096;
+    let (mut done, mut pages, mut single) = (0u64, 0u64, false);
+    while done < len {
+        let n = if single { PAGE } else { len - done };
+        match put(done, n)? {
+            Copied::Bytes(0) if !single && n > PAGE => single = true,
+            Copied::Bytes(0) => {
+                done += PAGE;
+                single = false;
+            }
+            Copied::Bytes(b) => {
+                done += b;
+                pages += b / PAGE;
+                single = false;
+            }
+            Copied::Changing => return Ok(CopiedAll::Changing { done, pages, zeros: 0 }),
+            Copied::Gone => return Ok(CopiedAll::Gone),
+        }
+    }
+    Ok(CopiedAll::Done { pages, zeros: 0 })
 }
 
 #[cfg(test)]

@@ -76,8 +76,8 @@ pub struct LazyReport {
     /// Pages restored by CRIU itself (not lazy).
     pub eager_pages: u64,
     /// Zero pages of private anonymous memory left out: they read as zero
-    /// without being copied (short runs of them are copied in a lazy
-    /// restore, where each hole would cost a fault).
+    /// without being copied (a lazy restore keeps short runs of them, where
+    /// each hole would cost a fault, and maps them: `zero_pages_mapped`).
     pub zero_pages_skipped: u64,
     /// Pages of the working set recorded beside the archive
     /// (`<archive>.touch`) by earlier lazy restores, whose blocks the fill
@@ -91,6 +91,9 @@ pub struct LazyReport {
     /// Pages criuz copied in lazily, and the page faults it served (each
     /// answered with the missing rest of the faulted page's block).
     pub lazy_pages: u64,
+    /// Zero pages the pagemap kept, mapped to the kernel's zero page rather
+    /// than copied (no memory of their own until the process writes them).
+    pub zero_pages_mapped: u64,
     pub faults: u64,
     pub criu_exit: i32,
     /// Why a lazy restore that was asked for placed the memory instead.
@@ -98,9 +101,10 @@ pub struct LazyReport {
     pub not_lazy: Option<&'static str>,
 }
 
-/// Zero runs shorter than this stay in a lazy pagemap (copied in as zeros
-/// with their neighbours): a page left out is answered alone, one fault at a
-/// time, and splits the ranges the fill copies in one call.
+/// Zero runs shorter than this stay in a lazy pagemap (mapped to the zero
+/// page with their neighbours, `session::place::ZeroPages`): a page left out
+/// is answered alone, one fault at a time, while the fill maps a kept one
+/// before the process touches it.
 const LAZY_MIN_ZERO_RUN: u64 = 16;
 
 /// A held tree takes no fault before every page is in: every zero page can
@@ -707,6 +711,7 @@ impl LazyRestore<'_> {
                 working_set_seconds: report.working_set_in.map(|t| (t - started).as_secs_f64()),
                 working_set_file,
                 lazy_pages: report.pages,
+                zero_pages_mapped: report.zero_pages,
                 faults: report.faults,
                 criu_exit: status.code().unwrap_or(-1),
                 not_lazy: None,

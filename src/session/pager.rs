@@ -23,7 +23,7 @@
 //! checked block; a block that fails ends the pager with the error, and the
 //! caller kills the tree before any copy of the userfaultfds closes.
 
-use crate::codec::Decoder;
+use crate::codec::{self, Decoder};
 use crate::criu::images::PageRun;
 use crate::criu::uffd::{self, Copied, CopiedAll, Event, Handover, Uffd};
 use crate::engine::Crew;
@@ -32,7 +32,7 @@ use crate::format::PAGE_SIZE;
 use crate::proc::cgroup::cgroup_kill_of;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
-use crate::session::place::{self, HeldFill, Missing, Target};
+use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -110,8 +110,9 @@ impl Space {
 /// What the pager did.
 #[derive(Default)]
 pub(crate) struct PagerReport {
-    /// Pages copied in, and faults served.
+    /// Pages copied in, zero pages mapped, and faults served.
     pub pages: u64,
+    pub zero_pages: u64,
     pub faults: u64,
     /// Faulted pages (first touches), in order, for the working set.
     pub touched: Vec<(u32, u64)>,
@@ -222,6 +223,10 @@ pub(crate) struct Pager<'a> {
     fill_threads: usize,
     /// Their pool, made when the first step starts.
     crew: Option<rayon::ThreadPool>,
+    /// A running tree's pagemap keeps short runs of zero pages, which are
+    /// mapped; a held tree's ranges hold zero pages only when every one
+    /// must be a page of memory (`--keep-zero-pages`).
+    zeros: ZeroPages,
     report: PagerReport,
 }
 
@@ -259,6 +264,7 @@ impl<'a> Pager<'a> {
             dec: Decoder::new(),
             finished: false,
             fill_next: 0,
+            zeros: if held_fill.is_some() { ZeroPages::Copy } else { ZeroPages::Map },
             held_fill,
             fill_threads,
             crew: None,
@@ -573,7 +579,8 @@ impl<'a> Pager<'a> {
             self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
         let blocks = self.blocks;
         let crew = Crew::Pool(self.crew.as_ref().expect("made above"));
-        let filled = place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, None)?;
+        let filled =
+            place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, self.zeros, None)?;
         self.note_filled(&ranges, filled);
         Ok(())
     }
@@ -583,6 +590,7 @@ impl<'a> Pager<'a> {
     /// process has gone.
     fn note_filled(&mut self, ranges: &[Missing], filled: place::Filled) {
         self.report.pages += filled.pages;
+        self.report.zero_pages += filled.zero_pages;
         for r in ranges {
             self.spaces[r.space].drop_range(r.start, r.end);
         }
@@ -608,8 +616,15 @@ impl<'a> Pager<'a> {
             self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
         let blocks = self.blocks;
         let crew = Crew::Spawn(how.threads);
-        let filled =
-            place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, how.meter.as_deref())?;
+        let filled = place::fill(
+            &*blocks.source,
+            &|file| blocks.starts(file),
+            &targets,
+            &ranges,
+            crew,
+            self.zeros,
+            how.meter.as_deref(),
+        )?;
         self.note_filled(&ranges, filled);
         Ok(())
     }
@@ -627,17 +642,27 @@ impl<'a> Pager<'a> {
     }
 
     /// Copies `data` to `dst` in space `i` (skipping pages already there or
-    /// no longer registered) and marks it all in place.
+    /// no longer registered) and marks it all in place. Its zero pages are
+    /// mapped where [`ZeroPages::Map`] says so: the data is a decoded,
+    /// checked block, so a page that reads as zero there is one.
     fn put(&mut self, i: usize, dst: u64, data: &[u8]) -> Result<Step> {
-        let got = self.spaces[i].uffd.copy_all(dst, data).map_err(|e| self.uffd_failed(i, e))?;
-        match got {
-            CopiedAll::Done { pages } => {
+        let uffd = &self.spaces[i].uffd;
+        let got = match self.zeros {
+            ZeroPages::Map => {
+                uffd.copy_all_mapping_zeros(dst, data, |p| codec::is_zero_page(&data[p * PAGE_SIZE..][..PAGE_SIZE]))
+            }
+            ZeroPages::Copy => uffd.copy_all(dst, data),
+        };
+        match got.map_err(|e| self.uffd_failed(i, e))? {
+            CopiedAll::Done { pages, zeros } => {
                 self.report.pages += pages;
+                self.report.zero_pages += zeros;
                 self.spaces[i].drop_range(dst, dst + data.len() as u64);
                 Ok(Step::Done)
             }
-            CopiedAll::Changing { done, pages } => {
+            CopiedAll::Changing { done, pages, zeros } => {
                 self.report.pages += pages;
+                self.report.zero_pages += zeros;
                 self.spaces[i].drop_range(dst, dst + done);
                 Ok(Step::Changing)
             }

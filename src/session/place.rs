@@ -15,6 +15,11 @@
 //! could not (on 2 cores, 1 GiB of zstd text restored in 1.07x of `criu
 //! restore -D`'s time that way, 0.89x this way: docs/BENCHMARKS.md).
 //!
+//! Zero pages among the missing ones (a running tree's pagemap keeps short
+//! runs of them) are mapped to the kernel's zero page, not copied: they
+//! cost the tree no memory until it writes them, as in a placed restore,
+//! which leaves them out altogether.
+//!
 //! Should a copy meet an event (`EAGAIN`: something in the tree ran), the
 //! rest of that range goes back to the pager, which reads the events and
 //! copies it after them. A block that fails to read or
@@ -51,6 +56,19 @@ pub(crate) struct Target<'a> {
     pub file: u32,
 }
 
+/// What a fill does with the zero pages its ranges hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZeroPages {
+    /// Mapped to the kernel's zero page: no memory and no copy. A lazy
+    /// pagemap keeps short runs of zero pages (`session::lazy`); copying
+    /// them made a lazily restored 1 GiB `mixed` tree hold twice the
+    /// memory of a placed one, and its fill copy twice as much.
+    Map,
+    /// Copied in as pages of memory (`--keep-zero-pages`, and a held
+    /// tree's fill, whose ranges hold zero pages only then).
+    Copy,
+}
+
 /// How a held tree is filled.
 pub(crate) struct HeldFill {
     pub threads: usize,
@@ -63,6 +81,8 @@ pub(crate) struct HeldFill {
 pub(crate) struct Filled {
     /// Pages copied in.
     pub pages: u64,
+    /// Zero pages mapped (`ZeroPages::Map`).
+    pub zero_pages: u64,
     /// Ranges an event kept from being copied: the pager's to finish.
     pub left: Vec<Missing>,
     /// Spaces whose process has gone (nothing more to copy there).
@@ -140,46 +160,67 @@ pub(crate) fn fill(
     targets: &[Target],
     ranges: &[Missing],
     crew: Crew<'_>,
+    zeros: ZeroPages,
     meter: Option<&Meter>,
 ) -> Result<Filled> {
     let cursor = Mutex::new(Cursor { ranges, next: 0, taken: 0 });
     let pages = AtomicU64::new(0);
-    let left: Mutex<Vec<Missing>> = Mutex::new(Vec::new());
-    let gone: Vec<AtomicBool> = targets.iter().map(|_| AtomicBool::new(false)).collect();
+    let zero_pages = AtomicU64::new(0);
+    let shared = Shared {
+        source,
+        targets,
+        zeros,
+        gone: targets.iter().map(|_| AtomicBool::new(false)).collect(),
+        left: Mutex::new(Vec::new()),
+    };
     let step = |_: &mut ()| -> Result<bool> {
         let Some(unit) = cursor.lock().expect("fill cursor").next_unit(targets, starts)? else { return Ok(false) };
-        let placed =
-            WORKSPACE.with_borrow_mut(|(dec, data)| place_unit(source, targets, &unit, &gone, dec, data, &left));
-        let n = placed.map_err(|e| {
+        let placed = WORKSPACE.with_borrow_mut(|(dec, data)| place_unit(&shared, &unit, dec, data));
+        let (n, z) = placed.map_err(|e| {
             let pid = unit.pieces.first().map_or(0, |p| targets[p.space].pid);
             e.context(format!("{}: pages of restored process {pid}", source.label()))
         })?;
         pages.fetch_add(n, Ordering::Relaxed);
+        zero_pages.fetch_add(z, Ordering::Relaxed);
         if let Some(m) = meter {
-            m.taken.fetch_add(n * PAGE, Ordering::Relaxed);
+            m.taken.fetch_add((n + z) * PAGE, Ordering::Relaxed);
         }
         Ok(true)
     };
     crate::engine::until_done_or_failed_on(crew, || (), step)?;
+    let Shared { gone, left, .. } = shared;
     let gone = gone.iter().enumerate().filter(|(_, g)| g.load(Ordering::Relaxed)).map(|(i, _)| i).collect();
-    Ok(Filled { pages: pages.into_inner(), left: left.into_inner().expect("fill leftovers"), gone })
+    Ok(Filled {
+        pages: pages.into_inner(),
+        zero_pages: zero_pages.into_inner(),
+        left: left.into_inner().expect("fill leftovers"),
+        gone,
+    })
 }
 
-/// Decodes one block and copies its pieces; the pages copied.
-fn place_unit(
-    source: &dyn BlockSource,
-    targets: &[Target],
-    unit: &Unit,
-    gone: &[AtomicBool],
-    dec: &mut Decoder,
-    data: &mut Vec<u8>,
-    left: &Mutex<Vec<Missing>>,
-) -> Result<u64> {
+/// What every thread of a fill works from, and what it leaves behind.
+struct Shared<'a> {
+    source: &'a dyn BlockSource,
+    targets: &'a [Target<'a>],
+    zeros: ZeroPages,
+    /// Per target: its process has gone.
+    gone: Vec<AtomicBool>,
+    /// Ranges an event kept out.
+    left: Mutex<Vec<Missing>>,
+}
+
+/// Decodes one block and copies its pieces; the pages copied, and the zero
+/// pages mapped.
+fn place_unit(shared: &Shared, unit: &Unit, dec: &mut Decoder, data: &mut Vec<u8>) -> Result<(u64, u64)> {
+    let Shared { source, targets, zeros, gone, left } = shared;
     let block = source
         .block(unit.file, unit.block)?
         .ok_or_else(|| Error::corrupt(0, format!("block {} is missing", unit.block)))?;
     block.decode(dec, data)?;
-    let mut copied = 0;
+    // The decoded block is checked, zero pages included (`decode` rebuilds
+    // them from the bitmap the data check covers).
+    let map_zeros = *zeros == ZeroPages::Map && block.header.zero_pages() > 0;
+    let (mut copied, mut zero_pages) = (0, 0);
     for p in &unit.pieces {
         let from = (p.page * PAGE - unit.block_start) as usize;
         let len = (p.end - p.start) as usize;
@@ -190,18 +231,27 @@ fn place_unit(
             continue;
         }
         let t = &targets[p.space];
-        let put = t.uffd.copy_all(p.start, bytes);
+        let first = from / PAGE_SIZE;
+        let put = if map_zeros {
+            t.uffd.copy_all_mapping_zeros(p.start, bytes, |i| block.header.is_zero_page(first + i))
+        } else {
+            t.uffd.copy_all(p.start, bytes)
+        };
         match put.map_err(|err| Error::CriuIo { what: format!("userfaultfd of restored process {}", t.pid), err })? {
-            CopiedAll::Done { pages } => copied += pages,
-            CopiedAll::Changing { done, pages } => {
+            CopiedAll::Done { pages, zeros } => {
                 copied += pages;
+                zero_pages += zeros;
+            }
+            CopiedAll::Changing { done, pages, zeros } => {
+                copied += pages;
+                zero_pages += zeros;
                 let at = p.start + done;
                 left.lock().expect("fill leftovers").push(Missing { start: at, page: p.page + done / PAGE, ..*p });
             }
             CopiedAll::Gone => gone[p.space].store(true, Ordering::Relaxed),
         }
     }
-    Ok(copied)
+    Ok((copied, zero_pages))
 }
 
 #[cfg(test)]

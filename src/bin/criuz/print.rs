@@ -196,8 +196,8 @@ fn restored_line(input: &Location, r: &Restored) {
             if let Some(pid) = r.pid {
                 eprintln!(
                     "restored {pid} lazily from {input}: running after {:.2}s, every page in after {:.2}s \
-                     ({} pages restored by CRIU, {} copied in lazily, {} faults)",
-                    r.running_seconds, r.resident_seconds, r.eager_pages, r.lazy_pages, r.faults
+                     ({} pages restored by CRIU, {} copied in lazily, {} zero pages mapped, {} faults)",
+                    r.running_seconds, r.resident_seconds, r.eager_pages, r.lazy_pages, r.zero_pages_mapped, r.faults
                 );
             }
         }
