@@ -67,6 +67,19 @@ pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
     }
 }
 
+/// Waits, at most `limit`, until each of `pids` has begun to exit (or is a
+/// zombie, or gone). A SIGKILL queued to a stopped task takes effect when
+/// the task next runs: a dump that returned straight after `kill_tree`
+/// could leave a process that still looks alive for a moment (a script
+/// checking for it, or the fault campaign, saw one running). Only the start
+/// of the exit is waited for, not the freeing of its memory.
+pub(crate) fn wait_exit_begun(pids: &[i32], limit: std::time::Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| !h.exiting && !h.zombie)) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Makes criuz the child subreaper of what it starts: what CRIU leaves of a
 /// tree it began to restore and abandoned becomes criuz's to reap, not
 /// init's (which may reap it late, or, in many containers, never), so a
@@ -598,9 +611,21 @@ mod tests {
         }
         assert!(holder_of(pid).unwrap().exiting, "a zombie carries PF_EXITING");
         let t = Instant::now();
+        wait_exit_begun(&[pid], std::time::Duration::from_secs(10));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "a zombie has begun to exit");
+        let t = Instant::now();
         wait_exits(&[pid], std::time::Duration::from_secs(10));
         assert!(t.elapsed() < std::time::Duration::from_secs(1), "a zombie is not waited for");
         child.wait().unwrap();
+        // A stopped process, killed: its exit has begun once this returns.
+        let mut stopped = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = stopped.id() as i32;
+        signal_tree(&[pid], libc::SIGSTOP);
+        kill_tree(&[pid]);
+        wait_exit_begun(&[pid], std::time::Duration::from_secs(10));
+        let h = holder_of(pid).unwrap();
+        assert!(h.exiting || h.zombie, "a killed process still looks alive");
+        stopped.wait().unwrap();
         // The flags field, past a command name with spaces and parentheses.
         let stat = |flags: u64| format!("77 (a) b) c) R 1 77 77 0 -1 {flags} 90 0 0 0");
         assert!(is_exiting(&stat(0x400104)) && !is_exiting(&stat(0x400100)));

@@ -278,8 +278,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                 // Killed, not waited for: the kernel frees the tree's memory
                 // behind the command (tens of ms a GiB here; `criu dump -D`
                 // waits for it). A restore started meanwhile waits for the
-                // pids it needs (`check_pids_free`).
-                tree::kill_tree(&[o.pid]);
+                // pids it needs (`check_pids_free`). Only the start of each
+                // exit is waited for, so that no process of the tree still
+                // looks alive once the command returns.
+                let pids = tree::tree_pids(&[o.pid]);
+                tree::kill_tree(&pids);
+                tree::wait_exit_begun(&pids, std::time::Duration::from_secs(1));
             }
             if let Some(g) = guard.take() {
                 g.release();
