@@ -217,9 +217,11 @@ impl Guard {
             .map_err(|err| Error::CriuIo { what: "cannot tell the guard the restored container's cgroup".into(), err })
     }
 
-    /// Tells the guard to wait for process `pid` to end before it acts
-    /// (the last one told counts): what criuz started may still change
-    /// what the guard undoes.
+    /// Tells the guard to wait for process `pid` to end before it runs its
+    /// command or kills a cgroup, and to kill a restored tree once more
+    /// after it ended (the last one told counts): what criuz started may
+    /// still change what the guard undoes (a runc that would freeze the
+    /// container again, a CRIU still forking the tree).
     pub fn wait_for(&self, pid: u32) -> Result<()> {
         let mut msg = vec![WAIT_FOR];
         msg.extend_from_slice(&(pid as i32).to_ne_bytes());
@@ -350,6 +352,11 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const 
                 }
                 if wait_pid > 0 {
                     wait_ended(wait_pid, 15 * 60 * 1000);
+                    if sig == libc::SIGKILL {
+                        // What it waited for (a restoring CRIU) may have
+                        // forked more of the tree after the kill above.
+                        kill_tree(tree);
+                    }
                 }
                 if let Some(argv) = exec {
                     // SAFETY: fork, execv, _exit and waitpid are

@@ -628,7 +628,13 @@ impl LazyRestore<'_> {
                 Victim::Tree(pids) => pids,
                 Victim::Cgroup(_) => &[],
             };
-            let status = crate::session::criu_run::run_criu(&mut cmd, keep);
+            // CRIU forks the tree. Should criuz die meanwhile, the guard
+            // notices before CRIU does (criuz's descriptors close before its
+            // children are told it died), kills the tree, and CRIU may fork
+            // more of it: the guard kills again once CRIU has ended. (A
+            // container's cgroup kill takes what joins it later anyway.)
+            let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
+            let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
             let mut paging = Some(paging);
