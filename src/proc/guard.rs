@@ -467,3 +467,101 @@ unsafe fn read_exactly(fd: RawFd, buf: &mut [u8]) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A pid no process holds now, well past the last one handed out.
+    fn free_pid() -> i32 {
+        let read = |f: &str| std::fs::read_to_string(f).unwrap().trim().parse::<i32>().unwrap();
+        let (last, max) = (read("/proc/sys/kernel/ns_last_pid"), read("/proc/sys/kernel/pid_max"));
+        (1..).map(|k| (last + 5000 + k) % max).find(|&p| p > 300 && !Path::new(&format!("/proc/{p}")).exists()).unwrap()
+    }
+
+    /// Forks a child that sleeps until killed, as pid `pid` (clone3's
+    /// `set_tid`, which takes root); `None` without the privilege.
+    fn fork_as(pid: i32) -> Option<i32> {
+        #[repr(C)]
+        struct CloneArgs {
+            flags: u64,
+            pidfd: u64,
+            child_tid: u64,
+            parent_tid: u64,
+            exit_signal: u64,
+            stack: u64,
+            stack_size: u64,
+            tls: u64,
+            set_tid: u64,
+            set_tid_size: u64,
+            cgroup: u64,
+        }
+        let tids = [pid as libc::pid_t];
+        let args = CloneArgs {
+            flags: 0,
+            pidfd: 0,
+            child_tid: 0,
+            parent_tid: 0,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: 0,
+            stack_size: 0,
+            tls: 0,
+            set_tid: tids.as_ptr() as u64,
+            set_tid_size: 1,
+            cgroup: 0,
+        };
+        // SAFETY: clone3 without CLONE_VM is a fork; the child only pauses
+        // (async-signal-safe) until it is killed.
+        let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+        if r == 0 {
+            loop {
+                // SAFETY: pause(2) takes nothing.
+                unsafe { libc::pause() };
+            }
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "clone3 as pid {pid}: {e}");
+            return None;
+        }
+        Some(r as i32)
+    }
+
+    #[test]
+    fn a_tree_forked_after_criuz_died_is_killed_once_the_awaited_process_ends() {
+        // A restoring CRIU may fork the tree after criuz died and the guard
+        // first killed it: the guard kills again once CRIU has ended.
+        let pid = free_pid();
+        let guard = Guard::start(&[pid]).unwrap();
+        let mut criu = std::process::Command::new("sleep").arg("1").spawn().unwrap();
+        guard.wait_for(criu.id()).unwrap();
+        // criuz dies: its end of the command pipe closes without a word.
+        drop(guard.tell.lock().unwrap().take());
+        // The guard's first kill has found no such pid by now.
+        std::thread::sleep(Duration::from_millis(200));
+        let Some(forked) = fork_as(pid) else {
+            eprintln!("SKIP: forking as a given pid needs root");
+            criu.wait().unwrap();
+            return;
+        };
+        criu.wait().unwrap();
+        // SAFETY: reaping our own child, the guard, which exits once done.
+        unsafe { libc::waitpid(guard.pid, std::ptr::null_mut(), 0) };
+        let t = Instant::now();
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, without blocking.
+        while unsafe { libc::waitpid(forked, &mut status, libc::WNOHANG) } == 0 {
+            if t.elapsed() > Duration::from_secs(2) {
+                // SAFETY: killing and reaping our own child.
+                unsafe {
+                    libc::kill(forked, libc::SIGKILL);
+                    libc::waitpid(forked, &mut status, 0);
+                }
+                panic!("a process forked as the tree's pid after criuz died outlived the guard");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "status {status:#x}");
+    }
+}
