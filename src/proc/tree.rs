@@ -61,10 +61,7 @@ fn is_exiting(stat: &str) -> bool {
 /// returns once its tree is killed, not once the kernel has freed it, so a
 /// restore started right after waits here for the pids it needs.
 pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
-    let t = Instant::now();
-    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| h.exiting && !h.zombie)) {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+    wait_while_any(pids, limit, |h| h.exiting && !h.zombie);
 }
 
 /// Waits, at most `limit`, until each of `pids` has begun to exit (or is a
@@ -74,10 +71,13 @@ pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
 /// checking for it, or the fault campaign, saw one running). Only the start
 /// of the exit is waited for, not the freeing of its memory.
 pub(crate) fn wait_exit_begun(pids: &[i32], limit: std::time::Duration) {
-    let t = Instant::now();
-    while t.elapsed() < limit && pids.iter().any(|&p| holder_of(p).is_some_and(|h| !h.exiting && !h.zombie)) {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    wait_while_any(pids, limit, |h| !h.exiting && !h.zombie);
+}
+
+/// Waits, at most `limit`, while the holder of any of `pids` is `still`.
+fn wait_while_any(pids: &[i32], limit: std::time::Duration, still: impl Fn(&Holder) -> bool) {
+    let limit_ms = u32::try_from(limit.as_millis()).unwrap_or(u32::MAX);
+    poll_until(limit_ms, 1, || !pids.iter().any(|&p| holder_of(p).is_some_and(|h| still(&h))));
 }
 
 /// Makes criuz the child subreaper of what it starts: what CRIU leaves of a
