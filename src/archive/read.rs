@@ -112,7 +112,7 @@ pub fn read_source(source: Arc<dyn BlockSource>, opts: &Options, sink: &mut dyn 
     let block_size = source.header().block_size as usize;
     let window = engine::window_for(opts.memory_budget, block_size, opts.threads);
     let mut total = 0;
-    for entry in source.index().files.clone() {
+    for entry in &source.index().files {
         let size = Some(entry.raw_size);
         sink.begin(&EntryStart {
             file_id: entry.file_id,

@@ -245,9 +245,10 @@ pub fn plan(mm: &[u8], pagemap: &[u8], zero: &PageBits) -> Option<ZeroPlan> {
 
 /// As `plan`, leaving out only runs of at least `min_run` zero pages: a lazy
 /// restore fetches each gap-free range in requests of its own, so scattered
-/// holes would multiply the requests. Runs are found up to 64 pages at a
-/// time (`PageBits::next`) where an entry lies in one VMA: page by page, a
-/// plan of 1 GiB took 4-6 ms, most of a lazy restore's own start.
+/// holes would multiply the requests. Where an entry lies in one VMA, the
+/// runs long enough are found 64 pages at a time (`PageBits::next_run`):
+/// page by page, a plan of 1 GiB took 4-6 ms, most of a lazy restore's own
+/// start.
 pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Option<ZeroPlan> {
     let anon = anon_vmas(mm, 0)?;
     let in_anon = |addr: u64| in_ranges(&anon, addr);
@@ -300,15 +301,17 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Op
             }
         };
         // Kept runs, merged across zero runs too short to leave out.
+        let min_run = usize::try_from(min_run).unwrap_or(usize::MAX);
         let mut kept_from = 0;
         let mut i = 0;
         while i < pages {
-            let z = next(i, true);
+            // Inside one VMA, straight to the next run long enough.
+            let z = if whole { zero.next_run(first + i, first + pages, min_run) - first } else { next(i, true) };
             if z >= pages {
                 break;
             }
             let after = next(z, false);
-            if (after - z) as u64 >= min_run {
+            if after - z >= min_run {
                 if z > kept_from {
                     push_entry(&mut out, &e, e.vaddr + kept_from as u64 * 4096, (z - kept_from) as u64);
                 }

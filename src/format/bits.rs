@@ -1,5 +1,7 @@
 //! Sets of pages, one bit per page.
 
+use smallvec::SmallVec;
+
 /// A set of pages, one bit per page, least significant bit first in each
 /// byte: a block's zero-page bitmap exactly as stored, and the page sets
 /// built from such bitmaps (the zero pages of a whole image, the pages a
@@ -7,24 +9,35 @@
 ///
 /// Testing and setting a bit cost what indexing a byte slice does: the
 /// zero-page bitmap is read and written once per page of every block.
+///
+/// A block's bitmap (8 bytes at the default 256 KiB blocks, 16 up to
+/// 512 KiB) lives inside the value, not on the heap: an archive's index holds
+/// one per block, and a lazy restore's start decodes and checks them all
+/// (16,384 heap bitmaps for a 4 GiB image, each allocated and first touched
+/// on the way).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PageBits(Vec<u8>);
+pub struct PageBits(SmallVec<[u8; 16]>);
 
 impl PageBits {
     /// An empty set with room for no page (a block of a plain file, which
     /// has no bitmap).
-    pub const fn new() -> Self {
-        PageBits(Vec::new())
+    pub fn new() -> Self {
+        PageBits(SmallVec::new())
     }
 
     /// Room for `pages` pages, none in the set.
     pub fn with_pages(pages: usize) -> Self {
-        PageBits(vec![0; pages.div_ceil(8)])
+        PageBits(SmallVec::from_elem(0, pages.div_ceil(8)))
     }
 
     /// The set the bytes of a stored bitmap hold.
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        PageBits(bytes)
+        PageBits(SmallVec::from_vec(bytes))
+    }
+
+    /// The set a stored bitmap holds, copied from where it is stored.
+    pub fn from_slice(bytes: &[u8]) -> Self {
+        PageBits(SmallVec::from_slice(bytes))
     }
 
     /// The bytes as stored.
@@ -135,7 +148,72 @@ impl PageBits {
         }
         end
     }
+
+    /// The first page `p` in `from..end` such that pages `p..p + min_run`
+    /// are all in the set and before `end`, else `end`. A lazy restore
+    /// leaves out only runs of at least 16 zero pages; found run by run with
+    /// [`next`](Self::next), those of a 4 GiB `mixed` image (zero and not
+    /// alternating every two pages or so) took 2.9 ms of the restore's start
+    /// (perf, 2 cores). Here a 64-page window is tested at once: each AND of
+    /// the window with itself shifted doubles the length of run a bit
+    /// stands for.
+    pub fn next_run(&self, from: usize, end: usize, min_run: usize) -> usize {
+        if min_run > end.saturating_sub(from) {
+            return end;
+        }
+        if min_run <= 1 {
+            return self.next(from, end, true);
+        }
+        if min_run > MAX_WINDOW_RUN {
+            let mut p = from;
+            while p < end {
+                let start = self.next(p, end, true);
+                let after = self.next(start, end, false);
+                if after - start >= min_run {
+                    return start;
+                }
+                p = after;
+            }
+            return end;
+        }
+        // Windows overlap by `min_run - 1` pages at least, so that a run
+        // cut by one window's end starts in the next; they start on bytes.
+        let step = (64 + 1 - min_run) / 8 * 8;
+        let mut base = from / 8 * 8;
+        while base + min_run <= end {
+            let byte = base / 8;
+            if byte >= self.0.len() {
+                break;
+            }
+            let mut word = [0u8; 8];
+            let n = (self.0.len() - byte).min(8);
+            word[..n].copy_from_slice(&self.0[byte..byte + n]);
+            let mut runs = u64::from_le_bytes(word);
+            if end - base < 64 {
+                runs &= (1u64 << (end - base)) - 1;
+            }
+            // Bit i set: pages base + i .. base + i + len all in the set.
+            let mut len = 1;
+            while len < min_run {
+                let shift = len.min(min_run - len);
+                runs &= runs >> shift;
+                len += shift;
+            }
+            if from > base {
+                runs &= u64::MAX << (from - base);
+            }
+            if runs != 0 {
+                return base + runs.trailing_zeros() as usize;
+            }
+            base += step;
+        }
+        end
+    }
 }
+
+/// The longest run [`PageBits::next_run`] looks for in 64-page windows that
+/// start on a byte: a run starting at any of a window's first 8 pages fits.
+const MAX_WINDOW_RUN: usize = 64 - 7;
 
 #[cfg(test)]
 mod tests {
@@ -179,6 +257,11 @@ mod tests {
                 for w in [true, false] {
                     let expect = (from..end).find(|&p| (p < len && want[p]) == w).unwrap_or(end.max(from));
                     assert_eq!(set.next(from, end, w).max(from), expect, "next({from}, {end}, {w})");
+                }
+                for run in [1, 2, 3, 16, 40, 57, 58, 100] {
+                    let whole = |p: usize| p + run <= end && (p..p + run).all(|q| q < len && want[q]);
+                    let expect = (from..end).find(|&p| whole(p)).unwrap_or(end);
+                    assert_eq!(set.next_run(from, end, run), expect, "next_run({from}, {end}, {run})");
                 }
             }
         }

@@ -200,7 +200,7 @@ fn parse_block_header(rec: &[u8], offset: u64) -> Result<BlockHeader> {
         stored_len: u32le(&rec[12..]),
         data_check: u64le(&rec[16..]),
         payload_check: u32le(&rec[24..]),
-        zero_bitmap: PageBits::from_bytes(rec[BLOCK_FIXED..].to_vec()),
+        zero_bitmap: PageBits::from_slice(&rec[BLOCK_FIXED..]),
         sealed: flags & BLOCK_SEALED != 0,
     };
     if header.sealed && (header.data_check != 0 || (header.stored_len as usize) < SEAL_OVERHEAD) {

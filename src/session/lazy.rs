@@ -266,7 +266,7 @@ fn materialize(
 ) -> Result<Materialized> {
     let source = &blocks.source;
     let label = source.label().to_string();
-    let files = source.index().files.clone();
+    let files = &source.index().files;
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
     let mut zero_pages = 0;
     // CRIU's images are the top-level files (of a tree: runc's checkpoint

@@ -157,7 +157,8 @@ pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min
         return Ok(None);
     }
     let mm = source.read_file(mm)?;
-    let mut zero = PageBits::new();
+    // Sized once: grown block by block, it was copied over and over.
+    let mut zero = PageBits::with_pages(usize::try_from(pages.raw_size.div_ceil(PAGE_SIZE as u64)).unwrap_or(0));
     let mut i = 0;
     while let Some((h, raw_pos)) = source.block_header(pages.file_id, i) {
         if raw_pos % PAGE_SIZE as u64 != 0 {

@@ -252,7 +252,7 @@ fn zero_runs_found_a_byte_at_a_time_match_page_by_page() {
         let pages: u64 = entries.iter().map(|e| e.1).sum();
         let dense = round % 3;
         let zero: Vec<bool> = (0..pages).map(|_| rand(4) < dense + 1).collect();
-        let min_run = [1, 2, 16][round as usize % 3];
+        let min_run = [1, 2, 16, u64::MAX][round as usize % 4];
 
         let mm = MmEntry {
             vmas: vmas
