@@ -40,7 +40,11 @@ fn files() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn archive() -> Vec<u8> {
-    let opts = Options { block_size: 64 << 10, threads: 2, ..Options::default() };
+    archive_with(Options::default())
+}
+
+fn archive_with(opts: Options) -> Vec<u8> {
+    let opts = Options { block_size: 64 << 10, threads: 2, ..opts };
     let tmp = tempfile::NamedTempFile::new().unwrap();
     let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
     for (name, data) in files() {
@@ -98,6 +102,18 @@ fn an_index_naming_one_block_twice_is_refused_at_once() {
     let e = open(forged).err().expect("a duplicated block must be refused");
     assert_eq!(e.kind(), Kind::Archive, "{e}");
     assert!(e.to_string().contains("same bytes"), "{e}");
+}
+
+#[test]
+fn a_table_entry_listing_page_ids_no_record_holds_is_refused_at_once() {
+    // Page ids follow the blocks of page images only.
+    let with_ids = archive_with(Options { ids: true, ..Options::default() });
+    let forged = forge_index(&with_ids, |index| {
+        index.files.iter_mut().find(|f| f.name == "core-1.img").unwrap().table[0].ids = 1
+    });
+    let e = open(forged).err().expect("page ids no record holds must be refused");
+    assert_eq!(e.kind(), Kind::Archive, "{e}");
+    assert!(e.to_string().contains("page id"), "{e}");
 }
 
 #[test]
