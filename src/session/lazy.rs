@@ -68,6 +68,9 @@ pub struct LazyReport {
     pub pid: Option<i32>,
     /// CUDA restore and unlock of the restored processes, once they ran.
     pub cuda_resume_seconds: Option<f64>,
+    /// Until criuz started CRIU: its own part of the start (opening the
+    /// archive, writing CRIU's images).
+    pub criu_started_seconds: f64,
     /// Until `criu restore` returned: with `--restore-detached`, until the
     /// tree runs.
     pub running_seconds: f64,
@@ -552,6 +555,7 @@ impl LazyRestore<'_> {
         } else {
             1
         };
+        let mut criu_started = 0.0;
         let (paged, proof, status, running, published, ran) = std::thread::scope(|s| {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
@@ -634,6 +638,7 @@ impl LazyRestore<'_> {
             // more of it: the guard kills again once CRIU has ended. (A
             // container's cgroup kill takes what joins it later anyway.)
             let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
+            criu_started = started.elapsed().as_secs_f64();
             let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
@@ -709,6 +714,7 @@ impl LazyRestore<'_> {
             LazyReport {
                 pid: None,
                 cuda_resume_seconds: None,
+                criu_started_seconds: criu_started,
                 running_seconds: running,
                 resident_seconds: resident,
                 eager_pages,
