@@ -144,11 +144,14 @@ pub fn state(pid: i32) -> Option<char> {
     stat_fields(pid)?.first()?.chars().next()
 }
 
-/// Killed and on its way out, not yet a zombie (`criuz::proc::tree::Holder`):
-/// a `criuz dump` returns once its tree is killed, not once the kernel has
-/// freed it.
-pub fn exiting(pid: i32) -> bool {
-    criuz::proc::tree::holder_of(pid).is_some_and(|h| h.exiting && !h.zombie)
+/// Killed and on its way out, or ended since (a zombie, or gone): a `criuz
+/// dump` returns once its tree has begun to exit, not once the kernel has
+/// freed it. Read once: a caller that saw the process in a running state a
+/// moment ago must not take one that became a zombie in between for one
+/// still running (the fault campaign once stopped on "outlived its dump"
+/// that way).
+pub fn exiting_or_ended(pid: i32) -> bool {
+    criuz::proc::tree::holder_of(pid).is_none_or(|h| h.exiting || h.zombie)
 }
 
 /// Stopped (by a signal, or under a tracer).
@@ -693,5 +696,23 @@ mod tests {
         assert_eq!(killed_by(i32::MAX), None);
         // Reaped already: this only finds it gone.
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_zombie_or_a_gone_pid_has_ended_and_a_sleeper_has_not() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(!exiting_or_ended(pid), "a sleeping child is running");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let t = Instant::now();
+        // A test beside this one may reap every zombie of the process.
+        while !matches!(state(pid), Some('Z') | None) {
+            assert!(t.elapsed() < Duration::from_secs(10), "the child never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(exiting_or_ended(pid), "a zombie (or reaped) child has ended");
+        let _ = child.wait();
+        assert!(exiting_or_ended(pid), "a reaped pid has ended");
     }
 }

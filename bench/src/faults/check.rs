@@ -42,7 +42,7 @@ pub fn settle(pid: i32, limit: Duration) -> Settled {
         match proc::state(pid) {
             None | Some('Z') | Some('X') => return Settled::Gone,
             Some('T') | Some('t') => {}
-            Some(_) if traced(pid) || proc::exiting(pid) => {}
+            Some(_) if traced(pid) || proc::exiting_or_ended(pid) => {}
             Some(_) => return Settled::Running,
         }
         if t.elapsed() > limit {
