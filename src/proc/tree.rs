@@ -67,9 +67,9 @@ pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
 /// Waits, at most `limit`, until each of `pids` has begun to exit (or is a
 /// zombie, or gone). A SIGKILL queued to a stopped task takes effect when
 /// the task next runs: a dump that returned straight after `kill_tree`
-/// could leave a process that still looks alive for a moment (a script
-/// checking for it, or the fault campaign, saw one running). Only the start
-/// of the exit is waited for, not the freeing of its memory.
+/// could leave a process that still looks alive for a moment to a script
+/// checking for it. Only the start of the exit is waited for, not the
+/// freeing of its memory.
 pub(crate) fn wait_exit_begun(pids: &[i32], limit: std::time::Duration) {
     wait_while_any(pids, limit, |h| !h.exiting && !h.zombie);
 }
