@@ -66,9 +66,12 @@ pub fn free_while_capturing(threads: usize) -> usize {
     threads.min(default_threads().saturating_sub(CAPTURE_CORES))
 }
 
-/// Number of worker threads to use when the user did not say: all cores.
+/// Number of worker threads to use when the user did not say: all cores
+/// (as affinity and a cgroup's CPU quota allow). Asked once: the answer
+/// reads the cgroup's files, and a command asks more than once.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
 /// Results a dump's workers may finish ahead of its writer: the default

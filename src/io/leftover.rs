@@ -39,9 +39,8 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
 /// prefix (what killed runs of the same kind left there). The directory is
 /// held for as long as the returned handle lives.
 pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
-    remove_abandoned(base, prefix);
-    // One killed before its staging directory got its held name.
-    remove_abandoned(base, STAGING_DIR_PREFIX);
+    // And one killed before its staging directory got its held name.
+    remove_abandoned_of(base, &[prefix, STAGING_DIR_PREFIX]);
     made_again_if_swept(|| {
         let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
         let held = hold_staged_dir(staging.path(), base, prefix)?;
@@ -202,13 +201,19 @@ fn try_lock(f: &File) -> bool {
 /// Removes the files and directories `dir/{prefix}*` of criuz's own user
 /// that nobody holds, except those kept on purpose. Best effort.
 pub fn remove_abandoned(dir: &Path, prefix: &str) {
+    remove_abandoned_of(dir, &[prefix]);
+}
+
+/// [`remove_abandoned`] for several prefixes in one look at `dir` (a
+/// `$TMPDIR` may hold thousands of entries).
+fn remove_abandoned_of(dir: &Path, prefixes: &[&str]) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(prefix) || name.ends_with(KEPT_SUFFIX) {
+        if !prefixes.iter().any(|p| name.starts_with(p)) || name.ends_with(KEPT_SUFFIX) {
             continue;
         }
         let path = e.path();
