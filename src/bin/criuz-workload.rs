@@ -264,6 +264,11 @@ fn fill_normal_bf16(page: &mut [u8], rng: &mut Rng, sigma: f64) {
 /// read on every core into their places: the bytes reading them in turn
 /// gave (a file that cannot be read by then leaves its place zero).
 fn elf_corpus(limit: usize) -> Vec<u8> {
+    elf_corpus_on(limit, cores())
+}
+
+/// [`elf_corpus`], read on `threads` threads.
+fn elf_corpus_on(limit: usize, threads: usize) -> Vec<u8> {
     use std::io::Read;
     let is_elf = |p: &Path| {
         let mut magic = [0u8; 4];
@@ -297,7 +302,6 @@ fn elf_corpus(limit: usize) -> Vec<u8> {
         rest = after;
     }
     let places = std::sync::Mutex::new(places.into_iter());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..threads {
             spawn_small(s, || loop {
@@ -322,8 +326,17 @@ fn fill_all(buf: &mut [u8], pattern: &str) {
     // leaves an arena of its own mapped in the process that is dumped.
     // SAFETY: mallopt only sets an allocator parameter.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-    let elf = if pattern == "elf" { elf_corpus(buf.len()) } else { Vec::new() };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    fill_on(buf, pattern, cores());
+}
+
+/// The cores this process may use.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// [`fill_all`] on `threads` threads.
+fn fill_on(buf: &mut [u8], pattern: &str, threads: usize) {
+    let elf = if pattern == "elf" { elf_corpus_on(buf.len(), threads) } else { Vec::new() };
     let per = buf.len().div_ceil(PAGE).div_ceil(threads).max(1) * PAGE;
     std::thread::scope(|s| {
         for (k, part) in buf.chunks_mut(per).enumerate() {
@@ -792,5 +805,26 @@ fn main() {
             eprintln!("criuz-workload: unknown mode {m}");
             std::process::exit(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fill's bytes do not depend on how many threads made them (the
+    /// bench's runs on 2 and 16 cores dump the same memory).
+    #[test]
+    fn every_pattern_fills_the_same_bytes_on_any_number_of_threads() {
+        for pattern in ["zero", "mixed", "random", "text", "elf", "bf16", "gpu-image"] {
+            // 129 pages: the threads' shares are uneven.
+            let mut one = vec![1u8; 129 * PAGE];
+            let mut three = vec![2u8; 129 * PAGE];
+            fill_on(&mut one, pattern, 1);
+            fill_on(&mut three, pattern, 3);
+            assert!(one == three, "{pattern}: one thread and three differ");
+            assert!(pattern == "zero" || one.iter().any(|&b| b != 0), "{pattern}: nothing filled");
+        }
+        assert_eq!(elf_corpus_on(3 << 20, 1), elf_corpus_on(3 << 20, 4));
     }
 }
