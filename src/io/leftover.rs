@@ -274,6 +274,21 @@ mod tests {
         assert!(at("x-5-kept").exists());
     }
 
+    /// Making a directory sweeps, in one look, the abandoned ones of its
+    /// prefix and the staging ones a killed maker left, and nothing else.
+    #[test]
+    fn a_new_directory_sweeps_its_kind_and_abandoned_staging() {
+        let base = tempfile::tempdir().unwrap();
+        let at = |n: &str| base.path().join(n);
+        for n in ["criuz-t-old", &format!("{STAGING_DIR_PREFIX}old"), "criuz-u-other"] {
+            std::fs::create_dir(at(n)).unwrap();
+        }
+        let (made, _held) = held_dir(base.path(), "criuz-t-").unwrap();
+        assert!(!at("criuz-t-old").exists(), "an abandoned one of its kind is removed");
+        assert!(!at(&format!("{STAGING_DIR_PREFIX}old")).exists(), "an abandoned staging one is removed");
+        assert!(at("criuz-u-other").exists() && made.exists(), "another kind, and the new one, stay");
+    }
+
     /// Makers started together sweep each other's staging directories in
     /// the instant before they are locked; every maker still gets one.
     #[test]
