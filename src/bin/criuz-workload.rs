@@ -723,13 +723,17 @@ fn main() {
             };
             let (tx, rx) = std::sync::mpsc::channel();
             let mut ptrs = Vec::new();
-            let elf: &'static [u8] = if a.pattern == "elf" { elf_corpus(bytes).leak() } else { &[] };
+            // Shared while the threads fill, freed once they all have (the
+            // threads stay, the corpus must not be dumped with them).
+            let elf = std::sync::Arc::new(if a.pattern == "elf" { elf_corpus(bytes) } else { Vec::new() });
             for (start, part) in parts {
                 ptrs.push((part.as_ptr() as usize, part.len()));
                 let tx = tx.clone();
                 let pattern = a.pattern.clone();
+                let elf = elf.clone();
                 std::thread::spawn(move || {
-                    fill_pages(part, &pattern, start / PAGE, elf);
+                    fill_pages(part, &pattern, start / PAGE, &elf);
+                    drop(elf);
                     tx.send(()).unwrap();
                     loop {
                         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -739,6 +743,7 @@ fn main() {
             for _ in 0..n {
                 rx.recv().unwrap();
             }
+            drop(elf);
             // SAFETY: the parts were written once before the threads signalled;
             // the threads never touch them again, so from here on this view is
             // the only one in use.
