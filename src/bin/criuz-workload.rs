@@ -318,9 +318,10 @@ fn elf_corpus_on(limit: usize, threads: usize) -> Vec<u8> {
 /// Fills the whole of `buf` with `pattern` on every core this process may
 /// use (the bench's `--cpus` pins it): a page's bytes depend only on its
 /// number (and for `elf` on the corpus, read once), so any thread count
-/// gives the same memory. On one thread, 4 GiB of `text` took 13 s to
-/// fill, of `bf16` 37 s: most of a 16-core bench run. The threads end
-/// before this returns: a `tree` forks next, a `single` is one thread.
+/// gives the same memory. On one thread 1 GiB of `text` took 3.1 s to
+/// fill and `bf16` 9.0 s (2-core VM), four times that at 4 GiB: most of a
+/// 16-core bench run. The threads end before this returns: a `tree` forks
+/// next, a `single` is one thread.
 fn fill_all(buf: &mut [u8], pattern: &str) {
     // The threads allocate (a little) from the main arena, so none of them
     // leaves an arena of its own mapped in the process that is dumped.
