@@ -264,7 +264,7 @@ fn fill_normal_bf16(page: &mut [u8], rng: &mut Rng, sigma: f64) {
 /// read on every core into their places: the bytes reading them in turn
 /// gave (a file that cannot be read by then leaves its place zero).
 fn elf_corpus(limit: usize) -> Vec<u8> {
-    elf_corpus_on(limit, cores())
+    elf_corpus_on(limit, criuz::engine::default_threads())
 }
 
 /// [`elf_corpus`], read on `threads` threads.
@@ -327,12 +327,7 @@ fn fill_all(buf: &mut [u8], pattern: &str) {
     // leaves an arena of its own mapped in the process that is dumped.
     // SAFETY: mallopt only sets an allocator parameter.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-    fill_on(buf, pattern, cores());
-}
-
-/// The cores this process may use.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    fill_on(buf, pattern, criuz::engine::default_threads());
 }
 
 /// [`fill_all`] on `threads` threads.
