@@ -766,3 +766,63 @@ fn a_dump_short_of_descriptors_copies_what_it_cannot_hold() {
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
 }
+
+/// A Ctrl-C (or SIGTERM) ends criuz cleanly: while CRIU streams and after
+/// CRIU left the tree stopped, the interrupted dump removes its temporary
+/// archive and its work directory, dies by the signal it got, and the
+/// process runs on with its memory as it was.
+#[test]
+fn an_interrupted_dump_leaves_nothing_behind_and_the_process_running() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { pattern: "text", mib: 64, ..Default::default() });
+    let before = w.sums();
+    let out_dir = tempfile::tempdir().unwrap();
+    let work_base = tempfile::tempdir().unwrap();
+    let arc = out_dir.path().join("interrupted.czr");
+    let pid = w.pid.to_string();
+    // zstd at its slowest, so that both moments are long enough to hit.
+    let slow = ["-j", "1", "--codec", "zstd", "--level", "19"];
+    for (signal, absorb, under_way) in [(libc::SIGINT, "0", "CRIU streaming"), (libc::SIGTERM, "1G", "CRIU done")] {
+        let mut dump = takes_sigint(&mut Command::new(CRIUZ))
+            .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--absorb", absorb])
+            .args(slow)
+            .env("TMPDIR", work_base.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(under_way, Duration::from_secs(60), || match under_way {
+            "CRIU streaming" => {
+                temp_archive(&arc).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| m.len() > 1 << 20)
+                    && !criu_children_of(dump.id()).is_empty()
+            }
+            _ => process_state(w.pid) == Some('T') && criu_children_of(dump.id()).is_empty(),
+        });
+        // SAFETY: signalling the criuz this test started.
+        unsafe { libc::kill(dump.id() as i32, signal) };
+        let mut err = String::new();
+        std::io::Read::read_to_string(dump.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let status = dump.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "criuz must die by the signal it got ({under_way}): {err}");
+        assert!(err.contains("interrupted") && err.contains("removed"), "{under_way}: {err}");
+        let left: Vec<_> = std::fs::read_dir(out_dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "{under_way}: left beside the archive: {left:?}");
+        let left: Vec<_> = std::fs::read_dir(work_base.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| !n.to_string_lossy().starts_with("criuz-logs"))
+            .collect();
+        assert!(left.is_empty(), "{under_way}: left in TMPDIR: {left:?}");
+        wait_for("the process to run again", Duration::from_secs(30), || {
+            // SAFETY: reaping zombies re-parented to us (CRIU, the guard).
+            while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+            process_state(w.pid).is_some_and(|s| s != 'T')
+        });
+        assert!(w.alive(), "{under_way}: the process must run on");
+        assert_eq!(w.sums(), before, "{under_way}: the process's memory changed");
+    }
+    w.stop();
+}

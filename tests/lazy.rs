@@ -204,22 +204,12 @@ fn a_damaged_block_found_behind_a_lazily_restored_process_kills_it() {
 /// Starts a detached lazy restore of `arc` in the background; returns it once
 /// the restored tree runs (its pidfile is there), with every page not yet in.
 fn lazy_restore_until_running(arc: &Path, pidfile: &Path) -> std::process::Child {
-    use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(CRIUZ);
     cmd.args(["restore", "--lazy", "-d", "--pidfile", pidfile.to_str().unwrap(), "-i", arc.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    // A test run started in the background of a shell without job control
-    // inherits SIGINT ignored, and so would criuz: the interrupt test needs
-    // criuz to take a Ctrl-C the way a terminal user's does.
-    // SAFETY: between fork and exec only signal(2), which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+    // The interrupt test sends it a Ctrl-C.
+    let mut child = takes_sigint(&mut cmd).spawn().unwrap();
     let t = std::time::Instant::now();
     while !pidfile.exists() {
         if let Some(st) = child.try_wait().unwrap() {
@@ -296,7 +286,7 @@ fn criuz_interrupted_mid_fill_takes_the_tree_with_it() {
         let (mut w, arc) = big_dumped(tmp.path(), "big.czr");
         let started = std::time::Instant::now();
         let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
-        // Ctrl-C: criuz ends at once; its guard ignores SIGINT and kills the tree.
+        // Ctrl-C: criuz ends; its guard ignores SIGINT and kills the tree.
         let signalled = started.elapsed().as_secs_f64();
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

@@ -268,3 +268,50 @@ fn crafted_trees_cannot_reach_outside() {
         assert!(left.is_empty(), "{what}: left {left:?}");
     }
 }
+
+/// An unpack interrupted halfway (here: waiting for the rest of its archive
+/// on a pipe) removes its staging directory, dies by the signal, and leaves
+/// the target as it was.
+#[test]
+fn an_interrupted_unpack_leaves_the_target_as_it_was() {
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    sample_tree(&src);
+    std::fs::write(src.join("big.bin"), vec![7u8; 8 << 20]).unwrap();
+    let arc = tmp.path().join("tree.czr");
+    ok(criuz(&["pack", p(&src), "-o", p(&arc)]), "pack");
+    let bytes = std::fs::read(&arc).unwrap();
+    let root = tmp.path().join("target");
+    let out = root.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("mine"), b"stays").unwrap();
+    let before = listing(&root);
+    let mut unpack = takes_sigint(&mut Command::new(CRIUZ))
+        .args(["unpack", "-", "-d", p(&out)])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = unpack.stdin.take().unwrap();
+    stdin.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    stdin.flush().unwrap();
+    let staged = || {
+        std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".criuz-unpack-"))
+    };
+    wait_for("the unpack's staging directory", std::time::Duration::from_secs(30), staged);
+    // SAFETY: signalling the criuz this test started.
+    unsafe { libc::kill(unpack.id() as i32, libc::SIGINT) };
+    let mut err = String::new();
+    std::io::Read::read_to_string(unpack.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = unpack.wait().unwrap();
+    drop(stdin);
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(!staged(), "the staging directory must be removed");
+    assert_eq!(listing(&root), before, "the target must be as it was");
+}

@@ -2,7 +2,8 @@
 //! (as large as what was written) and a work directory (on `/dev/shm`, a
 //! container's images held in RAM until reboot). Neither can be removed by
 //! a process that was SIGKILLed or lost its machine, so the next criuz that
-//! makes one of the same kind removes them.
+//! makes one of the same kind removes them. (An interrupted criuz removes
+//! its own before it dies: `unfinished`.)
 //!
 //! Each is `flock`ed by its owner for as long as it lives, from before it
 //! appears under its name ([`publish_held`]: made under a staging name,
@@ -39,8 +40,19 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
 /// prefix (what killed runs of the same kind left there). The directory is
 /// held for as long as the returned handle lives.
 pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
-    // And one killed before its staging directory got its held name.
+    sweep_for_dir(base, prefix);
+    make_held_dir(base, prefix)
+}
+
+/// The sweep [`held_dir`] makes before it makes its directory: the
+/// abandoned directories `base/{prefix}*`, and those killed before their
+/// staging directory got its held name.
+pub fn sweep_for_dir(base: &Path, prefix: &str) {
     remove_abandoned_of(base, &[prefix, STAGING_DIR_PREFIX]);
+}
+
+/// [`held_dir`] without its sweep.
+pub fn make_held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     made_again_if_swept(|| {
         let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
         let held = hold_staged_dir(staging.path(), base, prefix)?;

@@ -24,6 +24,7 @@ mod location;
 pub mod read_ahead;
 pub mod s3;
 mod store;
+pub mod unfinished;
 
 pub use location::{Location, SPOOL_CAP};
 pub use store::RecordStore;
@@ -39,6 +40,9 @@ pub struct AtomicFile {
     force: bool,
     /// Whether its writers' flusher threads may flush (see `EarlyWriteback`).
     flush_behind: Arc<AtomicBool>,
+    /// Removed should criuz be interrupted before the commit.
+    unfinished: unfinished::Unfinished,
+    published: bool,
 }
 
 impl AtomicFile {
@@ -60,17 +64,31 @@ impl AtomicFile {
             return Err(Error::Exists(tmp));
         }
         let staging = dir.join(format!(".{name}.criuz-new-{}", std::process::id()));
-        // Another writer of this target sweeps unheld staging files (above).
-        let file = leftover::made_again_if_swept(|| -> Result<File> {
-            let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(&staging)?;
-            leftover::publish_held(&file, &staging, &tmp)
-                .inspect_err(|_| {
-                    let _ = std::fs::remove_file(&staging);
-                })
-                .at(&tmp)?;
-            Ok(file)
+        // Registered as it is made: an interruption removes it.
+        let (file, unfinished) = unfinished::Unfinished::made(|| {
+            // Another writer of this target sweeps unheld staging files (above).
+            leftover::made_again_if_swept(|| -> Result<File> {
+                // Errors name the user's target: the temporary names mean
+                // nothing to them.
+                let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging).at(target)?;
+                leftover::publish_held(&file, &staging, &tmp)
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_file(&staging);
+                    })
+                    .at(target)?;
+                Ok(file)
+            })
+            .map(|file| (file, tmp.clone()))
         })?;
-        Ok(AtomicFile { file: Some(file), tmp, target: target.to_path_buf(), force, flush_behind: Default::default() })
+        Ok(AtomicFile {
+            file: Some(file),
+            tmp,
+            target: target.to_path_buf(),
+            force,
+            flush_behind: Default::default(),
+            unfinished,
+            published: false,
+        })
     }
 
     pub fn file(&self) -> &File {
@@ -89,7 +107,10 @@ impl AtomicFile {
         if !self.force && self.target.symlink_metadata().is_ok() {
             return Err(Error::Exists(self.target.clone()));
         }
-        std::fs::rename(&self.tmp, &self.target).at(&self.target)?;
+        // Whole or not at all: an interruption either removed the temporary
+        // file before this or waits until it is the target.
+        self.unfinished.publish_output(&self.target, || std::fs::rename(&self.tmp, &self.target)).at(&self.target)?;
+        self.published = true;
         sync_parent(&self.target);
         Ok(())
     }
@@ -97,7 +118,7 @@ impl AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
+        if !self.published {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

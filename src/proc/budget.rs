@@ -10,9 +10,11 @@
 //! for leftovers, `io::leftover`). Grants are given under an exclusive
 //! lock on the directory's lock file, the used total being the sum of the
 //! files still held. A dump that gets less than it asked for compresses as
-//! it goes for the rest; it never fails for want of budget.
+//! it goes for the rest; it never fails for want of budget. An interrupted
+//! criuz removes its grant on its way out (`io::unfinished`).
 
 use crate::io::leftover;
+use crate::io::unfinished::Unfinished;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -26,12 +28,12 @@ const GRANT_PREFIX: &str = "grant-";
 pub struct Grant {
     /// Bytes granted (0: none).
     pub bytes: usize,
-    held: Option<(File, PathBuf)>,
+    held: Option<(File, PathBuf, Unfinished)>,
 }
 
 impl Drop for Grant {
     fn drop(&mut self) {
-        if let Some((_, path)) = self.held.take() {
+        if let Some((_, path, _)) = self.held.take() {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -109,13 +111,16 @@ fn reserve_in(dir: &Path, share: usize, want: usize) -> Grant {
     let id = format!("{}-{stamp}", std::process::id());
     let staging = dir.join(format!("new-{id}"));
     let name = dir.join(format!("{GRANT_PREFIX}{id}"));
-    let written = File::create(&staging).and_then(|mut f| {
-        f.write_all(bytes.to_string().as_bytes())?;
-        leftover::publish_held(&f, &staging, &name)?;
-        Ok(f)
+    // Registered as it is made: an interruption removes it.
+    let written = Unfinished::made(|| {
+        File::create(&staging).and_then(|mut f| {
+            f.write_all(bytes.to_string().as_bytes())?;
+            leftover::publish_held(&f, &staging, &name)?;
+            Ok((f, name.clone()))
+        })
     });
     match written {
-        Ok(f) => Grant { bytes, held: Some((f, name)) },
+        Ok((f, unfinished)) => Grant { bytes, held: Some((f, name, unfinished)) },
         Err(_) => {
             let _ = std::fs::remove_file(&staging);
             alone

@@ -266,6 +266,7 @@ impl Drop for Guard {
 /// before the child is reaped, while its pid cannot have been reused.
 pub fn wait_guarded(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
     let guard = Guard::start(&[child.id() as i32]).ok();
+    guarded_children().push(child.id() as i32);
     loop {
         // SAFETY: siginfo_t is plain data, for which all zeros is valid.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -276,8 +277,38 @@ pub fn wait_guarded(child: &mut std::process::Child) -> std::io::Result<std::pro
             break;
         }
     }
+    // Forgotten before it is reaped: while listed, its pid is its own.
+    guarded_children().retain(|&p| p != child.id() as i32);
     drop(guard);
     child.wait()
+}
+
+/// The children [`wait_guarded`] waits for, until each has ended (not yet
+/// reaped).
+static GUARDED_CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn guarded_children() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    GUARDED_CHILDREN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// For a criuz about to die: does now what the guards of
+/// [`wait_guarded`] would do once it is dead (kills each such child and
+/// what it forked), and waits, at most two seconds, until they have ended,
+/// so that nothing they would still do (a runc making its work directory
+/// again) comes after criuz's removals. The list stays held: no child is
+/// reaped, so no pid is reused, before criuz dies.
+pub(crate) fn end_guarded_children() {
+    let children = guarded_children();
+    for &p in children.iter() {
+        kill_tree(&[p]);
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(2)
+        && children.iter().any(|&p| crate::proc::tree::holder_of(p).is_some_and(|h| !h.zombie))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::mem::forget(children);
 }
 
 /// Descriptors the guard works with, and criuz's ends it must close.

@@ -6,7 +6,8 @@
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
 //! TCP_CORK taken off through pidfd_getfd); `budget` is the machine-wide
-//! memory share every criuz's absorb memory comes from.
+//! memory share every criuz's absorb memory comes from; `interrupt` turns a
+//! Ctrl-C into a clean end (what criuz had not finished is removed).
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -14,10 +15,11 @@
 //! answer is harmless or is checked again. Unsafe code (system calls) lives
 //! here rather than in the sessions, every block with the reason it is
 //! sound. Nothing here knows about archives or sessions: `proc` imports
-//! only `error`, `criu::scm` and `io::leftover`.
+//! only `error`, `criu::scm`, `io::leftover` and `io::unfinished`.
 
 pub mod budget;
 pub mod cgroup;
 pub mod guard;
+pub mod interrupt;
 pub mod socket;
 pub mod tree;

@@ -116,3 +116,25 @@ pub(crate) fn their_fd(pid: i32, fd: RawFd) -> Option<OwnedFd> {
         (theirs >= 0).then(|| OwnedFd::from_raw_fd(theirs as RawFd))
     }
 }
+
+/// For a criuz about to die: shuts down every TCP socket it has (the page
+/// server's listener and connection, object-store connections), as its
+/// death would close them, so that a dump sending pages to it fails now and
+/// its CRIU resumes the tree while criuz waits for the runc above it
+/// (`proc::interrupt`). Descriptors are looked at once, in /proc/self/fd.
+pub(crate) fn shut_down_tcp() {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else { return };
+    for fd in fds.flatten().filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok()) {
+        let mut domain: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into a c_int of ours; a descriptor that is no
+        // socket (or no longer open) only fails.
+        let r = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, (&mut domain as *mut libc::c_int).cast(), &mut len)
+        };
+        if r == 0 && (domain == libc::AF_INET || domain == libc::AF_INET6) {
+            // SAFETY: shutdown(2) of a socket of ours; it closes nothing.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+    }
+}

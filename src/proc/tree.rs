@@ -139,6 +139,53 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
     }
 }
 
+/// For a criuz about to die: kills and reaps its restoring `criu` children
+/// (CRIU, which dies with criuz anyway, and what it forked, which comes to
+/// criuz, the subreaper, as CRIU dies) until none is left, for at most two
+/// seconds. A dumping CRIU is left alone: killed while its parasite runs in
+/// the tree it would take the tree with it (RELIABILITY.md, CRIU's trap);
+/// left alone, it fails on its closed stream and resumes the tree.
+pub(crate) fn end_restoring_criu() {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(2) {
+        let criu: Vec<i32> = children_of(me).into_iter().filter(|&p| is_criu(p) && restoring(p)).collect();
+        if criu.is_empty() {
+            return;
+        }
+        for p in criu {
+            // SAFETY: our own child, reaped here (its zombie keeps the pid
+            // ours until then).
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+                libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// For a criuz about to die: waits, at most `limit`, until each `runc`
+/// child of criuz has ended (it stays unreaped: its waiter reaps it).
+pub(crate) fn wait_runc_children(limit: std::time::Duration) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit
+        && children_of(me).into_iter().any(|p| holder_of(p).is_some_and(|h| h.comm == "runc" && !h.zombie))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Whether `pid` runs (or was forked from) `criu restore`: its first
+/// argument, as its command line says.
+fn restoring(pid: i32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    cmdline.split(|&b| b == 0).nth(1) == Some(b"restore")
+}
+
 /// The parent of `pid` (the second field after the command's closing
 /// paren in /proc/PID/stat).
 fn parent_of(pid: i32) -> Option<i32> {

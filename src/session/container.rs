@@ -310,6 +310,11 @@ fn checkpoint_into(
         }
         Via::Follow => {
             cmd.arg(&o.id);
+            if !o.leave_running && held.is_none() {
+                // runc's CRIU may end the container and leave its images
+                // here as the only copy, even if criuz is interrupted.
+                work.keep_on_interrupt();
+            }
             let done = AtomicBool::new(false);
             let (status, followed) = std::thread::scope(|s| {
                 let f = s.spawn(|| follow_pages(&images, &packer, &done));
@@ -576,6 +581,9 @@ pub fn podman_checkpoint(podman: &Path, criu: &Criu, o: &PodmanCheckpoint, opts:
     let shares = || podman_init_pid(podman, criu, &work, o.id).is_some_and(|pid| ids_by_default(pid, false));
     let opts = &Options { ids: opts.ids || (o.auto_ids && shares()), ..opts.clone() };
     let tar = work.path().join("export.tar");
+    // podman may end the container and leave its export here as the only
+    // copy, even if criuz is interrupted meanwhile.
+    work.keep_on_interrupt();
     // Uncompressed: criuz compresses it, page-aware.
     let status = podman_command(podman, criu, &work)?
         .args(["container", "checkpoint", "--compress", "none", "--export"])

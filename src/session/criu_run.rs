@@ -8,6 +8,7 @@ use crate::archive::{BlockSource, ParentSearch};
 use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
+use crate::io::unfinished::Unfinished;
 use crate::io::Location;
 use crate::proc::tree;
 use crate::progress::Meter;
@@ -165,8 +166,15 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
     let pid = std::fs::read_to_string(ours).at(ours)?;
     let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = to.with_file_name(format!(".{name}.criuz-tmp"));
-    std::fs::write(&tmp, format!("{}\n", pid.trim())).at(&tmp)?;
-    std::fs::rename(&tmp, to).at(to)
+    // Errors name the user's path: the temporary name means nothing to them.
+    let ((), unfinished) =
+        Unfinished::made(|| std::fs::write(&tmp, format!("{}\n", pid.trim())).map(|()| ((), tmp.clone()))).at(to)?;
+    unfinished
+        .publish(|| std::fs::rename(&tmp, to))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .at(to)
 }
 
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with

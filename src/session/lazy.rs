@@ -619,12 +619,16 @@ impl LazyRestore<'_> {
                     // guard's copies) are let go, so that pages left out as
                     // zero read as zero from now on (without -d, CRIU waits
                     // for the tree, and the tree must not wait for us).
-                    pager.let_go();
-                    guard.release();
-                    if hold {
-                        let _ = resumed.set(Instant::now());
-                        victim.resume();
-                    }
+                    // Whole, or an interrupted criuz would leave the tree
+                    // stopped with no guard to end it.
+                    crate::io::unfinished::uninterrupted(|| {
+                        pager.let_go();
+                        guard.release();
+                        if hold {
+                            let _ = resumed.set(Instant::now());
+                            victim.resume();
+                        }
+                    });
                 }
                 r
             });

@@ -9,6 +9,7 @@
 
 use crate::error::{IoContext, Result};
 use crate::io::leftover::{self, KEPT_SUFFIX};
+use crate::io::unfinished::{self, Unfinished};
 use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub struct WorkDir {
     path: PathBuf,
     _held: File,
     kept: bool,
+    /// Removed should criuz be interrupted, unless marked the only copy.
+    unfinished: Unfinished,
 }
 
 impl WorkDir {
@@ -38,8 +41,8 @@ impl WorkDir {
     /// A new directory `base/{prefix}XXXXXX`, after removing the abandoned
     /// ones with the same prefix.
     pub fn new_in(base: &Path, prefix: &str) -> Result<Self> {
-        let (path, held) = leftover::held_dir(base, prefix).at(base)?;
-        Ok(WorkDir { path, _held: held, kept: false })
+        let (path, held, unfinished) = unfinished::held_dir(base, prefix).at(base)?;
+        Ok(WorkDir { path, _held: held, kept: false, unfinished })
     }
 
     pub fn path(&self) -> &Path {
@@ -53,10 +56,17 @@ impl WorkDir {
         let mut kept = self.path.clone().into_os_string();
         kept.push(KEPT_SUFFIX);
         let kept = PathBuf::from(kept);
-        match std::fs::rename(&self.path, &kept) {
+        match self.unfinished.publish(|| std::fs::rename(&self.path, &kept)) {
             Ok(()) => kept,
             Err(_) => self.path.clone(),
         }
+    }
+
+    /// From now on an interrupted criuz keeps the directory (renamed
+    /// `…-kept`) instead of removing it: it holds the only copy of a
+    /// checkpoint.
+    pub fn keep_on_interrupt(&self) {
+        self.unfinished.keep_on_interrupt();
     }
 
     /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest

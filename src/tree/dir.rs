@@ -30,6 +30,7 @@
 use crate::archive::{EntryStart, SeqSink};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind};
+use crate::io::unfinished::{self, Unfinished};
 use crate::io::{leftover, sync_dir, sync_parent};
 use crate::progress::Progress;
 use std::fs::{File, OpenOptions};
@@ -61,6 +62,8 @@ pub struct DirSink {
     /// Holds the staging directory: one a killed unpack left is removed by
     /// the next unpack beside the same target (`io::leftover`).
     _held: File,
+    /// Removed should criuz be interrupted before it is published.
+    unfinished: Unfinished,
     force: bool,
     entries: Vec<Pending>,
     /// Directories this sink made: a nested entry goes only into one.
@@ -100,7 +103,7 @@ impl DirSink {
         let holds_cwd = std::env::current_dir().and_then(|c| c.canonicalize()).map_or(true, |c| c.starts_with(&real));
         let parent = real.parent().filter(|p| !holds_cwd && same_mount(&real, p));
         let beside = match parent {
-            Some(parent) => match leftover::held_dir(parent, STAGING_PREFIX) {
+            Some(parent) => match unfinished::held_dir(parent, STAGING_PREFIX) {
                 Ok(made) => Some(made),
                 // A parent not ours to write: the target itself is.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)) => None,
@@ -108,15 +111,15 @@ impl DirSink {
             },
             None => None,
         };
-        let (staging, held, at) = match beside {
-            Some((staging, held)) => {
+        let (staging, held, unfinished, at) = match beside {
+            Some((staging, held, unfinished)) => {
                 // What an unpack that staged inside the target left there.
                 leftover::remove_abandoned(target, STAGING_PREFIX);
-                (staging, held, Staging::Beside)
+                (staging, held, unfinished, Staging::Beside)
             }
             None => {
-                let (staging, held) = leftover::held_dir(target, STAGING_PREFIX).at(target)?;
-                (staging, held, Staging::Inside)
+                let (staging, held, unfinished) = unfinished::held_dir(target, STAGING_PREFIX).at(target)?;
+                (staging, held, unfinished, Staging::Inside)
             }
         };
         Ok(DirSink {
@@ -125,6 +128,7 @@ impl DirSink {
             staging,
             at,
             _held: held,
+            unfinished,
             force,
             entries: Vec::new(),
             dirs: Default::default(),
@@ -165,10 +169,15 @@ impl DirSink {
                 return Err(Error::Exists(self.target.join(name)));
             }
         }
-        let swapped = self.at == Staging::Beside && self.swap_in(&top)?;
-        if !swapped {
-            self.move_in(&top)?;
-        }
+        // Under the interruption's lock: once swapped, the staging name
+        // holds the target as it was, which an interruption must not take.
+        self.unfinished.publish_output(&self.target, || {
+            let swapped = self.at == Staging::Beside && self.swap_in(&top)?;
+            if !swapped {
+                self.move_in(&top)?;
+            }
+            Ok::<_, Error>(())
+        })?;
         let files = self.entries.iter().filter(|e| e.kind.is_file()).count();
         Ok(UnpackStats { files, bytes: self.bytes })
     }
@@ -176,7 +185,7 @@ impl DirSink {
     /// Publishes by swapping the staging directory with the target, once
     /// the target's other entries are linked into it. False where that
     /// cannot be had (nothing published then).
-    fn swap_in(&mut self, top: &[String]) -> Result<bool> {
+    fn swap_in(&self, top: &[String]) -> Result<bool> {
         // A new directory would not carry them (ACLs, security labels).
         if has_xattrs(&self.real) {
             return Ok(false);

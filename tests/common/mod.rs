@@ -234,6 +234,20 @@ pub fn fake_cuda_library() -> PathBuf {
         .clone()
 }
 
+/// Lets the command take SIGINT the way a terminal user's criuz does: a
+/// test run in the background of a shell without job control inherits
+/// SIGINT ignored, and so would the command (which keeps it ignored).
+pub fn takes_sigint(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only signal(2), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    }
+}
+
 pub fn run(cmd: &mut Command) -> std::process::Output {
     cmd.output().expect("run command")
 }

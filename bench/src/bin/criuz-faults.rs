@@ -21,6 +21,10 @@ struct Args {
     /// Paths to attack, comma-separated (default: all)
     #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,
+    /// Faults to inject, comma-separated (kill-criuz, sigint-criuz,
+    /// kill-criu, kill-s3, enospc, peer-dies; default: each path's all)
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<String>,
     /// CRIU binary (default: as criuz finds it)
     #[arg(long)]
     criu: Option<PathBuf>,
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         mib: a.mib,
         seed,
         routes: a.paths,
+        kinds: a.kinds,
         criu: a.criu,
         json: a.json,
         keep: a.keep,

@@ -98,28 +98,7 @@ fn names(dir: &Path) -> BTreeSet<String> {
 /// `spared` are processes of the campaign's own (the S3 server, a
 /// workload, a container) that may be running.
 pub fn leftovers(places: &Places, spared: &[i32], uploads: impl FnOnce() -> Result<Vec<String>>) -> Vec<String> {
-    let mut out = Vec::new();
-    for n in names(&places.tmp) {
-        if n != "criuz-logs" {
-            out.push(format!("{} in criuz's TMPDIR", places.tmp.join(n).display()));
-        }
-    }
-    for dir in &places.outputs {
-        for n in names(dir).into_iter().filter(|n| n.contains(".criuz-")) {
-            out.push(format!("temporary {}", dir.join(n).display()));
-        }
-    }
-    for n in names(Path::new("/dev/shm")).difference(&places.shm_before) {
-        if n.starts_with("criuz") {
-            out.push(format!("/dev/shm/{n}"));
-        }
-    }
-    for n in names(Path::new("/run/criuz")).into_iter().filter(|n| n.starts_with("grant-")) {
-        let p = Path::new("/run/criuz").join(&n);
-        if std::fs::File::open(&p).is_ok_and(|f| unheld(&f)) {
-            out.push(format!("abandoned grant {}", p.display()));
-        }
-    }
+    let mut out = left_files(places);
     let me = std::process::id() as i32;
     let spared: BTreeSet<i32> = spared.iter().flat_map(|&p| proc::tree(p)).collect();
     for pid in proc::tree(me).into_iter().skip(1).filter(|p| !spared.contains(p)) {
@@ -155,4 +134,32 @@ for u in r.get("Uploads", []):
         return Err(Error::Invalid(String::from_utf8_lossy(&out.stderr).trim().lines().last().unwrap_or("").into()));
     }
     Ok(String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect())
+}
+
+/// The files and directories criuz left behind (in its `TMPDIR`, beside
+/// its outputs, on `/dev/shm`): each a line naming it.
+pub fn left_files(places: &Places) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in names(&places.tmp) {
+        if n != "criuz-logs" {
+            out.push(format!("{} in criuz's TMPDIR", places.tmp.join(n).display()));
+        }
+    }
+    for dir in &places.outputs {
+        for n in names(dir).into_iter().filter(|n| n.contains(".criuz-")) {
+            out.push(format!("temporary {}", dir.join(n).display()));
+        }
+    }
+    for n in names(Path::new("/dev/shm")).difference(&places.shm_before) {
+        if n.starts_with("criuz") {
+            out.push(format!("/dev/shm/{n}"));
+        }
+    }
+    for n in names(Path::new("/run/criuz")).into_iter().filter(|n| n.starts_with("grant-")) {
+        let p = Path::new("/run/criuz").join(&n);
+        if std::fs::File::open(&p).is_ok_and(|f| unheld(&f)) {
+            out.push(format!("abandoned grant {}", p.display()));
+        }
+    }
+    out
 }

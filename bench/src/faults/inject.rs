@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 pub enum Fault {
     /// SIGKILL of criuz (or of the criuz at the consuming end of a pipe).
     KillCriuz,
+    /// SIGINT to criuz (a Ctrl-C): it must remove what it had not finished
+    /// before it dies, with no next run to sweep.
+    InterruptCriuz,
     /// SIGKILL of the CRIU that criuz (or runc) runs.
     KillCriu,
     /// SIGKILL of the S3 server (restarted, with its data, afterwards).
@@ -31,10 +34,15 @@ pub enum Fault {
     PeerDies,
 }
 
+/// Every fault the campaign knows.
+pub const FAULTS: &[Fault] =
+    &[Fault::KillCriuz, Fault::InterruptCriuz, Fault::KillCriu, Fault::KillS3, Fault::Enospc, Fault::PeerDies];
+
 impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::KillCriuz => "kill-criuz",
+            Fault::InterruptCriuz => "sigint-criuz",
             Fault::KillCriu => "kill-criu",
             Fault::KillS3 => "kill-s3",
             Fault::Enospc => "enospc",
@@ -60,6 +68,8 @@ pub struct Outcome {
     pub ok: bool,
     /// The fault struck while the operation ran.
     pub injected: bool,
+    /// criuz died by a signal (a kill, an interruption).
+    pub by_signal: bool,
     pub seconds: f64,
     /// criuz's exit status and the tail of its standard error.
     pub said: String,
@@ -174,6 +184,7 @@ pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Pat
     Ok(Outcome {
         ok: status.success() && peer_status.is_none_or(|s| s.success()),
         injected,
+        by_signal: std::os::unix::process::ExitStatusExt::signal(&status).is_some(),
         seconds: t.elapsed().as_secs_f64(),
         said: format!("{status}: {}", tail[tail.len().saturating_sub(2)..].join(" | ")),
     })
@@ -195,6 +206,11 @@ fn strike(fault: Option<Fault>, criuz: &Child, peer: Option<&Child>, s3: &mut S3
         Some(Fault::KillCriuz) => {
             // In a pipe into criuz, the criuz at the end is the victim.
             kill(criuz.id() as i32);
+            *injected = true;
+        }
+        Some(Fault::InterruptCriuz) => {
+            // SAFETY: SIGINT to the criuz this campaign started.
+            unsafe { libc::kill(criuz.id() as i32, libc::SIGINT) };
             *injected = true;
         }
         Some(Fault::PeerDies) => {

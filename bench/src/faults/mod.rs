@@ -2,8 +2,9 @@
 //! to a file, a pipe, S3; an incremental child; runc checkpoint and
 //! restore; pack and unpack; restore eager, lazy, from a pipe, from S3, of
 //! a chain) it injects faults at random moments (SIGKILL of criuz, of
-//! CRIU, of the S3 server; a full disk; a dead pipe peer) into real
-//! processes checkpointed with real CRIU, and checks after each:
+//! CRIU, of the S3 server; a Ctrl-C of criuz; a full disk; a dead pipe
+//! peer) into real processes checkpointed with real CRIU, and checks after
+//! each:
 //!
 //! - the checkpointed process runs with its own checksum unchanged, or the
 //!   archive is complete and restores it intact (no process lost);
@@ -11,7 +12,8 @@
 //! - a restore runs the process with its checksum intact, or leaves none;
 //! - the retry succeeds and restores intact, and after it nothing is left:
 //!   no temporary file, work directory, grant, stopped or stray process,
-//!   incomplete multipart upload.
+//!   incomplete multipart upload. An interrupted criuz must have left no
+//!   file or directory before any retry.
 //!
 //! A clean run of each path first measures how long it takes (and must
 //! pass); each fault then strikes uniformly within that time. Paths and
@@ -40,6 +42,8 @@ pub struct Plan {
     pub seed: u64,
     /// Routes by name; empty: all.
     pub routes: Vec<String>,
+    /// Faults by name; empty: every fault of each route.
+    pub kinds: Vec<String>,
     pub criu: Option<PathBuf>,
     pub json: Option<PathBuf>,
     /// Keep the work directory (logs of every step) for a look afterwards.
@@ -116,7 +120,16 @@ pub fn run(plan: &Plan) -> Result<Report> {
         let f = ctx.trial(r, None)?;
         record(&mut ctx, &places, r, None, f, &mut rows, &mut violations);
     }
-    let combos: Vec<(Route, Fault)> = routes.iter().flat_map(|&r| r.faults().iter().map(move |&f| (r, f))).collect();
+    if let Some(k) = plan.kinds.iter().find(|k| !inject::FAULTS.iter().any(|f| f.name() == k.as_str())) {
+        let all: Vec<&str> = inject::FAULTS.iter().map(|f| f.name()).collect();
+        return Err(Error::Invalid(format!("unknown fault {k} (one of {})", all.join(", "))));
+    }
+    let wanted = |f: &Fault| plan.kinds.is_empty() || plan.kinds.iter().any(|k| k == f.name());
+    let combos: Vec<(Route, Fault)> =
+        routes.iter().flat_map(|&r| r.faults().iter().filter(|f| wanted(f)).map(move |&f| (r, f))).collect();
+    if combos.is_empty() {
+        return Err(Error::Invalid(format!("no path of those chosen takes the faults {}", plan.kinds.join(", "))));
+    }
     let mut injected = 0;
     let mut k = 0;
     while injected < plan.faults && k < plan.faults * 3 {

@@ -77,16 +77,16 @@ impl Route {
     pub fn faults(self) -> &'static [Fault] {
         use Fault::*;
         match self {
-            Route::DumpFile | Route::DumpChild => &[KillCriuz, KillCriu, Enospc],
-            Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies],
-            Route::DumpS3 => &[KillCriuz, KillCriu, KillS3],
-            Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc],
-            Route::Pack | Route::Unpack => &[KillCriuz, Enospc],
+            Route::DumpFile | Route::DumpChild => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
+            Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
+            Route::DumpS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
+            Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
+            Route::Pack | Route::Unpack => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RestoreFile | Route::RestoreLazy | Route::RestoreChain | Route::RuncRestore => {
-                &[KillCriuz, KillCriu]
+                &[KillCriuz, KillCriu, InterruptCriuz]
             }
-            Route::RestorePipe => &[KillCriuz, KillCriu, PeerDies],
-            Route::RestoreS3 => &[KillCriuz, KillCriu, KillS3],
+            Route::RestorePipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
+            Route::RestoreS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
         }
     }
 
@@ -120,6 +120,10 @@ pub struct Ctx {
     images: Option<(PathBuf, PathBuf)>,
     pub rng: fastrand::Rng,
     pub trial: usize,
+    /// Where an interrupted criuz must have left nothing.
+    places: check::Places,
+    /// What an interrupted criuz of this trial left, seen before any retry.
+    interrupt_left: Vec<String>,
 }
 
 /// An archive of a process that is gone, to restore again and again.
@@ -170,13 +174,16 @@ impl Ctx {
             Ok(d)
         };
         let s3 = S3::start(&work.join("s3"))?;
+        let (tmp, out) = (mk(work.join("tmp"))?, mk(work.join("out"))?);
         Ok(Ctx {
             criuz,
             criu,
             tools,
             mib,
-            tmp: mk(work.join("tmp"))?,
-            out: mk(work.join("out"))?,
+            places: check::Places::new(tmp.clone(), vec![out.clone()]),
+            interrupt_left: Vec::new(),
+            tmp,
+            out,
             logs: mk(work.join("logs"))?,
             work: work.to_path_buf(),
             s3,
@@ -190,8 +197,19 @@ impl Ctx {
     }
 
     fn criuz(&self) -> Command {
+        use std::os::unix::process::CommandExt;
         let mut c = Command::new(&self.criuz);
         c.env("TMPDIR", &self.tmp).env("CRIUZ_CRIU", &self.criu);
+        // A campaign started in the background of a shell without job
+        // control inherits SIGINT ignored; criuz would keep it so, and the
+        // interrupt fault would strike nothing.
+        // SAFETY: between fork and exec only signal(2), async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         c
     }
 
@@ -202,6 +220,10 @@ impl Ctx {
     fn run(&mut self, op: Op, fault: Option<Fault>, delay: Duration, what: &str) -> Result<Outcome> {
         let log = self.log(what);
         let o = inject::run(op, fault, delay, &mut self.s3, &log, LIMIT);
+        if fault == Some(Fault::InterruptCriuz) && o.as_ref().is_ok_and(|o| o.injected && !o.ok) {
+            // Judged now: the next run would sweep it.
+            self.interrupt_left.extend(check::left_files(&self.places));
+        }
         self.s3.ensure()?;
         o
     }
@@ -256,6 +278,9 @@ impl Ctx {
             Route::Unpack => self.unpack_trial(fault, delay, &mut f)?,
             r if r.restores() => self.restore_trial(route, fault, delay, &mut f)?,
             _ => unreachable!("every route is matched"),
+        }
+        for left in self.interrupt_left.drain(..) {
+            f.broke("leftover", format!("right after the interruption: {left}"));
         }
         Ok(f)
     }
@@ -668,7 +693,9 @@ impl Ctx {
         if target.exists() && !check::complete(&self.criuz, &target.display().to_string()) {
             f.broke("partial-archive", format!("{} published incomplete ({})", target.display(), o.said));
         }
-        if o.ok != target.exists() {
+        // A criuz killed (or interrupted) just after it published leaves
+        // its archive, complete (checked above).
+        if o.ok != target.exists() && !(o.by_signal && target.exists()) {
             f.broke("partial-archive", format!("pack exit {} but archive present: {}", o.said, target.exists()));
         }
         if let Some(t) = &full {

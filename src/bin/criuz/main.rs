@@ -23,8 +23,12 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
+    // A Ctrl-C removes what criuz had not finished before it dies.
+    criuz::proc::interrupt::install();
     let cli = args::Cli::parse();
-    match commands::run(cli) {
+    let done = commands::run(cli);
+    criuz::proc::interrupt::wait_for_interruption();
+    match done {
         Ok(code) => code,
         Err(e) => {
             eprintln!("criuz: {e:#}");
