@@ -558,6 +558,21 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
 }
 
+/// A pidfile that could not be written once the tree runs is refused
+/// first: otherwise the restore would fail (exit 1) with its tree running.
+#[test]
+fn a_restore_whose_pidfile_cannot_be_written_restores_nothing() {
+    let Some(_criu) = criu() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("no-such-dir/restored.pid");
+    // Refused before the archive is opened: none is needed.
+    let arc = tmp.path().join("any.czr");
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--pidfile") && err.contains("no-such-dir is not a directory"), "{err}");
+}
+
 /// A dump whose absorb budget runs out while CRIU writes: the blocks taken
 /// meanwhile are hurried (LZ4), CRIU is not held back by zstd, and the
 /// archive is rewritten with zstd once the process is done with; it restores

@@ -76,6 +76,18 @@ impl Restored {
 /// a streamed restore's blocks, or fill a placed one.
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
     let started = Instant::now();
+    // Refused before anything is restored: found only once the tree runs,
+    // a pidfile that cannot be written would fail a restore that worked.
+    if let Some(p) = &o.pidfile {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(crate::Error::Usage(format!(
+                "--pidfile {}: {} is not a directory",
+                p.display(),
+                dir.display()
+            )));
+        }
+    }
     let placed = |source, planned| {
         lazy::restore_placed(o, source, started, criu, archive.threads, planned).map(Restored::Placed)
     };
