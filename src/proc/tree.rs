@@ -139,28 +139,39 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
     }
 }
 
-/// For a criuz about to die: kills and reaps its restoring `criu` children
-/// (CRIU, which dies with criuz anyway, and what it forked, which comes to
-/// criuz, the subreaper, as CRIU dies) until none is left, for at most two
+/// For a criuz about to die: kills its restoring `criu` children (CRIU,
+/// which dies with criuz anyway, and what it forked, which comes to criuz,
+/// the subreaper, as CRIU dies) until none is left alive, for at most two
 /// seconds. A dumping CRIU is left alone: killed while its parasite runs in
 /// the tree it would take the tree with it (RELIABILITY.md, CRIU's trap);
 /// left alone, it fails on its closed stream and resumes the tree.
 pub(crate) fn end_restoring_criu() {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
+    let restoring_children = || -> Vec<i32> {
+        children_of(me)
+            .into_iter()
+            .filter(|&p| holder_of(p).is_some_and(|h| h.comm == "criu" && !h.zombie))
+            .filter(|&p| restoring(p))
+            .collect()
+    };
+    let ended = |pids: &[i32]| pids.iter().all(|&p| holder_of(p).is_none_or(|h| h.zombie));
     let t = std::time::Instant::now();
-    while t.elapsed() < std::time::Duration::from_secs(2) {
-        let criu: Vec<i32> = children_of(me).into_iter().filter(|&p| is_criu(p) && restoring(p)).collect();
-        if criu.is_empty() {
+    let limit = std::time::Duration::from_secs(2);
+    let mut killed: Vec<i32> = Vec::new();
+    // Until no restoring `criu` is left, and every one killed is a zombie:
+    // only then has it handed what it forked to criuz (its command line is
+    // gone while it exits, before that).
+    while t.elapsed() < limit {
+        let left = restoring_children();
+        if left.is_empty() && ended(&killed) {
             return;
         }
-        for p in criu {
-            // SAFETY: our own child, reaped here (its zombie keeps the pid
-            // ours until then).
-            unsafe {
-                libc::kill(p, libc::SIGKILL);
-                libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG);
-            }
+        for p in left {
+            // SAFETY: our own child, unreaped (its zombie keeps the pid ours;
+            // whoever waits for it, or init after criuz, reaps it).
+            unsafe { libc::kill(p, libc::SIGKILL) };
+            killed.push(p);
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }

@@ -215,7 +215,9 @@ pub(crate) fn run_criu_told(
     guard: Option<&crate::proc::guard::Guard>,
 ) -> std::io::Result<std::process::ExitStatus> {
     tree::become_subreaper();
-    let mut child = cmd.spawn()?;
+    // Not once an interruption has begun: it ends the CRIU (or runc) it
+    // finds, and one started after that would outlive criuz.
+    let mut child = crate::io::unfinished::uninterrupted(|| cmd.spawn())?;
     if let Some(g) = guard {
         if let Err(e) = g.wait_for(child.id()) {
             let _ = child.kill();
