@@ -35,23 +35,37 @@ pub fn publish_held(handle: &File, staging: &Path, name: &Path) -> std::io::Resu
     std::fs::rename(staging, name)
 }
 
+/// Renames `path` to its kept name (`…-kept`), which no sweep takes;
+/// returns that name.
+pub fn keep(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let mut kept = path.as_os_str().to_owned();
+    kept.push(KEPT_SUFFIX);
+    let kept = std::path::PathBuf::from(kept);
+    std::fs::rename(path, &kept)?;
+    Ok(kept)
+}
+
 /// A new private directory `base/{prefix}XXXXXX` (0700), held from the
 /// moment it has that name, after removing the abandoned ones with the same
 /// prefix (what killed runs of the same kind left there). The directory is
-/// held for as long as the returned handle lives.
-pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
+/// held for as long as the returned handle lives. (criuz makes its own
+/// through `unfinished::held_dir`, which registers them as they are made.)
+#[cfg(test)]
+fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     sweep_for_dir(base, prefix);
     make_held_dir(base, prefix)
 }
 
-/// The sweep [`held_dir`] makes before it makes its directory: the
+/// The sweep before a held directory is made: the
 /// abandoned directories `base/{prefix}*`, and those killed before their
 /// staging directory got its held name.
 pub fn sweep_for_dir(base: &Path, prefix: &str) {
     remove_abandoned_of(base, &[prefix, STAGING_DIR_PREFIX]);
 }
 
-/// [`held_dir`] without its sweep.
+/// A new private directory `base/{prefix}XXXXXX` (0700), held from the
+/// moment it has that name (held while the returned handle lives), without
+/// the sweep ([`sweep_for_dir`]).
 pub fn make_held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     made_again_if_swept(|| {
         let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;

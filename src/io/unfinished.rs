@@ -13,7 +13,7 @@
 //! marked [`keep_on_interrupt`](Unfinished::keep_on_interrupt): then it is
 //! renamed `…-kept`, as a failed run keeps it, and named in the message.
 
-use crate::io::leftover::{self, KEPT_SUFFIX};
+use crate::io::leftover;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -53,9 +53,10 @@ pub struct Unfinished {
 }
 
 impl Unfinished {
-    /// Registers `path` (a file or a directory this criuz made) to be
-    /// removed should criuz be interrupted.
-    pub fn register(path: &Path) -> Self {
+    /// Registers `path`, made before (criuz registers what it makes as it
+    /// makes it, [`made`](Self::made)).
+    #[cfg(test)]
+    fn register(path: &Path) -> Self {
         Self::register_in(&mut registry(), path)
     }
 
@@ -121,7 +122,9 @@ pub fn uninterrupted<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// [`leftover::held_dir`], registered as it gets its name.
+/// A new private directory `base/{prefix}XXXXXX` (0700), held while the
+/// returned handle lives and registered as it gets its name, after the
+/// sweep of the abandoned ones of its kind (`leftover::sweep_for_dir`).
 pub fn held_dir(base: &Path, prefix: &str) -> std::io::Result<(PathBuf, std::fs::File, Unfinished)> {
     leftover::sweep_for_dir(base, prefix);
     let ((path, held), unfinished) = Unfinished::made(|| {
@@ -163,23 +166,12 @@ fn end_entries(entries: &mut Vec<Entry>) -> Ended {
     let mut ended = Ended::default();
     for e in entries.drain(..) {
         match e.on_interrupt {
-            OnInterrupt::Keep => ended.kept.push(kept_name(&e.path)),
+            OnInterrupt::Keep => ended.kept.push(leftover::keep(&e.path).unwrap_or(e.path)),
             OnInterrupt::Remove if remove(&e.path) => ended.removed += 1,
             OnInterrupt::Remove => ended.left.push(e.path),
         }
     }
     ended
-}
-
-/// Renames a kept entry `…-kept`, where no later run's sweep takes it.
-fn kept_name(path: &Path) -> PathBuf {
-    let mut kept = path.as_os_str().to_owned();
-    kept.push(KEPT_SUFFIX);
-    let kept = PathBuf::from(kept);
-    match std::fs::rename(path, &kept) {
-        Ok(()) => kept,
-        Err(_) => path.to_path_buf(),
-    }
 }
 
 /// Removes a file or directory; whether it is gone. A directory is tried

@@ -39,7 +39,7 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{describe_end, end_aborted_tree, kill_tree, signal_tree, wait_ended, wait_untraced};
+use crate::proc::tree::{describe_end, end_aborted_tree, holder_of, kill_tree, signal_tree, wait_ended, wait_untraced};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -304,7 +304,7 @@ pub(crate) fn end_guarded_children() {
     }
     let t = std::time::Instant::now();
     while t.elapsed() < std::time::Duration::from_secs(2)
-        && children.iter().any(|&p| crate::proc::tree::holder_of(p).is_some_and(|h| !h.zombie))
+        && children.iter().any(|&p| holder_of(p).is_some_and(|h| !h.zombie))
     {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }

@@ -8,7 +8,7 @@
 //! is renamed `…-kept` and stays.
 
 use crate::error::{IoContext, Result};
-use crate::io::leftover::{self, KEPT_SUFFIX};
+use crate::io::leftover;
 use crate::io::unfinished::{self, Unfinished};
 use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
@@ -53,13 +53,7 @@ impl WorkDir {
     /// checkpoint) under a name no later run removes; returns it.
     pub fn keep(mut self) -> PathBuf {
         self.kept = true;
-        let mut kept = self.path.clone().into_os_string();
-        kept.push(KEPT_SUFFIX);
-        let kept = PathBuf::from(kept);
-        match self.unfinished.publish(|| std::fs::rename(&self.path, &kept)) {
-            Ok(()) => kept,
-            Err(_) => self.path.clone(),
-        }
+        self.unfinished.publish(|| leftover::keep(&self.path)).unwrap_or_else(|_| self.path.clone())
     }
 
     /// From now on an interrupted criuz keeps the directory (renamed
@@ -107,6 +101,7 @@ impl Drop for WorkDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::leftover::KEPT_SUFFIX;
 
     #[test]
     fn a_work_directory_is_held_removed_or_kept() {

@@ -222,8 +222,7 @@ impl DirSink {
         if kept {
             let _ = std::fs::remove_dir_all(&old);
         } else {
-            let keep = PathBuf::from(format!("{}{}", old.display(), leftover::KEPT_SUFFIX));
-            let _ = std::fs::rename(&old, &keep);
+            let keep = leftover::keep(&old).unwrap_or(old);
             eprintln!(
                 "criuz: {}: unpacked; entries made there during the unpack could not all be moved back, they are in {}",
                 self.target.display(),
