@@ -429,9 +429,8 @@ fn temp_archive(arc: &Path) -> Option<PathBuf> {
         .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!(".{name}.criuz-tmp-")))
 }
 
-/// The CRIU processes criuz `pid` runs (not its other children: a dump's
-/// guard is a fork of criuz).
-fn criu_children_of(pid: u32) -> Vec<i32> {
+/// The children of `pid` (of each of its threads).
+fn children_of(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
@@ -439,6 +438,13 @@ fn criu_children_of(pid: u32) -> Vec<i32> {
             out.extend(c.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
         }
     }
+    out
+}
+
+/// The CRIU processes criuz `pid` runs (not its other children: a dump's
+/// guard is a fork of criuz).
+fn criu_children_of(pid: u32) -> Vec<i32> {
+    let mut out = children_of(pid);
     out.retain(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "criu"));
     out
 }
@@ -840,4 +846,75 @@ fn an_interrupted_dump_leaves_nothing_behind_and_the_process_running() {
         assert_eq!(w.sums(), before, "{under_way}: the process's memory changed");
     }
     w.stop();
+}
+
+/// The children of `pid` that are zombies.
+fn zombie_children_of(pid: u32) -> Vec<i32> {
+    let mut out = children_of(pid);
+    out.retain(|&p| process_state(p) == Some('Z'));
+    out
+}
+
+/// How often the thread `pid` of a process has given up its core.
+fn voluntary_switches(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Without -d, criuz waits for the restored tree as long as it runs, as
+/// `criu restore` does. While it waits it neither collects what the tree
+/// orphans as zombies of its own (it was their subreaper, and reaped none)
+/// nor wakes a hundred times a second; and interrupted, it leaves the tree,
+/// restored whole, running (a placed restore used to kill it).
+#[test]
+fn a_restore_waited_for_leaves_the_running_tree_alone() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    for fill in ["place", "stream"] {
+        let mut w = Workload::start(Spec { pattern: "mixed", mib: 32, ..Default::default() });
+        let before = w.sums();
+        let arc = dir.path().join(format!("{fill}.czr"));
+        dump(&w, &arc, &[]);
+        w.reap_original();
+        let mut restore = Command::new(CRIUZ)
+            .args(["restore", "-i", arc.to_str().unwrap(), "--fill", fill])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // No pidfile without -d: the tree runs once its process waits for
+        // signals again, traced by no CRIU (one signalled while CRIU still
+        // restores it could be lost).
+        wait_for("the restored tree to run", Duration::from_secs(60), || {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid)).unwrap_or_default();
+            let wchan = std::fs::read_to_string(format!("/proc/{}/wchan", w.pid)).unwrap_or_default();
+            process_state(w.pid) == Some('S') && status.contains("TracerPid:\t0\n") && wchan.contains("sigtimedwait")
+        });
+        assert_eq!(w.sums(), before, "{fill}: the restored memory differs");
+        std::fs::write(w.dir.path().join("rewrite"), "orphans 20").unwrap();
+        // SAFETY: signalling the restored workload of this test.
+        unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+        let orphaned = w.dir.path().join("orphaned-root");
+        wait_for("the tree's orphans", Duration::from_secs(30), || orphaned.exists());
+        let switches = voluntary_switches(restore.id());
+        std::thread::sleep(Duration::from_secs(2));
+        let zombies = zombie_children_of(restore.id());
+        assert!(zombies.is_empty(), "{fill}: criuz holds the tree's orphans as zombies: {zombies:?}");
+        let woke = voluntary_switches(restore.id()) - switches;
+        assert!(woke < 20, "{fill}: criuz woke {woke} times in 2 s while the tree ran");
+        // SAFETY: signalling the criuz this test started.
+        unsafe { libc::kill(restore.id() as i32, libc::SIGTERM) };
+        let mut err = String::new();
+        std::io::Read::read_to_string(restore.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let status = restore.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{fill}: criuz must die by its signal: {err}");
+        assert!(err.contains(&format!("(pid {}) was whole before it and runs on", w.pid)), "{fill}: {err}");
+        assert!(w.alive(), "{fill}: the restored tree must run on after criuz: {err}");
+        assert_eq!(w.sums(), before, "{fill}: the restored memory changed");
+        w.stop();
+    }
 }

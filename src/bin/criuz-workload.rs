@@ -22,7 +22,9 @@
 //! "dontneed" discards the second half of the memory (MADV_DONTNEED: it then
 //! reads as zero) and writes DIR/dontneed-<role>; "mremap" moves the second
 //! half of the memory elsewhere and back (its bytes unchanged) and writes
-//! DIR/mremapped-<role>; SIGTERM ends the tree.
+//! DIR/mremapped-<role>; "orphans N" leaves N short-lived processes
+//! orphaned (see `orphan`) and writes DIR/orphaned-<role>; SIGTERM ends the
+//! tree.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -602,6 +604,11 @@ fn serve_signals(
                 write_atomic(&dir.join(format!("dontneed-{role}")), "done\n");
                 continue;
             }
+            if let Some(n) = spec.trim().strip_prefix("orphans ") {
+                orphan(n.parse().unwrap_or(1));
+                write_atomic(&dir.join(format!("orphaned-{role}")), "done\n");
+                continue;
+            }
             if spec.trim() == "mremap" {
                 let half = (buf.len() / 2) & !(PAGE - 1);
                 move_and_back(&mut buf[half..]);
@@ -646,6 +653,29 @@ fn move_and_back(part: &mut [u8]) {
         let home: *mut libc::c_void = part.as_mut_ptr().cast();
         let back = libc::mremap(moved, len, len, flags, home);
         assert_eq!(back, home, "mremap back: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Leaves `n` processes orphaned, each ending 20 ms later (a shell's
+/// background job, a daemon's double fork): a child forks a grandchild and
+/// exits, so the grandchild goes to the nearest subreaper above us.
+fn orphan(n: usize) {
+    for _ in 0..n {
+        // SAFETY: fork in a single-threaded process; the child and the
+        // grandchild call only fork, nanosleep and _exit.
+        unsafe {
+            let child = libc::fork();
+            if child == 0 {
+                if libc::fork() == 0 {
+                    let rest = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+                    libc::nanosleep(&rest, std::ptr::null_mut());
+                }
+                libc::_exit(0);
+            }
+            if child > 0 {
+                libc::waitpid(child, std::ptr::null_mut(), 0);
+            }
+        }
     }
 }
 

@@ -86,6 +86,9 @@ fn die_interrupted(sig: i32) -> ! {
     for published in &ended.published {
         line.push_str(&format!("; {} was complete before it and stays", published.display()));
     }
+    if let Some(root) = tree::restored_root_running() {
+        line.push_str(&format!("; the restored tree (pid {root}) was whole before it and runs on"));
+    }
     let mut err = std::io::stderr().lock();
     // After a progress bar's unfinished line.
     let start = if err.is_terminal() { "\n" } else { "" };

@@ -92,6 +92,31 @@ pub(crate) fn become_subreaper() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 }
 
+/// The restored tree runs whole (every page in): its restore can no longer
+/// fail, and criuz is no longer the subreaper of what it started. What the
+/// tree orphans from now on goes where it would under plain CRIU (to init,
+/// or to a subreaper above criuz): without -d criuz waits as long as the
+/// tree runs, and as its subreaper it collected every process the tree
+/// orphaned (a shell's background job, a daemon's double fork) and reaped
+/// none, zombies that would in time use up the machine's pids. (The few a
+/// lazy tree orphans while its pages still arrive stay criuz's until it
+/// exits.) `root`: the tree's root process, which an interruption's
+/// message then names as running on.
+pub(crate) fn let_go_of_restored_tree(root: Option<i32>) {
+    // SAFETY: prctl with constant arguments, as in `become_subreaper`.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+    RESTORED_ROOT.store(root.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The root of a tree this criuz restored whole (0: none).
+static RESTORED_ROOT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The root of the tree this criuz restored whole, while it runs.
+pub(crate) fn restored_root_running() -> Option<i32> {
+    let root = RESTORED_ROOT.load(std::sync::atomic::Ordering::Relaxed);
+    (root > 0 && holder_of(root).is_some_and(|h| !h.zombie)).then_some(root)
+}
+
 /// After CRIU exits: kills and reaps what it forked and left behind (all
 /// named `criu`, now criuz's children as its subreaper). CRIU killed while
 /// a probe it forked was stopped under its ptrace (kerndat's breakpoint

@@ -425,6 +425,8 @@ pub fn restore_opened(
             while !restored.load(Ordering::Relaxed) {
                 if pidfile.exists() {
                     guard.release();
+                    let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
+                    tree::let_go_of_restored_tree(root);
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));

@@ -480,6 +480,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             fill: Fill::Lazy { stopped: false },
             threads: crate::engine::default_threads(),
             meter: None,
+            detached: o.detach,
         };
         let cuda_resumed = std::cell::Cell::new(None);
         let (status, report) = lazy.run(cmd, started, || resume().map(|t| cuda_resumed.set(t))).inspect_err(|_| {

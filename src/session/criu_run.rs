@@ -228,12 +228,14 @@ pub(crate) fn run_criu_told(
     let mut spared = keep.to_vec();
     spared.push(child.id() as i32);
     let exited = ExitWatch::open(child.id());
+    let mut between = ExitWatch::FIRST_CHECKS;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
         tree::end_criu_strays(&spared);
-        exited.wait(std::time::Duration::from_millis(10));
+        exited.wait(between);
+        between = exited.next(between);
     };
     tree::end_criu_strays(keep);
     Ok(status)
@@ -247,6 +249,22 @@ pub(crate) fn run_criu_told(
 struct ExitWatch(Option<std::os::fd::OwnedFd>);
 
 impl ExitWatch {
+    /// Between the first checks for strays: CRIU's probes come as it starts.
+    const FIRST_CHECKS: std::time::Duration = std::time::Duration::from_millis(10);
+    /// At most between later checks. Without -d, CRIU (and criuz with it)
+    /// waits as long as the restored tree runs: checked every 10 ms, that
+    /// was a hundred wakeups a second for as long as the tree ran.
+    const LATER_CHECKS: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// The wait after one of `last`: doubled up to [`Self::LATER_CHECKS`]
+    /// where the pidfd ends the wait as CRIU exits, else as before.
+    fn next(&self, last: std::time::Duration) -> std::time::Duration {
+        match self.0 {
+            Some(_) => (last * 2).min(Self::LATER_CHECKS),
+            None => last,
+        }
+    }
+
     fn open(pid: u32) -> Self {
         use std::os::fd::FromRawFd;
         // SAFETY: pidfd_open takes a pid and flags and returns a new

@@ -453,6 +453,10 @@ pub(crate) struct LazyRestore<'a> {
     pub threads: usize,
     /// Counts the bytes a held tree's fill copies in, for a progress line.
     pub meter: Option<Arc<Meter>>,
+    /// CRIU returns once the tree is restored (`-d`; runc's `--detach`), so
+    /// a failure it reports is the restore's. Without, it waits for the
+    /// tree as long as it runs, and its status is then the tree's.
+    pub detached: bool,
 }
 
 /// When the restored tree runs, against when its memory is in.
@@ -624,13 +628,19 @@ impl LazyRestore<'_> {
                     crate::io::unfinished::uninterrupted(|| {
                         pager.let_go();
                         guard.release();
+                        let root = match victim {
+                            Victim::Tree(pids) => pids.first().copied(),
+                            Victim::Cgroup(_) => None,
+                        };
+                        crate::proc::tree::let_go_of_restored_tree(root);
                         if hold {
                             let _ = resumed.set(Instant::now());
                             victim.resume();
                         }
                     });
                 }
-                r
+                let whole = r.is_ok() && pager.all_in();
+                (r, whole)
             });
             let keep: &[i32] = match victim {
                 Victim::Tree(pids) => pids,
@@ -649,10 +659,13 @@ impl LazyRestore<'_> {
             let mut paging = Some(paging);
             let mut paged = None;
             let mut ran = false;
+            let join = |p: Option<std::thread::ScopedJoinHandle<'_, (Result<()>, bool)>>| {
+                p.map_or((Err(Error::Cancelled), false), |p| p.join().unwrap_or((Err(Error::Cancelled), false)))
+            };
             if status.as_ref().is_ok_and(|s| s.success()) {
                 if hold {
                     // Restored, held stopped: it runs once the pager is done.
-                    let r = paging.take().map_or(Err(Error::Cancelled), |p| p.join().unwrap_or(Err(Error::Cancelled)));
+                    let (r, _) = join(paging.take());
                     if let Some(t) = resumed.get() {
                         ran = true;
                         running = (*t - started).as_secs_f64();
@@ -671,14 +684,27 @@ impl LazyRestore<'_> {
                     }
                 }
             } else {
-                // The restore failed (or, without -d, the tree ended badly):
-                // nothing more will fault.
+                // The restore failed, or, without -d, CRIU ended while the
+                // tree ran (its status is then the tree's; or CRIU was
+                // killed, by an interrupted criuz among others): nothing
+                // more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
+                let (r, whole) = join(paging.take());
+                // A tree let run with every page in is whole: how CRIU ended
+                // after that is no failed restore, and the tree (and what it
+                // forked) is not criuz's to kill. Behind a lazy tree the
+                // proof still runs, as after a CRIU that succeeded.
+                if let (true, Some(t), false) = (whole, resumed.get(), self.detached) {
+                    ran = true;
+                    running = (*t - started).as_secs_f64();
+                    self.source.read_ahead(true);
+                    proving = prove_behind.then(prove);
+                    published = on_running();
+                }
+                paged = Some(r);
             }
             let proof = proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled)));
-            let paged = paged
-                .or_else(|| paging.map(|p| p.join().unwrap_or(Err(Error::Cancelled))))
-                .unwrap_or(Err(Error::Cancelled));
+            let paged = paged.unwrap_or_else(|| join(paging).0);
             (paged, proof, status, running, published, ran)
         });
         let mut ended = String::new();
@@ -691,7 +717,8 @@ impl LazyRestore<'_> {
         }
         let report = pager.into_report();
         guard.release();
-        if paged.is_err() || proof.is_err() || !status.as_ref().is_ok_and(|s| s.success()) {
+        let whole = ran && paged.is_ok() && proof.is_ok();
+        if !whole && (paged.is_err() || proof.is_err() || !status.as_ref().is_ok_and(|s| s.success())) {
             // What CRIU abandoned, whether criuz learned of it or not.
             crate::proc::tree::end_orphans();
         }
@@ -842,6 +869,7 @@ fn restore_through_pager(
         fill,
         threads,
         meter: o.meter.clone(),
+        detached: o.detach,
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {
