@@ -628,11 +628,16 @@ impl LazyRestore<'_> {
                     crate::io::unfinished::uninterrupted(|| {
                         pager.let_go();
                         guard.release();
-                        let root = match victim {
-                            Victim::Tree(pids) => pids.first().copied(),
-                            Victim::Cgroup(_) => None,
-                        };
-                        crate::proc::tree::let_go_of_restored_tree(root);
+                        // Not where a lazy tree's proof behind may still
+                        // kill it by its pids and criuz returns once that is
+                        // done (-d): until then they stay criuz's to hold.
+                        if hold || !self.detached {
+                            let root = match victim {
+                                Victim::Tree(pids) => pids.first().copied(),
+                                Victim::Cgroup(_) => None,
+                            };
+                            crate::proc::tree::let_go_of_restored_tree(root);
+                        }
                         if hold {
                             let _ = resumed.set(Instant::now());
                             victim.resume();
