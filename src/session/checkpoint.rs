@@ -458,8 +458,10 @@ pub fn restore_opened(
         Ok(None) => return Err(failed(Error::Criu("CRIU never connected to the serve socket".into()))),
         Ok(Some(report)) => report,
     };
-    // Without -d, CRIU's exit status is the restored tree's; a detached restore
-    // (or one that never got as far as a pid) must exit 0.
+    // Without -d, CRIU returns once the tree has ended, non-zero where it
+    // failed or was killed after the tree ran (the restore stands; criuz
+    // exits with that status); a detached restore (or one that never got
+    // as far as a pid) must exit 0.
     if !status.success() && (o.detach || pid.is_none()) {
         return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))));
     }

@@ -455,7 +455,7 @@ pub(crate) struct LazyRestore<'a> {
     pub meter: Option<Arc<Meter>>,
     /// CRIU returns once the tree is restored (`-d`; runc's `--detach`), so
     /// a failure it reports is the restore's. Without, it waits for the
-    /// tree as long as it runs, and its status is then the tree's.
+    /// tree as long as it runs (and may be killed meanwhile).
     pub detached: bool,
 }
 
@@ -689,10 +689,9 @@ impl LazyRestore<'_> {
                     }
                 }
             } else {
-                // The restore failed, or, without -d, CRIU ended while the
-                // tree ran (its status is then the tree's; or CRIU was
-                // killed, by an interrupted criuz among others): nothing
-                // more will fault.
+                // The restore failed, or, without -d, CRIU failed or was
+                // killed while the tree ran (by an interrupted criuz among
+                // others): nothing more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
                 let (r, whole) = join(paging.take());
                 // A tree let run with every page in is whole: how CRIU ended

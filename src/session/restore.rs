@@ -63,7 +63,9 @@ pub enum How {
 }
 
 impl Restored {
-    /// CRIU's exit status: without `--restore-detached`, the restored tree's.
+    /// CRIU's exit status: without `--restore-detached`, given once the
+    /// restored tree has ended (0 however it ended: CRIU does not pass the
+    /// tree's status on).
     pub fn criu_exit(&self) -> i32 {
         match self {
             Restored::Eager(r) => r.criu_exit,

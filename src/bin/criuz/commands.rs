@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Runs the command; the exit code when it did not fail (a restore without
-/// `--restore-detached` exits with the restored tree's status).
+/// `-d` exits with CRIU's status, which CRIU gives once the tree has ended).
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Pack { dir, tar, output, force, parent, write } => pack(dir, tar, &output, force, parent, &write)?,
@@ -280,7 +280,9 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     } else {
         print::restored(&o.input, &r);
     }
-    // Without -d, CRIU's exit status is the restored tree's.
+    // Without -d, CRIU returns once the tree has ended: 0 however the tree
+    // ended (CRIU 4.2 does not pass its status on), non-zero where CRIU
+    // itself failed or was killed after the tree ran whole.
     if !o.detach && r.criu_exit() != 0 {
         return Ok(ExitCode::from(r.criu_exit().clamp(1, 255) as u8));
     }
