@@ -663,30 +663,18 @@ impl LazyRestore<'_> {
             let mut published = Ok(());
             let mut paging = Some(paging);
             let mut paged = None;
-            let mut ran = false;
             let join = |p: Option<std::thread::ScopedJoinHandle<'_, (Result<()>, bool)>>| {
                 p.map_or((Err(Error::Cancelled), false), |p| p.join().unwrap_or((Err(Error::Cancelled), false)))
             };
-            if status.as_ref().is_ok_and(|s| s.success()) {
+            let ran = if status.as_ref().is_ok_and(|s| s.success()) {
                 if hold {
                     // Restored, held stopped: it runs once the pager is done.
-                    let (r, _) = join(paging.take());
-                    if let Some(t) = resumed.get() {
-                        ran = true;
-                        running = (*t - started).as_secs_f64();
-                        published = on_running();
-                    }
-                    paged = Some(r);
+                    paged = Some(join(paging.take()).0);
+                    resumed.get().is_some()
                 } else {
                     // The tree runs (once released, where CRIU left it
                     // stopped) while its pages still arrive.
-                    ran = releasing.is_none_or(|r| r.join().unwrap_or(false));
-                    if ran {
-                        running = resumed.get().map_or(running, |t| (*t - started).as_secs_f64());
-                        self.source.read_ahead(true);
-                        proving = prove_behind.then(prove);
-                        published = on_running();
-                    }
+                    releasing.is_none_or(|r| r.join().unwrap_or(false))
                 }
             } else {
                 // The restore failed, or, without -d, CRIU failed or was
@@ -694,18 +682,20 @@ impl LazyRestore<'_> {
                 // others): nothing more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
                 let (r, whole) = join(paging.take());
+                paged = Some(r);
                 // A tree let run with every page in is whole: how CRIU ended
                 // after that is no failed restore, and the tree (and what it
                 // forked) is not criuz's to kill. Behind a lazy tree the
                 // proof still runs, as after a CRIU that succeeded.
-                if let (true, Some(t), false) = (whole, resumed.get(), self.detached) {
-                    ran = true;
-                    running = (*t - started).as_secs_f64();
-                    self.source.read_ahead(true);
-                    proving = prove_behind.then(prove);
-                    published = on_running();
-                }
-                paged = Some(r);
+                whole && resumed.get().is_some() && !self.detached
+            };
+            if ran {
+                running = resumed.get().map_or(running, |t| (*t - started).as_secs_f64());
+                // A held tree's fill resumed the read-ahead already, and it
+                // has no proof behind.
+                self.source.read_ahead(true);
+                proving = prove_behind.then(prove);
+                published = on_running();
             }
             let proof = proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled)));
             let paged = paged.unwrap_or_else(|| join(paging).0);
