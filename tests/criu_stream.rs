@@ -862,39 +862,42 @@ fn voluntary_switches(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// Without -d, criuz waits for the restored tree as long as it runs, as
-/// `criu restore` does. While it waits it neither collects what the tree
-/// orphans as zombies of its own (it was their subreaper, and reaped none)
-/// nor wakes a hundred times a second; and interrupted, it leaves the tree,
-/// restored whole, running (a placed restore used to kill it).
+/// Without -d, criuz waits for the restored tree as its parent (a
+/// container's entrypoint, a service's main process): it exits as the
+/// tree's root does (its status, or 128 + the signal that killed it) and
+/// passes the signals it is sent on to the root. While it waits it neither
+/// collects what the tree orphans as zombies of its own nor wakes up.
 #[test]
-fn a_restore_waited_for_leaves_the_running_tree_alone() {
+fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
     use std::os::unix::process::ExitStatusExt;
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    for fill in ["place", "stream"] {
+    let ends = [
+        (&["--fill", "place"][..], "exit 7"),
+        (&["--fill", "stream"], "SIGTERM to criuz"),
+        (&["--lazy"], "SIGKILL to the root"),
+    ];
+    for (how, end) in ends {
         let mut w = Workload::start(Spec { pattern: "mixed", mib: 32, ..Default::default() });
         let before = w.sums();
-        let arc = dir.path().join(format!("{fill}.czr"));
-        dump(&w, &arc, &[]);
+        let arc = dir.path().join("fg.czr");
+        let pidfile = dir.path().join("fg.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        dump(&w, &arc, &["--force"]);
         w.reap_original();
         let mut restore = Command::new(CRIUZ)
-            .args(["restore", "-i", arc.to_str().unwrap(), "--fill", fill])
+            .args(["restore", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()])
+            .args(how)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // No pidfile without -d: the tree runs once its process waits for
-        // signals again, traced by no CRIU (one signalled while CRIU still
-        // restores it could be lost).
-        wait_for("the restored tree to run", Duration::from_secs(60), || {
-            let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid)).unwrap_or_default();
-            let wchan = std::fs::read_to_string(format!("/proc/{}/wchan", w.pid)).unwrap_or_default();
-            process_state(w.pid) == Some('S') && status.contains("TracerPid:\t0\n") && wchan.contains("sigtimedwait")
-        });
-        assert_eq!(w.sums(), before, "{fill}: the restored memory differs");
+        wait_for("the restored tree to run", Duration::from_secs(60), || pidfile.exists());
+        assert_eq!(std::fs::read_to_string(&pidfile).unwrap().trim(), w.pid.to_string(), "{how:?}");
+        assert!(children_of(restore.id()).contains(&w.pid), "{how:?}: the root must be criuz's own child");
+        assert_eq!(w.sums(), before, "{how:?}: the restored memory differs");
         std::fs::write(w.dir.path().join("rewrite"), "orphans 20").unwrap();
         // SAFETY: signalling the restored workload of this test.
         unsafe { libc::kill(w.pid, libc::SIGUSR2) };
@@ -903,18 +906,34 @@ fn a_restore_waited_for_leaves_the_running_tree_alone() {
         let switches = voluntary_switches(restore.id());
         std::thread::sleep(Duration::from_secs(2));
         let zombies = zombie_children_of(restore.id());
-        assert!(zombies.is_empty(), "{fill}: criuz holds the tree's orphans as zombies: {zombies:?}");
+        assert!(zombies.is_empty(), "{how:?}: criuz holds the tree's orphans as zombies: {zombies:?}");
         let woke = voluntary_switches(restore.id()) - switches;
-        assert!(woke < 20, "{fill}: criuz woke {woke} times in 2 s while the tree ran");
-        // SAFETY: signalling the criuz this test started.
-        unsafe { libc::kill(restore.id() as i32, libc::SIGTERM) };
+        assert!(woke < 20, "{how:?}: criuz woke {woke} times in 2 s while the tree ran");
+        let expected = match end {
+            "exit 7" => {
+                std::fs::write(w.dir.path().join("rewrite"), "exit 7").unwrap();
+                // SAFETY: as above.
+                unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+                7
+            }
+            // The workload ends with status 0 on SIGTERM; criuz, had it not
+            // passed the signal on, would have died by it.
+            "SIGTERM to criuz" => {
+                // SAFETY: signalling the criuz this test started.
+                unsafe { libc::kill(restore.id() as i32, libc::SIGTERM) };
+                0
+            }
+            _ => {
+                // SAFETY: as above.
+                unsafe { libc::kill(w.pid, libc::SIGKILL) };
+                128 + libc::SIGKILL
+            }
+        };
         let mut err = String::new();
         std::io::Read::read_to_string(restore.stderr.as_mut().unwrap(), &mut err).unwrap();
         let status = restore.wait().unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGTERM), "{fill}: criuz must die by its signal: {err}");
-        assert!(err.contains(&format!("(pid {}) was whole before it and runs on", w.pid)), "{fill}: {err}");
-        assert!(w.alive(), "{fill}: the restored tree must run on after criuz: {err}");
-        assert_eq!(w.sums(), before, "{fill}: the restored memory changed");
-        w.stop();
+        assert_eq!((status.code(), status.signal()), (Some(expected), None), "{how:?}, {end}: {err}");
+        assert!(!err.contains("interrupted"), "{how:?}, {end}: {err}");
+        assert!(!w.alive(), "{how:?}, {end}: the tree must have ended");
     }
 }

@@ -524,7 +524,7 @@ fn without_detach_the_restored_tree_reads_its_zero_pages_once_all_are_in() {
     let arc = tmp.path().join("attached.czr");
     // Mixed memory is half zero pages; runs of them are left out of the lazy
     // pagemap and read as zero once criuz lets go of the userfaultfds. Without
-    // -d, CRIU (and criuz) wait for the tree: it must not wait for them.
+    // -d, criuz waits for the tree: the tree must not wait for criuz.
     for how in [&["--lazy"][..], &["--fill", "place"]] {
         let (mut w, before) = dumped(Spec { mib: 48, pattern: "mixed", ..Default::default() }, &arc);
         let restore = std::process::Command::new(CRIUZ)

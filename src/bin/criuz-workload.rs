@@ -23,8 +23,8 @@
 //! reads as zero) and writes DIR/dontneed-<role>; "mremap" moves the second
 //! half of the memory elsewhere and back (its bytes unchanged) and writes
 //! DIR/mremapped-<role>; "orphans N" leaves N short-lived processes
-//! orphaned (see `orphan`) and writes DIR/orphaned-<role>; SIGTERM ends the
-//! tree.
+//! orphaned (see `orphan`) and writes DIR/orphaned-<role>; "exit N" ends the
+//! tree, the root with exit status N; SIGTERM ends the tree (status 0).
 
 use std::ffi::CString;
 use std::io::Write;
@@ -608,6 +608,13 @@ fn serve_signals(
                 orphan(n.parse().unwrap_or(1));
                 write_atomic(&dir.join(format!("orphaned-{role}")), "done\n");
                 continue;
+            }
+            if let Some(code) = spec.trim().strip_prefix("exit ") {
+                for &c in children {
+                    // SAFETY: signalling our own children.
+                    unsafe { libc::kill(c, libc::SIGTERM) };
+                }
+                std::process::exit(code.parse().unwrap_or(1));
             }
             if spec.trim() == "mremap" {
                 let half = (buf.len() / 2) & !(PAGE - 1);

@@ -10,12 +10,38 @@
 //! one fails on its closed stream and resumes its tree, as before). The
 //! signals are taken on a thread of their own (`signal-hook`'s self-pipe),
 //! so the cleanup runs as ordinary code, not in a signal handler.
+//!
+//! While criuz waits for a tree it restored in the foreground
+//! ([`forward_to`]), it is that tree's stand-in: the signals a supervisor or
+//! a user sends criuz (these three, SIGQUIT, SIGUSR1, SIGUSR2) go on to the
+//! tree's root instead, as a container's init passes them on, and criuz
+//! exits as the root does. A terminal's own signals are not sent twice: one
+//! the kernel raised (Ctrl-C) reached the root already where it shares
+//! criuz's process group.
 
 use crate::io::unfinished;
 use crate::proc::{guard, socket, tree};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::{Handle, SignalsInfo};
+use signal_hook::low_level::siginfo::{Cause, Origin};
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// The signals that interrupt criuz.
+const INTERRUPTING: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
+/// Taken as well while a tree restored in the foreground runs, to pass on
+/// (a service's dump, reload or rotate requests).
+const PASSED_ON: [i32; 3] = [SIGQUIT, SIGUSR1, SIGUSR2];
+
+/// The signal thread's handle, to take more signals once criuz forwards.
+static HANDLE: OnceLock<Handle> = OnceLock::new();
+
+/// The root that signals go on to, while criuz waits for it (it is criuz's
+/// unreaped child meanwhile, so its pid cannot name another process; the
+/// lock keeps a forward from racing the reap).
+static FORWARD_TO: Mutex<Option<i32>> = Mutex::new(None);
 
 /// Takes SIGINT, SIGTERM and SIGHUP for the rest of the process's life.
 /// Best effort: where the thread or the handlers cannot be had, a signal
@@ -23,13 +49,56 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub fn install() {
     // One ignored when criuz started stays ignored (`nohup`, a shell's
     // background job without job control), as it would without this.
-    let taken: Vec<i32> = [SIGINT, SIGTERM, SIGHUP].into_iter().filter(|&sig| !ignored(sig)).collect();
-    let Ok(mut signals) = signal_hook::iterator::Signals::new(taken) else { return };
+    let taken: Vec<i32> = INTERRUPTING.into_iter().filter(|&sig| !ignored(sig)).collect();
+    let Ok(mut signals) = SignalsInfo::<WithOrigin>::new(taken) else { return };
+    let _ = HANDLE.set(signals.handle());
     let _ = std::thread::Builder::new().name("criuz-signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            die_interrupted(sig);
+        for origin in signals.forever() {
+            if forwarded(&origin) {
+                continue;
+            }
+            if INTERRUPTING.contains(&origin.signal) {
+                die_interrupted(origin.signal);
+            }
+            // One of `PASSED_ON` after the root ended: criuz exits anyway.
         }
     });
+}
+
+/// From now on, until [`stop_forwarding`], the signals criuz takes go on
+/// to `root` (a restored tree's root, criuz's own child, not yet reaped)
+/// instead of interrupting criuz. Best effort: where criuz could not take
+/// signals at all, they end it as before, and the tree runs on.
+pub fn forward_to(root: i32) {
+    *FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner()) = Some(root);
+    if let Some(handle) = HANDLE.get() {
+        for sig in PASSED_ON.into_iter().filter(|&sig| !ignored(sig)) {
+            let _ = handle.add_signal(sig);
+        }
+    }
+}
+
+/// Ends [`forward_to`]: call it before the root is reaped.
+pub fn stop_forwarding() {
+    *FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+/// Passes `origin`'s signal on to the root criuz forwards to, if any;
+/// whether there was one. A signal the kernel raised for a terminal
+/// (Ctrl-C, a hang-up) went to the terminal's foreground process group:
+/// where the root is in criuz's group it has it already.
+fn forwarded(origin: &Origin) -> bool {
+    let forward = FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(root) = *forward else { return false };
+    // SAFETY: getpgid and getpgrp only read process attributes; `root` is
+    // our unreaped child while `forward` is held (see FORWARD_TO).
+    let shares_group = unsafe { libc::getpgid(root) == libc::getpgrp() };
+    let sent = matches!(origin.cause, Cause::Sent(_));
+    if sent || !shares_group {
+        // SAFETY: as above; signalling our own child.
+        unsafe { libc::kill(root, origin.signal) };
+    }
+    true
 }
 
 /// Whether `sig`'s disposition is to be ignored.

@@ -7,7 +7,9 @@
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
 //! TCP_CORK taken off through pidfd_getfd); `budget` is the machine-wide
 //! memory share every criuz's absorb memory comes from; `interrupt` turns a
-//! Ctrl-C into a clean end (what criuz had not finished is removed).
+//! Ctrl-C into a clean end (what criuz had not finished is removed);
+//! `foreground` waits for a restored tree's root as its parent and passes
+//! its end on.
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -19,6 +21,7 @@
 
 pub mod budget;
 pub mod cgroup;
+pub mod foreground;
 pub mod guard;
 pub mod interrupt;
 pub mod socket;

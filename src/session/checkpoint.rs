@@ -388,7 +388,7 @@ pub fn restore_opened(
     criu: &Criu,
 ) -> Result<RestoreReport> {
     let tree = check_pids_free(&*source)?;
-    let cuda = cuda_plan(&*source, &o.gpu_map, o.detach)?;
+    let cuda = cuda_plan(&*source, &o.gpu_map, true)?;
     tree::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
@@ -406,8 +406,8 @@ pub fn restore_opened(
     // Should criuz die mid-restore, its CRIU dies with it (`restore_command`)
     // and the half-restored tree would wait forever for a CRIU that is gone:
     // the guard kills it. Released once CRIU has written the pidfile (the
-    // tree is restored: without -d it runs on as CRIU's child, and is the
-    // user's to end) or when criuz ends the tree itself.
+    // tree is restored, and is the user's to end, or criuz's to wait for
+    // without -d) or when criuz ends the tree itself.
     let guard = Guard::start(&tree)?;
     let restored = AtomicBool::new(false);
     let (status, served) = std::thread::scope(|s| {
@@ -458,11 +458,8 @@ pub fn restore_opened(
         Ok(None) => return Err(failed(Error::Criu("CRIU never connected to the serve socket".into()))),
         Ok(Some(report)) => report,
     };
-    // Without -d, CRIU returns once the tree has ended, non-zero where it
-    // failed or was killed after the tree ran (the restore stands; criuz
-    // exits with that status); a detached restore (or one that never got
-    // as far as a pid) must exit 0.
-    if !status.success() && (o.detach || pid.is_none()) {
+    // CRIU returns once the tree runs (`restore_command`).
+    if !status.success() {
         return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))));
     }
     let cuda_resume_seconds = resume_cuda(cuda.as_ref(), &pidfile)

@@ -23,6 +23,8 @@ use std::sync::Arc;
 pub struct RestoreOptions {
     /// Where the archive is.
     pub input: Location,
+    /// Return once the tree runs; without, the caller waits for the tree
+    /// (`proc::foreground`), whose root CRIU makes criuz's child.
     pub detach: bool,
     pub shell_job: bool,
     pub extra: Vec<String>,
@@ -32,7 +34,7 @@ pub struct RestoreOptions {
     pub keep_zero_pages: bool,
     /// Where to look for the parents of an incremental archive.
     pub parents: ParentSearch,
-    /// Written with the restored pid once the tree runs (with `detach`).
+    /// Written with the restored pid once the tree runs.
     pub pidfile: Option<PathBuf>,
     /// Counts the page bytes served, for a progress line.
     pub meter: Option<Arc<Meter>>,
@@ -124,11 +126,12 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
 
 /// The CUDA resume a restore of `source` needs, checked before CRIU starts
 /// (`cuda::plan_resume`): None for an archive without CUDA processes.
-/// `detach`: the restore returns while the tree runs (the resume needs that).
+/// `returns_running`: the restore returns while the tree runs (the resume
+/// needs that; a bare restore always does, runc only with --detach).
 pub(crate) fn cuda_plan(
     source: &dyn BlockSource,
     gpu_map: &[(String, String)],
-    detach: bool,
+    returns_running: bool,
 ) -> Result<Option<cuda::ResumePlan>> {
     let Some(entry) = source.find(cuda::RECORD_FILE) else {
         if let Some((old, _)) = gpu_map.first() {
@@ -138,7 +141,7 @@ pub(crate) fn cuda_plan(
     };
     let record: cuda::CudaRecord = serde_json::from_slice(&source.read_file(entry)?)
         .map_err(|e| Error::Mismatch(format!("{}: {}: {e}", source.label(), cuda::RECORD_FILE)))?;
-    if !detach {
+    if !returns_running {
         return Err(Error::Usage(
             "an archive with CUDA state restores with -d (criuz resumes CUDA once the tree runs)".into(),
         ));
@@ -178,13 +181,19 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
 }
 
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
-/// the user's options; the restored pid goes to `pidfile`.
+/// the user's options; the restored pid goes to `pidfile`. CRIU returns
+/// once the tree runs, with or without -d: without, the root is made
+/// criuz's own child (`--restore-sibling`), for criuz to wait for
+/// (`proc::foreground`), and CRIU keeps criuz's standard streams (a
+/// `--shell-job` tree takes its terminal).
 pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    cmd.arg("--restore-detached");
     if o.detach {
-        cmd.arg("--restore-detached");
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    } else {
+        cmd.arg("--restore-sibling");
     }
     if o.shell_job {
         cmd.arg("--shell-job");

@@ -71,8 +71,8 @@ pub struct LazyReport {
     /// Until criuz started CRIU: its own part of the start (opening the
     /// archive, writing CRIU's images).
     pub criu_started_seconds: f64,
-    /// Until `criu restore` returned: with `--restore-detached`, until the
-    /// tree runs.
+    /// Until the tree runs (CRIU returned; a lazy tree CRIU left stopped
+    /// let run; a placed one's pages all in).
     pub running_seconds: f64,
     /// Until every lazy page was in place.
     pub resident_seconds: f64,
@@ -453,9 +453,10 @@ pub(crate) struct LazyRestore<'a> {
     pub threads: usize,
     /// Counts the bytes a held tree's fill copies in, for a progress line.
     pub meter: Option<Arc<Meter>>,
-    /// CRIU returns once the tree is restored (`-d`; runc's `--detach`), so
-    /// a failure it reports is the restore's. Without, it waits for the
-    /// tree as long as it runs (and may be killed meanwhile).
+    /// CRIU returns once the tree is restored (a bare restore's always,
+    /// `criu_run::restore_command`; runc's with `--detach`), so a failure it
+    /// reports is the restore's. Without (a runc in the foreground), it
+    /// waits for the tree as long as it runs (and may be killed meanwhile).
     pub detached: bool,
 }
 
@@ -621,8 +622,9 @@ impl LazyRestore<'_> {
                 } else if pager.all_in() {
                     // Every page is in: the userfaultfds (ours and the
                     // guard's copies) are let go, so that pages left out as
-                    // zero read as zero from now on (without -d, CRIU waits
-                    // for the tree, and the tree must not wait for us).
+                    // zero read as zero from now on (a runc in the
+                    // foreground waits for the tree, and the tree must not
+                    // wait for us).
                     // Whole, or an interrupted criuz would leave the tree
                     // stopped with no guard to end it.
                     crate::io::unfinished::uninterrupted(|| {
@@ -630,7 +632,8 @@ impl LazyRestore<'_> {
                         guard.release();
                         // Not where a lazy tree's proof behind may still
                         // kill it by its pids and criuz returns once that is
-                        // done (-d): until then they stay criuz's to hold.
+                        // done: until then they stay criuz's to hold (and
+                        // without -d, `proc::foreground` lets go after).
                         if hold || !self.detached {
                             let root = match victim {
                                 Victim::Tree(pids) => pids.first().copied(),
@@ -677,9 +680,9 @@ impl LazyRestore<'_> {
                     releasing.is_none_or(|r| r.join().unwrap_or(false))
                 }
             } else {
-                // The restore failed, or, without -d, CRIU failed or was
-                // killed while the tree ran (by an interrupted criuz among
-                // others): nothing more will fault.
+                // The restore failed, or, under a runc in the foreground,
+                // CRIU failed or was killed while the tree ran (by an
+                // interrupted criuz among others): nothing more will fault.
                 let _ = stop_tx.shutdown(std::net::Shutdown::Both);
                 let (r, whole) = join(paging.take());
                 paged = Some(r);
@@ -840,7 +843,7 @@ fn restore_through_pager(
     threads: usize,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
-    let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
+    let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
     if pids.is_empty() {
@@ -863,7 +866,8 @@ fn restore_through_pager(
         fill,
         threads,
         meter: o.meter.clone(),
-        detached: o.detach,
+        // With or without -d (`restore_command`).
+        detached: true,
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {
@@ -877,7 +881,7 @@ fn restore_through_pager(
         publish_pidfile(&pidfile, o.pidfile.as_deref())
     })?;
     report.cuda_resume_seconds = cuda_resumed.get();
-    if o.detach && !status.success() {
+    if !status.success() {
         return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
     }
     report.pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());

@@ -63,13 +63,12 @@ pub enum How {
 }
 
 impl Restored {
-    /// CRIU's exit status: without `--restore-detached`, given once the
-    /// restored tree has ended (0 however it ended: CRIU does not pass the
-    /// tree's status on).
-    pub fn criu_exit(&self) -> i32 {
+    /// The restored tree's root: criuz's own child without -d, for
+    /// `proc::foreground` to wait for.
+    pub fn pid(&self) -> Option<i32> {
         match self {
-            Restored::Eager(r) => r.criu_exit,
-            Restored::Placed(r) | Restored::Lazy(r) => r.criu_exit,
+            Restored::Eager(r) => r.pid,
+            Restored::Placed(r) | Restored::Lazy(r) => r.pid,
         }
     }
 }

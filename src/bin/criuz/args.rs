@@ -193,7 +193,10 @@ pub enum Cmd {
         /// Archive to read ("-" for stdin)
         #[arg(short = 'i', long)]
         input: PathBuf,
-        /// Detach from the restored tree once it runs (criu --restore-detached)
+        /// Return once the restored tree runs (by default criuz waits for the
+        /// tree, passes the signals it is sent on to the tree's root, and
+        /// exits as the root does: its exit status, or 128 + the signal that
+        /// killed it)
         #[arg(short = 'd', long)]
         detach: bool,
         #[command(flatten)]
@@ -207,7 +210,7 @@ pub enum Cmd {
         /// Restore every zero page as a page of memory (default: leave out those that read as zero anyway)
         #[arg(long)]
         keep_zero_pages: bool,
-        /// Run the process at once and fetch its memory on demand (criu lazy-pages, criuz as page server); returns when every page is in
+        /// Run the process at once and fetch its memory on demand (criu lazy-pages, criuz as page server); with -d, returns when every page is in
         #[arg(long, conflicts_with = "keep_zero_pages")]
         lazy: bool,
         /// With --lazy: read every stored byte against its check before the
@@ -227,7 +230,7 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
         /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive)
-        #[arg(long, value_name = "FILE", requires = "detach")]
+        #[arg(long, value_name = "FILE")]
         pidfile: Option<PathBuf>,
         /// Restore CUDA state dumped from GPU OLD onto GPU NEW (UUIDs as
         /// nvidia-smi -L prints them; the same kind of GPU; repeatable)

@@ -280,13 +280,12 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     } else {
         print::restored(&o.input, &r);
     }
-    // Without -d, CRIU returns once the tree has ended: 0 however the tree
-    // ended (CRIU 4.2 does not pass its status on), non-zero where CRIU
-    // itself failed or was killed after the tree ran whole.
-    if !o.detach && r.criu_exit() != 0 {
-        return Ok(ExitCode::from(r.criu_exit().clamp(1, 255) as u8));
+    if o.detach {
+        return Ok(ExitCode::SUCCESS);
     }
-    Ok(ExitCode::SUCCESS)
+    // In the foreground: criuz exits as the tree's root does.
+    let root = r.pid().ok_or_else(|| criuz::Error::Criu("CRIU wrote no pid for the restored tree".into()))?;
+    Ok(ExitCode::from(criuz::proc::foreground::wait_for_root(root)?.exit_code()))
 }
 
 fn capture(dir: &Path, output: &Path, force: bool, write: &ArchiveArgs, absorb: &AbsorbArgs) -> Result<()> {
