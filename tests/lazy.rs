@@ -547,6 +547,41 @@ fn without_detach_the_restored_tree_reads_its_zero_pages_once_all_are_in() {
     }
 }
 
+/// A lazily restored process that dies while its pages still arrive (its
+/// own crash, a kill) ends no restore in failure: criuz waiting for it in
+/// the foreground exits as the process did (137 for a SIGKILL), and the
+/// summary says it ended before its pages were all in, not "every page in".
+#[test]
+fn a_process_that_dies_while_its_pages_arrive_is_reported_as_it_ended() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("dies.czr");
+    let pidfile = tmp.path().join("dies.pid");
+    // Large enough that its fill outlasts the kill below by far (text on 2
+    // cores fills at about 3 GB/s; the kill comes within milliseconds).
+    let (w, _) = dumped(Spec { mib: 512, pattern: "text", ..Default::default() }, &arc);
+    let restore = std::process::Command::new(CRIUZ)
+        .args(["restore", "--lazy", "--json", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !pidfile.exists() && t.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    // SAFETY: the restored workload of this test.
+    unsafe { libc::kill(w.pid, libc::SIGKILL) };
+    let out = restore.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "{err}");
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["ended_unfilled"], 1, "{rep}");
+    assert!(rep["lazy_pages"].as_u64().unwrap() < (512 << 20) / 4096, "{rep}");
+}
+
 #[test]
 fn a_restore_retried_right_after_a_failed_one_succeeds() {
     let Some(_criu) = criu() else { return };

@@ -98,6 +98,9 @@ pub struct LazyReport {
     /// than copied (no memory of their own until the process writes them).
     pub zero_pages_mapped: u64,
     pub faults: u64,
+    /// Restored processes that ended before every page of theirs was in:
+    /// `resident_seconds` is then when the last of them ended or was filled.
+    pub ended_unfilled: u64,
     pub criu_exit: i32,
     /// Why a lazy restore that was asked for placed the memory instead.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -753,6 +756,7 @@ impl LazyRestore<'_> {
                 lazy_pages: report.pages,
                 zero_pages_mapped: report.zero_pages,
                 faults: report.faults,
+                ended_unfilled: report.ended_unfilled,
                 criu_exit: status.code().unwrap_or(-1),
                 not_lazy: None,
             },

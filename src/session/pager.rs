@@ -118,6 +118,9 @@ pub(crate) struct PagerReport {
     pub touched: Vec<(u32, u64)>,
     /// When the last lazy page was in place (`None`: stopped before).
     pub resident: Option<Instant>,
+    /// Processes that ended before every page of theirs was in (nothing
+    /// more to copy there, so `resident` came early).
+    pub ended_unfilled: u64,
     /// When the recorded working set was in place (`None`: there was none,
     /// or the pager stopped before).
     pub working_set_in: Option<Instant>,
@@ -585,6 +588,15 @@ impl<'a> Pager<'a> {
         Ok(())
     }
 
+    /// The process of space `i` has ended: nothing more to copy there.
+    fn ended(&mut self, i: usize) {
+        let missing = &mut self.spaces[i].missing;
+        if !missing.is_empty() {
+            self.report.ended_unfilled += 1;
+            missing.clear();
+        }
+    }
+
     /// Takes what a fill of `ranges` copied out of the missing ranges: all
     /// of them but what an event kept out, and every range of a space whose
     /// process has gone.
@@ -598,7 +610,7 @@ impl<'a> Pager<'a> {
             self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
         }
         for i in filled.gone {
-            self.spaces[i].missing.clear();
+            self.ended(i);
         }
     }
 
@@ -667,7 +679,7 @@ impl<'a> Pager<'a> {
                 Ok(Step::Changing)
             }
             CopiedAll::Gone => {
-                self.spaces[i].missing.clear();
+                self.ended(i);
                 Ok(Step::Done)
             }
         }

@@ -194,10 +194,18 @@ fn restored_line(input: &Location, r: &Restored) {
     match r {
         Restored::Lazy(r) => {
             if let Some(pid) = r.pid {
+                let filled = match r.ended_unfilled {
+                    0 => format!("every page in after {:.2}s", r.resident_seconds),
+                    1 => format!("done after {:.2}s: a process ended before its pages were all in", r.resident_seconds),
+                    n => format!(
+                        "done after {:.2}s: {n} processes ended before their pages were all in",
+                        r.resident_seconds
+                    ),
+                };
                 eprintln!(
-                    "restored {pid} lazily from {input}: running after {:.2}s, every page in after {:.2}s \
+                    "restored {pid} lazily from {input}: running after {:.2}s, {filled} \
                      ({} pages restored by CRIU, {} copied in lazily, {} zero pages mapped, {} faults)",
-                    r.running_seconds, r.resident_seconds, r.eager_pages, r.lazy_pages, r.zero_pages_mapped, r.faults
+                    r.running_seconds, r.eager_pages, r.lazy_pages, r.zero_pages_mapped, r.faults
                 );
             }
         }
