@@ -16,6 +16,7 @@
 //! malformed message is a [`Error::Protocol`], never a panic.
 
 use crate::error::{Error, Result};
+use crate::io::unfinished::Unfinished;
 use prost::Message;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -41,25 +42,36 @@ struct ImgStreamerReplyEntry {
     exists: bool,
 }
 
-/// A listening streamer socket, created 0600 and removed on drop.
+/// A listening streamer socket, created 0600 and removed on drop, or by an
+/// interruption (`io::unfinished`): in a directory of the user's
+/// (`capture`, `serve`), one left behind made the next run there fail
+/// with "Address already in use".
 pub struct Listener {
     sock: UnixListener,
     path: PathBuf,
+    _unfinished: Unfinished,
 }
 
 impl Listener {
     pub fn bind(dir: &Path, name: &str) -> Result<Self> {
-        let path = dir.join(name);
+        // Bound by its absolute path where that fits a socket address, so
+        // that /proc/net/unix names it in full (`clear_stale`).
+        let path = std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .ok()
+            .filter(|p| p.as_os_str().len() < SUN_PATH_MAX)
+            .unwrap_or_else(|| dir.join(name));
+        clear_stale(&path, name)?;
         // The umask makes the socket private from the moment it exists.
         // SAFETY: umask only swaps the process file-mode mask.
         let old = unsafe { libc::umask(0o177) };
-        let sock = UnixListener::bind(&path);
+        let sock = Unfinished::made(|| UnixListener::bind(&path).map(|s| (s, path.clone())));
         // SAFETY: restoring the previous mask.
         unsafe { libc::umask(old) };
-        let sock = sock.map_err(|e| Error::file(&path, e))?;
+        let (sock, unfinished) = sock.map_err(|e| Error::file(&path, e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::file(&path, e))?;
         sock.set_nonblocking(true)?;
-        Ok(Listener { sock, path })
+        Ok(Listener { sock, path, _unfinished: unfinished })
     }
 
     pub fn path(&self) -> &Path {
@@ -91,6 +103,48 @@ impl Drop for Listener {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// Removes a socket at `path` that no process listens on: one a killed
+/// criuz left (nothing removes it then). A socket some process listens on
+/// (a criuz capture or serve still at work there) is refused, found in
+/// /proc/net/unix rather than by connecting, which that process would take
+/// for CRIU. Anything else there is left for the bind to report.
+fn clear_stale(path: &Path, name: &str) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {}
+        _ => return Ok(()),
+    }
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    if listening(&table, path, name) {
+        let busy = std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another process listens there (a criuz capture or serve still running?)",
+        );
+        return Err(Error::file(path, busy));
+    }
+    std::fs::remove_file(path).map_err(|e| Error::file(path, e))
+}
+
+/// Whether /proc/net/unix (`table`) has a listening socket (flag
+/// `__SO_ACCEPTCON`, 0x10000) bound to `path`, or, bound by a relative path
+/// (which names no directory this process can tell), to one called `name`.
+fn listening(table: &str, path: &Path, name: &str) -> bool {
+    let path = path.to_string_lossy();
+    let suffix = format!("/{name}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags = fields.get(3).and_then(|f| u32::from_str_radix(f, 16).ok()).unwrap_or(0);
+        if fields.len() < 8 || flags & 0x10000 == 0 {
+            return false;
+        }
+        let bound = fields[7..].join(" ");
+        bound == path || (!bound.starts_with('/') && (bound == name || bound.ends_with(&suffix)))
+    })
+}
+
+/// The longest path a socket address holds, with its terminating NUL.
+const SUN_PATH_MAX: usize = 108;
 
 /// Reads one request; `None` when CRIU has closed the connection.
 pub fn read_request(sock: &mut UnixStream) -> Result<Option<String>> {
@@ -128,4 +182,43 @@ pub fn send_reply(sock: &mut UnixStream, exists: bool) -> Result<()> {
 pub fn grow_pipe(fd: &OwnedFd) {
     // SAFETY: fcntl on a descriptor we own; failure just keeps the default size.
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, crate::criu::splice::PIPE_BYTES as libc::c_int) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 1001 /srv/images/streamer-capture.sock
+0000000000000000: 00000002 00000000 00000000 0001 03 1002 /srv/old/streamer-capture.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 1003 rel/streamer-serve.sock
+";
+
+    #[test]
+    fn a_socket_counts_as_in_use_only_while_something_listens_on_it() {
+        let capture = |dir: &str| Path::new(dir).join(CAPTURE_SOCKET);
+        assert!(listening(TABLE, &capture("/srv/images"), CAPTURE_SOCKET));
+        // Connected, not listening: what a killed criuz's CRIU may hold.
+        assert!(!listening(TABLE, &capture("/srv/old"), CAPTURE_SOCKET));
+        assert!(!listening(TABLE, &capture("/srv/other"), CAPTURE_SOCKET));
+        // Bound relative to a directory this process cannot tell: in use.
+        assert!(listening(TABLE, &Path::new("/anywhere").join(SERVE_SOCKET), SERVE_SOCKET));
+    }
+
+    #[test]
+    fn a_socket_left_behind_is_replaced_and_a_live_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().canonicalize().unwrap();
+        let path = dir.join(CAPTURE_SOCKET);
+        // Another process's listener (a criuz capture at work there).
+        let live = UnixListener::bind(&path).unwrap();
+        let e = Listener::bind(&dir, CAPTURE_SOCKET).err().expect("a second listener must be refused");
+        assert!(e.to_string().contains("another process listens there"), "{e}");
+        // Closed without removing its file, as a killed criuz leaves it.
+        drop(live);
+        assert!(path.exists());
+        let ours = Listener::bind(&dir, CAPTURE_SOCKET).unwrap();
+        drop(ours);
+        assert!(!path.exists(), "a listener removes its socket");
+    }
 }
