@@ -65,7 +65,7 @@ fn a_page_server_dump_restores() {
     let dump = [p(&criu), "dump", "-t", &pid, "-D", p(&img), "-o", "dump.log", "--page-server"];
     let mut args = vec!["page-server", "-D", p(&img), "-o", p(&arc), "--"];
     args.extend(dump);
-    args.extend(["--address", "127.0.0.1", "--port", "{port}"]);
+    args.extend(["--address", "{ip}", "--port", "{port}"]);
     let out = ok(criuz(&args), "criuz page-server");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("(4.2+ protocol)"),

@@ -188,7 +188,7 @@ pub enum Cmd {
         #[arg(last = true)]
         extra: Vec<String>,
     },
-    /// Restore a process tree from an archive (runs criu restore --stream)
+    /// Restore a process tree from an archive (criu restore, its memory placed by criuz or streamed)
     Restore {
         /// Archive to read ("-" for stdin)
         #[arg(short = 'i', long)]

@@ -30,8 +30,9 @@ pub struct PageServerArgs {
     listen: String,
     #[command(flatten)]
     write: ArchiveArgs,
-    /// The dump to run, e.g. criu dump ... --page-server --address 127.0.0.1 --port {port};
-    /// {addr} and {port} are replaced by where criuz listens
+    /// The dump to run, e.g. criu dump ... --page-server --address {ip} --port {port};
+    /// {ip}, {port} and {addr} (IP:PORT, as runc checkpoint --page-server takes it) are
+    /// replaced by where criuz listens
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -46,7 +47,11 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
     let args: Vec<String> = a
         .command
         .iter()
-        .map(|s| s.replace("{addr}", &addr.to_string()).replace("{port}", &addr.port().to_string()))
+        .map(|s| {
+            s.replace("{addr}", &addr.to_string())
+                .replace("{ip}", &addr.ip().to_string())
+                .replace("{port}", &addr.port().to_string())
+        })
         .collect();
     eprintln!("criuz: page server on {addr}, running {}", args.join(" "));
     let mut cmd = Command::new(&args[0]);
