@@ -676,6 +676,57 @@ fn a_dump_that_fails_after_criu_resumes_the_process() {
     w.stop();
 }
 
+/// A process stopped when dumped (a job a shell stopped, one paused with
+/// SIGSTOP) stays stopped, as with CRIU alone: after a dump that failed
+/// (criuz resumes the tree CRIU left stopped, but not it), and after every
+/// kind of restore (placed and lazy trees are held stopped by CRIU, then
+/// let run by criuz; it must not be among them). Continued, its memory is
+/// its own.
+#[test]
+fn a_process_dumped_stopped_stays_stopped() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small));
+    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let stop = |pid: i32| {
+        // SAFETY: the workload of this test.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        wait_for("the workload to stop", Duration::from_secs(10), || process_state(pid) == Some('T'));
+    };
+    let mut w = Workload::start(Spec { pattern: "mixed", ..Default::default() });
+    let before = w.sums();
+    stop(w.pid);
+    let pid = w.pid.to_string();
+    let full = small.join("big.czr");
+    let out = criuz(&["dump", "-t", &pid, "-o", full.to_str().unwrap(), "--codec", "zstd", "--level", "19"]);
+    let _ = Command::new("umount").arg(&small).status();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(process_state(w.pid), Some('T'), "a failed dump continued a process stopped before it");
+    let arc = tmp.path().join("stopped.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    for how in [&["--fill", "place"][..], &["--lazy"], &["--fill", "stream"]] {
+        restore(&arc, how);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(process_state(w.pid), Some('T'), "{how:?}: restored running, dumped stopped");
+        // SAFETY: as above.
+        unsafe { libc::kill(w.pid, libc::SIGCONT) };
+        assert_eq!(w.sums(), before, "{how:?}: the restored memory differs");
+        stop(w.pid);
+        // SAFETY: as above; its parent (this test, the subreaper) reaps it.
+        unsafe { libc::kill(w.pid, libc::SIGKILL) };
+        wait_for("the restored workload's end", Duration::from_secs(10), || {
+            // SAFETY: non-blocking reaps of our own children.
+            while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+            process_state(w.pid).is_none()
+        });
+    }
+}
+
 /// A dump takes its absorb memory from the machine's share, which every
 /// criuz on the machine draws on (`/run/criuz`, grants held by `flock`):
 /// alone it gets about what the tree holds; while another criuz holds the

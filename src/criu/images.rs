@@ -108,6 +108,32 @@ struct CoreEntry {
     mtype: i32,
     #[prost(message, optional, tag = "2")]
     thread_info: Option<ThreadInfoX86>,
+    #[prost(message, optional, tag = "3")]
+    tc: Option<TaskCoreEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TaskCoreEntry {
+    #[prost(uint32, optional, tag = "1")]
+    task_state: Option<u32>,
+    #[prost(uint32, optional, tag = "21")]
+    stop_signo: Option<u32>,
+}
+
+/// CRIU's task state of a process dumped stopped (compel's
+/// `COMPEL_TASK_STOPPED`).
+const TASK_STOPPED: u32 = 3;
+
+/// The signal that had stopped a process dumped stopped (SIGSTOP, SIGTSTP,
+/// ...: CRIU stops it with the same one as it restores it), from its
+/// main thread's core image; `None` for one that ran (or an image not as
+/// expected).
+pub fn core_stopped_by(core: &[u8]) -> Option<i32> {
+    let tc = CoreEntry::decode(*objects(core, CORE_MAGIC)?.first()?).ok()?.tc?;
+    if tc.task_state? != TASK_STOPPED {
+        return None;
+    }
+    Some(tc.stop_signo.filter(|&s| s > 0).map_or(libc::SIGSTOP, |s| s as i32))
 }
 
 #[derive(Clone, PartialEq, Message)]

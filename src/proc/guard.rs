@@ -39,7 +39,9 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{describe_end, end_aborted_tree, holder_of, kill_tree, signal_tree, wait_ended, wait_untraced};
+use crate::proc::tree::{
+    describe_end, end_aborted_tree, holder_of, kill_tree, signal_tree_except, tree_pids, wait_ended, wait_untraced,
+};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -93,10 +95,28 @@ impl Victim {
     /// be undone by it, and the tree left stopped for good. Once a process
     /// is untraced its stop was sent, taken or still pending, and SIGCONT
     /// ends either.
-    pub fn resume(&self) {
+    ///
+    /// A process dumped stopped (`stopped`: its pid and the signal that had
+    /// stopped it) stays stopped, as CRIU's own restore leaves it (a job a
+    /// shell stopped, a process a debugger or supervisor holds): one
+    /// stopped by SIGSTOP stays in the stop CRIU put it in; one stopped by
+    /// another signal (Ctrl-Z's SIGTSTP) is continued and stopped again by
+    /// that signal, as CRIU does, so that its parent sees the same stop.
+    pub fn resume(&self, stopped: &[(i32, i32)]) {
         if let Victim::Tree(pids) = self {
             wait_untraced(pids, 60_000);
-            signal_tree(pids, libc::SIGCONT);
+            let held = |p: &i32| stopped.iter().any(|(s, _)| s == p);
+            for p in tree_pids(pids).into_iter().filter(|p| !held(p)) {
+                // SAFETY: a tree criuz restored (nothing in it ran yet).
+                unsafe { libc::kill(p, libc::SIGCONT) };
+            }
+            for &(p, sig) in stopped.iter().filter(|(_, sig)| *sig != libc::SIGSTOP) {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(p, libc::SIGCONT);
+                    libc::kill(p, sig);
+                }
+            }
         }
     }
 
@@ -143,9 +163,10 @@ impl Guard {
     }
 
     /// Forks the guard of a dumped `tree` CRIU leaves stopped: it resumes
-    /// the tree (SIGCONT) if criuz dies before [`release`](Self::release).
-    pub fn resuming(tree: &[i32]) -> Result<Guard> {
-        Self::signalling(tree, libc::SIGCONT)
+    /// the tree (SIGCONT) if criuz dies before [`release`](Self::release),
+    /// but for the processes of `stopped` (stopped before the dump).
+    pub fn resuming(tree: &[i32], stopped: &[i32]) -> Result<Guard> {
+        Self::spawn(tree, libc::SIGCONT, None, stopped)
     }
 
     /// Forks a guard that runs `argv` (a program by its path, then its
@@ -157,14 +178,15 @@ impl Guard {
             .map(|a| std::ffi::CString::new(a.as_bytes()))
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| Error::Usage("a NUL byte in a command for the guard".into()))?;
-        Self::spawn(&[], 0, Some(argv))
+        Self::spawn(&[], 0, Some(argv), &[])
     }
 
     fn signalling(tree: &[i32], sig: i32) -> Result<Guard> {
-        Self::spawn(tree, sig, None)
+        Self::spawn(tree, sig, None, &[])
     }
 
-    fn spawn(tree: &[i32], sig: i32, argv: Option<Vec<std::ffi::CString>>) -> Result<Guard> {
+    /// `spared`: pids `sig` is not sent to.
+    fn spawn(tree: &[i32], sig: i32, argv: Option<Vec<std::ffi::CString>>, spared: &[i32]) -> Result<Guard> {
         // The pointer array execv takes, made before the fork.
         let mut argp: Vec<*const libc::c_char> = argv.iter().flatten().map(|a| a.as_ptr()).collect();
         argp.push(std::ptr::null());
@@ -172,6 +194,7 @@ impl Guard {
         let (tell_r, tell_w) = crate::io::pipe()?;
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
+        let spared = spared.to_vec();
         let fds = GuardFds {
             tell: tell_r.as_raw_fd(),
             fds: theirs.as_raw_fd(),
@@ -182,9 +205,9 @@ impl Guard {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: in the child, which does nothing else: guard_main keeps
-            // to async-signal-safe calls on `fds`, `tree` and `exec`, made
-            // above.
-            unsafe { guard_main(fds, &tree, sig, exec) }
+            // to async-signal-safe calls on `fds`, `tree`, `spared` and
+            // `exec`, made above.
+            unsafe { guard_main(fds, &tree, sig, exec, &spared) }
         }
         if pid < 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -326,7 +349,7 @@ struct GuardFds {
 ///
 /// Only in the child of a fork, which must call nothing else: `f` holds the
 /// descriptors made for it before the fork, and it never returns.
-unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const libc::c_char]>) -> ! {
+unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const libc::c_char]>, spared: &[i32]) -> ! {
     // criuz's ends must close when criuz dies.
     for fd in f.not_ours {
         // SAFETY: criuz's ends, inherited: this process never uses them.
@@ -379,7 +402,7 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const 
                     wait_untraced(tree, 60_000);
                 }
                 if sig != 0 {
-                    signal_tree(tree, sig);
+                    signal_tree_except(tree, sig, spared);
                 }
                 if wait_pid > 0 {
                     wait_ended(wait_pid, 15 * 60 * 1000);

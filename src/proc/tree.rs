@@ -502,12 +502,27 @@ pub(crate) fn kill_tree(tree: &[i32]) {
 /// Sends `sig` to every pid of `tree` and every descendant they have now,
 /// the deepest first (see [`kill_tree`]).
 pub(crate) fn signal_tree(tree: &[i32], sig: i32) {
+    signal_tree_except(tree, sig, &[]);
+}
+
+/// [`signal_tree`], sparing the pids of `except` (processes that were
+/// stopped before a dump, to stay so). Async-signal-safe.
+pub(crate) fn signal_tree_except(tree: &[i32], sig: i32, except: &[i32]) {
     let mut pids = [0i32; MAX_TREE];
     let n = collect_tree(tree, &mut pids);
-    for &p in pids[..n].iter().rev() {
+    for &p in pids[..n].iter().rev().filter(|p| !except.contains(p)) {
         // SAFETY: a tree criuz restored or dumped, and what it forked.
         unsafe { libc::kill(p, sig) };
     }
+}
+
+/// The processes of `tree` (and their descendants) that are stopped now
+/// (a job a shell stopped, a process paused by SIGSTOP): a dump that fails
+/// resumes the tree, but not these.
+pub(crate) fn stopped_pids(tree: &[i32]) -> Vec<i32> {
+    let stopped =
+        |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| state_of(&stat) == Some('T'));
+    tree_pids(tree).into_iter().filter(stopped).collect()
 }
 
 /// The pids of `tree` and every descendant they have now, parents before

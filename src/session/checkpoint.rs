@@ -209,8 +209,10 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     cmd.args(&o.extra);
 
     let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
-    // Resumes the tree should criuz die while CRIU leaves it stopped.
-    let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid])?) };
+    // Resumes the tree should criuz die while CRIU leaves it stopped; not
+    // the processes stopped before, which CRIU's own failure leaves so too.
+    let stopped_before = tree::stopped_pids(&[o.pid]);
+    let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid], &stopped_before)?) };
     let (status, captured) = std::thread::scope(|s| {
         let cap = s.spawn(|| capture::capture(&listener, &packer, &stop, pages));
         let status = run_criu(&mut cmd, &[]);
@@ -226,7 +228,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         // released from ptrace but never continued. Once no tracer holds it,
         // it is resumed.
         tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
-        tree::signal_tree(&[o.pid], libc::SIGCONT);
+        tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
         // CRIU stopped because the archive could not be written (a full
         // disk, a dead object store): that is the cause to report.
         if let Some(e) = packer.abort() {
@@ -292,7 +294,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         Err(e) if o.leave_running => return Err(e),
         Err(e) => {
-            tree::signal_tree(&[o.pid], libc::SIGCONT);
+            tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
             return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
         }
     };

@@ -481,6 +481,9 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             threads: crate::engine::default_threads(),
             meter: None,
             detached: o.detach,
+            // runc's CRIU restores a stopped process stopped itself: a
+            // container is never held.
+            dumped_stopped: &[],
         };
         let cuda_resumed = std::cell::Cell::new(None);
         let (status, report) = lazy.run(cmd, started, || resume().map(|t| cuda_resumed.set(t))).inspect_err(|_| {

@@ -461,6 +461,10 @@ pub(crate) struct LazyRestore<'a> {
     /// reports is the restore's. Without (a runc in the foreground), it
     /// waits for the tree as long as it runs (and may be killed meanwhile).
     pub detached: bool,
+    /// The processes of a tree held stopped that were stopped when dumped,
+    /// with the signal that had stopped them (`stopped_at_dump`): letting
+    /// the tree run leaves them stopped, as CRIU's own restore does.
+    pub dumped_stopped: &'a [(i32, i32)],
 }
 
 /// When the restored tree runs, against when its memory is in.
@@ -597,7 +601,7 @@ impl LazyRestore<'_> {
                     }
                     match source.proven().and_then(|()| source.parents_walked()) {
                         Ok(()) => {
-                            victim.resume();
+                            victim.resume(self.dumped_stopped);
                             let _ = resumed.set(Instant::now());
                             gate.open();
                             true
@@ -646,7 +650,7 @@ impl LazyRestore<'_> {
                         }
                         if hold {
                             let _ = resumed.set(Instant::now());
-                            victim.resume();
+                            victim.resume(self.dumped_stopped);
                         }
                     });
                 }
@@ -828,6 +832,23 @@ pub(crate) fn restore_placed(
     )
 }
 
+/// The processes of the archive's tree (`pids`) that were stopped when it
+/// was dumped (a job a shell had stopped, a process paused with SIGSTOP),
+/// with the signal that had stopped each, from their core images. CRIU
+/// restores those stopped; a tree CRIU leaves stopped for criuz
+/// (`--leave-stopped`) must be let run without them, or they would come
+/// back running.
+fn stopped_at_dump(source: &dyn BlockSource, pids: &[i32]) -> Result<Vec<(i32, i32)>> {
+    let mut stopped = Vec::new();
+    for &pid in pids {
+        let Some(entry) = source.find(&format!("core-{pid}.img")) else { continue };
+        if let Some(sig) = images::core_stopped_by(&source.read_file(entry)?) {
+            stopped.push((pid, sig));
+        }
+    }
+    Ok(stopped)
+}
+
 /// What a restore through the pager ended with. Its archive's parents are
 /// walked behind (`checkpoint::open_for_restore`): pages that needed them
 /// fail as cancelled, and the walk says why.
@@ -859,6 +880,7 @@ fn restore_through_pager(
     // Held until every page is in (placed), or until the walks behind have
     // proven the archive (lazy).
     cmd.arg("--leave-stopped");
+    let dumped_stopped = stopped_at_dump(&*source, &pids)?;
     let victim = Victim::Tree(pids);
     let lazy = LazyRestore {
         source,
@@ -872,6 +894,7 @@ fn restore_through_pager(
         meter: o.meter.clone(),
         // With or without -d (`restore_command`).
         detached: true,
+        dumped_stopped: &dumped_stopped,
     };
     let cuda_resumed = std::cell::Cell::new(None);
     let (status, mut report) = lazy.run(cmd, started, || {

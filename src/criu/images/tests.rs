@@ -128,11 +128,27 @@ fn pages_criu_left_eager_for_a_page_aligned_stack_pointer_are_marked_lazy() {
 }
 
 #[test]
+fn a_process_dumped_stopped_is_known_by_its_core_image() {
+    let core = |task_state, stop_signo| {
+        let tc = TaskCoreEntry { task_state: Some(task_state), stop_signo };
+        image(CORE_MAGIC, &[CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: Some(tc) }.encode_to_vec()])
+    };
+    assert_eq!(core_stopped_by(&core(1, None)), None, "alive");
+    assert_eq!(core_stopped_by(&core(TASK_STOPPED, Some(libc::SIGTSTP as u32))), Some(libc::SIGTSTP));
+    // CRIU before stop_signo, or one it could not tell: SIGSTOP, as CRIU does.
+    assert_eq!(core_stopped_by(&core(TASK_STOPPED, None)), Some(libc::SIGSTOP));
+    assert_eq!(core_stopped_by(&core(TASK_STOPPED, Some(0))), Some(libc::SIGSTOP));
+    let thread = CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: None }.encode_to_vec();
+    assert_eq!(core_stopped_by(&image(CORE_MAGIC, &[thread])), None, "a thread's core has no task state");
+}
+
+#[test]
 fn stack_pointers_come_from_the_threads_core_images() {
     let regs = UserX86Regs { sp: Some(0x7ffe_1234_5000) };
-    let core = CoreEntry { mtype: MARCH_X86_64, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }) };
+    let core =
+        CoreEntry { mtype: MARCH_X86_64, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }), tc: None };
     assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[core.encode_to_vec()])), Some(0x7ffe_1234_5000));
-    let other = CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }) };
+    let other = CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }), tc: None };
     assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[other.encode_to_vec()])), None, "aarch64");
     assert_eq!(core_stack_pointer(&image(MM_MAGIC, &[core.encode_to_vec()])), None, "not a core image");
     let tree = image(
