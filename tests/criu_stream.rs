@@ -274,13 +274,20 @@ fn private_file_and_shared_mappings_keep_every_zero_page() {
     roundtrip(Spec { extra_maps: true, mode: "tree", children: 2, ..Default::default() }, &["--codec", "zstd"], &[]);
 }
 
-#[test]
-fn established_tcp_connection_round_trips() {
+/// A 4 MiB tmpfs mounted at `dir`/small: an archive of a few MiB does not
+/// fit (a dump that fails after CRIU). The caller unmounts it.
+fn small_fs(dir: &Path) -> std::path::PathBuf {
+    let small = dir.join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small));
+    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    small
+}
+
+/// A TCP peer that echoes every line back, on the connection a workload
+/// holds through checkpoint and restore; its address.
+fn echo_peer() -> String {
     use std::io::{BufRead, Write};
-    let Some(_criu) = criu() else { return };
-    let _g = serial();
-    // The peer: echoes every line back, on the connection the workload holds
-    // through checkpoint and restore.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -295,10 +302,32 @@ fn established_tcp_connection_round_trips() {
             line.clear();
         }
     });
-    let mut w = Workload::start(Spec { tcp_peer: Some(addr), ..Default::default() });
+    addr
+}
+
+/// An established TCP connection survives checkpoint and restore
+/// (`--tcp-established`); and a dump of it that fails after CRIU (the
+/// archive cannot be written) resumes the process with its connection
+/// working: CRIU leaves the connections locked and in repair for the
+/// restore, which only its own rollback undoes (`session::post_dump`).
+#[test]
+fn established_tcp_connection_round_trips() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { tcp_peer: Some(echo_peer()), ..Default::default() });
     let before = w.sums();
     assert!(before["root"].contains("tcp=echoed"), "{before:?}");
     let tmp = tempfile::tempdir().unwrap();
+    let small = small_fs(tmp.path());
+    let full = small.join("big.czr").display().to_string();
+    let pid = w.pid.to_string();
+    let out = criuz(&["dump", "-t", &pid, "-o", &full, "--codec", "zstd", "--level", "19", "--", "--tcp-established"]);
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("resumed"), "{err}");
+    assert_eq!(w.sums(), before, "memory or the TCP connection did not survive the failed dump: {err}");
+
     let arc = tmp.path().join("tcp.czr");
     dump(&w, &arc, &["--", "--tcp-established"]);
     w.reap_original();
@@ -657,10 +686,7 @@ fn a_dump_that_fails_after_criu_resumes_the_process() {
     let mut w = Workload::start(Spec { pattern: "mixed", ..Default::default() });
     let before = w.sums();
     let tmp = tempfile::tempdir().unwrap();
-    let small = tmp.path().join("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small));
-    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let small = small_fs(tmp.path());
     let arc = small.join("big.czr");
     // zstd at its slowest: CRIU is done long before 4 MiB are compressed.
     let pid = w.pid.to_string();
@@ -687,10 +713,7 @@ fn a_process_dumped_stopped_stays_stopped() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let small = tmp.path().join("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small));
-    assert!(mounted.status.success(), "mount a small tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let small = small_fs(tmp.path());
     let stop = |pid: i32| {
         // SAFETY: the workload of this test.
         unsafe { libc::kill(pid, libc::SIGSTOP) };

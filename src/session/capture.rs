@@ -9,8 +9,9 @@ use crate::archive::Packer;
 use crate::criu::scm;
 use crate::criu::streamer::{grow_pipe, read_request, Listener};
 use crate::error::{Error, Result};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What a capture received.
 #[derive(Debug, Default, Clone)]
@@ -31,9 +32,20 @@ pub enum Pages {
 
 /// Receives CRIU's images on `listener` and writes them into `packer` until
 /// CRIU closes the connection. Returns `None` if `stop` was set before CRIU
-/// connected.
-pub fn capture(listener: &Listener, packer: &Packer, stop: &AtomicBool, pages: Pages) -> Result<Option<CaptureReport>> {
+/// connected. `ends`, where given, gets a handle on the connection: shut
+/// down for reading, it ends the capture as CRIU's closing would (for a
+/// CRIU that waits at its post-dump hook, every image written).
+pub fn capture(
+    listener: &Listener,
+    packer: &Packer,
+    stop: &AtomicBool,
+    pages: Pages,
+    ends: Option<&OnceLock<UnixStream>>,
+) -> Result<Option<CaptureReport>> {
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
+    if let Some(ends) = ends {
+        let _ = ends.set(sock.try_clone()?);
+    }
     let mut report = CaptureReport::default();
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let mut readers = Vec::new();

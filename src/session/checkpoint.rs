@@ -33,12 +33,13 @@ use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, publish_pidfile, restore_command,
     resume_cuda, run_criu, RestoreOptions,
 };
+use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::WorkDir;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -164,6 +165,15 @@ fn granted(opts: &Options, pid: i32) -> (Options, budget::Grant) {
     (Options { memory_budget, absorb_first: grant.bytes > 0, ..opts.clone() }, grant)
 }
 
+/// The end of the CRIU a dump runs on a thread of its own (`criu_run`,
+/// taken: joined once).
+fn join_criu(
+    criu_run: &mut Option<std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>>,
+) -> std::io::Result<std::process::ExitStatus> {
+    let run = criu_run.take().ok_or_else(|| std::io::Error::other("CRIU was waited for twice"))?;
+    run.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
+}
+
 /// A process that CRIU could dump: one that exists.
 fn check_dumpable(pid: i32) -> Result<()> {
     if !tree::exists(pid) {
@@ -206,6 +216,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     if o.shell_job {
         cmd.arg("--shell-job");
     }
+    // A dump only CRIU can roll back whole (its connections locked for the
+    // restore) waits at CRIU's post-dump hook until the archive is durable
+    // (`session::post_dump`).
+    let hook =
+        (!o.leave_running && post_dump::needed(&o.extra)).then(|| PostDumpHook::bind(work.path())).transpose()?;
+    if let Some(h) = &hook {
+        cmd.arg("--action-script").arg(h.script());
+    }
     cmd.args(&o.extra);
 
     let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
@@ -213,45 +231,41 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     // the processes stopped before, which CRIU's own failure leaves so too.
     let stopped_before = tree::stopped_pids(&[o.pid]);
     let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid], &stopped_before)?) };
-    let (status, captured) = std::thread::scope(|s| {
-        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop, pages));
-        let status = run_criu(&mut cmd, &[]);
-        // The tree is frozen no more: what is written may be flushed.
-        out.flush_behind();
-        stop.store(true, Ordering::Relaxed);
-        (status, cap.join().unwrap_or(Err(Error::Cancelled)))
+    let capture_ends = OnceLock::new();
+    let mut criu_run = Some(std::thread::spawn(move || run_criu(&mut cmd, &[])));
+    let (status, asked, captured) = std::thread::scope(|s| {
+        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop, pages, Some(&capture_ends)));
+        let running = criu_run.as_ref().expect("started above");
+        let asked = hook.as_ref().map_or(Ok(None), |h| h.wait_asked(|| running.is_finished())).unwrap_or(None);
+        let status = if asked.is_some() {
+            // Every image is written: the capture ends here, not with CRIU,
+            // and CRIU writes no more.
+            if let Some(conn) = capture_ends.get() {
+                let _ = conn.shutdown(std::net::Shutdown::Read);
+            }
+            out.flush_behind();
+            None
+        } else {
+            let status = join_criu(&mut criu_run);
+            // The tree is frozen no more: what is written may be flushed.
+            out.flush_behind();
+            stop.store(true, Ordering::Relaxed);
+            Some(status)
+        };
+        (status, asked, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let status = status.map_err(|e| cannot_run(criu.path.display(), e))?;
-    if !status.success() {
-        // A CRIU that failed on its own lets the tree go running; one that
-        // was killed (the OOM killer, an operator) leaves it stopped,
-        // released from ptrace but never continued. Once no tracer holds it,
-        // it is resumed.
-        tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
-        tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
-        // CRIU stopped because the archive could not be written (a full
-        // disk, a dead object store): that is the cause to report.
-        if let Some(e) = packer.abort() {
-            let log = work.save_log("dump.log");
-            return Err(
-                e.context(format!("criu dump stopped: the archive could not be written (log: {})", log.display()))
-            );
-        }
-        return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
-    }
-    // Held pages are the stopped tree's own: it must not run until they
-    // have all been read, so what it has run is taken now and again before
-    // the archive is committed.
-    let stopped = (pages == capture::Pages::HeldWhileStopped).then(|| tree::settled_runtimes(&[o.pid], 2_000));
-    let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
-    let written = (|| -> Result<PackStats> {
+    // Writes the archive from what was captured: complete (`capture::settle`),
+    // with CRIU's stats where it wrote them already, and, where the tree's
+    // own pages were held, only if it did not run meanwhile (`stopped`: its
+    // run times once CRIU was done).
+    let write = |packer: Packer, stopped: Option<Option<Vec<(i32, u64)>>>, stats: Option<Vec<u8>>| {
         if stopped == Some(None) {
             packer.abort();
             return Err(Error::Criu(format!("process {} did not stay stopped after CRIU dumped it", o.pid)));
         }
         let (packer, _) = capture::settle(packer, captured)
             .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
-        if let Some(bytes) = &stats_bytes {
+        if let Some(bytes) = &stats {
             let mut sink = packer.begin_file("stats-dump")?;
             sink.write(bytes)?;
             sink.finish()?;
@@ -273,7 +287,59 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         out.commit()?;
         Ok(pack)
-    })();
+    };
+    let resume = || {
+        tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
+        tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
+    };
+    let written = match (asked, status) {
+        (Some(asked), _) => {
+            // CRIU waits at its post-dump hook with the tree frozen (held
+            // by CRIU: nothing can run it meanwhile). It rolls back if the
+            // archive could not be written (the tree resumed as it was, its
+            // connections unlocked), and leaves the tree stopped otherwise.
+            let written = write(packer, None, None);
+            asked.answer(written.is_ok());
+            let status = join_criu(&mut criu_run).map_err(|e| cannot_run(criu.path.display(), e))?;
+            if written.is_err() || !status.success() {
+                // Resumed by CRIU's rollback, or left stopped by a CRIU
+                // killed meanwhile.
+                resume();
+            }
+            written
+        }
+        (None, status) => {
+            let status = status.expect("joined above").map_err(|e| cannot_run(criu.path.display(), e))?;
+            if !status.success() {
+                // A CRIU that failed on its own lets the tree go running; one
+                // that was killed (the OOM killer, an operator) leaves it
+                // stopped, released from ptrace but never continued. Once no
+                // tracer holds it, it is resumed.
+                resume();
+                // CRIU stopped because the archive could not be written (a
+                // full disk, a dead object store): that is the cause to
+                // report.
+                if let Some(e) = packer.abort() {
+                    let log = work.save_log("dump.log");
+                    return Err(e.context(format!(
+                        "criu dump stopped: the archive could not be written (log: {})",
+                        log.display()
+                    )));
+                }
+                return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
+            }
+            // Held pages are the stopped tree's own: it must not run until
+            // they have all been read, so what it has run is taken now and
+            // again before the archive is committed.
+            let stopped = (pages == capture::Pages::HeldWhileStopped).then(|| tree::settled_runtimes(&[o.pid], 2_000));
+            let written = write(packer, stopped, std::fs::read(work.path().join("stats-dump")).ok());
+            if written.is_err() && !o.leave_running {
+                resume();
+            }
+            written
+        }
+    };
+    let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {
@@ -293,10 +359,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             pack
         }
         Err(e) if o.leave_running => return Err(e),
-        Err(e) => {
-            tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
-            return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid)));
-        }
+        Err(e) => return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid))),
     };
     let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
     // The process is done with; the archive is durable. Only now are hurried

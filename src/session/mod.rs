@@ -10,7 +10,8 @@
 //! `receive` is criuz as the page server of a dump, `follow` packs a dump
 //! directory while CRIU writes it, `images_dir` writes one for a CRIU that
 //! reads a directory, and `container` runs runc and podman with them.
-//! `restore` picks placed, streamed or lazy for `criuz restore`;
+//! `post_dump` answers CRIU's post-dump hook for dumps only CRIU can roll
+//! back. `restore` picks placed, streamed or lazy for `criuz restore`;
 //! `standalone` is criuz on one side of a CRIU the user runs (capture,
 //! serve, page server). `workdir` holds the private directories CRIU runs
 //! in, and cleans up after a criuz that was killed. The OS machinery (/proc
@@ -27,6 +28,7 @@ pub mod images_dir;
 pub mod lazy;
 pub mod pager;
 pub mod place;
+pub mod post_dump;
 pub mod receive;
 pub mod restore;
 pub mod serve;

@@ -382,6 +382,12 @@ pub enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// CRIU's post-dump action script of a `criuz dump` (run by CRIU, not by hand)
+    #[command(hide = true)]
+    DumpHook {
+        /// The dump's hook socket
+        socket: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]

@@ -133,6 +133,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Gpu(GpuCmd::Resume { pids }) => criuz::cuda::resume_command(&pids)?,
         Cmd::Keygen { output, force } => keygen(&output, force)?,
+        Cmd::DumpHook { socket } => {
+            let action = std::env::var("CRTOOLS_SCRIPT_ACTION").unwrap_or_default();
+            let status = criuz::session::post_dump::run_hook(&action, &socket);
+            return Ok(ExitCode::from(status as u8));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
