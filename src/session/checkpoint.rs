@@ -300,8 +300,11 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // connections unlocked), and leaves the tree stopped otherwise.
             let written = write(packer, None, None);
             asked.answer(written.is_ok());
-            let status = join_criu(&mut criu_run).map_err(|e| cannot_run(criu.path.display(), e))?;
-            if written.is_err() || !status.success() {
+            // How CRIU ended matters no more: with the archive durable the
+            // tree is ended below (a CRIU killed after the answer left it
+            // stopped, its connections still held for the restore).
+            let _ = join_criu(&mut criu_run);
+            if written.is_err() {
                 // Resumed by CRIU's rollback, or left stopped by a CRIU
                 // killed meanwhile.
                 resume();
