@@ -224,7 +224,7 @@ fn restoring(pid: i32) -> bool {
 
 /// The parent of `pid` (the second field after the command's closing
 /// paren in /proc/PID/stat).
-fn parent_of(pid: i32) -> Option<i32> {
+pub(crate) fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }

@@ -382,6 +382,13 @@ pub enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// The wait of `criuz restore` without -d for its tree's root, its own
+    /// child (run by criuz itself, in place of the restore, not by hand)
+    #[command(hide = true)]
+    WaitTree {
+        /// The restored tree's root
+        pid: i32,
+    },
     /// CRIU's post-dump action script of a `criuz dump` (run by CRIU, not by hand)
     #[command(hide = true)]
     DumpHook {

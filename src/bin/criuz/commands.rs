@@ -13,6 +13,7 @@ use criuz::offline::{self, Reading};
 use criuz::progress::{Meter, Progress, Ticker};
 use criuz::session::checkpoint::{self, DumpOptions, RestoreReport};
 use criuz::session::criu_run::RestoreOptions;
+use std::os::unix::process::CommandExt;
 
 use criuz::session::lazy::LazyReport;
 use criuz::session::restore::{How, Restored};
@@ -133,6 +134,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Gpu(GpuCmd::Resume { pids }) => criuz::cuda::resume_command(&pids)?,
         Cmd::Keygen { output, force } => keygen(&output, force)?,
+        Cmd::WaitTree { pid } => return wait_tree(pid),
         Cmd::DumpHook { socket } => {
             let action = std::env::var("CRTOOLS_SCRIPT_ACTION").unwrap_or_default();
             let status = criuz::session::post_dump::run_hook(&action, &socket);
@@ -288,8 +290,25 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     if o.detach {
         return Ok(ExitCode::SUCCESS);
     }
-    // In the foreground: criuz exits as the tree's root does.
+    // In the foreground: criuz exits as the tree's root does. It may wait
+    // for days beside the tree, so it waits as a fresh image of itself
+    // (same pid, so the root stays its child): the restore's worker threads
+    // left their malloc arenas' free memory, which glibc's malloc_trim does
+    // not return (a streamed 1 GiB restore's criuz held 41 MiB while it
+    // waited, 8 MiB with one arena).
     let root = r.pid().ok_or_else(|| criuz::Error::Criu("CRIU wrote no pid for the restored tree".into()))?;
+    if let Ok(exe) = std::env::current_exe() {
+        // What the summary left buffered would be lost with the image.
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let failed = std::process::Command::new(exe).args(["wait-tree", &root.to_string()]).exec();
+        eprintln!("criuz: waiting for the restored tree in place ({failed})");
+    }
+    wait_tree(root)
+}
+
+/// Waits for the restored tree's root, `root` (criuz's own child), and
+/// exits as it did (`restore` without -d).
+pub fn wait_tree(root: i32) -> Result<ExitCode> {
     Ok(ExitCode::from(criuz::proc::foreground::wait_for_root(root)?.exit_code()))
 }
 
