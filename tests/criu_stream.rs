@@ -983,6 +983,15 @@ fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
         assert!(zombies.is_empty(), "{how:?}: criuz holds the tree's orphans as zombies: {zombies:?}");
         let woke = voluntary_switches(restore.id()) - switches;
         assert!(woke < 20, "{how:?}: criuz woke {woke} times in 2 s while the tree ran");
+        // It waits as a fresh image: none of the restore's heap (tens of
+        // MiB of its worker threads' arenas) stays with it.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", restore.id())).unwrap();
+        let anon_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        assert!(anon_kb < 8 << 10, "{how:?}: criuz holds {anon_kb} kB of anonymous memory while it waits");
         let expected = match end {
             "exit 7" => {
                 std::fs::write(w.dir.path().join("rewrite"), "exit 7").unwrap();
