@@ -311,6 +311,41 @@ fn runc_containers_round_trip_by_both_routes() {
     }
 }
 
+/// Restored without --detach, runc waits for the container and exits as
+/// its init does: criuz passes that on (it took any non-zero status for a
+/// failed restore, exit 1 with CRIU's log), eagerly and lazily.
+#[test]
+fn a_container_restored_in_the_foreground_ends_criuz_as_its_init_ends() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let r = Runc::bundle(t.path(), "criuz-fg", "32", "mixed");
+    r.start(&criu);
+    let before = r.sum();
+    let arc = t.path().join("fg.czr");
+    let pidfile = t.path().join("init.pid");
+    for (how, code) in [("--eager", 5), ("--lazy", 6)] {
+        ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--force", "--criu", p(&criu)]), "criuz runc checkpoint");
+        let _ = std::fs::remove_file(&pidfile);
+        let mut c = Command::new(CRIUZ);
+        c.args(["runc", "restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), how, "--pid-file", p(&pidfile)]);
+        c.args(["--root", p(r.root.path()), "--criu", p(&criu)]);
+        let child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        wait_for("the container to run", Duration::from_secs(60), || pidfile.exists());
+        assert_eq!(r.sum(), before, "{how}: memory after a foreground restore");
+        std::fs::write(r.wl().join("rewrite"), format!("exit {code}")).unwrap();
+        run_ok(r.cmd().args(["kill", &r.id, "USR2"]));
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{how}: {err}");
+        assert!(!err.contains("failed"), "{how}: {err}");
+        let _ = r.cmd().args(["delete", "-f", &r.id]).output();
+        if how == "--eager" {
+            r.start(&criu);
+        }
+    }
+}
+
 /// A container whose processes share their memory (a workload that forked
 /// two children): checkpointed with each shared page stored once, restored
 /// eagerly by default (CRIU keeps the pages shared; lazily each process

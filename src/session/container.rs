@@ -414,6 +414,11 @@ pub struct ContainerRestoreReport {
     /// In JSON, an `eager` or a `lazy` object beside `seconds`.
     #[serde(flatten)]
     pub how: RestoredHow,
+    /// Without --detach, runc waits for the container and exits as its
+    /// init does: that status (128 + a signal that killed it), once the
+    /// container was restored (runc wrote its pid file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -464,11 +469,19 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             e.context(format!("CUDA resume failed, container {} killed", o.id))
         })
     };
+    // Written by runc once the container runs: without --detach, it tells
+    // runc's status as the container's end from a failed restore.
+    let pid_file = o.pid_file.clone().unwrap_or_else(|| work.path().join("init.pid"));
+    let _ = std::fs::remove_file(&pid_file);
+    let ended = |status: std::process::ExitStatus| -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        (!o.detach && pid_file.exists()).then(|| status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    };
     let mut cmd = runc.command(criu);
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
     if lazy {
         cmd.arg("--lazy-pages");
-        runc_restore_args(&mut cmd, o);
+        runc_restore_args(&mut cmd, o, &pid_file);
         let victim = Victim::Cgroup(OnceLock::new());
         let lazy = LazyRestore {
             source: archive,
@@ -493,7 +506,8 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
                 runc.delete_failed(criu, &o.id);
             }
         })?;
-        if !status.success() {
+        let exit_status = ended(status);
+        if !status.success() && exit_status.is_none() {
             return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
         }
         return Ok(ContainerRestoreReport {
@@ -501,13 +515,15 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             cuda_resume_seconds: cuda_resumed.get(),
             not_lazy,
             how: RestoredHow::Lazy(report),
+            exit_status,
         });
     }
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
-    runc_restore_args(&mut cmd, o);
+    runc_restore_args(&mut cmd, o, &pid_file);
     let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
-    if !status.success() {
+    let exit_status = ended(status);
+    if !status.success() && exit_status.is_none() {
         crate::proc::tree::end_orphans();
         return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
     }
@@ -517,6 +533,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         cuda_resume_seconds,
         not_lazy,
         how: RestoredHow::Eager { unpack_seconds, bytes: st.bytes, zero_pages_skipped },
+        exit_status,
     })
 }
 
@@ -529,16 +546,14 @@ const CUDA_NOT_LAZY: &str =
 /// Why a lazy-by-default restore was eager.
 const NO_USERFAULTFD: &str = "this kernel gives no userfaultfd for a lazy restore: restored eagerly";
 
-fn runc_restore_args(cmd: &mut Command, o: &RuncRestore) {
+fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path) {
     if let Some(b) = &o.bundle {
         cmd.arg("--bundle").arg(b);
     }
     if o.detach {
         cmd.arg("--detach");
     }
-    if let Some(p) = &o.pid_file {
-        cmd.arg("--pid-file").arg(p);
-    }
+    cmd.arg("--pid-file").arg(pid_file);
     cmd.args(&o.extra).arg(&o.id);
 }
 

@@ -122,7 +122,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             serve(&dir, &o, &threads)?
         }
         Cmd::PageServer(a) => containers::page_server(a)?,
-        Cmd::Runc(c) => containers::runc(c)?,
+        Cmd::Runc(c) => return containers::runc(c),
         Cmd::Podman(c) => containers::podman(c)?,
         Cmd::Gpu(GpuCmd::State { pids }) => {
             for (pid, state) in criuz::cuda::states(&pids)? {

@@ -9,7 +9,7 @@ use criuz::session::container::{self, Memory, RestoredHow, Runc, RuncCheckpoint,
 use criuz::session::receive::PageServer;
 use criuz::session::standalone;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 /// Receive a dump over CRIU's page-server protocol into one archive
@@ -185,7 +185,9 @@ pub enum RuncCmd {
     },
 }
 
-pub fn runc(cmd: RuncCmd) -> Result<()> {
+/// A runc subcommand; its exit status (a container restored without
+/// --detach ends criuz as its init ended).
+pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
     match cmd {
         RuncCmd::Checkpoint { id, output, force, leave_running, via, no_gpu, no_ids, json, global, write, extra } => {
             let opts = write.options()?;
@@ -274,9 +276,13 @@ pub fn runc(cmd: RuncCmd) -> Result<()> {
                     eprintln!("CUDA: resumed in {t:.2}s after runc (restore and unlock)");
                 }
             }
+            // Without --detach: as the container's init ended.
+            if let Some(code) = r.exit_status {
+                return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+            }
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Subcommand)]
