@@ -96,12 +96,12 @@ pub(crate) fn become_subreaper() {
 /// fail, and criuz is no longer the subreaper of what it started. What the
 /// tree orphans from now on goes where it would under plain CRIU (to init,
 /// or to a subreaper above criuz): without -d criuz waits as long as the
-/// tree runs, and as its subreaper it collected every process the tree
-/// orphaned (a shell's background job, a daemon's double fork) and reaped
-/// none, zombies that would in time use up the machine's pids. (The few a
-/// lazy tree orphans while its pages still arrive stay criuz's until it
-/// exits.) `root`: the tree's root process, which an interruption's
-/// message then names as running on.
+/// tree runs (`proc::foreground`, which reaps only what is its own), and as
+/// the tree's subreaper it would collect every process the tree orphans (a
+/// shell's background job, a daemon's double fork). (The few a lazy tree
+/// orphans while its pages still arrive stay criuz's: `proc::foreground`
+/// reaps them as they end.) `root`: the tree's root process, which an
+/// interruption's message then names as running on.
 pub(crate) fn let_go_of_restored_tree(root: Option<i32>) {
     // SAFETY: prctl with constant arguments, as in `become_subreaper`.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
@@ -136,7 +136,7 @@ pub(crate) fn end_criu_strays(keep: &[i32]) {
         // moment whenever it ends, and its siblings are CRIU's helpers at
         // work (its namespace dumper, for one). CRIU runs as criuz's child
         // or runc's, so two levels down are looked at, never the tree a
-        // CRIU without -d restored and waits for.
+        // runc in the foreground restored and waits for.
         let near: Vec<i32> = children_of(me).into_iter().flat_map(|c| [vec![c], children_of(c)].concat()).collect();
         for p in near {
             let parent = parent_of(p).unwrap_or(0);

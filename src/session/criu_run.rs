@@ -260,9 +260,9 @@ struct ExitWatch(Option<std::os::fd::OwnedFd>);
 impl ExitWatch {
     /// Between the first checks for strays: CRIU's probes come as it starts.
     const FIRST_CHECKS: std::time::Duration = std::time::Duration::from_millis(10);
-    /// At most between later checks. Without -d, CRIU (and criuz with it)
-    /// waits as long as the restored tree runs: checked every 10 ms, that
-    /// was a hundred wakeups a second for as long as the tree ran.
+    /// At most between later checks. A runc in the foreground (and criuz
+    /// with it) waits as long as the restored container runs: checked
+    /// every 10 ms, that was a hundred wakeups a second meanwhile.
     const LATER_CHECKS: std::time::Duration = std::time::Duration::from_secs(1);
 
     /// The wait after one of `last`: doubled up to [`Self::LATER_CHECKS`]
