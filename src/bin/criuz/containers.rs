@@ -255,11 +255,11 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
             } else {
                 match &r.how {
                     RestoredHow::Lazy(l) => eprintln!(
-                        "restored container {} from {} lazily: running after {:.2}s, every page in after {:.2}s ({} pages copied in, {} faults)",
+                        "restored container {} from {} lazily: running after {:.2}s, {} ({} pages copied in, {} faults)",
                         o.id,
                         o.input,
                         l.running_seconds,
-                        l.resident_seconds,
+                        print::lazy_filled(l),
                         l.lazy_pages,
                         l.faults
                     ),

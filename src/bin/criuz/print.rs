@@ -190,18 +190,21 @@ pub fn restored(input: &Location, r: &Restored) {
     }
 }
 
+/// When a lazy restore's pages were all in, or, where processes ended
+/// before theirs were, when it was done.
+pub fn lazy_filled(r: &criuz::session::lazy::LazyReport) -> String {
+    match r.ended_unfilled {
+        0 => format!("every page in after {:.2}s", r.resident_seconds),
+        1 => format!("done after {:.2}s: a process ended before its pages were all in", r.resident_seconds),
+        n => format!("done after {:.2}s: {n} processes ended before their pages were all in", r.resident_seconds),
+    }
+}
+
 fn restored_line(input: &Location, r: &Restored) {
     match r {
         Restored::Lazy(r) => {
             if let Some(pid) = r.pid {
-                let filled = match r.ended_unfilled {
-                    0 => format!("every page in after {:.2}s", r.resident_seconds),
-                    1 => format!("done after {:.2}s: a process ended before its pages were all in", r.resident_seconds),
-                    n => format!(
-                        "done after {:.2}s: {n} processes ended before their pages were all in",
-                        r.resident_seconds
-                    ),
-                };
+                let filled = lazy_filled(r);
                 eprintln!(
                     "restored {pid} lazily from {input}: running after {:.2}s, {filled} \
                      ({} pages restored by CRIU, {} copied in lazily, {} zero pages mapped, {} faults)",
