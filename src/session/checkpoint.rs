@@ -232,11 +232,18 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let stopped_before = tree::stopped_pids(&[o.pid]);
     let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid], &stopped_before)?) };
     let capture_ends = OnceLock::new();
-    let mut criu_run = Some(std::thread::spawn(move || run_criu(&mut cmd, &[])));
+    let criu_ended = Arc::new(AtomicBool::new(false));
+    let ended = criu_ended.clone();
+    let mut criu_run = Some(std::thread::spawn(move || {
+        let status = run_criu(&mut cmd, &[]);
+        ended.store(true, Ordering::Relaxed);
+        status
+    }));
     let (status, asked, captured) = std::thread::scope(|s| {
-        let cap = s.spawn(|| capture::capture(&listener, &packer, &stop, pages, Some(&capture_ends)));
-        let running = criu_run.as_ref().expect("started above");
-        let asked = hook.as_ref().map_or(Ok(None), |h| h.wait_asked(|| running.is_finished())).unwrap_or(None);
+        let (listener, packer, stop) = (&listener, &packer, &stop);
+        let ends = hook.as_ref().map(|_| &capture_ends);
+        let cap = s.spawn(move || capture::capture(listener, packer, stop, pages, ends));
+        let asked = hook.as_ref().map_or(Ok(None), |h| h.wait_asked(&criu_ended)).unwrap_or(None);
         let status = if asked.is_some() {
             // Every image is written: the capture ends here, not with CRIU,
             // and CRIU writes no more.
@@ -292,7 +299,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
         tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
     };
-    let written = match (asked, status) {
+    let (written, stats_bytes) = match (asked, status) {
         (Some(asked), _) => {
             // CRIU waits at its post-dump hook with the tree frozen (held
             // by CRIU: nothing can run it meanwhile). It rolls back if the
@@ -309,7 +316,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                 // killed meanwhile.
                 resume();
             }
-            written
+            // Written by CRIU after its hook: for the report only.
+            (written, std::fs::read(work.path().join("stats-dump")).ok())
         }
         (None, status) => {
             let status = status.expect("joined above").map_err(|e| cannot_run(criu.path.display(), e))?;
@@ -335,14 +343,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // they have all been read, so what it has run is taken now and
             // again before the archive is committed.
             let stopped = (pages == capture::Pages::HeldWhileStopped).then(|| tree::settled_runtimes(&[o.pid], 2_000));
-            let written = write(packer, stopped, std::fs::read(work.path().join("stats-dump")).ok());
+            let stats = std::fs::read(work.path().join("stats-dump")).ok();
+            let written = write(packer, stopped, stats.clone());
             if written.is_err() && !o.leave_running {
                 resume();
             }
-            written
+            (written, stats)
         }
     };
-    let stats_bytes = std::fs::read(work.path().join("stats-dump")).ok();
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {

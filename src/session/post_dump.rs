@@ -21,11 +21,13 @@
 //! a criuz that is gone (no listener, or a connection that closes) counts
 //! as a failure, so CRIU rolls back rather than wait for ever.
 
+use crate::criu::streamer::Listener;
 use crate::error::{Error, IoContext, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 /// CRIU options after which only CRIU's own rollback hands a tree back
 /// whole (see the module doc).
@@ -42,9 +44,12 @@ pub fn needed(extra: &[String]) -> bool {
     extra.iter().any(|a| CRIU_ROLLS_BACK.contains(&a.as_str()))
 }
 
+/// The hook's socket in the work directory.
+const SOCKET: &str = "post-dump.sock";
+
 /// criuz's end: the socket the hook connects to, and the script CRIU runs.
 pub struct PostDumpHook {
-    listener: UnixListener,
+    listener: Listener,
     script: PathBuf,
 }
 
@@ -52,12 +57,10 @@ impl PostDumpHook {
     /// Makes the socket and the script in `work` (the dump's private work
     /// directory, removed with it).
     pub fn bind(work: &Path) -> Result<Self> {
-        let socket = work.join("post-dump.sock");
-        let listener = UnixListener::bind(&socket).at(&socket)?;
-        listener.set_nonblocking(true)?;
+        let listener = Listener::bind(work, SOCKET)?;
         let exe = std::env::current_exe()?;
         let script = work.join("post-dump.sh");
-        let text = format!("#!/bin/sh\nexec {} dump-hook {}\n", quoted(&exe), quoted(&socket));
+        let text = format!("#!/bin/sh\nexec {} dump-hook {}\n", quoted(&exe), quoted(listener.path()));
         std::fs::write(&script, text).at(&script)?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).at(&script)?;
         Ok(PostDumpHook { listener, script })
@@ -69,29 +72,15 @@ impl PostDumpHook {
     }
 
     /// Waits until CRIU runs the hook (every image written, the tree still
-    /// frozen); `None` once `criu_ended` says CRIU ended without it (it
-    /// failed before).
-    pub fn wait_asked(&self, criu_ended: impl Fn() -> bool) -> Result<Option<Asked>> {
-        loop {
-            match self.listener.accept() {
-                Ok((conn, _)) => {
-                    conn.set_nonblocking(false)?;
-                    let mut line = String::new();
-                    BufReader::new(&conn).read_line(&mut line)?;
-                    if line.trim() != ASKED {
-                        return Err(Error::Criu(format!("CRIU's post-dump hook said {:?}", line.trim())));
-                    }
-                    return Ok(Some(Asked(conn)));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if criu_ended() {
-                        return Ok(None);
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                Err(e) => return Err(e.into()),
-            }
+    /// frozen); `None` once `criu_ended` is set first (CRIU failed before).
+    pub fn wait_asked(&self, criu_ended: &AtomicBool) -> Result<Option<Asked>> {
+        let Some(conn) = self.listener.accept(criu_ended)? else { return Ok(None) };
+        let mut line = String::new();
+        BufReader::new(&conn).read_line(&mut line)?;
+        if line.trim() != ASKED {
+            return Err(Error::Criu(format!("CRIU's post-dump hook said {:?}", line.trim())));
         }
+        Ok(Some(Asked(conn)))
     }
 }
 
@@ -148,19 +137,18 @@ mod tests {
     fn the_hook_says_what_criuz_answered_and_fails_without_criuz() {
         let dir = tempfile::tempdir().unwrap();
         let hook = PostDumpHook::bind(dir.path()).unwrap();
-        let socket = dir.path().join("post-dump.sock");
+        let socket = hook.listener.path().to_path_buf();
         let script = std::fs::read_to_string(hook.script()).unwrap();
         assert!(script.contains("dump-hook") && script.contains("post-dump.sock"), "{script}");
         assert_eq!(run_hook("network-lock", &socket), 0, "other actions pass");
         for written in [true, false] {
             let s = socket.clone();
             let t = std::thread::spawn(move || run_hook(ASKED, &s));
-            hook.wait_asked(|| false).unwrap().expect("asked").answer(written);
+            hook.wait_asked(&AtomicBool::new(false)).unwrap().expect("asked").answer(written);
             assert_eq!(t.join().unwrap(), if written { 0 } else { 1 });
         }
-        // criuz gone: nothing listens.
+        // criuz gone: nothing listens (its socket removed with it).
         drop(hook);
-        std::fs::remove_file(&socket).unwrap();
         assert_eq!(run_hook(ASKED, &socket), 1);
     }
 }
