@@ -321,7 +321,13 @@ fn established_tcp_connection_round_trips() {
     let small = small_fs(tmp.path());
     let full = small.join("big.czr").display().to_string();
     let pid = w.pid.to_string();
-    let out = criuz(&["dump", "-t", &pid, "-o", &full, "--codec", "zstd", "--level", "19", "--", "--tcp-established"]);
+    // Asked for in a CRIU config file, as a site that always dumps its
+    // connections would: CRIU reads it, and so must criuz.
+    let config = tmp.path().join("criu.conf");
+    std::fs::write(&config, "tcp-established\n").unwrap();
+    let out = run(Command::new(CRIUZ)
+        .args(["dump", "-t", &pid, "-o", &full, "--codec", "zstd", "--level", "19"])
+        .env("CRIU_CONFIG_FILE", &config));
     let _ = Command::new("umount").arg(&small).status();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -606,6 +612,33 @@ fn a_restore_whose_pidfile_cannot_be_written_restores_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--pidfile") && err.contains("no-such-dir is not a directory"), "{err}");
+}
+
+/// CRIU options criuz sets itself, given again after `--`, would override
+/// criuz's (CRIU's last word wins): a dump with `-D` lost its images and
+/// its log, one with `-s` its process. They are refused before CRIU runs.
+#[test]
+fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let (a, pid) = (arc.to_str().unwrap(), w.pid.to_string());
+    for (args, names) in [
+        (vec!["dump", "-t", &pid, "-o", a, "--", "--tcp-established", "-D", "/tmp"], "-D"),
+        (vec!["dump", "-t", &pid, "-o", a, "--", "-js"], "criuz dump --leave-running"),
+        (vec!["restore", "-i", a, "--", "--restore-det"], "criuz restore -d"),
+    ] {
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(names), "{args:?}: {err}");
+    }
+    assert!(!arc.exists());
+    assert_eq!(w.sums(), before, "the process must run on, untouched");
+    w.stop();
 }
 
 /// A dump whose absorb budget runs out while CRIU writes: the blocks taken

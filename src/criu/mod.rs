@@ -1,7 +1,8 @@
 //! The CRIU side: finding a usable CRIU (>= 4.0) here; its streamer protocol
 //! (`streamer`), handing bytes to its pipes (`splice`), the few image files
-//! criuz reads (`images`), CRIU's dump statistics (`stats`) and its version
-//! (`version`, remembered per binary) in the submodules.
+//! criuz reads (`images`), CRIU's dump statistics (`stats`), the options a
+//! run of it reads (`options`) and its version (`version`, remembered per
+//! binary) in the submodules.
 //!
 //! Order: `--criu PATH`, then `$CRIUZ_CRIU`, then the build cache that
 //! `scripts/setup.sh` fills (`$CRIUZ_CACHE`, else `$XDG_CACHE_HOME/criuz`, else
@@ -12,6 +13,7 @@ use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
 pub mod images;
+pub mod options;
 pub mod page_server;
 pub mod scm;
 pub mod splice;

@@ -17,6 +17,7 @@
 use crate::archive::dedup::DedupIndex;
 use crate::archive::{Archive, BlockSource, Options, PackStats, Packer};
 use crate::archive::{OpenOptions, Parents, Proof};
+use crate::criu::options::{self, CriuOptions};
 use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
 use crate::criu::Criu;
@@ -185,6 +186,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
+    options::check_extra(&o.extra, options::Action::Dump)?;
     check_dumpable(o.pid)?;
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
@@ -204,6 +206,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let mut cmd = Command::new(&criu.path);
     cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
         .arg(work.path())
+        // Where the log and statistics go, whatever CRIU's config files say.
+        .arg("-W")
+        .arg(work.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -219,8 +224,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     // A dump only CRIU can roll back whole (its connections locked for the
     // restore) waits at CRIU's post-dump hook until the archive is durable
     // (`session::post_dump`).
-    let hook =
-        (!o.leave_running && post_dump::needed(&o.extra)).then(|| PostDumpHook::bind(work.path())).transpose()?;
+    let hook = (!o.leave_running && post_dump::needed(&CriuOptions::read(&o.extra)))
+        .then(|| PostDumpHook::bind(work.path()))
+        .transpose()?;
     if let Some(h) = &hook {
         cmd.arg("--action-script").arg(h.script());
     }

@@ -189,6 +189,8 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
 pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    // Where the log goes, whatever CRIU's config files say.
+    cmd.arg("-W").arg(dir);
     cmd.arg("--restore-detached");
     if o.detach {
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());

@@ -21,6 +21,7 @@
 //! a criuz that is gone (no listener, or a connection that closes) counts
 //! as a failure, so CRIU rolls back rather than wait for ever.
 
+use crate::criu::options::CriuOptions;
 use crate::criu::streamer::Listener;
 use crate::error::{Error, IoContext, Result};
 use std::io::{BufRead, BufReader, Write};
@@ -31,17 +32,18 @@ use std::sync::atomic::AtomicBool;
 
 /// CRIU options after which only CRIU's own rollback hands a tree back
 /// whole (see the module doc).
-const CRIU_ROLLS_BACK: [&str; 2] = ["--tcp-established", "--link-remap"];
+const CRIU_ROLLS_BACK: [&str; 2] = ["tcp-established", "link-remap"];
 
 /// What the hook sends when CRIU runs it, and what criuz answers.
 const ASKED: &str = "post-dump";
 const WRITTEN: &str = "written";
 const FAILED: &str = "failed";
 
-/// Whether a dump given these extra CRIU options (and not left running,
-/// which CRIU rolls back itself) needs the hook.
-pub fn needed(extra: &[String]) -> bool {
-    extra.iter().any(|a| CRIU_ROLLS_BACK.contains(&a.as_str()))
+/// Whether a dump with these CRIU options (given after `--` or in CRIU's
+/// config files; and not left running, which CRIU rolls back itself)
+/// needs the hook.
+pub fn needed(options: &CriuOptions) -> bool {
+    CRIU_ROLLS_BACK.iter().any(|name| options.is_set(name))
 }
 
 /// The hook's socket in the work directory.
@@ -126,10 +128,15 @@ mod tests {
 
     #[test]
     fn only_options_criu_alone_undoes_need_the_hook() {
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Without the machine's config files.
+        let args = |a: &[&str]| {
+            let words: Vec<String> = ["--no-default-config"].iter().chain(a).map(|s| s.to_string()).collect();
+            CriuOptions::read(&words)
+        };
         assert!(needed(&args(&["--tcp-established"])));
         assert!(needed(&args(&["--ext-unix-sk", "--link-remap"])));
         assert!(!needed(&args(&["--ext-unix-sk"])));
+        assert!(!needed(&args(&["--tcp-established", "--no-tcp-established"])));
         assert_eq!(quoted(Path::new("/a b/it's")), r"'/a b/it'\''s'");
     }
 

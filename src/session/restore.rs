@@ -27,7 +27,7 @@
 //! cores: placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md).
 
 use crate::archive::{BlockSource, Options};
-use crate::criu::{uffd, Criu};
+use crate::criu::{options, uffd, Criu};
 use crate::error::Result;
 use crate::io::Location;
 use crate::session::checkpoint::{self, RestoreReport};
@@ -77,6 +77,7 @@ impl Restored {
 /// a streamed restore's blocks, or fill a placed one.
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
     let started = Instant::now();
+    options::check_extra(&o.extra, options::Action::Restore)?;
     // Refused before anything is restored: found only once the tree runs,
     // a pidfile that cannot be written would fail a restore that worked.
     if let Some(p) = &o.pidfile {

@@ -1,0 +1,404 @@
+//! CRIU's options as a CRIU run reads them, for the few criuz must know.
+//!
+//! CRIU reads its config files first (`/etc/criu/default.conf` and
+//! `~/.criu/default.conf` unless `--config` or `--no-default-config` says
+//! otherwise, then `$CRIU_CONFIG_FILE`, then a `--config` file), then its
+//! command line; the last word on an option wins. Two things follow.
+//!
+//! - The options criuz sets itself (where images, log and pidfile go, how
+//!   the tree is left) stand before the user's options after `--`, so one
+//!   given there would override criuz's and break the run in ways CRIU's
+//!   log does not explain (a dump whose log is lost, a restore whose pid
+//!   criuz never sees). They are refused, each naming what to use instead.
+//!   Config files come before criuz's options and cannot override them.
+//! - A flag that changes what a failed dump leaves behind
+//!   (`--tcp-established`) counts wherever it is set, a config file too.
+//!
+//! The command line is read the way CRIU's getopt reads it, with CRIU's
+//! own table of options and their arguments (4.2), so that a value is
+//! never taken for an option and an abbreviated long option is known by
+//! its full name. Config files are read line by line as CRIU reads them:
+//! an option name, then at most one value.
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Whether an option takes a value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Takes {
+    Nothing,
+    /// The rest of the word, or the next word.
+    Value,
+    /// Only the rest of the word (`-v4`, `--verbosity=4`).
+    MaybeValue,
+}
+
+/// CRIU 4.2's long options (`criu/config.c`); those marked `flag` also
+/// exist as `no-NAME`.
+const LONG: &[(&str, Takes, bool)] = {
+    use Takes::*;
+    &[
+        ("tree", Value, false),
+        ("leave-stopped", Nothing, false),
+        ("leave-running", Nothing, false),
+        ("restore-detached", Nothing, true),
+        ("restore-sibling", Nothing, true),
+        ("daemon", Nothing, true),
+        ("images-dir", Value, false),
+        ("work-dir", Value, false),
+        ("log-file", Value, false),
+        ("join-ns", Value, false),
+        ("root", Value, false),
+        ("ext-unix-sk", MaybeValue, false),
+        ("help", Nothing, false),
+        ("tcp-established", Nothing, true),
+        ("close", Value, false),
+        ("log-pid", Nothing, true),
+        ("version", Nothing, false),
+        ("evasive-devices", Nothing, true),
+        ("pidfile", Value, false),
+        ("veth-pair", Value, false),
+        ("action-script", Value, false),
+        ("link-remap", Nothing, true),
+        ("shell-job", Nothing, true),
+        ("file-locks", Nothing, true),
+        ("page-server", Nothing, true),
+        ("address", Value, false),
+        ("port", Value, false),
+        ("prev-images-dir", Value, false),
+        ("ms", Nothing, false),
+        ("track-mem", Nothing, true),
+        ("auto-dedup", Nothing, true),
+        ("libdir", Value, false),
+        ("cpu-cap", MaybeValue, false),
+        ("force-irmap", Nothing, true),
+        ("ext-mount-map", Value, false),
+        ("exec-cmd", Nothing, false),
+        ("manage-cgroups", MaybeValue, false),
+        ("cgroup-root", Value, false),
+        ("inherit-fd", Value, false),
+        ("feature", Value, false),
+        ("skip-mnt", Value, false),
+        ("enable-fs", Value, false),
+        ("enable-external-sharing", Nothing, false),
+        ("enable-external-masters", Nothing, false),
+        ("freeze-cgroup", Value, false),
+        ("ghost-limit", Value, false),
+        ("irmap-scan-path", Value, false),
+        ("lsm-profile", Value, false),
+        ("timeout", Value, false),
+        ("external", Value, false),
+        ("empty-ns", Value, false),
+        ("lazy-pages", Nothing, false),
+        ("extra", Nothing, true),
+        ("experimental", Nothing, true),
+        ("all", Nothing, false),
+        ("cgroup-props", Value, false),
+        ("cgroup-props-file", Value, false),
+        ("cgroup-dump-controller", Value, false),
+        ("skip-in-flight", Nothing, true),
+        ("deprecated", Nothing, true),
+        ("display-stats", Nothing, true),
+        ("weak-sysctls", Nothing, true),
+        ("status-fd", Value, false),
+        ("tcp-close", Nothing, true),
+        ("verbosity", MaybeValue, false),
+        ("ps-socket", Value, false),
+        ("stream", Nothing, true),
+        ("config", Value, false),
+        ("no-default-config", Nothing, false),
+        ("tls-cacert", Value, false),
+        ("tls-cacrl", Value, false),
+        ("tls-cert", Value, false),
+        ("tls-key", Value, false),
+        ("tls", Nothing, true),
+        ("tls-no-cn-verify", Nothing, false),
+        ("cgroup-yard", Value, false),
+        ("pre-dump-mode", Value, false),
+        ("file-validation", Value, false),
+        ("skip-file-rwx-check", Nothing, true),
+        ("lsm-mount-context", Value, false),
+        ("network-lock", Value, false),
+        ("mntns-compat-mode", Nothing, true),
+        ("unprivileged", Nothing, true),
+        ("ghost-fiemap", Nothing, true),
+        ("allow-uprobes", Nothing, true),
+    ]
+};
+
+/// CRIU's short options and the long option each stands for.
+const SHORT: &[(char, &str)] = &[
+    ('d', "restore-detached"),
+    ('S', "restore-sibling"),
+    ('s', "leave-stopped"),
+    ('R', "leave-running"),
+    ('t', "tree"),
+    ('h', "help"),
+    ('D', "images-dir"),
+    ('o', "log-file"),
+    ('v', "verbosity"),
+    ('x', "ext-unix-sk"),
+    ('V', "version"),
+    ('r', "root"),
+    ('j', "shell-job"),
+    ('J', "join-ns"),
+    ('l', "file-locks"),
+    ('W', "work-dir"),
+    ('L', "libdir"),
+    ('M', "ext-mount-map"),
+];
+
+/// One option as CRIU reads it: its full long name, whether it was given
+/// as `no-NAME`, and the words it was given as (for messages).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Given {
+    name: &'static str,
+    negated: bool,
+    value: Option<String>,
+    written: String,
+}
+
+/// The long option `word` (without `--` and `=value`) names: an exact
+/// name, else the one name it abbreviates, as getopt resolves it.
+fn long_option(word: &str) -> Option<(&'static str, Takes, bool)> {
+    let names = LONG.iter().flat_map(|&(name, takes, flag)| {
+        let negated = flag.then_some((name, takes, true));
+        std::iter::once((name, takes, false)).chain(negated)
+    });
+    let spelled = |&(name, _, negated): &(&str, Takes, bool)| {
+        if negated {
+            format!("no-{name}")
+        } else {
+            name.to_string()
+        }
+    };
+    if let Some(exact) = names.clone().find(|o| spelled(o) == word) {
+        return Some(exact);
+    }
+    let mut prefixed = names.filter(|o| spelled(o).starts_with(word));
+    let first = prefixed.next()?;
+    // getopt takes an abbreviation of several spellings of one option (a
+    // flag and its `no-` form differ) only where they are the same option.
+    prefixed.all(|o| o == first).then_some(first)
+}
+
+/// The options in `args` (a command line without the program and action),
+/// in order; words that are not options, or options CRIU does not know,
+/// are passed over (CRIU reports those itself).
+fn parse(args: &[String]) -> Vec<Given> {
+    let mut out = Vec::new();
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        if word == "--" {
+            break;
+        }
+        if let Some(long) = word.strip_prefix("--") {
+            let (name, attached) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let Some((name, takes, negated)) = long_option(name) else { continue };
+            let value = match (takes, attached) {
+                (Takes::Value, None) => words.next().cloned(),
+                (_, attached) => attached,
+            };
+            out.push(Given { name, negated, value, written: word.clone() });
+        } else if let Some(cluster) = word.strip_prefix('-').filter(|c| !c.is_empty()) {
+            for (at, c) in cluster.char_indices() {
+                let Some(&(_, name)) = SHORT.iter().find(|(s, _)| *s == c) else { break };
+                let takes = LONG.iter().find(|(n, ..)| *n == name).map_or(Takes::Nothing, |o| o.1);
+                let rest = &cluster[at + c.len_utf8()..];
+                let written = format!("-{c}");
+                if takes == Takes::Nothing {
+                    out.push(Given { name, negated: false, value: None, written });
+                    continue;
+                }
+                let value = match (takes, rest.is_empty()) {
+                    (Takes::Value, true) => words.next().cloned(),
+                    (Takes::MaybeValue, true) => None,
+                    _ => Some(rest.to_string()),
+                };
+                out.push(Given { name, negated: false, value, written });
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A config file's options as CRIU reads them, as command-line words:
+/// each line is an option name (without `--`) and at most one value,
+/// quoted or not; `#` starts a comment. Unreadable: none (as CRIU).
+fn config_words(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let mut words = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, rest) = line.split_once([' ', '\t']).unwrap_or((line, ""));
+        words.push(format!("--{name}"));
+        let rest = rest.trim_start();
+        let value = if let Some(quoted) = rest.strip_prefix('"') {
+            let mut end = None;
+            let bytes = quoted.as_bytes();
+            for (i, &b) in bytes.iter().enumerate() {
+                if b == b'"' && (i == 0 || bytes[i - 1] != b'\\') {
+                    end = Some(i);
+                    break;
+                }
+            }
+            end.map(|e| quoted[..e].replace("\\\"", "\""))
+        } else {
+            let word = rest.split([' ', '\t', '#']).next().unwrap_or("");
+            (!word.is_empty()).then(|| word.to_string())
+        };
+        words.extend(value);
+    }
+    words
+}
+
+/// The config files CRIU reads, in its order, given the user's options.
+fn config_files(extra: &[String]) -> Vec<PathBuf> {
+    let given = parse(extra);
+    let from_command_line = given.iter().rev().find(|g| g.name == "config").and_then(|g| g.value.clone());
+    let no_default = from_command_line.is_some() || given.iter().any(|g| g.name == "no-default-config");
+    let mut files = Vec::new();
+    if !no_default {
+        files.push(PathBuf::from("/etc/criu/default.conf"));
+        if let Some(home) = std::env::var_os("HOME") {
+            files.push(Path::new(&home).join(".criu/default.conf"));
+        }
+    }
+    files.extend(std::env::var_os("CRIU_CONFIG_FILE").map(PathBuf::from));
+    files.extend(from_command_line.map(PathBuf::from));
+    files
+}
+
+/// What CRIU does, for the options criuz sets itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Dump,
+    Restore,
+}
+
+/// The options of a CRIU run whose command line ends with `extra` (the
+/// user's options after `--`).
+#[derive(Clone, Debug)]
+pub struct CriuOptions {
+    /// Config files' options, then the user's, in CRIU's order.
+    given: Vec<Given>,
+}
+
+impl CriuOptions {
+    /// Reads the config files CRIU would read for `extra`, and `extra`.
+    pub fn read(extra: &[String]) -> Self {
+        let config: Vec<String> = config_files(extra).iter().flat_map(|f| config_words(f)).collect();
+        let mut given = parse(&config);
+        given.extend(parse(extra));
+        CriuOptions { given }
+    }
+
+    /// Whether boolean option `name` is on: the last word on it, from a
+    /// config file or the command line.
+    pub fn is_set(&self, name: &str) -> bool {
+        self.given.iter().rev().find(|g| g.name == name).is_some_and(|g| !g.negated)
+    }
+}
+
+/// Refuses, as a usage error, an option in `extra` that would override one
+/// criuz sets on CRIU's command line for `action`, naming what to use.
+pub fn check_extra(extra: &[String], action: Action) -> Result<()> {
+    for g in parse(extra) {
+        if let Some(instead) = owned(g.name, action) {
+            return Err(Error::Usage(format!("CRIU option {} after --: {instead}", g.written)));
+        }
+    }
+    Ok(())
+}
+
+/// What to use instead of CRIU option `name`, where criuz sets it for
+/// `action`.
+fn owned(name: &str, action: Action) -> Option<&'static str> {
+    use Action::*;
+    Some(match (name, action) {
+        ("images-dir" | "work-dir" | "log-file" | "stream", _) => {
+            "criuz sets it (the images go through criuz; CRIU's log of a failed run is kept, and named)"
+        }
+        ("lazy-pages", Dump) => "not with criuz dump (criuz restore --lazy restores any archive lazily)",
+        ("lazy-pages", Restore) => "use criuz restore --lazy",
+        ("page-server" | "address" | "port", Dump) => "use criuz page-server to receive a dump over the page-server protocol",
+        ("page-server" | "address" | "port", Restore) => "criuz serves the pages itself",
+        ("tree", Dump) => "use criuz dump -t PID",
+        ("leave-running", Dump) => "use criuz dump --leave-running",
+        ("leave-stopped", Dump) => {
+            "not with criuz dump (the tree ends once its archive is durable, or runs on with criuz dump --leave-running)"
+        }
+        ("prev-images-dir", Dump) => "use criuz dump --parent ARCHIVE for an incremental archive",
+        ("pidfile", Restore) => "use criuz restore --pidfile",
+        ("restore-detached" | "daemon", Restore) => "use criuz restore -d",
+        ("restore-sibling", Restore) => "criuz sets it (to wait for the restored tree)",
+        ("leave-stopped", Restore) => "not with criuz restore (the restored tree runs; a tree dumped stopped stays stopped)",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    fn names(s: &str) -> Vec<(&'static str, bool, Option<String>)> {
+        parse(&words(s)).into_iter().map(|g| (g.name, g.negated, g.value)).collect()
+    }
+
+    #[test]
+    fn reads_the_command_line_as_getopt_does() {
+        assert_eq!(
+            names("--tcp-est -v4 -jD /x --action-script -D --log-file=l --no-link-remap stray -- --pidfile p"),
+            vec![
+                ("tcp-established", false, None),
+                ("verbosity", false, Some("4".into())),
+                ("shell-job", false, None),
+                ("images-dir", false, Some("/x".into())),
+                ("action-script", false, Some("-D".into())),
+                ("log-file", false, Some("l".into())),
+                ("link-remap", true, None),
+            ]
+        );
+        // Ambiguous abbreviations and unknown options are CRIU's to report.
+        assert_eq!(names("--no-re --t --bogus"), vec![]);
+    }
+
+    #[test]
+    fn options_criuz_sets_are_refused_with_what_to_use() {
+        let refused = |s: &str, a| check_extra(&words(s), a).unwrap_err().to_string();
+        assert!(refused("--tcp-established -R", Action::Dump).contains("criuz dump --leave-running"));
+        assert!(refused("-d", Action::Restore).contains("criuz restore -d"));
+        assert!(refused("--pid /p", Action::Restore).contains("--pidfile"));
+        assert!(refused("-W/x", Action::Dump).contains("criuz sets it"));
+        assert!(check_extra(&words("--tcp-established --ext-unix-sk -v4 --action-script -D"), Action::Dump).is_ok());
+        assert!(check_extra(&words("--leave-running --shell-job"), Action::Restore).is_ok());
+        assert!(check_extra(&words("--pidfile /p"), Action::Dump).is_ok());
+    }
+
+    #[test]
+    fn a_config_file_counts_until_the_command_line_says_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("c.conf");
+        std::fs::write(&conf, "# comment\n  tcp-established\nlsm-profile \"a b\" # note\nlink-remap\n").unwrap();
+        let mut expected = words("--tcp-established --lsm-profile");
+        expected.extend(["a b".to_string(), "--link-remap".to_string()]);
+        assert_eq!(config_words(&conf), expected);
+        let with =
+            |s: &str| CriuOptions::read(&[words(s), vec!["--config".into(), conf.display().to_string()]].concat());
+        assert!(with("").is_set("tcp-established"));
+        assert!(with("").is_set("link-remap"));
+        assert!(!with("--no-tcp-established").is_set("tcp-established"));
+        assert!(!with("").is_set("leave-running"));
+    }
+}
