@@ -151,6 +151,33 @@ pub fn redis_keys(mib: u64) -> u64 {
 
 impl Running {
     pub fn start(name: &str, mib: u64, dir: &Path, tools: &Tools) -> Result<Running> {
+        Self::start_with(name, mib, dir, tools, None)
+    }
+
+    /// A memory pattern whose process also holds an established TCP
+    /// connection to an echo peer (a thread of this process, for as long as
+    /// the connection lasts): its checksum line says whether the connection
+    /// still echoes (`tcp=echoed`), so a checkpoint that kills the
+    /// connection shows as a changed fingerprint.
+    pub fn start_with_tcp_peer(pattern: &str, mib: u64, dir: &Path, tools: &Tools) -> Result<Running> {
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| Error::Invalid(format!("echo peer: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| Error::Invalid(format!("echo peer: {e}")))?;
+        std::thread::spawn(move || {
+            let Ok((stream, _)) = listener.accept() else { return };
+            let Ok(reading) = stream.try_clone() else { return };
+            let mut w = stream;
+            for line in BufReader::new(reading).lines() {
+                let Ok(line) = line else { break };
+                if writeln!(w, "{line}").is_err() {
+                    break;
+                }
+            }
+        });
+        Self::start_with(pattern, mib, dir, tools, Some(addr))
+    }
+
+    fn start_with(name: &str, mib: u64, dir: &Path, tools: &Tools, tcp_peer: Option<SocketAddr>) -> Result<Running> {
         std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
         let log = dir.join("app.log");
         let ready = dir.join("ready");
@@ -175,6 +202,9 @@ impl Running {
                         0
                     }
                 };
+                if let Some(peer) = tcp_peer {
+                    cmd.args(["--tcp-peer", &peer.to_string()]);
+                }
                 run.pid = spawn_detached(cmd, &log)?;
                 run.kind = Kind::Pattern { children };
                 wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())

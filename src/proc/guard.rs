@@ -3,7 +3,11 @@
 //! restore's guard kills the restored tree (below); a dump's guard resumes
 //! the tree CRIU left stopped (`--leave-stopped`, so that it ends only once
 //! its archive is committed), so a criuz killed meanwhile leaves the
-//! process running instead of stopped for good.
+//! process running instead of stopped for good. A dump held at CRIU's
+//! post-dump hook (`session::post_dump`) is CRIU's to settle: its guard
+//! waits for CRIU to end, and ends the tree CRIU left stopped (the dump
+//! completed; resumed, its locked connections would be dead) or lets the
+//! tree CRIU rolled back run on.
 //!
 //! criuz serves the tree's page faults itself (`session::lazy`) through the
 //! userfaultfds CRIU hands it. Were criuz to die, those descriptors would
@@ -40,7 +44,8 @@
 use crate::criu::scm;
 use crate::error::{Error, Result};
 use crate::proc::tree::{
-    describe_end, end_aborted_tree, holder_of, kill_tree, signal_tree_except, tree_pids, wait_ended, wait_untraced,
+    describe_end, end_aborted_tree, holder_of, kill_tree, left_stopped, signal_tree_except, tree_pids, wait_ended,
+    wait_untraced,
 };
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -166,7 +171,20 @@ impl Guard {
     /// the tree (SIGCONT) if criuz dies before [`release`](Self::release),
     /// but for the processes of `stopped` (stopped before the dump).
     pub fn resuming(tree: &[i32], stopped: &[i32]) -> Result<Guard> {
-        Self::spawn(tree, libc::SIGCONT, None, stopped)
+        Self::spawn(tree, libc::SIGCONT, None, stopped, AfterCriu::Resume)
+    }
+
+    /// [`resuming`](Self::resuming) for a dump held at CRIU's post-dump
+    /// hook (`session::post_dump`), where CRIU, not criuz, says how it
+    /// ended: should criuz die, the guard waits for the CRIU it is told of
+    /// ([`wait_for`](Self::wait_for)) to end. A CRIU that rolled back has
+    /// resumed the tree, its connections unlocked. One that completed (its
+    /// hook answered only once the archive was committed) left it stopped
+    /// with its connections locked for the restore: resumed, it would run
+    /// on with those dead ("permission denied"), so the guard ends it, as
+    /// the dump would have.
+    pub fn resuming_unless_dumped(tree: &[i32], stopped: &[i32]) -> Result<Guard> {
+        Self::spawn(tree, libc::SIGCONT, None, stopped, AfterCriu::EndIfDumped)
     }
 
     /// Forks a guard that runs `argv` (a program by its path, then its
@@ -178,15 +196,21 @@ impl Guard {
             .map(|a| std::ffi::CString::new(a.as_bytes()))
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| Error::Usage("a NUL byte in a command for the guard".into()))?;
-        Self::spawn(&[], 0, Some(argv), &[])
+        Self::spawn(&[], 0, Some(argv), &[], AfterCriu::Resume)
     }
 
     fn signalling(tree: &[i32], sig: i32) -> Result<Guard> {
-        Self::spawn(tree, sig, None, &[])
+        Self::spawn(tree, sig, None, &[], AfterCriu::Resume)
     }
 
     /// `spared`: pids `sig` is not sent to.
-    fn spawn(tree: &[i32], sig: i32, argv: Option<Vec<std::ffi::CString>>, spared: &[i32]) -> Result<Guard> {
+    fn spawn(
+        tree: &[i32],
+        sig: i32,
+        argv: Option<Vec<std::ffi::CString>>,
+        spared: &[i32],
+        after: AfterCriu,
+    ) -> Result<Guard> {
         // The pointer array execv takes, made before the fork.
         let mut argp: Vec<*const libc::c_char> = argv.iter().flatten().map(|a| a.as_ptr()).collect();
         argp.push(std::ptr::null());
@@ -195,11 +219,7 @@ impl Guard {
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
         let spared = spared.to_vec();
-        let fds = GuardFds {
-            tell: tell_r.as_raw_fd(),
-            fds: theirs.as_raw_fd(),
-            not_ours: [tell_w.as_raw_fd(), ours.as_raw_fd()],
-        };
+        let fds = GuardFds { tell: tell_r.as_raw_fd(), fds: theirs.as_raw_fd() };
         // SAFETY: the child runs only async-signal-safe calls on memory
         // prepared above (see the module documentation), and never returns.
         let pid = unsafe { libc::fork() };
@@ -207,7 +227,7 @@ impl Guard {
             // SAFETY: in the child, which does nothing else: guard_main keeps
             // to async-signal-safe calls on `fds`, `tree`, `spared` and
             // `exec`, made above.
-            unsafe { guard_main(fds, &tree, sig, exec, &spared) }
+            unsafe { guard_main(fds, &tree, sig, exec, &spared, after) }
         }
         if pid < 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -334,12 +354,21 @@ pub(crate) fn end_guarded_children() {
     std::mem::forget(children);
 }
 
-/// Descriptors the guard works with, and criuz's ends it must close.
+/// What a dump's guard does with the tree once criuz is gone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AfterCriu {
+    /// Resumes it once its tracer let go (or signals it as told).
+    Resume,
+    /// Waits for CRIU to end; ends the tree if CRIU left it stopped (the
+    /// dump completed), resumes it otherwise.
+    EndIfDumped,
+}
+
+/// Descriptors the guard works with.
 #[derive(Clone, Copy)]
 struct GuardFds {
     tell: RawFd,
     fds: RawFd,
-    not_ours: [RawFd; 2],
 }
 
 /// The guard process (see the module documentation): only async-signal-safe
@@ -349,12 +378,22 @@ struct GuardFds {
 ///
 /// Only in the child of a fork, which must call nothing else: `f` holds the
 /// descriptors made for it before the fork, and it never returns.
-unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const libc::c_char]>, spared: &[i32]) -> ! {
-    // criuz's ends must close when criuz dies.
-    for fd in f.not_ours {
-        // SAFETY: criuz's ends, inherited: this process never uses them.
-        unsafe { libc::close(fd) };
-    }
+unsafe fn guard_main(
+    f: GuardFds,
+    tree: &[i32],
+    sig: i32,
+    exec: Option<&[*const libc::c_char]>,
+    spared: &[i32],
+    after: AfterCriu,
+) -> ! {
+    // criuz's ends must close when criuz dies, and so must everything else
+    // the fork copied: a copy of a socket criuz listens on (a dump's
+    // post-dump hook) would take CRIU's connection for a criuz that is
+    // gone, and CRIU would wait at its hook for ever while the guard waits
+    // for CRIU; a copy of a pipe would keep its reader from seeing the end.
+    // SAFETY: closes descriptors of this process only, none of which it
+    // uses but its own two (and the standard streams, kept for a command).
+    unsafe { close_all_but(&[f.tell, f.fds]) };
     // SAFETY: signal(2) with SIG_IGN installs no handler.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -395,6 +434,17 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const 
                     // SAFETY: as above, our own buffers.
                     if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid) } {
                         one.fd = -1;
+                    }
+                }
+                let mut sig = sig;
+                if after == AfterCriu::EndIfDumped {
+                    if wait_pid > 0 {
+                        wait_ended(wait_pid, 15 * 60 * 1000);
+                    }
+                    wait_untraced(tree, 60_000);
+                    if left_stopped(tree, spared) {
+                        kill_tree(tree);
+                        sig = 0;
                     }
                 }
                 if sig == libc::SIGCONT {
@@ -443,6 +493,40 @@ unsafe fn guard_main(f: GuardFds, tree: &[i32], sig: i32, exec: Option<&[*const 
             // SAFETY: ends this process without running anything of criuz's
             // (no destructors, no atexit handlers).
             unsafe { libc::_exit(0) };
+        }
+    }
+}
+
+/// Closes every descriptor from 3 up but `keep`.
+///
+/// # Safety
+/// Async-signal-safe (close_range, close); the caller must own what it
+/// closes.
+unsafe fn close_all_but(keep: &[RawFd]) {
+    let mut from: RawFd = 3;
+    let mut kept = [keep.first().copied().unwrap_or(-1), keep.get(1).copied().unwrap_or(-1)];
+    kept.sort_unstable();
+    for upto in kept.into_iter().filter(|&k| k >= 3).map(Some).chain([None]) {
+        let last = upto.map_or(RawFd::MAX, |k| k - 1);
+        if from <= last {
+            // SAFETY: close_range(2) on this process's descriptors.
+            let r = unsafe { libc::syscall(libc::SYS_close_range, from as u32, last as u32, 0u32) };
+            if r != 0 {
+                // Before Linux 5.9: one at a time, as far as any can be open.
+                let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                // SAFETY: getrlimit fills a local.
+                let max = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+                    0 => lim.rlim_cur.min(1 << 20) as RawFd,
+                    _ => 1024,
+                };
+                for fd in from..=last.min(max) {
+                    // SAFETY: close(2) on this process's descriptors.
+                    unsafe { libc::close(fd) };
+                }
+            }
+        }
+        if let Some(k) = upto {
+            from = k + 1;
         }
     }
 }
@@ -617,5 +701,73 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "status {status:#x}");
+    }
+
+    /// What a descriptor of `pid` is (`socket:[N]`, `pipe:[N]`, a path).
+    fn fd_targets(pid: i32) -> Vec<PathBuf> {
+        let dir = format!("/proc/{pid}/fd");
+        std::fs::read_dir(&dir).map_or(Vec::new(), |d| d.flatten().filter_map(|e| e.path().read_link().ok()).collect())
+    }
+
+    #[test]
+    fn the_guard_holds_no_copy_of_what_criuz_had_open() {
+        // A copy of a listening socket took CRIU's post-dump hook's
+        // connection for a criuz that had died: CRIU waited at its hook,
+        // and the guard waited for CRIU.
+        let dir = tempfile::tempdir().unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("s")).unwrap();
+        let (pipe_r, _pipe_w) = crate::io::pipe().unwrap();
+        let ours: Vec<PathBuf> = [listener.as_raw_fd(), pipe_r.as_raw_fd()]
+            .iter()
+            .map(|fd| Path::new(&format!("/proc/self/fd/{fd}")).read_link().unwrap())
+            .collect();
+        let guard = Guard::resuming(&[free_pid()], &[]).unwrap();
+        let t = Instant::now();
+        // Closed as the guard starts: its two own descriptors and the
+        // standard streams are all it keeps.
+        while fd_targets(guard.pid).len() > 5 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let held = fd_targets(guard.pid);
+        assert!(held.len() <= 5, "the guard holds {held:?}");
+        assert!(ours.iter().all(|o| !held.contains(o)), "the guard holds one of {ours:?}: {held:?}");
+        guard.release();
+    }
+
+    /// A dump at CRIU's post-dump hook whose criuz died: once the CRIU the
+    /// guard was told of has ended, a tree left stopped (a completed dump,
+    /// its connections locked) is ended, one that runs (rolled back) is
+    /// left to run.
+    #[test]
+    fn a_dump_tree_criu_left_stopped_is_ended_and_one_it_let_run_runs_on() {
+        for left_stopped in [true, false] {
+            let mut tree = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+            let pid = tree.id() as i32;
+            if left_stopped {
+                // SAFETY: stopping our own child, as CRIU leaves a dumped tree.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+            }
+            let guard = Guard::resuming_unless_dumped(&[pid], &[]).unwrap();
+            let mut criu = std::process::Command::new("sleep").arg("0.3").spawn().unwrap();
+            guard.wait_for(criu.id()).unwrap();
+            // criuz dies.
+            drop(guard.tell.lock().unwrap().take());
+            criu.wait().unwrap();
+            // SAFETY: reaping our own child, the guard, which exits once done.
+            unsafe { libc::waitpid(guard.pid, std::ptr::null_mut(), 0) };
+            let ended = tree.try_wait().unwrap();
+            if left_stopped {
+                let ended = ended.or_else(|| {
+                    std::thread::sleep(Duration::from_millis(200));
+                    tree.try_wait().unwrap()
+                });
+                let status = ended.expect("a tree CRIU left stopped must be ended");
+                assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+            } else {
+                assert!(ended.is_none(), "a tree CRIU let run must run on: {ended:?}");
+                tree.kill().unwrap();
+                tree.wait().unwrap();
+            }
+        }
     }
 }

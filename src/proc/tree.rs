@@ -434,6 +434,48 @@ unsafe fn traced(pid: i32) -> bool {
     }
 }
 
+/// Whether CRIU left the processes of `tree` (and descendants) not in
+/// `except` stopped, as a dump that completed with `--leave-stopped` does:
+/// there is at least one, and each is stopped or has SIGSTOP pending (CRIU
+/// sends it just before it lets go). One CRIU rolled back runs again.
+/// Async-signal-safe: the guard uses it.
+pub(crate) fn left_stopped(tree: &[i32], except: &[i32]) -> bool {
+    let mut pids = [0i32; MAX_TREE];
+    let n = collect_tree(tree, &mut pids);
+    let mut any = false;
+    for &p in pids[..n].iter().filter(|p| !except.contains(p)) {
+        // SAFETY: `stopping` only opens, reads and closes on stack memory.
+        if !unsafe { stopping(p) } {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Whether `pid` is stopped, or has SIGSTOP pending (from /proc/PID/status).
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn stopping(pid: i32) -> bool {
+    let mut buf = [0u8; 4096];
+    // SAFETY: read_proc only opens, reads and closes on our stack buffer.
+    let text = unsafe { read_proc(pid, b"/status", &mut buf) };
+    let field = |key: &[u8]| {
+        let at = text.windows(key.len()).position(|w| w == key)? + key.len();
+        Some(&text[at..at + text[at..].iter().position(|&c| c == b'\n').unwrap_or(text.len() - at)])
+    };
+    if field(b"State:\t").is_some_and(|v| v.first() == Some(&b'T')) {
+        return true;
+    }
+    // The pending-signal masks, in hex: SIGSTOP (19) is bit 18.
+    let stop_pending = |v: &[u8]| {
+        let bits = v.iter().try_fold(0u64, |acc, &c| Some(acc << 4 | (c as char).to_digit(16)? as u64));
+        bits.is_some_and(|b| b & (1 << (libc::SIGSTOP - 1)) != 0)
+    };
+    field(b"ShdPnd:\t").is_some_and(stop_pending) || field(b"SigPnd:\t").is_some_and(stop_pending)
+}
+
 /// Every thread of `tree` and its descendants with the CPU time it has run
 /// (nanoseconds, from /proc/PID/task/TID/schedstat), or `None` where one
 /// of them is not stopped (or ended): a tree that reads the same twice has

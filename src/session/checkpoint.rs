@@ -32,7 +32,7 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, publish_pidfile, restore_command,
-    resume_cuda, run_criu, RestoreOptions,
+    resume_cuda, run_criu, run_criu_told, RestoreOptions,
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
@@ -235,13 +235,20 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
     // Resumes the tree should criuz die while CRIU leaves it stopped; not
     // the processes stopped before, which CRIU's own failure leaves so too.
+    // At a post-dump hook CRIU decides: the guard waits for it to end, and
+    // ends a tree CRIU left stopped (`Guard::resuming_unless_dumped`).
     let stopped_before = tree::stopped_pids(&[o.pid]);
-    let mut guard = if o.leave_running { None } else { Some(Guard::resuming(&[o.pid], &stopped_before)?) };
+    let mut guard = match (o.leave_running, &hook) {
+        (true, _) => None,
+        (false, None) => Some(Arc::new(Guard::resuming(&[o.pid], &stopped_before)?)),
+        (false, Some(_)) => Some(Arc::new(Guard::resuming_unless_dumped(&[o.pid], &stopped_before)?)),
+    };
+    let told = guard.clone().filter(|_| hook.is_some());
     let capture_ends = OnceLock::new();
     let criu_ended = Arc::new(AtomicBool::new(false));
     let ended = criu_ended.clone();
     let mut criu_run = Some(std::thread::spawn(move || {
-        let status = run_criu(&mut cmd, &[]);
+        let status = run_criu_told(&mut cmd, &[], told.as_deref());
         ended.store(true, Ordering::Relaxed);
         status
     }));

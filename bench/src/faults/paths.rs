@@ -27,6 +27,7 @@ pub enum Route {
     DumpPipe,
     DumpS3,
     DumpChild,
+    DumpTcp,
     RuncCheckpoint,
     Pack,
     Unpack,
@@ -43,6 +44,7 @@ pub const ROUTES: &[Route] = &[
     Route::DumpPipe,
     Route::DumpS3,
     Route::DumpChild,
+    Route::DumpTcp,
     Route::RuncCheckpoint,
     Route::Pack,
     Route::Unpack,
@@ -61,6 +63,7 @@ impl Route {
             Route::DumpPipe => "dump-pipe",
             Route::DumpS3 => "dump-s3",
             Route::DumpChild => "dump-incremental",
+            Route::DumpTcp => "dump-tcp",
             Route::RuncCheckpoint => "runc-checkpoint",
             Route::Pack => "pack",
             Route::Unpack => "unpack",
@@ -80,6 +83,10 @@ impl Route {
             Route::DumpFile | Route::DumpChild => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
             Route::DumpS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
+            // A killed CRIU leaves the connections it locked for the
+            // restore locked, as `criu dump` alone does: only CRIU's own
+            // rollback frees them, so only faults that let it roll back.
+            Route::DumpTcp => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::Pack | Route::Unpack => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RestoreFile | Route::RestoreLazy | Route::RestoreChain | Route::RuncRestore => {
@@ -269,7 +276,7 @@ impl Ctx {
         };
         let mut f = Finding::default();
         match route {
-            Route::DumpFile | Route::DumpPipe | Route::DumpS3 | Route::DumpChild => {
+            Route::DumpFile | Route::DumpPipe | Route::DumpS3 | Route::DumpChild | Route::DumpTcp => {
                 self.dump_trial(route, fault, delay, &mut f)?
             }
             Route::RuncCheckpoint => self.runc_checkpoint_trial(fault, delay, &mut f)?,
@@ -303,7 +310,13 @@ impl Ctx {
     }
 
     fn dump_trial(&mut self, route: Route, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
-        let mut w = Running::start("mixed", self.mib, &self.work.join(format!("wl-{}", self.trial)), &self.tools)?;
+        let dir = self.work.join(format!("wl-{}", self.trial));
+        let mut w = match route {
+            Route::DumpTcp => Running::start_with_tcp_peer("mixed", self.mib, &dir, &self.tools)?,
+            _ => Running::start("mixed", self.mib, &dir, &self.tools)?,
+        };
+        // CRIU's options for the connection, on dump and restore alike.
+        let criu_extra: &[&str] = if route == Route::DumpTcp { &["--", "--tcp-established"] } else { &[] };
         let parent = self.out.join(format!("parent-{}.czr", self.trial));
         if route == Route::DumpChild {
             let mut c = self.criuz();
@@ -330,7 +343,7 @@ impl Ctx {
                     Op::PipeTo(c, PathBuf::from(target))
                 }
                 _ => {
-                    c.args(["-o", target, "--force"]);
+                    c.args(["-o", target, "--force"]).args(criu_extra);
                     Op::Alone(c)
                 }
             }
@@ -360,7 +373,7 @@ impl Ctx {
                     f.criu_trap = Some(format!("pid {} killed by SIGTRAP as its CRIU was killed ({})", w.pid, o.said));
                 } else if !complete {
                     f.broke("lost-process", format!("pid {} gone and no complete archive ({})", w.pid, o.said));
-                } else if let Err(e) = self.restore_and_check(&target, &mut w, &before) {
+                } else if let Err(e) = self.restore_and_check(&target, criu_extra, &mut w, &before) {
                     f.broke("wrong-memory", format!("the published archive: {e}"));
                 }
             }
@@ -374,7 +387,7 @@ impl Ctx {
                 f.broke("next-run-failed", e);
             } else {
                 let _ = check::settle(w.pid, SETTLE);
-                if let Err(e) = self.restore_and_check(&target, &mut w, &before) {
+                if let Err(e) = self.restore_and_check(&target, criu_extra, &mut w, &before) {
                     f.broke("next-run-failed", format!("restore of the retried dump: {e}"));
                 }
             }
@@ -402,10 +415,10 @@ impl Ctx {
 
     /// Restores `archive` (the process it holds must be gone), checks the
     /// restored process's checksum, and leaves it running.
-    fn restore_and_check(&mut self, archive: &str, w: &mut Running, before: &str) -> Result<()> {
+    fn restore_and_check(&mut self, archive: &str, criu_extra: &[&str], w: &mut Running, before: &str) -> Result<()> {
         let _ = check::settle(w.pid, SETTLE);
         let mut c = self.criuz();
-        c.args(["restore", "-d", "-i", archive]);
+        c.args(["restore", "-d", "-i", archive]).args(criu_extra);
         self.must(Op::Alone(c), "restore").map_err(Error::Invalid)?;
         let s = w.fingerprint()?;
         if s != before {
