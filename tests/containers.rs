@@ -109,6 +109,48 @@ fn a_page_server_dump_restores() {
     assert!(!bad.exists());
 }
 
+/// A plain `criu dump` ends its tree once the page server has every page;
+/// the images it writes then join the archive after. An archive that fails
+/// there (a full disk) must not lose the process: criuz has the dump leave
+/// it stopped and resumes it. The images directory holds 4 MiB that join
+/// the archive last (as a large ghost image of a deleted file would), on a
+/// file system with room for the pages only.
+#[test]
+fn a_page_server_dump_whose_archive_fails_after_the_pages_resumes_the_process() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 32, ..Spec::default() });
+    let before = w.sums();
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("img");
+    std::fs::create_dir(&img).unwrap();
+    // Incompressible: splitmix64's output.
+    let filler: Vec<u8> = (0..(4u64 << 20) / 8)
+        .flat_map(|i| {
+            let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31)).to_le_bytes()
+        })
+        .collect();
+    std::fs::write(img.join("filler.img"), filler).unwrap();
+    // 32 MiB of `mixed` store in 9.8 MiB.
+    let small = t.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"]).arg(&small));
+    let arc = small.join("ps.czr");
+    let pid = w.pid.to_string();
+    let mut args = vec!["page-server", "-D", p(&img), "-o", p(&arc), "--", p(&criu), "dump", "-t", &pid];
+    args.extend(["-D", p(&img), "--page-server", "--address", "{ip}", "--port", "{port}"]);
+    let out = criuz(&args);
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("No space left") && err.contains("resumed"), "{err}");
+    assert_eq!(w.sums(), before, "the process must run on, untouched");
+    w.stop();
+}
+
 struct Runc {
     id: String,
     bundle: PathBuf,

@@ -186,10 +186,17 @@ fn long_option(word: &str) -> Option<(&'static str, Takes, bool)> {
 /// in order; words that are not options, or options CRIU does not know,
 /// are passed over (CRIU reports those itself).
 fn parse(args: &[String]) -> Vec<Given> {
+    parse_words(args).0
+}
+
+/// [`parse`], and the words that are not options (CRIU's action first).
+fn parse_words(args: &[String]) -> (Vec<Given>, Vec<&String>) {
     let mut out = Vec::new();
+    let mut plain = Vec::new();
     let mut words = args.iter();
     while let Some(word) = words.next() {
         if word == "--" {
+            plain.extend(words);
             break;
         }
         if let Some(long) = word.strip_prefix("--") {
@@ -221,9 +228,22 @@ fn parse(args: &[String]) -> Vec<Given> {
                 out.push(Given { name, negated: false, value, written });
                 break;
             }
+        } else {
+            plain.push(word);
         }
     }
-    out
+    (out, plain)
+}
+
+/// The action of a CRIU command line (`dump`, `restore`, ...: its first
+/// word that is neither an option nor an option's value), and the line
+/// without it. `args` is without the program.
+pub fn action(args: &[String]) -> Option<(&str, Vec<String>)> {
+    let (_, plain) = parse_words(args);
+    let action = *plain.first()?;
+    let at = args.iter().position(|a| std::ptr::eq(a, action))?;
+    let rest = args[..at].iter().chain(&args[at + 1..]).cloned().collect();
+    Some((action.as_str(), rest))
 }
 
 /// A config file's options as CRIU reads them, as command-line words:
@@ -305,6 +325,11 @@ impl CriuOptions {
     pub fn is_set(&self, name: &str) -> bool {
         self.given.iter().rev().find(|g| g.name == name).is_some_and(|g| !g.negated)
     }
+
+    /// The value of option `name`, as the last word on it gives it.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.given.iter().rev().find(|g| g.name == name)?.value.as_deref()
+    }
 }
 
 /// Refuses, as a usage error, an option in `extra` that would override one
@@ -372,6 +397,15 @@ mod tests {
         );
         // Ambiguous abbreviations and unknown options are CRIU's to report.
         assert_eq!(names("--no-re --t --bogus"), vec![]);
+    }
+
+    #[test]
+    fn the_action_is_the_first_word_that_is_no_option_nor_a_value() {
+        let line = words("-v4 -o log dump -t 7 --leave-running");
+        let (name, rest) = action(&line).unwrap();
+        assert_eq!((name, rest), ("dump", words("-v4 -o log -t 7 --leave-running")));
+        assert_eq!(action(&words("-D dump restore")).unwrap().0, "restore");
+        assert!(action(&words("-t 7")).is_none());
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! `receive::run_dump`.
 
 use crate::archive::{Archive, OpenOptions, Options, PackStats, Packer};
+use crate::criu::options::{self, CriuOptions};
 use crate::criu::streamer::{self, Listener};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::Location;
+use crate::proc::guard::Guard;
+use crate::proc::tree;
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
 use crate::session::{capture, criu_run::RestoreOptions};
@@ -67,22 +70,67 @@ impl Serve {
     }
 }
 
-/// Runs `cmd` (its program named `program`), a dump told to send its pages
-/// to `server` and its other images to `dir`, into a new tree archive at
-/// `output`, published only if the dump was complete.
+/// Runs `command` (a program and its arguments), a dump told to send its
+/// pages to `server` and its other images to `dir`, into a new tree archive
+/// at `output`, published only if the dump was complete.
+///
+/// A plain `criu dump` ends its tree once criuz has every page, before the
+/// images it writes after that are in the archive: a failure then would
+/// lose the process with its checkpoint. So a `criu dump` that would end
+/// its tree is told to leave it stopped (`--leave-stopped`), and criuz
+/// ends it once the archive is committed, or resumes it on any failure
+/// (with a guard, should criuz die), as `criuz dump` does. Not a dump CRIU
+/// alone can roll back whole (`--tcp-established`, `--link-remap`: its
+/// connections stay locked for the restore), which ends as CRIU ends it.
 pub fn page_server_dump(
     server: &PageServer,
-    cmd: Command,
-    program: &str,
+    command: &[String],
     dir: &Path,
     output: &Location,
     force: bool,
     opts: &Options,
 ) -> Result<(PackStats, ReceiveReport)> {
+    let (program, args) = command.split_first().ok_or_else(|| Error::Usage("no dump command given".into()))?;
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
-    let done = receive::run_dump(server, cmd, program, dir, packer, None)?;
-    out.commit()?;
-    Ok(done)
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let held = held_tree(program, args);
+    let stopped_before = held.map(|pid| tree::stopped_pids(&[pid])).unwrap_or_default();
+    let guard = held.map(|pid| Guard::resuming(&[pid], &stopped_before)).transpose()?;
+    if held.is_some() {
+        cmd.arg("--leave-stopped");
+    }
+    let done = receive::run_dump(server, cmd, program, dir, packer, None).and_then(|done| {
+        out.commit()?;
+        Ok(done)
+    });
+    if let (Some(pid), Some(guard)) = (held, guard) {
+        let pids = tree::tree_pids(&[pid]);
+        if done.is_ok() {
+            tree::kill_tree(&pids);
+            tree::wait_exit_begun(&pids, std::time::Duration::from_secs(1));
+        } else {
+            tree::wait_untraced(&pids, 60_000);
+            tree::signal_tree_except(&pids, libc::SIGCONT, &stopped_before);
+        }
+        guard.release();
+        return done.map_err(|e| e.context(format!("no checkpoint written; process {pid} was resumed")));
+    }
+    done
+}
+
+/// The tree a page-server dump command leaves to criuz to end (see
+/// [`page_server_dump`]): that of a `criu dump` that would end it.
+fn held_tree(program: &str, args: &[String]) -> Option<i32> {
+    if Path::new(program).file_name()? != "criu" {
+        return None;
+    }
+    let ("dump", options) = options::action(args)? else { return None };
+    let given = CriuOptions::read(&options);
+    let ends_it = ["leave-running", "leave-stopped", "tcp-established", "link-remap", "lazy-pages"]
+        .iter()
+        .all(|name| !given.is_set(name));
+    ends_it.then(|| given.value("tree")?.parse().ok()).flatten()
 }

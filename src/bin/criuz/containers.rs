@@ -9,7 +9,7 @@ use criuz::session::container::{self, Memory, RestoredHow, Runc, RuncCheckpoint,
 use criuz::session::receive::PageServer;
 use criuz::session::standalone;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// Receive a dump over CRIU's page-server protocol into one archive
@@ -54,11 +54,9 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
         })
         .collect();
     eprintln!("criuz: page server on {addr}, running {}", args.join(" "));
-    let mut cmd = Command::new(&args[0]);
-    cmd.args(&args[1..]);
     let t = Instant::now();
     let output = location(&a.output)?;
-    let (stats, rx) = standalone::page_server_dump(&server, cmd, &args[0], &a.dir, &output, a.force, &opts)?;
+    let (stats, rx) = standalone::page_server_dump(&server, &args, &a.dir, &output, a.force, &opts)?;
     eprintln!(
         "received {} pages ({} protocol) and {} files: {}, {:.2}s",
         rx.pages,
