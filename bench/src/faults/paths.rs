@@ -28,6 +28,7 @@ pub enum Route {
     DumpS3,
     DumpChild,
     DumpTcp,
+    DumpPageServer,
     RuncCheckpoint,
     Pack,
     Unpack,
@@ -45,6 +46,7 @@ pub const ROUTES: &[Route] = &[
     Route::DumpS3,
     Route::DumpChild,
     Route::DumpTcp,
+    Route::DumpPageServer,
     Route::RuncCheckpoint,
     Route::Pack,
     Route::Unpack,
@@ -64,6 +66,7 @@ impl Route {
             Route::DumpS3 => "dump-s3",
             Route::DumpChild => "dump-incremental",
             Route::DumpTcp => "dump-tcp",
+            Route::DumpPageServer => "dump-page-server",
             Route::RuncCheckpoint => "runc-checkpoint",
             Route::Pack => "pack",
             Route::Unpack => "unpack",
@@ -80,7 +83,9 @@ impl Route {
     pub fn faults(self) -> &'static [Fault] {
         use Fault::*;
         match self {
-            Route::DumpFile | Route::DumpChild => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
+            Route::DumpFile | Route::DumpChild | Route::DumpPageServer => {
+                &[KillCriuz, KillCriu, Enospc, InterruptCriuz]
+            }
             Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
             Route::DumpS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
             // A killed CRIU leaves the connections it locked for the
@@ -276,9 +281,12 @@ impl Ctx {
         };
         let mut f = Finding::default();
         match route {
-            Route::DumpFile | Route::DumpPipe | Route::DumpS3 | Route::DumpChild | Route::DumpTcp => {
-                self.dump_trial(route, fault, delay, &mut f)?
-            }
+            Route::DumpFile
+            | Route::DumpPipe
+            | Route::DumpS3
+            | Route::DumpChild
+            | Route::DumpTcp
+            | Route::DumpPageServer => self.dump_trial(route, fault, delay, &mut f)?,
             Route::RuncCheckpoint => self.runc_checkpoint_trial(fault, delay, &mut f)?,
             Route::RuncRestore => self.runc_restore_trial(fault, delay, &mut f)?,
             Route::Pack => self.pack_trial(fault, delay, &mut f)?,
@@ -331,8 +339,18 @@ impl Ctx {
         let _ = std::fs::remove_file(&target);
         let _ = std::fs::remove_file(self.target(route, &self.out));
         let pid = w.pid.to_string();
+        let images = self.work.join(format!("img-{}", self.trial));
         let dump = |ctx: &Ctx, target: &str| {
             let mut c = ctx.criuz();
+            if route == Route::DumpPageServer {
+                // The images directory of the dump criuz runs, fresh for each run.
+                let _ = std::fs::remove_dir_all(&images);
+                let _ = std::fs::create_dir_all(&images);
+                c.arg("page-server").arg("-D").arg(&images).args(["-o", target, "--force", "--"]);
+                c.arg(&ctx.criu).args(["dump", "-t", &pid, "-D"]).arg(&images);
+                c.args(["--page-server", "--address", "{ip}", "--port", "{port}"]);
+                return Op::Alone(c);
+            }
             c.args(["dump", "-t", &pid]);
             if route == Route::DumpChild {
                 c.arg("--parent").arg(&parent);
@@ -394,6 +412,7 @@ impl Ctx {
         }
         drop(w);
         let _ = std::fs::remove_file(&parent);
+        let _ = std::fs::remove_dir_all(&images);
         Ok(())
     }
 
