@@ -35,11 +35,13 @@ fn with_ring<T>(f: impl FnOnce(&mut Ring) -> T) -> T {
     f(g.get_or_insert_with(Ring::default))
 }
 
-/// Reads a secret file: it must exist and be readable.
+/// Reads a secret file: it must exist, be readable, and be text (a key
+/// file given where another file was meant is a usage error naming it).
 fn read_secret(path: &Path) -> Result<String> {
-    let mut s = String::new();
-    std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut s)).at(path)?;
-    Ok(s)
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).at(path)?;
+    String::from_utf8(bytes)
+        .map_err(|_| Error::Usage(format!("{}: not a key or passphrase file (it is not text)", path.display())))
 }
 
 /// Parses an age identity file (`AGE-SECRET-KEY-1…` lines, `#` comments).
@@ -277,4 +279,20 @@ pub fn write_identity(path: &Path, force: bool) -> Result<String> {
     drop(w);
     file.commit()?;
     Ok(public)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_file_that_is_no_text_is_a_usage_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("a.czr");
+        std::fs::write(&archive, [0xffu8, 0xfe, 0x00, 0x80]).unwrap();
+        for e in [add_identity_file(&archive).unwrap_err(), read_passphrase(&archive).unwrap_err()] {
+            assert!(matches!(e, Error::Usage(_)), "{e:?}");
+            assert!(e.to_string().contains("a.czr: not a key or passphrase file"), "{e}");
+        }
+    }
 }
