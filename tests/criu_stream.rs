@@ -335,8 +335,17 @@ fn established_tcp_connection_round_trips() {
     assert_eq!(w.sums(), before, "memory or the TCP connection did not survive the failed dump: {err}");
 
     let arc = tmp.path().join("tcp.czr");
+    // Without CRIU's option, on either side: CRIU's error and what to do.
+    let out = criuz(&["dump", "-t", &pid, "-o", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("dump and restore with -- --tcp-established"), "{err}");
     dump(&w, &arc, &["--", "--tcp-established"]);
     w.reap_original();
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("restore with -- --tcp-established"), "{err}");
     restore(&arc, &["--", "--tcp-established"]);
     assert_eq!(w.sums(), before, "memory or the TCP connection did not survive");
     w.stop();

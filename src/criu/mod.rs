@@ -133,10 +133,36 @@ pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
 /// The last lines of a CRIU log that say what went wrong.
 pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let errs: Vec<String> =
-        text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).map(String::from).collect();
+    // CRIU logs its failure to raise its own descriptor limit as an error
+    // and carries on: not what stopped it.
+    let errs: Vec<String> = text
+        .lines()
+        .filter(|l| (l.contains("Error") || l.contains("rror (")) && !l.contains("Can't setup RLIMIT_NOFILE"))
+        .map(String::from)
+        .collect();
     let lines: Vec<String> = if errs.is_empty() { text.lines().map(String::from).collect() } else { errs };
     lines[lines.len().saturating_sub(max)..].to_vec()
+}
+
+/// CRIU's errors that a criuz option, or a CRIU option given after `--`,
+/// answers: what CRIU logged, and what to tell the user.
+const HINTS: [(&str, &str); 4] = [
+    (
+        "Connected TCP socket, consider using --tcp-established",
+        "the process has established TCP connections: dump and restore with -- --tcp-established",
+    ),
+    (
+        "Connected TCP socket in image",
+        "the checkpoint holds established TCP connections: restore with -- --tcp-established",
+    ),
+    ("Found dangling tty", "a process attached to a terminal: dump and restore with --shell-job"),
+    ("has uprobes vma", "the process has uprobes: dump and restore with -- --allow-uprobes"),
+];
+
+/// What to do about the failure CRIU's `log` records, where criuz knows.
+pub fn log_hint(log: &Path) -> Option<&'static str> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    HINTS.iter().find(|(logged, _)| text.contains(logged)).map(|(_, hint)| *hint)
 }
 
 #[cfg(test)]
@@ -145,6 +171,22 @@ mod tests {
 
     fn criu(version: &str) -> Criu {
         Criu { path: "/x/criu".into(), version: version.into(), source: "PATH" }
+    }
+
+    #[test]
+    fn a_log_says_what_stopped_criu_and_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("restore.log");
+        let text = "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n\
+                    (00.01) 7: Error (criu/sk-inet.c:912): inet: Connected TCP socket in image\n\
+                    Error (criu/cr-restore.c:2331): Restoring FAILED.\n";
+        std::fs::write(&log, text).unwrap();
+        let errors = super::log_errors(&log, 3);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("Connected TCP socket in image"), "{errors:?}");
+        assert!(super::log_hint(&log).is_some_and(|h| h.contains("restore with -- --tcp-established")));
+        std::fs::write(&log, "Error (criu/cr-restore.c:2331): Restoring FAILED.\n").unwrap();
+        assert_eq!(super::log_hint(&log), None);
     }
 
     #[test]

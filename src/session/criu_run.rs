@@ -50,7 +50,8 @@ pub struct RestoreOptions {
 /// `log`, and its last errors go into the message.
 pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
     let errs = criu::log_errors(log, 3).join(" | ");
-    Error::Criu(format!("{what} failed ({status}); log: {}; {errs}", log.display()))
+    let hint = criu::log_hint(log).map(|h| format!(" ({h})")).unwrap_or_default();
+    Error::Criu(format!("{what} failed ({status}); log: {}; {errs}{hint}", log.display()))
 }
 
 /// `program` (CRIU, runc, podman) could not be run.
