@@ -489,6 +489,10 @@ fn an_eager_restore_placed_by_criuz_keeps_its_checksums() {
     assert!(placed > (48 << 20) / 4096 / 2, "{rep}");
     assert!(rep["eager_pages"].as_u64().unwrap() < placed / 10, "{rep}");
     assert!(rep["running_seconds"].as_f64().unwrap() >= rep["resident_seconds"].as_f64().unwrap(), "{rep}");
+    // CRIU's part, then the fill: in that order, within the restore.
+    let fill_started = rep["fill_started_seconds"].as_f64().unwrap();
+    assert!(rep["criu_started_seconds"].as_f64().unwrap() < fill_started, "{rep}");
+    assert!(fill_started < rep["running_seconds"].as_f64().unwrap(), "{rep}");
     assert!(!tmp.path().join("placed.czr.touch").exists(), "a placed restore records no working set");
     assert_eq!(w.sums(), before, "a process restored by placing its memory sees other memory");
     w.stop();

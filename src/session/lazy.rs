@@ -71,6 +71,11 @@ pub struct LazyReport {
     /// Until criuz started CRIU: its own part of the start (opening the
     /// archive, writing CRIU's images).
     pub criu_started_seconds: f64,
+    /// Until a placed restore's fill began, CRIU having restored the tree
+    /// and handed its memory over: what of `running_seconds` is CRIU's
+    /// (and criuz's start); the rest is the fill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill_started_seconds: Option<f64>,
     /// Until the tree runs (CRIU returned; a lazy tree CRIU left stopped
     /// let run; a placed one's pages all in).
     pub running_seconds: f64,
@@ -750,6 +755,7 @@ impl LazyRestore<'_> {
                 pid: None,
                 cuda_resume_seconds: None,
                 criu_started_seconds: criu_started,
+                fill_started_seconds: report.held_fill_started.map(|t| (t - started).as_secs_f64()),
                 running_seconds: running,
                 resident_seconds: resident,
                 eager_pages,

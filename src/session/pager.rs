@@ -124,6 +124,9 @@ pub(crate) struct PagerReport {
     /// When the recorded working set was in place (`None`: there was none,
     /// or the pager stopped before).
     pub working_set_in: Option<Instant>,
+    /// When a held tree's fill began: CRIU had handed every address space
+    /// over (`None`: a running tree's fill, or none).
+    pub held_fill_started: Option<Instant>,
 }
 
 /// A failure found beside the pager (the proof of the stored bytes, behind
@@ -618,6 +621,7 @@ impl<'a> Pager<'a> {
     /// nothing in it runs, see `session::place`); what an event kept out is
     /// left missing, for `fill_one`.
     fn fill_held(&mut self, how: &HeldFill) -> Result<()> {
+        self.report.held_fill_started = Some(Instant::now());
         // Paused while CRIU restored the tree (`LazyRestore::run`).
         self.blocks.source.read_ahead(true);
         let mut ranges = Vec::new();
