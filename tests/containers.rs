@@ -105,7 +105,9 @@ fn a_page_server_dump_restores() {
         "--port",
         "{port}",
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("resumed"), "no process to resume: {err}");
     assert!(!bad.exists());
 }
 

@@ -116,7 +116,14 @@ pub fn page_server_dump(
             tree::signal_tree_except(&pids, libc::SIGCONT, &stopped_before);
         }
         guard.release();
-        return done.map_err(|e| e.context(format!("no checkpoint written; process {pid} was resumed")));
+        let resumed = tree::exists(pid);
+        return done.map_err(|e| {
+            if resumed {
+                e.context(format!("no checkpoint written; process {pid} was resumed"))
+            } else {
+                e
+            }
+        });
     }
     done
 }
