@@ -409,14 +409,21 @@ unsafe fn read_proc<'a>(pid: i32, file: &[u8], buf: &'a mut [u8]) -> &'a [u8] {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn running(pid: i32) -> bool {
+    // SAFETY: `state` only opens, reads and closes on stack memory.
+    !matches!(unsafe { state(pid) }, Some(b'Z' | b'X') | None)
+}
+
+/// The state letter of `pid` (from /proc/PID/stat; `None` if it is gone).
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn state(pid: i32) -> Option<u8> {
     let mut buf = [0u8; 512];
     // SAFETY: read_proc only opens, reads and closes on our stack buffer.
     let text = unsafe { read_proc(pid, b"/stat", &mut buf) };
     // The state follows the last ')' (the command name may hold one).
-    match text.iter().rposition(|&c| c == b')') {
-        Some(at) => !matches!(text.get(at + 2), Some(b'Z' | b'X') | None),
-        None => false,
-    }
+    let at = text.iter().rposition(|&c| c == b')')?;
+    text.get(at + 2).copied()
 }
 
 /// Whether `pid` has a tracer (from /proc/PID/status; false if it is gone).
@@ -458,6 +465,10 @@ pub(crate) fn left_stopped(tree: &[i32], except: &[i32]) -> bool {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn stopping(pid: i32) -> bool {
+    // SAFETY: `state` only opens, reads and closes on stack memory.
+    if unsafe { state(pid) } == Some(b'T') {
+        return true;
+    }
     let mut buf = [0u8; 4096];
     // SAFETY: read_proc only opens, reads and closes on our stack buffer.
     let text = unsafe { read_proc(pid, b"/status", &mut buf) };
@@ -465,9 +476,6 @@ unsafe fn stopping(pid: i32) -> bool {
         let at = text.windows(key.len()).position(|w| w == key)? + key.len();
         Some(&text[at..at + text[at..].iter().position(|&c| c == b'\n').unwrap_or(text.len() - at)])
     };
-    if field(b"State:\t").is_some_and(|v| v.first() == Some(&b'T')) {
-        return true;
-    }
     // The pending-signal masks, in hex: SIGSTOP (19) is bit 18.
     let stop_pending = |v: &[u8]| {
         let bits = v.iter().try_fold(0u64, |acc, &c| Some(acc << 4 | (c as char).to_digit(16)? as u64));
@@ -556,6 +564,25 @@ pub(crate) fn signal_tree_except(tree: &[i32], sig: i32, except: &[i32]) {
         // SAFETY: a tree criuz restored or dumped, and what it forked.
         unsafe { libc::kill(p, sig) };
     }
+}
+
+/// Ends a dumped tree CRIU left stopped (`root` and what it forked), once
+/// its archive is committed. Killed, not waited for: the kernel frees the
+/// tree's memory behind the command (tens of ms a GiB here; `criu dump -D`
+/// waits for it), and a restore started meanwhile waits for the pids it
+/// needs; only the start of each exit is waited for, so that no process of
+/// the tree still looks alive once the command returns.
+pub(crate) fn end_dumped(root: i32) {
+    let pids = tree_pids(&[root]);
+    kill_tree(&pids);
+    wait_exit_begun(&pids, std::time::Duration::from_secs(1));
+}
+
+/// Resumes a dumped tree after a failure, once no tracer holds it, but for
+/// the processes of `stopped_before` (stopped before the dump, to stay so).
+pub(crate) fn resume_dumped(root: i32, stopped_before: &[i32]) {
+    wait_untraced(&tree_pids(&[root]), 60_000);
+    signal_tree_except(&[root], libc::SIGCONT, stopped_before);
 }
 
 /// The processes of `tree` (and their descendants) that are stopped now

@@ -308,10 +308,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         out.commit()?;
         Ok(pack)
     };
-    let resume = || {
-        tree::wait_untraced(&tree::tree_pids(&[o.pid]), 60_000);
-        tree::signal_tree_except(&[o.pid], libc::SIGCONT, &stopped_before);
-    };
+    let resume = || tree::resume_dumped(o.pid, &stopped_before);
     let (written, stats_bytes) = match (asked, status) {
         (Some(asked), _) => {
             // CRIU waits at its post-dump hook with the tree frozen (held
@@ -367,15 +364,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let pack = match written {
         Ok(pack) => {
             if !o.leave_running {
-                // Killed, not waited for: the kernel frees the tree's memory
-                // behind the command (tens of ms a GiB here; `criu dump -D`
-                // waits for it). A restore started meanwhile waits for the
-                // pids it needs (`check_pids_free`). Only the start of each
-                // exit is waited for, so that no process of the tree still
-                // looks alive once the command returns.
-                let pids = tree::tree_pids(&[o.pid]);
-                tree::kill_tree(&pids);
-                tree::wait_exit_begun(&pids, std::time::Duration::from_secs(1));
+                tree::end_dumped(o.pid);
             }
             if let Some(g) = guard.take() {
                 g.release();

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
 use crate::proc::tree;
+use crate::session::post_dump;
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
 use crate::session::{capture, criu_run::RestoreOptions};
@@ -107,13 +108,10 @@ pub fn page_server_dump(
         Ok(done)
     });
     if let (Some(pid), Some(guard)) = (held, guard) {
-        let pids = tree::tree_pids(&[pid]);
         if done.is_ok() {
-            tree::kill_tree(&pids);
-            tree::wait_exit_begun(&pids, std::time::Duration::from_secs(1));
+            tree::end_dumped(pid);
         } else {
-            tree::wait_untraced(&pids, 60_000);
-            tree::signal_tree_except(&pids, libc::SIGCONT, &stopped_before);
+            tree::resume_dumped(pid, &stopped_before);
         }
         guard.release();
         let resumed = tree::exists(pid);
@@ -136,8 +134,7 @@ fn held_tree(program: &str, args: &[String]) -> Option<i32> {
     }
     let ("dump", options) = options::action(args)? else { return None };
     let given = CriuOptions::read(&options);
-    let ends_it = ["leave-running", "leave-stopped", "tcp-established", "link-remap", "lazy-pages"]
-        .iter()
-        .all(|name| !given.is_set(name));
+    let ends_it = ["leave-running", "leave-stopped", "lazy-pages"].iter().all(|name| !given.is_set(name))
+        && !post_dump::needed(&given);
     ends_it.then(|| given.value("tree")?.parse().ok()).flatten()
 }
