@@ -711,6 +711,31 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
     w.stop();
 }
 
+/// An archive is binary: `-o -` on a terminal is refused before CRIU runs
+/// (the dump would end its process with the archive scrolled past on the
+/// screen), and `-i -` on a terminal is refused, not waited on.
+#[test]
+fn archives_are_neither_written_to_nor_read_from_a_terminal() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    for (cmd, says) in [
+        (format!("{CRIUZ} dump -t {} -o -", w.pid), "-: standard output is a terminal"),
+        (format!("{CRIUZ} restore -i -"), "-: standard input is a terminal"),
+        (format!("{CRIUZ} verify -"), "-: standard input is a terminal"),
+    ] {
+        // script(1) runs the command on a terminal of its own and exits as
+        // it does; what the command wrote there comes out on its stdout.
+        let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {said}");
+        assert!(said.contains(says), "{cmd}: {said}");
+    }
+    assert_eq!(w.sums(), before, "the process must run on, untouched");
+    w.stop();
+}
+
 /// A dump whose absorb budget runs out while CRIU writes: the blocks taken
 /// meanwhile are hurried (LZ4), CRIU is not held back by zstd, and the
 /// archive is rewritten with zstd once the process is done with; it restores

@@ -100,8 +100,8 @@ fn describe_status(status: i32) -> String {
 }
 
 /// Reaps every zombie child. Only call when no pipeline is running (it would
-/// take their exit status and usage). The signal that killed each is kept
-/// for [`killed_by`].
+/// take their exit status and usage). Each one's wait status is kept for
+/// [`killed_by`] and [`ended_as`].
 pub fn reap_zombies() {
     loop {
         let mut status = 0;
@@ -110,24 +110,47 @@ pub fn reap_zombies() {
         if pid <= 0 {
             break;
         }
-        if libc::WIFSIGNALED(status) {
-            let mut killed = KILLED.lock().unwrap_or_else(|e| e.into_inner());
-            if killed.len() >= KILLED_KEPT {
-                killed.remove(0);
-            }
-            killed.push((pid, libc::WTERMSIG(status)));
+        let mut reaped = REAPED.lock().unwrap_or_else(|e| e.into_inner());
+        if reaped.len() >= REAPED_KEPT {
+            reaped.remove(0);
         }
+        reaped.push((pid, status));
     }
 }
 
-/// Children [`reap_zombies`] found killed by a signal, the latest last.
-static KILLED: std::sync::Mutex<Vec<(i32, i32)>> = std::sync::Mutex::new(Vec::new());
-const KILLED_KEPT: usize = 64;
+/// Children [`reap_zombies`] reaped and their wait statuses, the latest last.
+static REAPED: std::sync::Mutex<Vec<(i32, i32)>> = std::sync::Mutex::new(Vec::new());
+const REAPED_KEPT: usize = 256;
+
+fn reaped_status(pid: i32) -> Option<i32> {
+    let reaped = REAPED.lock().unwrap_or_else(|e| e.into_inner());
+    reaped.iter().rev().find(|(p, _)| *p == pid).map(|&(_, status)| status)
+}
 
 /// The signal that killed child `pid`, if [`reap_zombies`] reaped it so.
 pub fn killed_by(pid: i32) -> Option<i32> {
-    let killed = KILLED.lock().unwrap_or_else(|e| e.into_inner());
-    killed.iter().rev().find(|(p, _)| *p == pid).map(|&(_, sig)| sig)
+    reaped_status(pid).filter(|&s| libc::WIFSIGNALED(s)).map(|s| libc::WTERMSIG(s))
+}
+
+/// Waits (at most `limit`) for `child` to end, and says how, as a shell
+/// does: its exit code, or 128 + the signal that killed it. Finds it in
+/// what [`reap_zombies`] reaped if that took it first. None: still running.
+pub fn ended_as(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                return Some(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)));
+            }
+            Ok(None) if t.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => return None,
+            Err(_) => {
+                let s = reaped_status(child.id() as i32)?;
+                return Some(if libc::WIFSIGNALED(s) { 128 + libc::WTERMSIG(s) } else { libc::WEXITSTATUS(s) });
+            }
+        }
+    }
 }
 
 pub fn exists(pid: i32) -> bool {

@@ -17,7 +17,7 @@
 use super::{s3, Output, RecordStore};
 use crate::error::{Error, IoContext, Result, ResultContext};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -172,6 +172,11 @@ impl Location {
     /// one is refused unless `force`.
     pub fn output(&self, force: bool) -> Result<Output> {
         match self {
+            // Refused before anything runs: a dump would end its process
+            // with the archive scrolled past on a screen.
+            Location::Stdio if std::io::stdout().is_terminal() => Err(Error::Usage(
+                "-: standard output is a terminal; redirect the archive to a file or pipe it on".into(),
+            )),
             Location::Stdio => Ok(Output::Stdout),
             Location::File(p) => Ok(Output::File(super::AtomicFile::create(p, force)?)),
             Location::Object(u) => Ok(Output::Object(s3::Upload::start(u.clone(), force)?)),

@@ -57,15 +57,20 @@ fn traced(pid: i32) -> bool {
     s.lines().any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1).is_some_and(|p| p != "0"))
 }
 
-/// `criuz verify` of an archive (a file or an `s3://` URL) passes.
-pub fn complete(criuz: &Path, archive: &str) -> bool {
-    verify(criuz, archive).is_ok()
+/// `criuz verify` of an archive (a file or an `s3://` URL) passes, opened
+/// with `identity` if it is encrypted.
+pub fn complete(criuz: &Path, archive: &str, identity: Option<&Path>) -> bool {
+    verify(criuz, archive, identity).is_ok()
 }
 
 /// `criuz verify` of an archive; its complaint when it fails.
-pub fn verify(criuz: &Path, archive: &str) -> std::result::Result<(), String> {
-    let out = Command::new(criuz).args(["verify", archive]).stdin(Stdio::null()).output();
-    match out {
+pub fn verify(criuz: &Path, archive: &str, identity: Option<&Path>) -> std::result::Result<(), String> {
+    let mut c = Command::new(criuz);
+    c.args(["verify", archive]).stdin(Stdio::null());
+    if let Some(key) = identity {
+        c.arg("--identity").arg(key);
+    }
+    match c.output() {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().lines().last().unwrap_or("").to_string()),
         Err(e) => Err(e.to_string()),

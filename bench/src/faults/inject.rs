@@ -59,6 +59,10 @@ pub enum Op {
     PipeFrom(PathBuf, Command),
     /// `criuz … | cat > FILE`
     PipeTo(Command, PathBuf),
+    /// `criuz restore` without `-d`: done once FILE (its `--pidfile`)
+    /// names the restored root; criuz then goes on waiting for the tree as
+    /// its parent, and the outcome holds it ([`Outcome::waiting`]).
+    Foreground(Command, PathBuf),
 }
 
 /// How one run of an operation ended.
@@ -73,6 +77,8 @@ pub struct Outcome {
     pub seconds: f64,
     /// criuz's exit status and the tail of its standard error.
     pub said: String,
+    /// A foreground restore's criuz, still waiting for the tree it restored.
+    pub waiting: Option<Child>,
 }
 
 /// The S3 server of the campaign, which a fault may kill.
@@ -115,8 +121,13 @@ impl S3 {
 /// campaign, never a wait forever).
 pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Path, limit: Duration) -> Result<Outcome> {
     let stderr = || std::fs::File::create(log).map_err(|e| Error::file(log, e));
+    let mut pidfile = None;
     let (mut criuz, peer) = match op {
         Op::Alone(mut c) => (spawn(c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr()?))?, None),
+        Op::Foreground(mut c, file) => {
+            pidfile = Some(file);
+            (spawn(c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr()?))?, None)
+        }
         Op::PipeFrom(file, mut c) => {
             let mut cat = spawn(Command::new("cat").arg(&file).stdin(Stdio::null()).stdout(Stdio::piped()))?;
             let out = cat.stdout.take().map(Stdio::from).unwrap_or_else(Stdio::null);
@@ -147,6 +158,9 @@ pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Pat
         if status.is_some() && peer_done {
             break;
         }
+        if status.is_none() && pidfile.as_deref().is_some_and(names_a_pid) {
+            break;
+        }
         if !struck && t.elapsed() >= delay && status.is_none() {
             struck = strike(fault, &criuz, peer.as_ref(), s3, &mut injected);
         }
@@ -168,9 +182,10 @@ pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Pat
     // most half a minute, before anything is judged or retried (a stopped
     // one will not finish); what is left after the retry is a leftover.
     let me = std::process::id() as i32;
+    let waiter = status.is_none().then(|| criuz.id() as i32);
     let t_end = Instant::now();
     while t_end.elapsed() < Duration::from_secs(30)
-        && proc::tree(me).into_iter().any(|p| {
+        && proc::tree(me).into_iter().filter(|&p| Some(p) != waiter).any(|p| {
             let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
             matches!(comm.trim(), "runc" | "criu" | "criuz") && proc::alive(p) && !proc::stopped(p)
         })
@@ -178,16 +193,33 @@ pub fn run(op: Op, fault: Option<Fault>, delay: Duration, s3: &mut S3, log: &Pat
         proc::reap_zombies();
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = status.expect("waited");
     let tail = std::fs::read_to_string(log).unwrap_or_default();
     let tail: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = tail[tail.len().saturating_sub(2)..].join(" | ");
+    let Some(status) = status else {
+        // Only a foreground restore leaves the loop with criuz running.
+        return Ok(Outcome {
+            ok: true,
+            injected,
+            by_signal: false,
+            seconds: t.elapsed().as_secs_f64(),
+            said: format!("running as the restored tree's parent: {tail}"),
+            waiting: Some(criuz),
+        });
+    };
     Ok(Outcome {
         ok: status.success() && peer_status.is_none_or(|s| s.success()),
         injected,
         by_signal: std::os::unix::process::ExitStatusExt::signal(&status).is_some(),
         seconds: t.elapsed().as_secs_f64(),
-        said: format!("{status}: {}", tail[tail.len().saturating_sub(2)..].join(" | ")),
+        said: format!("{status}: {tail}"),
+        waiting: None,
     })
+}
+
+/// The pid file a restore writes once its tree runs holds a pid.
+fn names_a_pid(file: &Path) -> bool {
+    std::fs::read_to_string(file).is_ok_and(|s| s.trim().parse::<i32>().is_ok_and(|p| p > 0))
 }
 
 fn spawn(c: &mut Command) -> Result<Child> {

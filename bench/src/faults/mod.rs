@@ -1,7 +1,9 @@
 //! The fault campaign (`criuz-faults`): on every path through criuz (dump
-//! to a file, a pipe, S3; an incremental child; runc checkpoint and
-//! restore; pack and unpack; restore eager, lazy, from a pipe, from S3, of
-//! a chain) it injects faults at random moments (SIGKILL of criuz, of
+//! to a file, a pipe, S3, encrypted, left running; an incremental child; a
+//! dump holding TCP connections; a page-server dump; runc checkpoint and
+//! restore; pack, unpack and flatten; restore placed, streamed, lazy,
+//! lazy verified first, in the foreground, encrypted, from a pipe, from S3,
+//! of a chain) it injects faults at random moments (SIGKILL of criuz, of
 //! CRIU, of the S3 server; a Ctrl-C of criuz; a full disk; a dead pipe
 //! peer) into real processes checkpointed with real CRIU, and checks after
 //! each:
@@ -17,7 +19,8 @@
 //!
 //! A clean run of each path first measures how long it takes (and must
 //! pass); each fault then strikes uniformly within that time. Paths and
-//! faults are taken in turn until the asked number of faults was injected.
+//! faults are taken in turn (each path's first fault, then each one's
+//! second, ...) until the asked number of faults was injected.
 
 pub mod check;
 pub mod inject;
@@ -125,8 +128,13 @@ pub fn run(plan: &Plan) -> Result<Report> {
         return Err(Error::Invalid(format!("unknown fault {k} (one of {})", all.join(", "))));
     }
     let wanted = |f: &Fault| plan.kinds.is_empty() || plan.kinds.iter().any(|k| k == f.name());
+    // Interleaved by route (each route's first fault, then each one's
+    // second, ...), so that a short campaign strikes every route.
+    let per_route: Vec<Vec<(Route, Fault)>> =
+        routes.iter().map(|&r| r.faults().iter().filter(|f| wanted(f)).map(|&f| (r, f)).collect()).collect();
+    let deepest = per_route.iter().map(Vec::len).max().unwrap_or(0);
     let combos: Vec<(Route, Fault)> =
-        routes.iter().flat_map(|&r| r.faults().iter().filter(|f| wanted(f)).map(move |&f| (r, f))).collect();
+        (0..deepest).flat_map(|j| per_route.iter().filter_map(move |faults| faults.get(j).copied())).collect();
     if combos.is_empty() {
         return Err(Error::Invalid(format!("no path of those chosen takes the faults {}", plan.kinds.join(", "))));
     }

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::proc::{self, Tmpfs};
 use crate::s3;
 use crate::workload::{Running, Tools};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -29,14 +30,21 @@ pub enum Route {
     DumpChild,
     DumpTcp,
     DumpPageServer,
+    DumpRunning,
+    DumpEncrypted,
     RuncCheckpoint,
     Pack,
     Unpack,
+    Flatten,
     RestoreFile,
     RestoreLazy,
     RestorePipe,
     RestoreS3,
     RestoreChain,
+    RestoreStream,
+    RestoreVerifyFirst,
+    RestoreForeground,
+    RestoreEncrypted,
     RuncRestore,
 }
 
@@ -47,14 +55,21 @@ pub const ROUTES: &[Route] = &[
     Route::DumpChild,
     Route::DumpTcp,
     Route::DumpPageServer,
+    Route::DumpRunning,
+    Route::DumpEncrypted,
     Route::RuncCheckpoint,
     Route::Pack,
     Route::Unpack,
+    Route::Flatten,
     Route::RestoreFile,
     Route::RestoreLazy,
     Route::RestorePipe,
     Route::RestoreS3,
     Route::RestoreChain,
+    Route::RestoreStream,
+    Route::RestoreVerifyFirst,
+    Route::RestoreForeground,
+    Route::RestoreEncrypted,
     Route::RuncRestore,
 ];
 
@@ -67,14 +82,21 @@ impl Route {
             Route::DumpChild => "dump-incremental",
             Route::DumpTcp => "dump-tcp",
             Route::DumpPageServer => "dump-page-server",
+            Route::DumpRunning => "dump-leave-running",
+            Route::DumpEncrypted => "dump-encrypted",
             Route::RuncCheckpoint => "runc-checkpoint",
             Route::Pack => "pack",
             Route::Unpack => "unpack",
+            Route::Flatten => "flatten",
             Route::RestoreFile => "restore-file",
             Route::RestoreLazy => "restore-lazy",
             Route::RestorePipe => "restore-pipe",
             Route::RestoreS3 => "restore-s3",
             Route::RestoreChain => "restore-chain",
+            Route::RestoreStream => "restore-stream",
+            Route::RestoreVerifyFirst => "restore-verify-first",
+            Route::RestoreForeground => "restore-foreground",
+            Route::RestoreEncrypted => "restore-encrypted",
             Route::RuncRestore => "runc-restore",
         }
     }
@@ -83,7 +105,7 @@ impl Route {
     pub fn faults(self) -> &'static [Fault] {
         use Fault::*;
         match self {
-            Route::DumpFile | Route::DumpChild | Route::DumpPageServer => {
+            Route::DumpFile | Route::DumpChild | Route::DumpPageServer | Route::DumpRunning | Route::DumpEncrypted => {
                 &[KillCriuz, KillCriu, Enospc, InterruptCriuz]
             }
             Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
@@ -93,10 +115,15 @@ impl Route {
             // rollback frees them, so only faults that let it roll back.
             Route::DumpTcp => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
-            Route::Pack | Route::Unpack => &[KillCriuz, Enospc, InterruptCriuz],
-            Route::RestoreFile | Route::RestoreLazy | Route::RestoreChain | Route::RuncRestore => {
-                &[KillCriuz, KillCriu, InterruptCriuz]
-            }
+            Route::Pack | Route::Unpack | Route::Flatten => &[KillCriuz, Enospc, InterruptCriuz],
+            Route::RestoreFile
+            | Route::RestoreLazy
+            | Route::RestoreChain
+            | Route::RestoreStream
+            | Route::RestoreVerifyFirst
+            | Route::RestoreForeground
+            | Route::RestoreEncrypted
+            | Route::RuncRestore => &[KillCriuz, KillCriu, InterruptCriuz],
             Route::RestorePipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
             Route::RestoreS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
         }
@@ -105,8 +132,21 @@ impl Route {
     fn restores(self) -> bool {
         matches!(
             self,
-            Route::RestoreFile | Route::RestoreLazy | Route::RestorePipe | Route::RestoreS3 | Route::RestoreChain
+            Route::RestoreFile
+                | Route::RestoreLazy
+                | Route::RestorePipe
+                | Route::RestoreS3
+                | Route::RestoreChain
+                | Route::RestoreStream
+                | Route::RestoreVerifyFirst
+                | Route::RestoreForeground
+                | Route::RestoreEncrypted
         )
+    }
+
+    /// A route whose archives are encrypted (to the campaign's identity).
+    fn encrypted(self) -> bool {
+        matches!(self, Route::DumpEncrypted | Route::RestoreEncrypted)
     }
 }
 
@@ -124,6 +164,8 @@ pub struct Ctx {
     pub s3: S3,
     pub bundle: Option<Bundle>,
     pub logs: PathBuf,
+    /// The age identity encrypted routes encrypt to and open with.
+    key: PathBuf,
     /// A clean run of each route took this long (the fault strikes within).
     pub clean_seconds: Vec<(Route, f64)>,
     /// The archives restore-side trials restore, made once.
@@ -187,7 +229,14 @@ impl Ctx {
         };
         let s3 = S3::start(&work.join("s3"))?;
         let (tmp, out) = (mk(work.join("tmp"))?, mk(work.join("out"))?);
+        let key = work.join("campaign.key");
+        let made =
+            Command::new(&criuz).arg("keygen").arg("-o").arg(&key).stdout(std::process::Stdio::null()).output()?;
+        if !made.status.success() {
+            return Err(Error::Invalid(format!("criuz keygen: {}", String::from_utf8_lossy(&made.stderr).trim())));
+        }
         Ok(Ctx {
+            key,
             criuz,
             criu,
             tools,
@@ -286,11 +335,14 @@ impl Ctx {
             | Route::DumpS3
             | Route::DumpChild
             | Route::DumpTcp
-            | Route::DumpPageServer => self.dump_trial(route, fault, delay, &mut f)?,
+            | Route::DumpPageServer
+            | Route::DumpRunning
+            | Route::DumpEncrypted => self.dump_trial(route, fault, delay, &mut f)?,
             Route::RuncCheckpoint => self.runc_checkpoint_trial(fault, delay, &mut f)?,
             Route::RuncRestore => self.runc_restore_trial(fault, delay, &mut f)?,
             Route::Pack => self.pack_trial(fault, delay, &mut f)?,
             Route::Unpack => self.unpack_trial(fault, delay, &mut f)?,
+            Route::Flatten => self.flatten_trial(fault, delay, &mut f)?,
             r if r.restores() => self.restore_trial(route, fault, delay, &mut f)?,
             _ => unreachable!("every route is matched"),
         }
@@ -323,8 +375,7 @@ impl Ctx {
             Route::DumpTcp => Running::start_with_tcp_peer("mixed", self.mib, &dir, &self.tools)?,
             _ => Running::start("mixed", self.mib, &dir, &self.tools)?,
         };
-        // CRIU's options for the connection, on dump and restore alike.
-        let criu_extra: &[&str] = if route == Route::DumpTcp { &["--", "--tcp-established"] } else { &[] };
+        let extra = self.restore_extra(route);
         let parent = self.out.join(format!("parent-{}.czr", self.trial));
         if route == Route::DumpChild {
             let mut c = self.criuz();
@@ -355,21 +406,33 @@ impl Ctx {
             if route == Route::DumpChild {
                 c.arg("--parent").arg(&parent);
             }
+            if route == Route::DumpRunning {
+                c.arg("--leave-running");
+            }
+            if route.encrypted() {
+                c.arg("--identity").arg(&ctx.key);
+            }
             match route {
                 Route::DumpPipe => {
                     c.args(["-o", "-"]);
                     Op::PipeTo(c, PathBuf::from(target))
                 }
                 _ => {
-                    c.args(["-o", target, "--force"]).args(criu_extra);
+                    c.args(["-o", target, "--force"]);
+                    if route == Route::DumpTcp {
+                        // CRIU's option for the connection, on dump and restore alike.
+                        c.args(["--", "--tcp-established"]);
+                    }
                     Op::Alone(c)
                 }
             }
         };
+        let key = route.encrypted().then(|| self.key.clone());
         let o = self.run(dump(self, &target), fault, delay, "dump")?;
         f.injected = o.injected && fault.is_some();
         f.seconds = o.seconds;
         let has = self.archive_there(route, &target);
+        let keeps_running = route == Route::DumpRunning;
         match ask(&mut w) {
             Asked::Stopped => f.broke("stuck-process", format!("pid {} still stopped or traced ({})", w.pid, o.said)),
             Asked::Silent(e) => f.broke("stuck-process", format!("pid {} does not answer: {e}", w.pid)),
@@ -377,21 +440,34 @@ impl Ctx {
                 f.broke("wrong-memory", format!("pid {} runs with checksum {s}, was {before}", w.pid))
             }
             Asked::Sum(_) => {
-                if o.ok {
+                if o.ok && !keeps_running {
                     f.broke("lost-process", format!("the dump said done but the process runs on ({})", o.said));
                 }
-                if let (true, Err(e), false) = (has, check::verify(&self.criuz, &target), route == Route::DumpPipe) {
+                let verified = check::verify(&self.criuz, &target, key.as_deref());
+                if let (true, Err(e), false) = (has, &verified, route == Route::DumpPipe) {
                     f.broke("partial-archive", format!("{target} published incomplete: {e} ({})", o.said));
+                }
+                if keeps_running && o.ok {
+                    if verified.is_err() {
+                        f.broke(
+                            "partial-archive",
+                            format!("the dump said done but {target} is not whole ({})", o.said),
+                        );
+                    } else if let Err(e) = self.end_and_restore(&target, &extra, &mut w, &before) {
+                        f.broke("wrong-memory", format!("the published archive: {e}"));
+                    }
                 }
             }
             Asked::Gone => {
-                let complete = has && check::complete(&self.criuz, &target);
+                let complete = has && check::complete(&self.criuz, &target, key.as_deref());
                 let trapped = fault == Some(Fault::KillCriu) && proc::killed_by(w.pid) == Some(libc::SIGTRAP);
-                if !complete && trapped {
+                if (!complete || keeps_running) && trapped {
                     f.criu_trap = Some(format!("pid {} killed by SIGTRAP as its CRIU was killed ({})", w.pid, o.said));
+                } else if keeps_running {
+                    f.broke("lost-process", format!("pid {} was to keep running and is gone ({})", w.pid, o.said));
                 } else if !complete {
                     f.broke("lost-process", format!("pid {} gone and no complete archive ({})", w.pid, o.said));
-                } else if let Err(e) = self.restore_and_check(&target, criu_extra, &mut w, &before) {
+                } else if let Err(e) = self.restore_and_check(&target, &extra, &mut w, &before) {
                     f.broke("wrong-memory", format!("the published archive: {e}"));
                 }
             }
@@ -405,7 +481,11 @@ impl Ctx {
                 f.broke("next-run-failed", e);
             } else {
                 let _ = check::settle(w.pid, SETTLE);
-                if let Err(e) = self.restore_and_check(&target, criu_extra, &mut w, &before) {
+                let restored = match keeps_running {
+                    true => self.end_and_restore(&target, &extra, &mut w, &before),
+                    false => self.restore_and_check(&target, &extra, &mut w, &before),
+                };
+                if let Err(e) = restored {
                     f.broke("next-run-failed", format!("restore of the retried dump: {e}"));
                 }
             }
@@ -416,9 +496,19 @@ impl Ctx {
         Ok(())
     }
 
+    /// What a restore of this route's archives adds: the key of an
+    /// encrypted one, CRIU's option for a connection.
+    fn restore_extra(&self, route: Route) -> Vec<OsString> {
+        match route {
+            Route::DumpTcp => vec!["--".into(), "--tcp-established".into()],
+            r if r.encrypted() => vec!["--identity".into(), self.key.clone().into()],
+            _ => Vec::new(),
+        }
+    }
+
     fn archive_there(&self, route: Route, target: &str) -> bool {
         match route {
-            Route::DumpS3 => check::complete(&self.criuz, target) || self.s3_has(target),
+            Route::DumpS3 => check::complete(&self.criuz, target, None) || self.s3_has(target),
             _ => Path::new(target).exists(),
         }
     }
@@ -434,10 +524,10 @@ impl Ctx {
 
     /// Restores `archive` (the process it holds must be gone), checks the
     /// restored process's checksum, and leaves it running.
-    fn restore_and_check(&mut self, archive: &str, criu_extra: &[&str], w: &mut Running, before: &str) -> Result<()> {
+    fn restore_and_check(&mut self, archive: &str, extra: &[OsString], w: &mut Running, before: &str) -> Result<()> {
         let _ = check::settle(w.pid, SETTLE);
         let mut c = self.criuz();
-        c.args(["restore", "-d", "-i", archive]).args(criu_extra);
+        c.args(["restore", "-d", "-i", archive]).args(extra);
         self.must(Op::Alone(c), "restore").map_err(Error::Invalid)?;
         let s = w.fingerprint()?;
         if s != before {
@@ -446,10 +536,27 @@ impl Ctx {
         Ok(())
     }
 
+    /// [`Self::restore_and_check`], ending first a process its dump left
+    /// running.
+    fn end_and_restore(&mut self, archive: &str, extra: &[OsString], w: &mut Running, before: &str) -> Result<()> {
+        if check::settle(w.pid, Duration::ZERO) == Settled::Running {
+            proc::kill_tree(&proc::tree(w.pid));
+            if check::settle(w.pid, SETTLE) != Settled::Gone {
+                return Err(Error::Invalid(format!("pid {} outlived its kill", w.pid)));
+            }
+        }
+        self.restore_and_check(archive, extra, w, before)
+    }
+
     /// The archive a restore-side route restores, made on first use.
     fn prepared(&mut self, route: Route) -> Result<usize> {
         let key = match route {
-            Route::RestorePipe | Route::RestoreLazy => Route::RestoreFile,
+            Route::RestorePipe
+            | Route::RestoreLazy
+            | Route::RestoreStream
+            | Route::RestoreVerifyFirst
+            | Route::RestoreForeground => Route::RestoreFile,
+            Route::Flatten => Route::RestoreChain,
             r => r,
         };
         if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
@@ -473,6 +580,9 @@ impl Ctx {
         if key == Route::RestoreChain {
             c.arg("--parent").arg(self.out.join("prepared-parent.czr"));
         }
+        if key.encrypted() {
+            c.arg("--identity").arg(&self.key);
+        }
         self.must(Op::Alone(c), "prepare").map_err(Error::Invalid)?;
         if check::settle(w.pid, SETTLE) != Settled::Gone {
             return Err(Error::Invalid(format!("pid {} outlived its dump", w.pid)));
@@ -482,11 +592,34 @@ impl Ctx {
         Ok(self.prepared.len() - 1)
     }
 
+    /// Where a foreground restore writes the restored pid.
+    fn pidfile(&self) -> PathBuf {
+        self.work.join("foreground.pid")
+    }
+
     fn restore_op(&self, route: Route, archive: &str) -> Op {
         let mut c = self.criuz();
         c.arg("restore");
-        if route == Route::RestoreLazy {
-            c.arg("--lazy");
+        match route {
+            Route::RestoreLazy => {
+                c.arg("--lazy");
+            }
+            Route::RestoreVerifyFirst => {
+                c.args(["--lazy", "--verify-first"]);
+            }
+            Route::RestoreStream => {
+                c.args(["--fill", "stream"]);
+            }
+            Route::RestoreEncrypted => {
+                c.arg("--identity").arg(&self.key);
+            }
+            _ => {}
+        }
+        if route == Route::RestoreForeground {
+            // Judged is this run's pid file, never the last one's.
+            let _ = std::fs::remove_file(self.pidfile());
+            c.args(["-i", archive, "--pidfile"]).arg(self.pidfile());
+            return Op::Foreground(c, self.pidfile());
         }
         c.arg("-d");
         match route {
@@ -507,24 +640,25 @@ impl Ctx {
             let p = &self.prepared[i].1;
             (p.archive.clone(), p.pid, p.sum.clone())
         };
-        let o = self.run(self.restore_op(route, &archive), fault, delay, "restore")?;
+        let mut o = self.run(self.restore_op(route, &archive), fault, delay, "restore")?;
         f.injected = o.injected && fault.is_some();
         f.seconds = o.seconds;
-        self.judge_restored(i, pid, &sum, &o, f);
+        self.judge_restored(i, pid, &sum, &mut o, f);
         if f.broken.is_empty() {
-            let o = self.run(self.restore_op(route, &archive), None, Duration::ZERO, "retry-restore")?;
+            let mut o = self.run(self.restore_op(route, &archive), None, Duration::ZERO, "retry-restore")?;
             if !o.ok {
                 f.broke("next-run-failed", format!("restore after the fault: {}", o.said));
             } else {
-                self.judge_restored(i, pid, &sum, &o, f);
+                self.judge_restored(i, pid, &sum, &mut o, f);
             }
         }
         Ok(())
     }
 
     /// After a restore: the tree runs intact, or there is none; then it is
-    /// ended so the next restore finds its pids free.
-    fn judge_restored(&mut self, i: usize, pid: i32, sum: &str, o: &Outcome, f: &mut Finding) {
+    /// ended so the next restore finds its pids free. A foreground criuz
+    /// still waiting for the tree must then end as its root did (SIGKILL).
+    fn judge_restored(&mut self, i: usize, pid: i32, sum: &str, o: &mut Outcome, f: &mut Finding) {
         let w = &mut self.prepared[i].1.workload;
         match ask(w) {
             Asked::Stopped => f.broke("stuck-process", format!("restored pid {pid} left stopped ({})", o.said)),
@@ -540,6 +674,64 @@ impl Ctx {
         }
         proc::kill_tree(&proc::tree(pid));
         let _ = check::settle(pid, SETTLE);
+        if let Some(mut criuz) = o.waiting.take() {
+            const KILLED: i32 = 128 + libc::SIGKILL;
+            match proc::ended_as(&mut criuz, SETTLE) {
+                Some(KILLED) => {}
+                Some(code) => f.broke("other", format!("criuz exited {code} after its tree was killed (not {KILLED})")),
+                None => {
+                    let _ = criuz.kill();
+                    let _ = criuz.wait();
+                    f.broke("stuck-process", "criuz still waited after its tree was killed".into());
+                }
+            }
+        }
+    }
+
+    /// `criuz flatten` of the prepared incremental archive: what it
+    /// publishes must verify, and the retried flattening must restore the
+    /// chain's process intact on its own.
+    fn flatten_trial(&mut self, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
+        let i = self.prepared(Route::Flatten)?;
+        let (child, pid, sum) = {
+            let p = &self.prepared[i].1;
+            (p.archive.clone(), p.pid, p.sum.clone())
+        };
+        let (full, dir) = self.output_dir(fault, self.reference_size())?;
+        let target = dir.join("flat.czr");
+        let _ = std::fs::remove_file(&target);
+        let flatten = |ctx: &Ctx, to: &Path| {
+            let mut c = ctx.criuz();
+            c.args(["flatten", &child, "--force", "-o"]).arg(to);
+            Op::Alone(c)
+        };
+        let o = self.run(flatten(self, &target), fault, delay, "flatten")?;
+        f.injected = o.injected && fault.is_some();
+        f.seconds = o.seconds;
+        let shown = target.display().to_string();
+        if target.exists() && !check::complete(&self.criuz, &shown, None) {
+            f.broke("partial-archive", format!("{shown} published incomplete ({})", o.said));
+        }
+        // A criuz killed (or interrupted) just after it published leaves
+        // its archive, complete (checked above).
+        if o.ok != target.exists() && !(o.by_signal && target.exists()) {
+            f.broke("partial-archive", format!("flatten exit {} but archive present: {}", o.said, target.exists()));
+        }
+        drop(full);
+        let target = self.out.join("flat.czr");
+        if let Err(e) = self.must(flatten(self, &target), "retry-flatten") {
+            f.broke("next-run-failed", e);
+            return Ok(());
+        }
+        let mut c = self.criuz();
+        c.args(["restore", "-d", "-i"]).arg(&target);
+        let mut o = self.run(Op::Alone(c), None, Duration::ZERO, "restore-flat")?;
+        if !o.ok {
+            f.broke("next-run-failed", format!("restore of the flattened archive: {}", o.said));
+        }
+        self.judge_restored(i, pid, &sum, &mut o, f);
+        let _ = std::fs::remove_file(&target);
+        Ok(())
     }
 
     fn runc_archive(&self, dir: &Path) -> PathBuf {
@@ -607,11 +799,11 @@ impl Ctx {
         f.seconds = o.seconds;
         let running = self.judge_container(&before, &o.said, f)?;
         let has = archive.exists();
-        if running && has && !check::complete(&self.criuz, &archive.display().to_string()) {
+        if running && has && !check::complete(&self.criuz, &archive.display().to_string(), None) {
             f.broke("partial-archive", format!("{} published incomplete", archive.display()));
         }
         if !running && f.broken.is_empty() {
-            if !has || !check::complete(&self.criuz, &archive.display().to_string()) {
+            if !has || !check::complete(&self.criuz, &archive.display().to_string(), None) {
                 f.broke("lost-process", format!("container gone and no complete archive ({})", o.said));
             } else {
                 self.bundle()?.delete();
@@ -722,7 +914,7 @@ impl Ctx {
         let o = self.run(pack(self, &target), fault, delay, "pack")?;
         f.injected = o.injected && fault.is_some();
         f.seconds = o.seconds;
-        if target.exists() && !check::complete(&self.criuz, &target.display().to_string()) {
+        if target.exists() && !check::complete(&self.criuz, &target.display().to_string(), None) {
             f.broke("partial-archive", format!("{} published incomplete ({})", target.display(), o.said));
         }
         // A criuz killed (or interrupted) just after it published leaves
@@ -740,7 +932,7 @@ impl Ctx {
         let target = self.out.join("packed.czr");
         if let Err(e) = self.must(pack(self, &target), "retry-pack") {
             f.broke("next-run-failed", e);
-        } else if !check::complete(&self.criuz, &target.display().to_string()) {
+        } else if !check::complete(&self.criuz, &target.display().to_string(), None) {
             f.broke("next-run-failed", "the retried pack does not verify".into());
         }
         Ok(())

@@ -476,3 +476,17 @@ fn parse_spool(s: &str) -> Result<u64, String> {
 pub fn location(spec: &std::path::Path) -> Result<Location> {
     Ok(Location::parse(spec)?)
 }
+
+/// An archive to read: as [`location`], but `-` must not be a terminal,
+/// where criuz would wait for an archive nobody types.
+pub fn input_location(spec: &std::path::Path) -> Result<Location> {
+    use std::io::IsTerminal;
+    let at = location(spec)?;
+    if at.is_stdio() && std::io::stdin().is_terminal() {
+        return Err(criuz::Error::Usage(
+            "-: standard input is a terminal; pipe or redirect the archive into criuz".into(),
+        )
+        .into());
+    }
+    Ok(at)
+}

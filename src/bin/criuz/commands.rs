@@ -2,7 +2,8 @@
 //! one library call, the result printed.
 
 use crate::args::{
-    location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, Fill, GpuCmd, KeyArgs, ParentArgs, ThreadArgs,
+    input_location, location, AbsorbArgs, ArchiveArgs, Cli, Cmd, CriuArgs, Fill, GpuCmd, KeyArgs, ParentArgs,
+    ThreadArgs,
 };
 use crate::containers;
 use crate::print::{self, human, out, rate};
@@ -83,7 +84,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             keys.load()?;
             let o = RestoreOptions {
-                input: location(&input)?,
+                input: input_location(&input)?,
                 detach,
                 shell_job,
                 extra,
@@ -107,7 +108,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Serve { dir, input, pipe_buffer, keep_zero_pages, parents, threads, keys } => {
             keys.load()?;
             let o = RestoreOptions {
-                input: location(&input)?,
+                input: input_location(&input)?,
                 detach: false,
                 shell_job: false,
                 extra: Vec::new(),
@@ -159,7 +160,7 @@ fn pack(
         if dedup.is_some() {
             return Err(criuz::Error::Usage("--parent works with a directory, not --tar".into()).into());
         }
-        let tar = location(&tar)?;
+        let tar = input_location(&tar)?;
         let inp = tar.reader()?;
         let out = Output::open(output, force)?;
         let mut progress = Progress::new("pack", None);
@@ -192,7 +193,7 @@ fn pack(
 fn flatten(archive: &Path, output: &Path, force: bool, parents: &ParentArgs, write: &ArchiveArgs) -> Result<()> {
     let opts = write.options()?;
     let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
-    let source = criuz::archive::open(&location(archive)?, &how)?;
+    let source = criuz::archive::open(&input_location(archive)?, &how)?;
     let out = Output::open(output, force)?;
     let t = Instant::now();
     let stats = offline::flatten(source, out.writer()?, &opts)?;
@@ -213,7 +214,7 @@ fn unpack(
 ) -> Result<()> {
     keys.load()?;
     let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
-    let inp = Reading::new(&location(archive)?, &how)?;
+    let inp = Reading::new(&input_location(archive)?, &how)?;
     let t = Instant::now();
     if let Some(tar) = tar {
         let out = Output::open(&tar, force)?;
@@ -234,7 +235,7 @@ fn unpack(
 
 fn inspect(archive: &Path, json: bool, keys: &KeyArgs) -> Result<()> {
     keys.load()?;
-    let rep = offline::inspect(location(archive)?.reader()?).with_context(|| archive.display().to_string())?;
+    let rep = offline::inspect(input_location(archive)?.reader()?).with_context(|| archive.display().to_string())?;
     if json {
         return print::json(&rep, false);
     }
@@ -245,7 +246,7 @@ fn inspect(archive: &Path, json: bool, keys: &KeyArgs) -> Result<()> {
 fn verify(archive: &Path, parents: &ParentArgs, threads: &ThreadArgs, keys: &KeyArgs) -> Result<()> {
     keys.load()?;
     let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
-    let inp = Reading::new(&location(archive)?, &how)?;
+    let inp = Reading::new(&input_location(archive)?, &how)?;
     let (files, bytes) = offline::verify(inp, &threads.options(), Progress::new("verify", None))?;
     out!("{}: OK, {} files, {} checked", archive.display(), files, human(bytes));
     Ok(())

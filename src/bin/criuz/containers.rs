@@ -1,7 +1,7 @@
 //! `criuz page-server`, `criuz runc ...` and `criuz podman ...`: argument
 //! parsing and printing; the work is in `criuz::session::{receive, container}`.
 
-use crate::args::{location, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
+use crate::args::{input_location, location, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
 use crate::print::{self, human};
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -242,7 +242,7 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
                 (_, true) => Memory::Eager,
                 _ => Memory::Auto,
             };
-            let input = location(&input)?;
+            let input = input_location(&input)?;
             let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra, gpu_map };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if let Some(why) = r.not_lazy {
@@ -349,7 +349,7 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             keys.load()?;
             let criu = criu.locate()?;
             let t = Instant::now();
-            container::podman_restore(&podman, &criu, &location(&input)?, &extra, &threads.options())?;
+            container::podman_restore(&podman, &criu, &input_location(&input)?, &extra, &threads.options())?;
             eprintln!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
         }
     }
