@@ -736,6 +736,28 @@ fn archives_are_neither_written_to_nor_read_from_a_terminal() {
     w.stop();
 }
 
+/// A packed directory that is not a checkpoint is refused by every restore
+/// path with one line saying so, before CRIU runs.
+#[test]
+fn an_archive_that_holds_no_process_tree_is_refused_by_every_restore() {
+    let Some(_criu) = criu() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("notes");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("readme.txt"), "not a checkpoint\n").unwrap();
+    let arc = tmp.path().join("notes.czr");
+    ok(criuz(&["pack", dir.to_str().unwrap(), "-o", arc.to_str().unwrap()]), "criuz pack");
+    let a = arc.to_str().unwrap();
+    for how in [&[][..], &["--fill", "stream"], &["--fill", "place"], &["--lazy"]] {
+        let mut args = vec!["restore", "-d", "-i", a];
+        args.extend_from_slice(how);
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{how:?}: {err}");
+        assert!(err.contains(&format!("{a}: not a process checkpoint (it holds no pstree.img)")), "{how:?}: {err}");
+    }
+}
+
 /// A dump whose absorb budget runs out while CRIU writes: the blocks taken
 /// meanwhile are hurried (LZ4), CRIU is not held back by zstd, and the
 /// archive is rewritten with zstd once the process is done with; it restores

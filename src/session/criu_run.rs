@@ -100,11 +100,19 @@ pub(crate) fn ids_by_default(root: i32, holds_cuda: bool) -> bool {
 
 /// CRIU restores every process and thread under its old id; one still in use
 /// (often the dumped process itself, not yet reaped by its parent) would make
-/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids.
+/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids;
+/// an archive that holds no process tree is refused before CRIU runs.
 pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
-    let Some(entry) = source.find("pstree.img") else { return Ok(Vec::new()) };
-    let pids: Vec<i32> =
-        images::pstree_pids(&source.read_file(entry)?).unwrap_or_default().into_iter().map(|p| p as i32).collect();
+    let Some(entry) = source.find("pstree.img") else {
+        return Err(Error::Usage(format!(
+            "{}: not a process checkpoint (it holds no pstree.img); criuz unpack writes out the files it holds",
+            source.label()
+        )));
+    };
+    let Some(pids) = images::pstree_pids(&source.read_file(entry)?).filter(|p| !p.is_empty()) else {
+        return Err(Error::Mismatch(format!("{}: pstree.img holds no CRIU process tree", source.label())));
+    };
+    let pids: Vec<i32> = pids.into_iter().map(|p| p as i32).collect();
     // A tree dumped just before is killed but may still be on its way out.
     tree::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {

@@ -877,9 +877,6 @@ fn restore_through_pager(
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
-    if pids.is_empty() {
-        return Err(Error::Usage(format!("{}: no process tree to restore lazily", source.label())));
-    }
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");
     let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);

@@ -21,11 +21,22 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+/// The images directory given to criuz and CRIU alike (`-D`) must be one:
+/// a failure to listen in it would name the socket, not what is wrong.
+fn images_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Usage(format!("{}: not a directory (-D names CRIU's images directory)", dir.display()))),
+        Err(e) => Err(Error::file(dir, e)),
+    }
+}
+
 /// Waits for `criu dump --stream -D DIR` and writes what it sends.
 pub struct Capture(Listener);
 
 impl Capture {
     pub fn bind(dir: &Path) -> Result<Capture> {
+        images_dir(dir)?;
         Listener::bind(dir, streamer::CAPTURE_SOCKET).map(Capture)
     }
 
@@ -53,6 +64,7 @@ impl Serve {
     /// Opens and proves the archive `o.input`, with its parents, then
     /// listens in `dir`.
     pub fn bind(dir: &Path, o: &RestoreOptions) -> Result<Serve> {
+        images_dir(dir)?;
         let how = OpenOptions { search: o.parents.clone(), spool_cap: o.pipe_buffer, ..OpenOptions::default() };
         let source = crate::archive::open(&o.input, &how)?;
         Ok(Serve { listener: Listener::bind(dir, streamer::SERVE_SOCKET)?, source })
@@ -92,6 +104,14 @@ pub fn page_server_dump(
     opts: &Options,
 ) -> Result<(PackStats, ReceiveReport)> {
     let (program, args) = command.split_first().ok_or_else(|| Error::Usage("no dump command given".into()))?;
+    if !program.contains('/') && crate::criu::on_path(program).is_none() {
+        let ours = crate::criu::locate(None).ok().map(|(c, _)| format!(" (criuz's own CRIU is {})", c.path.display()));
+        return Err(Error::Usage(format!(
+            "{program}: not found on PATH; give the dump command's full path{}",
+            ours.unwrap_or_default()
+        )));
+    }
+    images_dir(dir)?;
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
@@ -117,7 +137,9 @@ pub fn page_server_dump(
         let resumed = tree::exists(pid);
         return done.map_err(|e| {
             if resumed {
-                e.context(format!("no checkpoint written; process {pid} was resumed"))
+                // The command may have failed before it stopped anything.
+                let now = if stopped_before.contains(&pid) { "is left stopped, as it was" } else { "runs on" };
+                e.context(format!("no checkpoint written; process {pid} {now}"))
             } else {
                 e
             }

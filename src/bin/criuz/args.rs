@@ -331,6 +331,7 @@ pub enum Cmd {
         /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
         output: PathBuf,
+        /// Replace an existing archive
         #[arg(long)]
         force: bool,
         #[command(flatten)]

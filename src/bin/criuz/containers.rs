@@ -21,6 +21,7 @@ pub struct PageServerArgs {
     /// Archive to write ("-" for stdout)
     #[arg(short = 'o', long)]
     output: PathBuf,
+    /// Replace an existing archive
     #[arg(long)]
     force: bool,
     /// Address to listen on; port 0 picks a free port. No authentication in
@@ -101,6 +102,7 @@ pub enum RuncCmd {
         /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
         output: PathBuf,
+        /// Replace an existing archive
         #[arg(long)]
         force: bool,
         /// Keep the container running after the checkpoint
@@ -292,6 +294,7 @@ pub enum PodmanCmd {
         /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
         output: PathBuf,
+        /// Replace an existing archive
         #[arg(long)]
         force: bool,
         /// podman binary
