@@ -736,6 +736,41 @@ fn archives_are_neither_written_to_nor_read_from_a_terminal() {
     w.stop();
 }
 
+/// `-t` naming a thread (CRIU aborts on an assertion) or a zombie is
+/// refused before CRIU runs, naming what to give instead.
+#[test]
+fn a_dump_of_a_thread_or_a_zombie_is_refused_by_name() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 8, mode: "threads", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("x.czr");
+    let thread = std::fs::read_dir(format!("/proc/{}/task", w.pid))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.parse::<i32>().ok())
+        .find(|&t| t != w.pid)
+        .expect("the workload runs threads");
+    let out = criuz(&["dump", "-t", &thread.to_string(), "-o", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{thread} is a thread of process {0}: dump the process (-t {0})", w.pid)), "{err}");
+    assert_eq!(w.sums(), before, "the process must run on, untouched");
+    w.stop();
+    // A child that exited and is not reaped yet.
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().contains(") Z") {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = criuz(&["dump", "-t", &pid.to_string(), "-o", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    child.wait().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("process {pid} has exited")), "{err}");
+    assert!(!arc.exists());
+}
+
 /// A packed directory that is not a checkpoint is refused by every restore
 /// path with one line saying so, before CRIU runs.
 #[test]

@@ -175,12 +175,19 @@ fn join_criu(
     run.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
 }
 
-/// A process that CRIU could dump: one that exists.
+/// A process that CRIU could dump: one that exists, is a process (CRIU
+/// given a thread's id aborts on an assertion) and has not exited.
 fn check_dumpable(pid: i32) -> Result<()> {
-    if !tree::exists(pid) {
-        return Err(Error::Usage(format!("process {pid} does not exist")));
+    match tree::thread_group(pid) {
+        None => Err(Error::Usage(format!("process {pid} does not exist"))),
+        Some(leader) if leader != pid => {
+            Err(Error::Usage(format!("{pid} is a thread of process {leader}: dump the process (-t {leader})")))
+        }
+        _ if tree::zombie(pid) => {
+            Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
