@@ -771,6 +771,48 @@ fn a_dump_of_a_thread_or_a_zombie_is_refused_by_name() {
     assert!(!arc.exists());
 }
 
+/// Two dumps of one tree at once both failed (each saw the tree resumed by
+/// the other). The second is now refused while the first holds its claim,
+/// and the first completes.
+#[test]
+fn a_second_dump_of_a_tree_being_dumped_is_refused_and_the_first_completes() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    // The first dump writes to a pipe nobody reads yet: it holds its claim.
+    let mut first = Command::new(CRIUZ)
+        .args(["dump", "-t", &w.pid.to_string(), "-o", "-"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let claim = std::path::PathBuf::from(format!("/run/criuz/dump-{}.lock", w.pid));
+    let t = std::time::Instant::now();
+    while !claim.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the first dump never claimed the tree");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = tmp.path().join("second.czr");
+    let out = criuz(&["dump", "-t", &w.pid.to_string(), "-o", second.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let by = format!("process {} is being checkpointed by another criuz (criuz pid {})", w.pid, first.id());
+    assert!(err.contains(&by), "{err}");
+    assert!(!second.exists());
+    let arc = tmp.path().join("first.czr");
+    std::io::copy(&mut first.stdout.take().unwrap(), &mut std::fs::File::create(&arc).unwrap()).unwrap();
+    let done = first.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert!(!claim.exists(), "the claim goes with its dump");
+    w.reap_original();
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
 /// A packed directory that is not a checkpoint is refused by every restore
 /// path with one line saying so, before CRIU runs.
 #[test]

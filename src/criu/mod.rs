@@ -146,23 +146,32 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 
 /// CRIU's errors that a criuz option, or a CRIU option given after `--`,
 /// answers: what CRIU logged, and what to tell the user.
-const HINTS: [(&str, &str); 4] = [
+/// What CRIU logged (every part on one line) and what to do about it.
+const HINTS: [(&[&str], &str); 5] = [
     (
-        "Connected TCP socket, consider using --tcp-established",
+        &["Connected TCP socket, consider using --tcp-established"],
         "the process has established TCP connections: dump and restore with -- --tcp-established",
     ),
     (
-        "Connected TCP socket in image",
+        &["Connected TCP socket in image"],
         "the checkpoint holds established TCP connections: restore with -- --tcp-established",
     ),
-    ("Found dangling tty", "a process attached to a terminal: dump and restore with --shell-job"),
-    ("has uprobes vma", "the process has uprobes: dump and restore with -- --allow-uprobes"),
+    (&["Found dangling tty"], "a process attached to a terminal: dump and restore with --shell-job"),
+    (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
+    (
+        &["Can't fork for", "File exists"],
+        "a pid of the tree was taken while CRIU restored it (another restore of this checkpoint, or a new \
+         process): restore again once it is free",
+    ),
 ];
 
 /// What to do about the failure CRIU's `log` records, where criuz knows.
 pub fn log_hint(log: &Path) -> Option<&'static str> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    HINTS.iter().find(|(logged, _)| text.contains(logged)).map(|(_, hint)| *hint)
+    HINTS
+        .iter()
+        .find(|(logged, _)| text.lines().any(|line| logged.iter().all(|part| line.contains(part))))
+        .map(|(_, hint)| *hint)
 }
 
 #[cfg(test)]
@@ -185,6 +194,14 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].contains("Connected TCP socket in image"), "{errors:?}");
         assert!(super::log_hint(&log).is_some_and(|h| h.contains("restore with -- --tcp-established")));
+        std::fs::write(&log, "Error (criu/cr-restore.c:1237): Can't fork for 32281: File exists\n").unwrap();
+        assert!(super::log_hint(&log).is_some_and(|h| h.contains("another restore of this checkpoint")));
+        std::fs::write(
+            &log,
+            "Error (criu/cr-restore.c:1237): Can't fork for 32281: Resource temporarily unavailable\n",
+        )
+        .unwrap();
+        assert_eq!(super::log_hint(&log), None);
         std::fs::write(&log, "Error (criu/cr-restore.c:2331): Restoring FAILED.\n").unwrap();
         assert_eq!(super::log_hint(&log), None);
     }

@@ -59,9 +59,10 @@ pub fn machine_share() -> usize {
     usize::try_from(total.map_or(0, |kib| kib.saturating_mul(1024) / 4)).unwrap_or(usize::MAX)
 }
 
-/// The directory grants live in: `/run/criuz` for root, else under
-/// `$XDG_RUNTIME_DIR`, else under the temporary directory.
-fn grants_dir() -> PathBuf {
+/// criuz's runtime directory, where grants (and claims, `claim`) live:
+/// `/run/criuz` for root, else under `$XDG_RUNTIME_DIR`, else under the
+/// temporary directory.
+pub(crate) fn runtime_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return PathBuf::from("/run/criuz");
@@ -77,7 +78,7 @@ fn grants_dir() -> PathBuf {
 /// up to `want` (maybe 0). Best effort: where grants cannot be kept (no
 /// writable directory), `want` is granted as if alone.
 pub fn reserve(want: usize) -> Grant {
-    reserve_in(&grants_dir(), machine_share(), want)
+    reserve_in(&runtime_dir(), machine_share(), want)
 }
 
 fn reserve_in(dir: &Path, share: usize, want: usize) -> Grant {

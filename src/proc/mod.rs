@@ -6,7 +6,8 @@
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
 //! TCP_CORK taken off through pidfd_getfd); `budget` is the machine-wide
-//! memory share every criuz's absorb memory comes from; `interrupt` turns a
+//! memory share every criuz's absorb memory comes from; `claim` lets one
+//! dump at a time checkpoint a tree; `interrupt` turns a
 //! Ctrl-C into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
 //! its end on.
@@ -21,6 +22,7 @@
 
 pub mod budget;
 pub mod cgroup;
+pub mod claim;
 pub mod foreground;
 pub mod guard;
 pub mod interrupt;

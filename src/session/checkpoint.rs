@@ -25,9 +25,9 @@ use crate::cuda::{self, CudaDumpReport};
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::io::{Location, Output};
-use crate::proc::budget;
 use crate::proc::guard::Guard;
 use crate::proc::tree::{self, end_aborted_tree};
+use crate::proc::{budget, claim};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
@@ -195,6 +195,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     archive.validate()?;
     options::check_extra(&o.extra, options::Action::Dump)?;
     check_dumpable(o.pid)?;
+    let _claim = claim::claim_tree(o.pid)?;
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;

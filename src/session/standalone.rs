@@ -11,7 +11,7 @@ use crate::criu::streamer::{self, Listener};
 use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
-use crate::proc::tree;
+use crate::proc::{claim, tree};
 use crate::session::post_dump;
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
@@ -112,12 +112,13 @@ pub fn page_server_dump(
         )));
     }
     images_dir(dir)?;
+    let held = held_tree(program, args);
+    let _claim = held.map(claim::claim_tree).transpose()?;
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
-    let held = held_tree(program, args);
     let stopped_before = held.map(|pid| tree::stopped_pids(&[pid])).unwrap_or_default();
     let guard = held.map(|pid| Guard::resuming(&[pid], &stopped_before)).transpose()?;
     if held.is_some() {

@@ -2,7 +2,8 @@
 //! run. A process is judged by asking it (its own checksum of its memory);
 //! an archive by `criuz verify`; a leftover by looking where criuz puts
 //! things (its temporary directory, beside its outputs, `/dev/shm`, its
-//! grant directory, the process table, the S3 bucket's multipart uploads).
+//! runtime directory's memory grants and dumps' claims, the process
+//! table, the S3 bucket's multipart uploads).
 
 use crate::error::{Error, Result};
 use crate::proc;
@@ -160,10 +161,11 @@ pub fn left_files(places: &Places) -> Vec<String> {
             out.push(format!("/dev/shm/{n}"));
         }
     }
-    for n in names(Path::new("/run/criuz")).into_iter().filter(|n| n.starts_with("grant-")) {
+    // Memory grants, and dumps' claims on their trees.
+    for n in names(Path::new("/run/criuz")).into_iter().filter(|n| n.starts_with("grant-") || n.starts_with("dump-")) {
         let p = Path::new("/run/criuz").join(&n);
         if std::fs::File::open(&p).is_ok_and(|f| unheld(&f)) {
-            out.push(format!("abandoned grant {}", p.display()));
+            out.push(format!("abandoned {}", p.display()));
         }
     }
     out
