@@ -116,41 +116,61 @@ fn a_page_server_dump_restores() {
 /// there (a full disk) must not lose the process: criuz has the dump leave
 /// it stopped and resumes it. The images directory holds 4 MiB that join
 /// the archive last (as a large ghost image of a deleted file would), on a
-/// file system with room for the pages only.
+/// file system with room for the pages only. A dump with
+/// `--tcp-established` is held at CRIU's post-dump hook too, so that CRIU
+/// rolls it back: its connection works on (resumed by criuz alone, it got
+/// "permission denied"); and a complete one restores with it.
 #[test]
 fn a_page_server_dump_whose_archive_fails_after_the_pages_resumes_the_process() {
     let Some(criu) = criu() else { return };
     let _g = serial();
-    let mut w = Workload::start(Spec { mib: 32, ..Spec::default() });
-    let before = w.sums();
-    let t = tempfile::tempdir().unwrap();
-    let img = t.path().join("img");
-    std::fs::create_dir(&img).unwrap();
-    // Incompressible: splitmix64's output.
-    let filler: Vec<u8> = (0..(4u64 << 20) / 8)
-        .flat_map(|i| {
-            let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31)).to_le_bytes()
-        })
-        .collect();
-    std::fs::write(img.join("filler.img"), filler).unwrap();
-    // 32 MiB of `mixed` store in 9.8 MiB.
-    let small = t.path().join("small");
-    std::fs::create_dir(&small).unwrap();
-    run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"]).arg(&small));
-    let arc = small.join("ps.czr");
-    let pid = w.pid.to_string();
-    let mut args = vec!["page-server", "-D", p(&img), "-o", p(&arc), "--", p(&criu), "dump", "-t", &pid];
-    args.extend(["-D", p(&img), "--page-server", "--address", "{ip}", "--port", "{port}"]);
-    let out = criuz(&args);
-    let _ = Command::new("umount").arg(&small).status();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("No space left") && err.contains(&format!("process {pid} runs on")), "{err}");
-    assert_eq!(w.sums(), before, "the process must run on, untouched");
-    w.stop();
+    for tcp in [false, true] {
+        let spec = Spec { mib: 32, tcp_peer: tcp.then(echo_peer), ..Spec::default() };
+        let mut w = Workload::start(spec);
+        let before = w.sums();
+        assert_eq!(before["root"].contains("tcp=echoed"), tcp, "{before:?}");
+        let t = tempfile::tempdir().unwrap();
+        let img = t.path().join("img");
+        std::fs::create_dir(&img).unwrap();
+        // Incompressible: splitmix64's output.
+        let filler: Vec<u8> = (0..(4u64 << 20) / 8)
+            .flat_map(|i| {
+                let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (z ^ (z >> 31)).to_le_bytes()
+            })
+            .collect();
+        std::fs::write(img.join("filler.img"), filler).unwrap();
+        // 32 MiB of `mixed` store in 9.8 MiB.
+        let small = t.path().join("small");
+        std::fs::create_dir(&small).unwrap();
+        run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"]).arg(&small));
+        let pid = w.pid.to_string();
+        let page_server = |arc: &Path| {
+            let mut args = vec!["page-server", "-D", p(&img), "-o", p(arc), "--", p(&criu), "dump", "-t", &pid];
+            args.extend(["-D", p(&img), "--page-server", "--address", "{ip}", "--port", "{port}"]);
+            if tcp {
+                args.push("--tcp-established");
+            }
+            criuz(&args)
+        };
+        let out = page_server(&small.join("ps.czr"));
+        let _ = Command::new("umount").arg(&small).status();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "tcp {tcp}: {err}");
+        assert!(err.contains("No space left") && err.contains(&format!("process {pid} runs on")), "{err}");
+        assert_eq!(w.sums(), before, "tcp {tcp}: the process (and its connection) must run on, untouched");
+        if tcp {
+            std::fs::remove_file(img.join("filler.img")).unwrap();
+            let arc = t.path().join("ps.czr");
+            ok(page_server(&arc), "a page-server dump with room");
+            w.reap_original();
+            ok(criuz(&["restore", "-d", "-i", p(&arc), "--", "--tcp-established"]), "restore");
+            assert_eq!(w.sums(), before, "memory or the TCP connection did not survive the page-server dump");
+        }
+        w.stop();
+    }
 }
 
 struct Runc {

@@ -284,27 +284,6 @@ fn small_fs(dir: &Path) -> std::path::PathBuf {
     small
 }
 
-/// A TCP peer that echoes every line back, on the connection a workload
-/// holds through checkpoint and restore; its address.
-fn echo_peer() -> String {
-    use std::io::{BufRead, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
-        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
-        let mut w = s;
-        let mut line = String::new();
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            if w.write_all(line.as_bytes()).is_err() {
-                break;
-            }
-            line.clear();
-        }
-    });
-    addr
-}
-
 /// An established TCP connection survives checkpoint and restore
 /// (`--tcp-established`); and a dump of it that fails after CRIU (the
 /// archive cannot be written) resumes the process with its connection

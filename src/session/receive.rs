@@ -268,30 +268,44 @@ pub fn run_dump(
         stop.store(true, Ordering::Relaxed);
         (status, rx.join().unwrap_or(Err(Error::Cancelled)))
     });
-    let failure = match (status, received) {
+    match (status, received) {
+        (Ok(st), Ok(Some(report))) if st.success() => complete(packer, dir, report),
+        (status, received) => Err(packer.abort().unwrap_or_else(|| failure(status, received, what))),
+    }
+}
+
+/// Completes a dump whose pages all came in (`report`): its images
+/// directory must hold none of the images it sent, and adds the rest.
+pub fn complete(packer: Packer, dir: &Path, report: ReceiveReport) -> Result<(PackStats, ReceiveReport)> {
+    // CRIU writes no page images locally when it has a page server.
+    let twice = std::fs::read_dir(dir)
+        .at(dir)?
+        .flatten()
+        .find(|e| e.file_name().to_str().is_some_and(|n| report.files.iter().any(|f| f == n)));
+    if let Some(e) = twice {
+        let e = Error::Criu(format!("{}: the dump wrote it and sent it to the page server too", e.path().display()));
+        return Err(packer.abort().unwrap_or(e));
+    }
+    finish_with_images(packer, dir, &[]).map(|stats| (stats, report))
+}
+
+/// Why a dump that ended (`status`) with what the page server received is
+/// not a checkpoint (see [`run_dump`]).
+pub fn failure(
+    status: std::io::Result<std::process::ExitStatus>,
+    received: Result<Option<ReceiveReport>>,
+    what: &str,
+) -> Error {
+    match (status, received) {
         (Err(e), _) => cannot_run(what, e),
-        (Ok(st), Ok(Some(report))) if st.success() => {
-            // CRIU writes no page images locally when it has a page server.
-            match std::fs::read_dir(dir)
-                .at(dir)?
-                .flatten()
-                .find(|e| e.file_name().to_str().is_some_and(|n| report.files.iter().any(|f| f == n)))
-            {
-                None => return finish_with_images(packer, dir, &[]).map(|stats| (stats, report)),
-                Some(e) => {
-                    Error::Criu(format!("{}: the dump wrote it and sent it to the page server too", e.path().display()))
-                }
-            }
-        }
         // The dump's own failure is the one to report; a receive error
         // that made it fail (a full disk) is its cause, when there is one.
         (Ok(st), Err(e)) if !st.success() && !e.is_cancelled() => e.context(format!("{what} failed ({st})")),
         (Ok(st), _) if !st.success() => Error::Criu(format!("{what} failed ({st})")),
         (Ok(_), Ok(None)) => Error::Criu(format!("{what} exited 0 but never connected to the page server")),
-        (Ok(_), Ok(Some(_))) => unreachable!("a complete dump is finished above"),
+        (Ok(_), Ok(Some(_))) => Error::Criu(format!("{what} exited 0 before its checkpoint was written")),
         (Ok(_), Err(e)) => e,
-    };
-    Err(packer.abort().unwrap_or(failure))
+    }
 }
 
 #[cfg(test)]

@@ -12,13 +12,15 @@ use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
 use crate::proc::{claim, tree};
-use crate::session::post_dump;
+use crate::session::criu_run::run_criu_told;
+use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
+use crate::session::workdir::WorkDir;
 use crate::session::{capture, criu_run::RestoreOptions};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The images directory given to criuz and CRIU alike (`-D`) must be one:
@@ -92,9 +94,11 @@ impl Serve {
 /// lose the process with its checkpoint. So a `criu dump` that would end
 /// its tree is told to leave it stopped (`--leave-stopped`), and criuz
 /// ends it once the archive is committed, or resumes it on any failure
-/// (with a guard, should criuz die), as `criuz dump` does. Not a dump CRIU
-/// alone can roll back whole (`--tcp-established`, `--link-remap`: its
-/// connections stay locked for the restore), which ends as CRIU ends it.
+/// (with a guard, should criuz die), as `criuz dump` does. A dump only
+/// CRIU can roll back whole (`--tcp-established`, `--link-remap`: its
+/// connections stay locked for the restore) is held at CRIU's post-dump
+/// hook as well (`session::post_dump`), so that a failure lets CRIU roll
+/// it back. Other commands end as they would alone.
 pub fn page_server_dump(
     server: &PageServer,
     command: &[String],
@@ -113,22 +117,34 @@ pub fn page_server_dump(
     }
     images_dir(dir)?;
     let held = held_tree(program, args);
-    let _claim = held.map(claim::claim_tree).transpose()?;
+    let _claim = held.map(|h| claim::claim_tree(h.pid)).transpose()?;
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
-    let stopped_before = held.map(|pid| tree::stopped_pids(&[pid])).unwrap_or_default();
-    let guard = held.map(|pid| Guard::resuming(&[pid], &stopped_before)).transpose()?;
+    let work = held.filter(|h| h.hooked).map(|_| WorkDir::new("criuz-page-server-")).transpose()?;
+    let hook = work.as_ref().map(|w| PostDumpHook::bind(w.path())).transpose()?;
+    let stopped_before = held.map(|h| tree::stopped_pids(&[h.pid])).unwrap_or_default();
+    let guard = match (held, &hook) {
+        (None, _) => None,
+        (Some(h), None) => Some(Arc::new(Guard::resuming(&[h.pid], &stopped_before)?)),
+        (Some(h), Some(_)) => Some(Arc::new(Guard::resuming_unless_dumped(&[h.pid], &stopped_before)?)),
+    };
     if held.is_some() {
         cmd.arg("--leave-stopped");
     }
-    let done = receive::run_dump(server, cmd, program, dir, packer, None).and_then(|done| {
-        out.commit()?;
-        Ok(done)
-    });
-    if let (Some(pid), Some(guard)) = (held, guard) {
+    let done = match &hook {
+        Some(hook) => {
+            cmd.arg("--action-script").arg(hook.script());
+            hooked_dump(server, cmd, program, dir, packer, guard.clone(), hook, || out.commit())
+        }
+        None => receive::run_dump(server, cmd, program, dir, packer, None).and_then(|done| {
+            out.commit()?;
+            Ok(done)
+        }),
+    };
+    if let (Some(Held { pid, .. }), Some(guard)) = (held, guard) {
         if done.is_ok() {
             tree::end_dumped(pid);
         } else {
@@ -149,15 +165,88 @@ pub fn page_server_dump(
     done
 }
 
-/// The tree a page-server dump command leaves to criuz to end (see
-/// [`page_server_dump`]): that of a `criu dump` that would end it.
-fn held_tree(program: &str, args: &[String]) -> Option<i32> {
+/// A page-server dump's tree that criuz ends (see [`page_server_dump`]).
+#[derive(Clone, Copy)]
+struct Held {
+    pid: i32,
+    /// Held at CRIU's post-dump hook too.
+    hooked: bool,
+}
+
+/// The tree a page-server dump command leaves to criuz to end: that of a
+/// `criu dump` that would end it.
+fn held_tree(program: &str, args: &[String]) -> Option<Held> {
     if Path::new(program).file_name()? != "criu" {
         return None;
     }
     let ("dump", options) = options::action(args)? else { return None };
     let given = CriuOptions::read(&options);
-    let ends_it = ["leave-running", "leave-stopped", "lazy-pages"].iter().all(|name| !given.is_set(name))
-        && !post_dump::needed(&given);
-    ends_it.then(|| given.value("tree")?.parse().ok()).flatten()
+    let ends_it = ["leave-running", "leave-stopped", "lazy-pages"].iter().all(|name| !given.is_set(name));
+    let pid = given.value("tree")?.parse().ok()?;
+    ends_it.then_some(Held { pid, hooked: post_dump::needed(&given) })
+}
+
+/// [`receive::run_dump`] held at CRIU's post-dump hook: when CRIU asks, it
+/// has sent every page and written every image; the archive is finished
+/// and committed then (`commit`), and CRIU told whether it was, to end the
+/// tree or to roll it back. Returns once CRIU has ended.
+#[allow(clippy::too_many_arguments)]
+fn hooked_dump(
+    server: &PageServer,
+    mut cmd: Command,
+    what: &str,
+    dir: &Path,
+    packer: Packer,
+    guard: Option<Arc<Guard>>,
+    hook: &PostDumpHook,
+    commit: impl FnOnce() -> Result<()>,
+) -> Result<(PackStats, ReceiveReport)> {
+    let criu_ended = Arc::new(AtomicBool::new(false));
+    let ended = criu_ended.clone();
+    // Its own thread, not the scope's: CRIU waits at its hook while the
+    // archive below is written, after the scope.
+    let criu = std::thread::spawn(move || {
+        let status = run_criu_told(&mut cmd, &[], guard.as_deref());
+        ended.store(true, Ordering::Relaxed);
+        status
+    });
+    let join = |criu: std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>| {
+        criu.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
+    };
+    let stop = AtomicBool::new(false);
+    let (asked, received) = std::thread::scope(|s| {
+        let rx = s.spawn(|| receive::receive(server, &packer, &stop));
+        let asked = hook.wait_asked(&criu_ended);
+        // CRIU is done with the page server by its hook, or has ended: a
+        // receiver still waiting for it to connect waits no more.
+        stop.store(true, Ordering::Relaxed);
+        (asked, rx.join().unwrap_or(Err(Error::Cancelled)))
+    });
+    match asked {
+        Ok(Some(asked)) => {
+            let written = match received {
+                Ok(Some(report)) => receive::complete(packer, dir, report).and_then(|done| {
+                    commit()?;
+                    Ok(done)
+                }),
+                Ok(None) => Err(packer
+                    .abort()
+                    .unwrap_or_else(|| Error::Criu(format!("{what} finished without connecting to the page server")))),
+                Err(e) => Err(packer.abort().unwrap_or(e)),
+            };
+            asked.answer(written.is_ok());
+            let _ = join(criu);
+            written
+        }
+        // CRIU ended without asking: it failed, and rolled back itself.
+        Ok(None) => {
+            let status = join(criu);
+            Err(packer.abort().unwrap_or_else(|| receive::failure(status, received, what)))
+        }
+        // Its hook, not answered, fails: CRIU rolls back.
+        Err(e) => {
+            let _ = join(criu);
+            Err(packer.abort().unwrap_or(e))
+        }
+    }
 }

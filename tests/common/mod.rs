@@ -334,3 +334,24 @@ pub fn reap_zombies() {
     // SAFETY: waitpid with WNOHANG only collects exited children of ours.
     while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
 }
+
+/// A TCP peer that echoes every line back, on the connection a workload
+/// holds through checkpoint and restore; its address.
+pub fn echo_peer() -> String {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        let mut line = String::new();
+        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+            if w.write_all(line.as_bytes()).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    });
+    addr
+}

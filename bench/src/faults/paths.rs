@@ -30,6 +30,7 @@ pub enum Route {
     DumpChild,
     DumpTcp,
     DumpPageServer,
+    DumpPageServerTcp,
     DumpRunning,
     DumpEncrypted,
     RuncCheckpoint,
@@ -55,6 +56,7 @@ pub const ROUTES: &[Route] = &[
     Route::DumpChild,
     Route::DumpTcp,
     Route::DumpPageServer,
+    Route::DumpPageServerTcp,
     Route::DumpRunning,
     Route::DumpEncrypted,
     Route::RuncCheckpoint,
@@ -82,6 +84,7 @@ impl Route {
             Route::DumpChild => "dump-incremental",
             Route::DumpTcp => "dump-tcp",
             Route::DumpPageServer => "dump-page-server",
+            Route::DumpPageServerTcp => "dump-page-server-tcp",
             Route::DumpRunning => "dump-leave-running",
             Route::DumpEncrypted => "dump-encrypted",
             Route::RuncCheckpoint => "runc-checkpoint",
@@ -113,7 +116,7 @@ impl Route {
             // A killed CRIU leaves the connections it locked for the
             // restore locked, as `criu dump` alone does: only CRIU's own
             // rollback frees them, so only faults that let it roll back.
-            Route::DumpTcp => &[KillCriuz, Enospc, InterruptCriuz],
+            Route::DumpTcp | Route::DumpPageServerTcp => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::Pack | Route::Unpack | Route::Flatten => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RestoreFile
@@ -336,6 +339,7 @@ impl Ctx {
             | Route::DumpChild
             | Route::DumpTcp
             | Route::DumpPageServer
+            | Route::DumpPageServerTcp
             | Route::DumpRunning
             | Route::DumpEncrypted => self.dump_trial(route, fault, delay, &mut f)?,
             Route::RuncCheckpoint => self.runc_checkpoint_trial(fault, delay, &mut f)?,
@@ -372,7 +376,9 @@ impl Ctx {
     fn dump_trial(&mut self, route: Route, fault: Option<Fault>, delay: Duration, f: &mut Finding) -> Result<()> {
         let dir = self.work.join(format!("wl-{}", self.trial));
         let mut w = match route {
-            Route::DumpTcp => Running::start_with_tcp_peer("mixed", self.mib, &dir, &self.tools)?,
+            Route::DumpTcp | Route::DumpPageServerTcp => {
+                Running::start_with_tcp_peer("mixed", self.mib, &dir, &self.tools)?
+            }
             _ => Running::start("mixed", self.mib, &dir, &self.tools)?,
         };
         let extra = self.restore_extra(route);
@@ -393,13 +399,16 @@ impl Ctx {
         let images = self.work.join(format!("img-{}", self.trial));
         let dump = |ctx: &Ctx, target: &str| {
             let mut c = ctx.criuz();
-            if route == Route::DumpPageServer {
+            if matches!(route, Route::DumpPageServer | Route::DumpPageServerTcp) {
                 // The images directory of the dump criuz runs, fresh for each run.
                 let _ = std::fs::remove_dir_all(&images);
                 let _ = std::fs::create_dir_all(&images);
                 c.arg("page-server").arg("-D").arg(&images).args(["-o", target, "--force", "--"]);
                 c.arg(&ctx.criu).args(["dump", "-t", &pid, "-D"]).arg(&images);
                 c.args(["--page-server", "--address", "{ip}", "--port", "{port}"]);
+                if route == Route::DumpPageServerTcp {
+                    c.arg("--tcp-established");
+                }
                 return Op::Alone(c);
             }
             c.args(["dump", "-t", &pid]);
@@ -500,7 +509,7 @@ impl Ctx {
     /// encrypted one, CRIU's option for a connection.
     fn restore_extra(&self, route: Route) -> Vec<OsString> {
         match route {
-            Route::DumpTcp => vec!["--".into(), "--tcp-established".into()],
+            Route::DumpTcp | Route::DumpPageServerTcp => vec!["--".into(), "--tcp-established".into()],
             r if r.encrypted() => vec!["--identity".into(), self.key.clone().into()],
             _ => Vec::new(),
         }
