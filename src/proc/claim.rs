@@ -9,7 +9,7 @@
 //! that dies; the file is removed by its holder (or by an interruption),
 //! and a claimant that locked a file someone removed meanwhile tries again.
 
-use super::budget;
+use super::{budget, tree};
 use crate::error::{Error, Result};
 use crate::io::leftover;
 use crate::io::unfinished::Unfinished;
@@ -74,9 +74,7 @@ fn claim_in(dir: &Path, pid: i32) -> Result<Claim> {
         let opened = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
         let Ok(mut file) = opened else { return Ok(unclaimed) };
         if !locked(&file) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let by = holder.trim().parse::<i32>().map(|h| format!(" (criuz pid {h})")).unwrap_or_default();
+            let by = holder(&mut file);
             return Err(Error::Criu(format!("process {pid} is being checkpointed by another criuz{by}")));
         }
         // Locked: still the file at `path`, or one its holder removed?
@@ -98,9 +96,54 @@ fn claim_in(dir: &Path, pid: i32) -> Result<Claim> {
         if written.is_err() {
             return Ok(unclaimed);
         }
-        return Ok(Claim { held: Some((file, path, unfinished)) });
+        let claim = Claim { held: Some((file, path, unfinished)) };
+        // Claimed first, looked at after: of two overlapping claims made at
+        // once, each sees the other (both refused, neither dump spoilt).
+        if let Some((other, by)) = overlapping(dir, pid) {
+            return Err(Error::Criu(format!(
+                "process {pid}'s tree overlaps that of process {other}, which another criuz{by} is checkpointing"
+            )));
+        }
+        return Ok(claim);
     }
     Ok(unclaimed)
+}
+
+/// " (criuz pid N)", naming the claimant of an open claim file.
+fn holder(file: &mut File) -> String {
+    let mut text = String::new();
+    let _ = file.read_to_string(&mut text);
+    text.trim().parse::<i32>().map(|h| format!(" (criuz pid {h})")).unwrap_or_default()
+}
+
+/// A held claim (other than `pid`'s own) on a process of `pid`'s tree or
+/// on one of its ancestors, whose tree holds `pid`'s: CRIU would freeze
+/// processes the other dump holds. Its pid and claimant.
+fn overlapping(dir: &Path, pid: i32) -> Option<(i32, String)> {
+    let mut related = tree::tree_pids(&[pid]);
+    let mut at = pid;
+    while let Some(parent) = tree::parent_of(at).filter(|&p| p > 1 && p != at) {
+        related.push(parent);
+        at = parent;
+    }
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(other) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)?.strip_suffix(".lock")?.parse().ok())
+        else {
+            continue;
+        };
+        if other == pid || !related.contains(&other) {
+            continue;
+        }
+        let Ok(mut file) = File::open(entry.path()) else { continue };
+        // SAFETY: flock on a descriptor we own; released when `file` closes.
+        // Shared: a claimant's exclusive lock refuses it; taken, it claims nothing.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            continue;
+        }
+        return Some((other, holder(&mut file)));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -127,5 +170,24 @@ mod tests {
         assert!(claim_in(dir.path(), 78).unwrap().held.is_some());
         assert!(!dir.path().join("dump-77.lock").exists(), "an abandoned claim is swept");
         assert!(claim_in(dir.path(), 77).unwrap().held.is_some());
+    }
+
+    #[test]
+    fn a_tree_inside_or_around_one_being_dumped_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id() as i32;
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let kid = child.id() as i32;
+        let mine = claim_in(dir.path(), me).unwrap();
+        let err = claim_in(dir.path(), kid).unwrap_err().to_string();
+        assert!(err.contains(&format!("process {kid}'s tree overlaps that of process {me}")), "{err}");
+        assert!(!dir.path().join(format!("dump-{kid}.lock")).exists(), "a refused claim leaves nothing");
+        drop(mine);
+        let inner = claim_in(dir.path(), kid).unwrap();
+        let err = claim_in(dir.path(), me).unwrap_err().to_string();
+        assert!(err.contains(&format!("process {me}'s tree overlaps that of process {kid}")), "{err}");
+        drop(inner);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
