@@ -144,9 +144,9 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
     lines[lines.len().saturating_sub(max)..].to_vec()
 }
 
-/// CRIU's errors that a criuz option, or a CRIU option given after `--`,
-/// answers: what CRIU logged, and what to tell the user.
-/// What CRIU logged (every part on one line) and what to do about it.
+/// CRIU's errors that a criuz option, a CRIU option given after `--`, or
+/// waiting answers: what CRIU logged (every part on one line), and what to
+/// tell the user.
 const HINTS: [(&[&str], &str); 5] = [
     (
         &["Connected TCP socket, consider using --tcp-established"],
