@@ -792,6 +792,63 @@ fn a_second_dump_of_a_tree_being_dumped_is_refused_and_the_first_completes() {
     w.stop();
 }
 
+/// CRIU's refusals that one of its options answers come with that option
+/// (file locks, a deleted file larger than CRIU keeps, a unix socket whose
+/// peer is outside the tree), and the process runs on each time.
+#[test]
+fn criu_refusals_name_the_option_that_answers_them() {
+    use std::io::BufRead;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().display().to_string();
+    let sock = tmp.path().join("peer.sock");
+    // The peer end, accepted outside the tree and held.
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            held.push(conn);
+        }
+    });
+    let arc = tmp.path().join("x.czr");
+    for (setup, says) in [
+        (format!("import fcntl; f = open('{t}/locked', 'w'); fcntl.flock(f, fcntl.LOCK_EX)"), "-- --file-locks"),
+        (
+            format!("import os; f = open('{t}/ghost', 'wb'); f.write(os.urandom(3 << 20)); f.flush(); os.unlink('{t}/ghost')"),
+            "-- --ghost-limit",
+        ),
+        (
+            format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}')", sock.display()),
+            "-- --ext-unix-sk",
+        ),
+    ] {
+        // A session leader of its own (setsid), as CRIU wants a tree's root.
+        let script = format!("{setup}; print('ready', flush=True); import time; time.sleep(120)");
+        let mut p = Command::new("setsid")
+            .args(["python3", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(p.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready", "{setup}");
+        let pid = p.id().to_string();
+        let out = criuz(&["dump", "-t", &pid, "-o", arc.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{setup}: {err}");
+        assert!(err.contains(says), "{setup}: {err}");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = stat.rsplit_once(')').unwrap().1.trim_start().chars().next();
+        assert!(matches!(state, Some('S' | 'R')), "{setup}: the process must run on: {stat}");
+        assert!(!arc.exists());
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+}
+
 /// A packed directory that is not a checkpoint is refused by every restore
 /// path with one line saying so, before CRIU runs.
 #[test]

@@ -147,7 +147,21 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 5] = [
+const HINTS: [(&[&str], &str); 8] = [
+    (
+        &["Some file locks are hold by dumping tasks"],
+        "the tree holds file locks: dump and restore with -- --file-locks",
+    ),
+    (
+        &["Can't dump ghost file", "increase limit"],
+        "the tree holds open a deleted file larger than CRIU keeps (1 MiB by default): dump with -- --ghost-limit \
+         SIZE",
+    ),
+    (
+        &["External socket is used"],
+        "the tree is connected to a unix socket outside it: dump with -- --ext-unix-sk (a datagram socket with a \
+         named peer only; close a stream connection first)",
+    ),
     (
         &["Connected TCP socket, consider using --tcp-established"],
         "the process has established TCP connections: dump and restore with -- --tcp-established",
@@ -202,6 +216,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(super::log_hint(&log), None);
+        for (logged, says) in [
+            ("Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can try --file-locks to dump them.", "-- --file-locks"),
+            ("Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x of 2101248 size, increase limit", "-- --ghost-limit"),
+            ("Error (criu/sk-unix.c:874): External socket is used. Consider using --ext-unix-sk option.", "-- --ext-unix-sk"),
+        ] {
+            std::fs::write(&log, format!("{logged}\n")).unwrap();
+            assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
+        }
         std::fs::write(&log, "Error (criu/cr-restore.c:2331): Restoring FAILED.\n").unwrap();
         assert_eq!(super::log_hint(&log), None);
     }
