@@ -97,8 +97,35 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// Finds CRIU; returns it with the candidates skipped on the way.
+/// Finds CRIU; returns it with the candidates skipped on the way. Clears
+/// the way for CRIU's kernel cache first ([`unblock_kerndat_cache`]).
 pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        unblock_kerndat_cache(Path::new("/run"));
+    }
+    find(explicit)
+}
+
+/// CRIU keeps what it probes of the kernel at its start (`kerndat`: dozens
+/// of probes, forks and ptrace among them) in `/run/criu.kdat`, written
+/// through `criu.kdat.tmp`, which it creates exclusively. A CRIU killed
+/// between the two (as criuz's CRIU is when criuz dies) leaves that file,
+/// and every later CRIU, finding it, probes the kernel again and saves
+/// nothing: each run pays the probes, and one killed among them can leave
+/// a probe's child stopped for good. CRIU writes the file in microseconds:
+/// one older than a minute is such a leftover, removed here so that the
+/// next CRIU saves its cache again.
+fn unblock_kerndat_cache(dir: &Path) {
+    let tmp = dir.join("criu.kdat.tmp");
+    let Ok(meta) = std::fs::symlink_metadata(&tmp) else { return };
+    let age = meta.modified().ok().and_then(|t| t.elapsed().ok());
+    if meta.is_file() && age.is_some_and(|a| a > std::time::Duration::from_secs(60)) {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+fn find(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
     let explicit_err = |r: Rejected| Error::Criu(format!("CRIU from {} ({}): {}", r.source, r.path.display(), r.why));
     if let Some(p) = explicit {
         return judge(p, "--criu").map(|c| (c, vec![])).map_err(explicit_err);
@@ -226,6 +253,19 @@ mod tests {
         }
         std::fs::write(&log, "Error (criu/cr-restore.c:2331): Restoring FAILED.\n").unwrap();
         assert_eq!(super::log_hint(&log), None);
+    }
+
+    #[test]
+    fn a_kernel_cache_file_a_killed_criu_left_is_removed_and_a_fresh_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("criu.kdat.tmp");
+        std::fs::write(&tmp, b"").unwrap();
+        super::unblock_kerndat_cache(dir.path());
+        assert!(tmp.exists(), "a CRIU may be writing it now");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+        std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(old).unwrap();
+        super::unblock_kerndat_cache(dir.path());
+        assert!(!tmp.exists(), "left by a CRIU killed two minutes ago");
     }
 
     #[test]

@@ -67,8 +67,17 @@ const CGROUP: u8 = b'K';
 /// for before it acts (a runc that would freeze the container again).
 const WAIT_FOR: u8 = b'P';
 
+/// On the descriptor socket: the held tree's pages are all in (see
+/// [`Guard::whole`]); a count (u16) of pids (i32 each) follows, those to
+/// leave stopped.
+const WHOLE: u8 = b'W';
+
 /// Longest `cgroup.kill` path the guard takes (its buffer is on the stack).
 const CGROUP_PATH_MAX: usize = 1024;
+
+/// Most processes dumped stopped a whole tree's guard leaves stopped (more
+/// are let run: a guard that acts has lost its criuz already).
+const SPARED_MAX: usize = 256;
 
 /// What a lazy restore kills should its pages be unable to all arrive.
 pub enum Victim {
@@ -280,6 +289,24 @@ impl Guard {
         })
     }
 
+    /// Tells the guard that the tree it holds stopped has every page in
+    /// place and is about to be let run: it lets go of its copies of the
+    /// userfaultfds (pages left out as zero then read as zero), and should
+    /// criuz die from now on, it lets the tree run (SIGCONT, once CRIU let
+    /// go of it) instead of killing it, but for `stopped` (pid, signal: the
+    /// processes dumped stopped). criuz tells it this before it lets the
+    /// tree run and releases it after: released first, a criuz killed
+    /// between the two left the tree stopped for good.
+    pub fn whole(&self, stopped: &[(i32, i32)]) -> Result<()> {
+        let mut msg = vec![WHOLE];
+        msg.extend_from_slice(&(stopped.len().min(SPARED_MAX) as u16).to_ne_bytes());
+        for (pid, _) in stopped.iter().take(SPARED_MAX) {
+            msg.extend_from_slice(&pid.to_ne_bytes());
+        }
+        std::io::Write::write_all(&mut &self.fds, &msg)
+            .map_err(|err| Error::CriuIo { what: "cannot tell the guard the restored tree is whole".into(), err })
+    }
+
     /// Lets the guard exit without touching the tree.
     pub fn release(&self) {
         let tell = self.tell.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -408,15 +435,26 @@ unsafe fn guard_main(
     let mut cgroup = [0u8; CGROUP_PATH_MAX + 1];
     let mut has_cgroup = false;
     let mut wait_pid = 0i32;
+    // Once the tree is whole (`WHOLE`): the processes to leave stopped.
+    let mut whole = Whole { told: false, spared: [0; SPARED_MAX], n: 0 };
+    let mut let_go = false;
     loop {
         // SAFETY: poll(2) on the two pollfds of `fds`, which live across it.
         if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             continue;
         }
-        // SAFETY: take_message is async-signal-safe and fills our own buffers.
-        if fds[1].revents != 0 && !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid) } {
+        let taken = fds[1].revents == 0
+            // SAFETY: take_message is async-signal-safe and fills our own buffers.
+            || unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid, &mut whole) };
+        if !taken {
             // criuz's end closed: the command pipe says what to do.
             fds[1].fd = -1;
+        }
+        if whole.told && !let_go {
+            // The userfaultfd copies: every descriptor but the guard's two.
+            // SAFETY: as at the start, this process's own descriptors.
+            unsafe { close_all_but(&[f.tell, f.fds]) };
+            let_go = true;
         }
         if fds[0].revents != 0 {
             let mut b = 0u8;
@@ -432,11 +470,22 @@ unsafe fn guard_main(
                 // SAFETY: poll(2) on `one`, which lives across it.
                 while one.fd >= 0 && unsafe { libc::poll(&mut one, 1, 0) } == 1 {
                     // SAFETY: as above, our own buffers.
-                    if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid) } {
+                    if !unsafe { take_message(f.fds, &mut cgroup, &mut has_cgroup, &mut wait_pid, &mut whole) } {
                         one.fd = -1;
                     }
                 }
                 let mut sig = sig;
+                let mut spared = spared;
+                if whole.told {
+                    // Every page in: the tree runs, as criuz was about to
+                    // let it, its userfaultfds let go first.
+                    if !let_go {
+                        // SAFETY: as at the start, this process's own descriptors.
+                        unsafe { close_all_but(&[f.tell, f.fds]) };
+                    }
+                    sig = libc::SIGCONT;
+                    spared = &whole.spared[..whole.n];
+                }
                 if after == AfterCriu::EndIfDumped {
                     if wait_pid > 0 {
                         wait_ended(wait_pid, 15 * 60 * 1000);
@@ -544,6 +593,7 @@ unsafe fn take_message(
     cgroup: &mut [u8; CGROUP_PATH_MAX + 1],
     has_cgroup: &mut bool,
     wait_pid: &mut i32,
+    whole: &mut Whole,
 ) -> bool {
     let mut byte = 0u8;
     let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
@@ -580,8 +630,33 @@ unsafe fn take_message(
             return false;
         }
         *wait_pid = i32::from_ne_bytes(pid);
+    } else if byte == WHOLE {
+        let mut count = [0u8; 2];
+        // SAFETY: read_exactly writes only into `count`.
+        if !unsafe { read_exactly(sock, &mut count) } {
+            return false;
+        }
+        let n = (u16::from_ne_bytes(count) as usize).min(SPARED_MAX);
+        for slot in whole.spared.iter_mut().take(n) {
+            let mut pid = [0u8; 4];
+            // SAFETY: read_exactly writes only into `pid`.
+            if !unsafe { read_exactly(sock, &mut pid) } {
+                return false;
+            }
+            *slot = i32::from_ne_bytes(pid);
+        }
+        whole.n = n;
+        whole.told = true;
     }
     true
+}
+
+/// What a guard knows once criuz told it the held tree is whole.
+struct Whole {
+    told: bool,
+    /// Pids to leave stopped (dumped stopped), the first `n`.
+    spared: [i32; SPARED_MAX],
+    n: usize,
 }
 
 /// Reads exactly `buf.len()` bytes (async-signal-safe: the guard uses it).
@@ -701,6 +776,60 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "status {status:#x}");
+    }
+
+    /// The state letter of `pid` (/proc/PID/stat).
+    fn state_of_pid(pid: i32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(')').unwrap().1.trim_start().chars().next().unwrap()
+    }
+
+    #[test]
+    fn a_whole_tree_whose_criuz_dies_before_it_ran_is_let_run() {
+        // criuz tells the guard the held tree is whole, then lets it run,
+        // then releases the guard. Killed between the first and the last,
+        // criuz leaves the guard to let it run (released first, it left
+        // the tree stopped for good), but for a process dumped stopped;
+        // and the guard lets go of its userfaultfd copies when told.
+        let mut run = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut stays = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let (pid, kept) = (run.id() as i32, stays.id() as i32);
+        // SAFETY: stopping our own children.
+        unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+            libc::kill(kept, libc::SIGSTOP);
+        }
+        let t = Instant::now();
+        while state_of_pid(pid) != 'T' || state_of_pid(kept) != 'T' {
+            assert!(t.elapsed() < Duration::from_secs(5), "the children never stopped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let guard = Guard::start(&[pid, kept]).unwrap();
+        // A pipe's write end stands in for a userfaultfd the guard holds.
+        let (pipe_r, pipe_w) = crate::io::pipe().unwrap();
+        guard.hold(pipe_w.as_raw_fd()).unwrap();
+        drop(pipe_w);
+        guard.whole(&[(kept, libc::SIGSTOP)]).unwrap();
+        let mut ready = libc::pollfd { fd: pipe_r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll(2) on one pollfd that lives across it.
+        assert_eq!(unsafe { libc::poll(&mut ready, 1, 5000) }, 1, "the guard kept its copy");
+        let mut b = 0u8;
+        // SAFETY: reads at most one byte into `b`.
+        assert_eq!(unsafe { libc::read(pipe_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) }, 0, "not at its end");
+        // criuz dies: its end of the command pipe closes without a word.
+        drop(guard.tell.lock().unwrap().take());
+        // SAFETY: reaping our own child, the guard, which exits once done.
+        unsafe { libc::waitpid(guard.pid, std::ptr::null_mut(), 0) };
+        let t = Instant::now();
+        while state_of_pid(pid) == 'T' {
+            assert!(t.elapsed() < Duration::from_secs(5), "the whole tree was left stopped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(state_of_pid(kept), 'T', "a process dumped stopped stays stopped");
+        for c in [&mut run, &mut stays] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
     }
 
     /// What a descriptor of `pid` is (`socket:[N]`, `pipe:[N]`, a path).

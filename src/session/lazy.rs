@@ -639,9 +639,19 @@ impl LazyRestore<'_> {
                     // wait for us).
                     // Whole, or an interrupted criuz would leave the tree
                     // stopped with no guard to end it.
+                    // A held tree's guard is told it is whole first, and
+                    // released only once it runs: should criuz be killed
+                    // between the two, the guard lets it run (released
+                    // first, it left the tree stopped for good).
                     crate::io::unfinished::uninterrupted(|| {
+                        if hold {
+                            // A guard that cannot be told is gone already.
+                            let _ = guard.whole(self.dumped_stopped);
+                        }
                         pager.let_go();
-                        guard.release();
+                        if !hold {
+                            guard.release();
+                        }
                         // Not where a lazy tree's proof behind may still
                         // kill it by its pids and criuz returns once that is
                         // done: until then they stay criuz's to hold (and
@@ -656,6 +666,7 @@ impl LazyRestore<'_> {
                         if hold {
                             let _ = resumed.set(Instant::now());
                             victim.resume(self.dumped_stopped);
+                            guard.release();
                         }
                     });
                 }
