@@ -196,6 +196,16 @@ impl Guard {
         Self::spawn(tree, libc::SIGCONT, None, stopped, AfterCriu::EndIfDumped)
     }
 
+    /// The guard of a dumped tree CRIU leaves stopped: [`resuming`](Self::resuming),
+    /// or, for a dump held at CRIU's post-dump hook (`at_hook`),
+    /// [`resuming_unless_dumped`](Self::resuming_unless_dumped).
+    pub fn of_dump(tree: &[i32], stopped: &[i32], at_hook: bool) -> Result<Guard> {
+        match at_hook {
+            false => Self::resuming(tree, stopped),
+            true => Self::resuming_unless_dumped(tree, stopped),
+        }
+    }
+
     /// Forks a guard that runs `argv` (a program by its path, then its
     /// arguments) if criuz dies before [`release`](Self::release): a paused
     /// container's `runc resume`.

@@ -23,11 +23,6 @@ pub(crate) fn thread_group(pid: i32) -> Option<i32> {
     status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
 }
 
-/// Whether `pid` has exited and waits for its parent to reap it.
-pub(crate) fn zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| is_zombie(&stat))
-}
-
 /// The process that holds a pid now.
 pub struct Holder {
     /// Its command name ("?" where /proc/PID/stat does not say).

@@ -31,8 +31,8 @@ use crate::proc::{budget, claim};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, publish_pidfile, restore_command,
-    resume_cuda, run_criu, run_criu_told, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread, publish_pidfile,
+    restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions,
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
@@ -168,11 +168,8 @@ fn granted(opts: &Options, pid: i32) -> (Options, budget::Grant) {
 
 /// The end of the CRIU a dump runs on a thread of its own (`criu_run`,
 /// taken: joined once).
-fn join_criu(
-    criu_run: &mut Option<std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>>,
-) -> std::io::Result<std::process::ExitStatus> {
-    let run = criu_run.take().ok_or_else(|| std::io::Error::other("CRIU was waited for twice"))?;
-    run.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
+fn join_criu(criu_run: &mut Option<CriuThread>) -> std::io::Result<std::process::ExitStatus> {
+    join_criu_thread(criu_run.take().ok_or_else(|| std::io::Error::other("CRIU was waited for twice"))?)
 }
 
 /// A process that CRIU could dump: one that exists, is a process (CRIU
@@ -183,7 +180,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
         Some(leader) if leader != pid => {
             Err(Error::Usage(format!("{pid} is a thread of process {leader}: dump the process (-t {leader})")))
         }
-        _ if tree::zombie(pid) => {
+        _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
         _ => Ok(()),
@@ -246,11 +243,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     // At a post-dump hook CRIU decides: the guard waits for it to end, and
     // ends a tree CRIU left stopped (`Guard::resuming_unless_dumped`).
     let stopped_before = tree::stopped_pids(&[o.pid]);
-    let mut guard = match (o.leave_running, &hook) {
-        (true, _) => None,
-        (false, None) => Some(Arc::new(Guard::resuming(&[o.pid], &stopped_before)?)),
-        (false, Some(_)) => Some(Arc::new(Guard::resuming_unless_dumped(&[o.pid], &stopped_before)?)),
-    };
+    let mut guard = (!o.leave_running)
+        .then(|| Guard::of_dump(&[o.pid], &stopped_before, hook.is_some()).map(Arc::new))
+        .transpose()?;
     let told = guard.clone().filter(|_| hook.is_some());
     let capture_ends = OnceLock::new();
     let criu_ended = Arc::new(AtomicBool::new(false));

@@ -54,6 +54,14 @@ pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &P
     Error::Criu(format!("{what} failed ({status}); log: {}; {errs}{hint}", log.display()))
 }
 
+/// How a CRIU run on a thread of its own ended (the thread joined).
+pub(crate) type CriuThread = std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>;
+
+/// Joins `run`, a thread that ran CRIU: CRIU's exit status.
+pub(crate) fn join_criu_thread(run: CriuThread) -> std::io::Result<std::process::ExitStatus> {
+    run.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
+}
+
 /// `program` (CRIU, runc, podman) could not be run.
 pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -> Error {
     Error::CriuIo { what: format!("cannot run {program}"), err }

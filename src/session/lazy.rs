@@ -636,13 +636,11 @@ impl LazyRestore<'_> {
                     // guard's copies) are let go, so that pages left out as
                     // zero read as zero from now on (a runc in the
                     // foreground waits for the tree, and the tree must not
-                    // wait for us).
-                    // Whole, or an interrupted criuz would leave the tree
-                    // stopped with no guard to end it.
-                    // A held tree's guard is told it is whole first, and
-                    // released only once it runs: should criuz be killed
-                    // between the two, the guard lets it run (released
-                    // first, it left the tree stopped for good).
+                    // wait for us). Done whole, uninterrupted; and a held
+                    // tree's guard is told it is whole first and released
+                    // only once it runs, so that a criuz killed in between
+                    // leaves the guard to let it run (released first, it
+                    // left the tree stopped for good).
                     crate::io::unfinished::uninterrupted(|| {
                         if hold {
                             // A guard that cannot be told is gone already.

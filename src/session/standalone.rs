@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
 use crate::proc::{claim, tree};
-use crate::session::criu_run::run_criu_told;
+use crate::session::criu_run::{join_criu_thread, run_criu_told};
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
@@ -126,11 +126,7 @@ pub fn page_server_dump(
     let work = held.filter(|h| h.hooked).map(|_| WorkDir::new("criuz-page-server-")).transpose()?;
     let hook = work.as_ref().map(|w| PostDumpHook::bind(w.path())).transpose()?;
     let stopped_before = held.map(|h| tree::stopped_pids(&[h.pid])).unwrap_or_default();
-    let guard = match (held, &hook) {
-        (None, _) => None,
-        (Some(h), None) => Some(Arc::new(Guard::resuming(&[h.pid], &stopped_before)?)),
-        (Some(h), Some(_)) => Some(Arc::new(Guard::resuming_unless_dumped(&[h.pid], &stopped_before)?)),
-    };
+    let guard = held.map(|h| Guard::of_dump(&[h.pid], &stopped_before, hook.is_some()).map(Arc::new)).transpose()?;
     if held.is_some() {
         cmd.arg("--leave-stopped");
     }
@@ -210,9 +206,6 @@ fn hooked_dump(
         ended.store(true, Ordering::Relaxed);
         status
     });
-    let join = |criu: std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>| {
-        criu.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread running CRIU panicked")))
-    };
     let stop = AtomicBool::new(false);
     let (asked, received) = std::thread::scope(|s| {
         let rx = s.spawn(|| receive::receive(server, &packer, &stop));
@@ -235,17 +228,17 @@ fn hooked_dump(
                 Err(e) => Err(packer.abort().unwrap_or(e)),
             };
             asked.answer(written.is_ok());
-            let _ = join(criu);
+            let _ = join_criu_thread(criu);
             written
         }
         // CRIU ended without asking: it failed, and rolled back itself.
         Ok(None) => {
-            let status = join(criu);
+            let status = join_criu_thread(criu);
             Err(packer.abort().unwrap_or_else(|| receive::failure(status, received, what)))
         }
         // Its hook, not answered, fails: CRIU rolls back.
         Err(e) => {
-            let _ = join(criu);
+            let _ = join_criu_thread(criu);
             Err(packer.abort().unwrap_or(e))
         }
     }
