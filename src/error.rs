@@ -29,10 +29,15 @@ pub enum Error {
     /// A whole archive is not the one expected (a parent that is not one).
     #[error("{0}")]
     Mismatch(String),
-    /// An encrypted archive that no key given opens (none given, or the
-    /// wrong one): as much a reason to stop as a damaged archive.
+    /// An encrypted archive that none of the keys given opens: foreign to
+    /// them, as much a reason to stop as a damaged archive.
     #[error("{0}")]
     Locked(String),
+    /// An encrypted archive and no key of its kind given: the command lacks
+    /// an option (a usage error, so that no one takes a good archive for a
+    /// damaged one and discards it).
+    #[error("{0}")]
+    KeyNeeded(String),
     /// Something needed (a parent archive) is not where it was looked for.
     #[error("{0}")]
     NotFound(String),
@@ -143,7 +148,7 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self.root() {
             Error::Corrupt { .. } | Error::Unsupported { .. } | Error::Mismatch(_) | Error::Locked(_) => Kind::Archive,
-            Error::Usage(_) | Error::Exists(_) => Kind::Usage,
+            Error::Usage(_) | Error::Exists(_) | Error::KeyNeeded(_) => Kind::Usage,
             _ => Kind::Failed,
         }
     }
@@ -161,6 +166,7 @@ impl Error {
             Error::Mismatch(s) => Error::Mismatch(s.clone()),
             Error::NotFound(s) => Error::NotFound(s.clone()),
             Error::Locked(s) => Error::Locked(s.clone()),
+            Error::KeyNeeded(s) => Error::KeyNeeded(s.clone()),
             Error::Exists(p) => Error::Exists(p.clone()),
             Error::Usage(s) => Error::Usage(s.clone()),
             Error::Protocol(s) => Error::Protocol(s.clone()),
@@ -253,6 +259,10 @@ mod tests {
         assert_eq!(e.to_string(), "serving pages-1.img: a.czr: offset 7: bad");
         assert_eq!(Error::Usage("x".into()).kind().exit_code(), 2);
         assert_eq!(Error::Criu("x".into()).kind().exit_code(), 1);
+        // An encrypted archive without a key is the command's fault, not the
+        // archive's; with keys none of which opens it, the archive is foreign.
+        assert_eq!(Error::KeyNeeded("x".into()).context("a.czr").kind().exit_code(), 2);
+        assert_eq!(Error::Locked("x".into()).context("a.czr").kind().exit_code(), 3);
         let e = Error::CriuIo { what: "cannot run criu".into(), err: io::Error::from(io::ErrorKind::NotFound) };
         assert_eq!(e.kind().exit_code(), 1);
         assert_eq!(e.to_string(), format!("cannot run criu: {}", io::Error::from(io::ErrorKind::NotFound)));

@@ -1,7 +1,8 @@
 //! Encrypted checkpoints with real CRIU: an archive encrypted to an age
 //! recipient, and one encrypted with a passphrase, restore with the
-//! processes' own checksums, from a file and from a pipe; without a key, or
-//! with the wrong one, a restore fails as exit 3 before any process runs;
+//! processes' own checksums, from a file and from a pipe; without a key a
+//! restore fails as exit 2 (usage), with the wrong one as exit 3, before
+//! any process runs;
 //! damaged or rearranged ciphertext never restores; an archive written
 //! with `--codec none` holds none of the workload's text or file names; an
 //! encrypted incremental child shares its parent's key and restores intact.
@@ -43,12 +44,18 @@ fn dump(w: &Workload, arc: &Path, extra: &[&str]) {
 }
 
 fn restore_fails(w: &Workload, arc: &Path, extra: &[&str], what: &str) -> String {
+    restore_fails_as(3, w, arc, extra, what)
+}
+
+/// A restore that fails with exit status `code`, naming the archive in one
+/// line, with no process left running.
+fn restore_fails_as(code: i32, w: &Workload, arc: &Path, extra: &[&str], what: &str) -> String {
     let mut args = vec!["restore", "-d", "-i", s(arc)];
     args.extend_from_slice(extra);
     let out = criuz(&args);
     reap_zombies();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(3), "{what}: must fail as exit 3: {err}");
+    assert_eq!(out.status.code(), Some(code), "{what}: must fail as exit {code}: {err}");
     assert!(err.contains(s(arc)), "{what}: the error must name the archive: {err}");
     let said = err.lines().filter(|l| l.starts_with("criuz: ") && !l.contains(" CRIU ")).count();
     assert_eq!(said, 1, "{what}: one line of error: {err}");
@@ -113,8 +120,12 @@ fn encrypted_archives_round_trip_and_hold_no_plaintext() {
     assert_eq!(rep["encryption"]["locked"], false);
     assert!(rep["files"].as_array().unwrap().iter().any(|f| f["name"] == "inventory.img"), "{rep}");
 
-    let err = restore_fails(&w, &arc, &[], "no key");
+    // No key given is a usage error (2): the archive is not damaged, and
+    // must not be taken for it; a key that does not open it, as foreign (3).
+    let err = restore_fails_as(2, &w, &arc, &[], "no key");
     assert!(err.contains("--identity"), "the error must say what to give: {err}");
+    let out = criuz(&["verify", s(&arc)]);
+    assert_eq!(out.status.code(), Some(2), "verify without a key");
     restore_fails(&w, &arc, &["--identity", s(&wrong)], "the wrong key");
     let out = criuz(&["verify", s(&arc), "--identity", s(&wrong)]);
     assert_eq!(out.status.code(), Some(3), "verify with the wrong key");
@@ -135,7 +146,7 @@ fn encrypted_archives_round_trip_and_hold_no_plaintext() {
     let out = ok(criuz(&["inspect", "--json", s(&parc)]), "inspect");
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["encryption"]["wrapped_for"], serde_json::json!(["scrypt"]), "{rep}");
-    restore_fails(&w, &parc, &["--identity", s(&key)], "an identity for a passphrase archive");
+    restore_fails_as(2, &w, &parc, &["--identity", s(&key)], "an identity for a passphrase archive");
     let bad = tmp.path().join("bad-pass.txt");
     std::fs::write(&bad, "wrong horse\n").unwrap();
     restore_fails(&w, &parc, &["--passphrase-file", s(&bad)], "the wrong passphrase");
@@ -252,7 +263,7 @@ fn an_encrypted_child_shares_its_parents_key() {
     // Without the key the parent cannot be read, and the child would not be encrypted.
     let pid = w.pid.to_string();
     let out = criuz(&["dump", "-t", &pid, "-o", s(&inc), "--leave-running", "--parent", s(&full)]);
-    assert_eq!(out.status.code(), Some(3), "child of a locked parent: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "child of a locked parent: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!inc.exists());
     // --identity alone: the parent opens, and the child is encrypted to the same key.
     dump(&w, &inc, &["--parent", s(&full), "--identity", s(&key)]);
@@ -270,7 +281,7 @@ fn an_encrypted_child_shares_its_parents_key() {
     assert_eq!(locked["encryption"]["locked"], true, "{locked}");
     assert_eq!(locked["total"]["referenced_bytes"], 0, "{locked}");
     assert!(std::fs::metadata(&inc).unwrap().len() < 4 << 20, "the child stores only what changed");
-    restore_fails(&w, &inc, &[], "child without a key");
+    restore_fails_as(2, &w, &inc, &[], "child without a key");
     ok(criuz(&["restore", "-d", "-i", s(&inc), "--identity", s(&key)]), "restore of the encrypted child");
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();

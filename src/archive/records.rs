@@ -321,7 +321,7 @@ impl<I: Input> SeqReader<I> {
             let kr = decode_key_record(&rec, start)?;
             match crate::seal::keyring::unlock(&kr, start) {
                 Ok(chain) => r.key = Some(Arc::new(chain.archive(&r.header))),
-                Err(Error::Locked(_)) if unlock == Unlock::IfPossible => {}
+                Err(Error::Locked(_) | Error::KeyNeeded(_)) if unlock == Unlock::IfPossible => {}
                 Err(e) => return Err(e),
             }
             r.key_record = Some(kr);

@@ -88,8 +88,9 @@ pub fn remember(key: &ChainKey) {
 }
 
 /// The chain key of an archive's K record: known already, or unwrapped with
-/// the identities or passphrase given. Fails as [`Error::Locked`] when none
-/// opens it, as corrupt when what it opens is not the key the record names.
+/// the identities or passphrase given. Fails as [`Error::KeyNeeded`] when
+/// none of its kind was given, as [`Error::Locked`] when none given opens
+/// it, as corrupt when what it opens is not the key the record names.
 pub fn unlock(rec: &KeyRecord, offset: u64) -> Result<Arc<ChainKey>> {
     if let Some(k) = with_ring(|r| r.unlocked.get(&rec.key_id).cloned()) {
         return Ok(k);
@@ -98,7 +99,7 @@ pub fn unlock(rec: &KeyRecord, offset: u64) -> Result<Arc<ChainKey>> {
         .map_err(|e| Error::corrupt(offset, format!("the wrapped key is not an age file: {e}")))?;
     let key = if dec.is_scrypt() {
         let Some(pass) = with_ring(|r| r.passphrase.clone()) else {
-            return Err(Error::Locked(
+            return Err(Error::KeyNeeded(
                 "the archive is encrypted with a passphrase: give it with --passphrase-file FILE".into(),
             ));
         };
@@ -109,7 +110,7 @@ pub fn unlock(rec: &KeyRecord, offset: u64) -> Result<Arc<ChainKey>> {
         let mut g = RING.lock().unwrap_or_else(|p| p.into_inner());
         let ring = g.get_or_insert_with(Ring::default);
         if ring.identities.is_empty() {
-            return Err(Error::Locked(
+            return Err(Error::KeyNeeded(
                 "the archive is encrypted: give the identity that opens it with --identity FILE".into(),
             ));
         }
