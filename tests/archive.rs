@@ -434,7 +434,7 @@ fn foreign_files_and_unknown_versions_are_clear_errors() {
     }
     let out = criuz(&["verify", tmp.path().join("missing.czr").to_str().unwrap()]);
     one_line_error(&out, &tmp.path().join("missing.czr"));
-    assert_eq!(out.status.code(), Some(1), "a missing file is an operation failure");
+    assert_eq!(out.status.code(), Some(2), "a missing file is a bad argument, as a pid that names no process");
 }
 
 #[test]
@@ -576,8 +576,13 @@ fn unusable_criu_is_named_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--criu") && err.contains("3.17") && err.contains("older than 4.0"), "{err}");
+    // An archive that is there: a missing one is refused first.
+    let img = tmp.path().join("img");
+    images_dir(&img);
+    let packed = tmp.path().join("packed.czr");
+    assert!(criuz(&["pack", img.to_str().unwrap(), "-o", packed.to_str().unwrap()]).status.success());
     let out = Command::new(CRIUZ)
-        .args(["restore", "-d", "-i", arc.to_str().unwrap()])
+        .args(["restore", "-d", "-i", packed.to_str().unwrap()])
         .env("CRIUZ_CRIU", tmp.path().join("missing"))
         .output()
         .unwrap();
@@ -603,6 +608,46 @@ fn usage_errors_exit_2() {
         let out = criuz(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!arc.exists());
+    }
+}
+
+/// A file the user names as an input that is not there, or is a directory
+/// where a file is meant (or the reverse for `pack DIR`), is a bad argument:
+/// one line naming it, exit 2, not an operation that failed (exit 1).
+#[test]
+fn inputs_that_are_not_there_are_usage_errors_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    images_dir(&img);
+    let arc = tmp.path().join("a.czr");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (missing, dest) = (tmp.path().join("missing"), tmp.path().join("out"));
+    let (m, d, a, o) = (s(&missing), s(&img), s(&arc), s(&dest));
+    let (m, d, a, o) = (m.as_str(), d.as_str(), a.as_str(), o.as_str());
+    assert!(criuz(&["pack", d, "-o", a]).status.success(), "pack");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["inspect", m], m),
+        (vec!["verify", m], m),
+        (vec!["verify", d], d),
+        (vec!["unpack", m, "-d", o], m),
+        (vec!["flatten", m, "-o", o], m),
+        (vec!["restore", "-d", "-i", m], m),
+        (vec!["restore", "-d", "-i", d], d),
+        (vec!["pack", m, "-o", o], m),
+        (vec!["pack", a, "-o", o], a),
+        (vec!["pack", "--tar", m, "-o", o], m),
+        (vec!["pack", d, "-o", o, "--parent", m], m),
+        (vec!["pack", d, "-o", o, "--recipients-file", m], m),
+        (vec!["pack", d, "-o", o, "--passphrase-file", m], m),
+        (vec!["verify", a, "--identity", m], m),
+    ];
+    for (args, named) in cases {
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.starts_with("criuz: ") && err.contains(named), "{args:?} must name {named}: {err}");
+        assert!(!dest.exists(), "{args:?} wrote an output");
     }
 }
 

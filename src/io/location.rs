@@ -168,6 +168,20 @@ impl Location {
         }
     }
 
+    /// Checks an archive the user named to be read, before anything runs:
+    /// standard input on a terminal (bytes nobody types), a file that is not
+    /// there or is a directory, are bad arguments (exit 2), not failed
+    /// operations.
+    pub fn input(&self) -> Result<()> {
+        match self {
+            Location::Stdio if std::io::stdin().is_terminal() => {
+                Err(Error::Usage("-: standard input is a terminal; pipe or redirect the archive into criuz".into()))
+            }
+            Location::File(p) => super::named_file(p),
+            _ => Ok(()),
+        }
+    }
+
     /// A new archive here, published only by [`Output::commit`]; an existing
     /// one is refused unless `force`.
     pub fn output(&self, force: bool) -> Result<Output> {

@@ -29,6 +29,31 @@ pub mod unfinished;
 pub use location::{Location, SPOOL_CAP};
 pub use store::RecordStore;
 
+/// A file the user named as an input (an archive, a parent, a key file):
+/// one that is not there, or a directory where a file is meant, is a bad
+/// argument named in one line (exit 2), not a failed operation (exit 1).
+/// Any other failure to open it is left to the open that follows.
+pub fn named_file(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::Usage(format!("{}: no such file", path.display())))
+        }
+        Ok(m) if m.is_dir() => Err(Error::Usage(format!("{}: a directory, not a file", path.display()))),
+        _ => Ok(()),
+    }
+}
+
+/// [`named_file`] for a directory the user named (`pack DIR`).
+pub fn named_dir(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::Usage(format!("{}: no such directory", path.display())))
+        }
+        Ok(m) if !m.is_dir() => Err(Error::Usage(format!("{}: not a directory", path.display()))),
+        _ => Ok(()),
+    }
+}
+
 /// Bytes shared between a reader and the pipe they are handed to: kept
 /// alive (and unchanged) until the other side has read them.
 pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;

@@ -38,6 +38,7 @@ fn with_ring<T>(f: impl FnOnce(&mut Ring) -> T) -> T {
 /// Reads a secret file: it must exist, be readable, and be text (a key
 /// file given where another file was meant is a usage error naming it).
 fn read_secret(path: &Path) -> Result<String> {
+    crate::io::named_file(path)?;
     let mut bytes = Vec::new();
     std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).at(path)?;
     String::from_utf8(bytes)
@@ -167,6 +168,7 @@ impl Recipients {
     pub fn from_args(keys: &[String], files: &[std::path::PathBuf], passphrase: Option<&Path>) -> Result<Option<Self>> {
         let mut x25519 = keys.iter().map(|k| parse_recipient(k)).collect::<Result<Vec<_>>>()?;
         for f in files {
+            crate::io::named_file(f)?;
             let text = std::fs::read_to_string(f).at(f)?;
             let mut n = 0;
             for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {

@@ -481,13 +481,7 @@ pub fn location(spec: &std::path::Path) -> Result<Location> {
 /// An archive to read: as [`location`], but `-` must not be a terminal,
 /// where criuz would wait for an archive nobody types.
 pub fn input_location(spec: &std::path::Path) -> Result<Location> {
-    use std::io::IsTerminal;
     let at = location(spec)?;
-    if at.is_stdio() && std::io::stdin().is_terminal() {
-        return Err(criuz::Error::Usage(
-            "-: standard input is a terminal; pipe or redirect the archive into criuz".into(),
-        )
-        .into());
-    }
+    at.input()?;
     Ok(at)
 }

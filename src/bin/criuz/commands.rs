@@ -168,6 +168,7 @@ fn pack(
         (stats, progress, out)
     } else {
         let dir = dir.expect("clap requires a directory or --tar");
+        criuz::io::named_dir(&dir)?;
         let entries = criuz::tree::scan(&dir)?;
         let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
         let out = Output::open(output, force)?;
