@@ -655,8 +655,10 @@ fn a_restore_whose_pidfile_cannot_be_written_restores_nothing() {
     let Some(_criu) = criu() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("no-such-dir/restored.pid");
-    // Refused before the archive is opened: none is needed.
+    // Refused before the archive is opened: an empty file does (one that is
+    // not there is refused first, as a named input).
     let arc = tmp.path().join("any.czr");
+    std::fs::write(&arc, b"").unwrap();
     let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -674,11 +676,14 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
     let before = w.sums();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ckpt.czr");
-    let (a, pid) = (arc.to_str().unwrap(), w.pid.to_string());
+    // What the restore names is there (an empty file: refused before it is read).
+    let input = tmp.path().join("in.czr");
+    std::fs::write(&input, b"").unwrap();
+    let (a, i, pid) = (arc.to_str().unwrap(), input.to_str().unwrap(), w.pid.to_string());
     for (args, names) in [
         (vec!["dump", "-t", &pid, "-o", a, "--", "--tcp-established", "-D", "/tmp"], "-D"),
         (vec!["dump", "-t", &pid, "-o", a, "--", "-js"], "criuz dump --leave-running"),
-        (vec!["restore", "-i", a, "--", "--restore-det"], "criuz restore -d"),
+        (vec!["restore", "-i", i, "--", "--restore-det"], "criuz restore -d"),
     ] {
         let out = criuz(&args);
         let err = String::from_utf8_lossy(&out.stderr);
