@@ -157,6 +157,11 @@ fn die_interrupted(sig: i32) -> ! {
     }
     if let Some(root) = tree::restored_root_running() {
         line.push_str(&format!("; the restored tree (pid {root}) was whole before it and runs on"));
+        match tree::write_running_pidfile(root) {
+            Some(Ok(file)) => line.push_str(&format!(" (its pid is in {})", file.display())),
+            Some(Err(e)) => line.push_str(&format!(" (its pid could not be written to --pidfile: {e})")),
+            None => {}
+        }
     }
     let mut err = std::io::stderr().lock();
     // After a progress bar's unfinished line.

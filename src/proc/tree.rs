@@ -118,6 +118,31 @@ pub(crate) fn let_go_of_restored_tree(root: Option<i32>) {
 /// The root of a tree this criuz restored whole (0: none).
 static RESTORED_ROOT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+/// The `--pidfile` of the restore under way.
+static RESTORED_PIDFILE: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+
+/// Notes the `--pidfile` the restore under way publishes once its tree runs,
+/// for [`write_running_pidfile`].
+pub(crate) fn note_restored_pidfile(pidfile: Option<&std::path::Path>) {
+    *RESTORED_PIDFILE.lock().unwrap_or_else(|e| e.into_inner()) = pidfile.map(std::path::Path::to_path_buf);
+}
+
+/// For an interrupted criuz whose restored tree runs on: writes the root's
+/// pid to the restore's `--pidfile` (the restore publishes it only after the
+/// tree was let run, so an interruption in between left a running tree that
+/// whoever waits for that file never learns of); the file, if one was asked
+/// for. Written beside it and renamed, as the restore's own publish does.
+pub(crate) fn write_running_pidfile(root: i32) -> Option<std::io::Result<std::path::PathBuf>> {
+    let to = RESTORED_PIDFILE.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = to.with_file_name(format!(".{name}.criuz-interrupted"));
+    let written = std::fs::write(&tmp, format!("{root}\n")).and_then(|()| std::fs::rename(&tmp, &to));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Some(written.map(|()| to))
+}
+
 /// The root of the tree this criuz restored whole, while it runs.
 pub(crate) fn restored_root_running() -> Option<i32> {
     let root = RESTORED_ROOT.load(std::sync::atomic::Ordering::Relaxed);
@@ -743,6 +768,22 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An interruption after the restored tree was let run, before the
+    /// restore published its pidfile, writes it: the one this restore was
+    /// asked for, whole, with the root's pid; none where none was asked.
+    #[test]
+    fn an_interrupted_restore_whose_tree_runs_on_writes_its_pidfile() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("restored.pid");
+        note_restored_pidfile(Some(&file));
+        let written = write_running_pidfile(4242).expect("a pidfile was asked for").unwrap();
+        assert_eq!(written, file);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "4242\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing but the pidfile is left");
+        note_restored_pidfile(None);
+        assert!(write_running_pidfile(4242).is_none());
+    }
 
     #[test]
     fn a_traced_process_is_waited_for_until_its_tracer_lets_go() {
