@@ -172,7 +172,7 @@ impl Location {
     /// standard input on a terminal (bytes nobody types), a file that is not
     /// there or is a directory, are bad arguments (exit 2), not failed
     /// operations.
-    pub fn input(&self) -> Result<()> {
+    pub fn check_input(&self) -> Result<()> {
         match self {
             Location::Stdio if std::io::stdin().is_terminal() => {
                 Err(Error::Usage("-: standard input is a terminal; pipe or redirect the archive into criuz".into()))

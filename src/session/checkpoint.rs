@@ -107,7 +107,7 @@ pub struct DumpReport {
 /// frozen meanwhile. The parent must not be the output itself.
 pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<DedupIndex>>> {
     let Some(parent) = parent else { return Ok(None) };
-    Location::parse(parent)?.input()?;
+    Location::parse(parent)?.check_input()?;
     let same = std::fs::canonicalize(parent).ok().zip(std::fs::canonicalize(output).ok()).is_some_and(|(a, b)| a == b);
     if same {
         return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", parent.display())));

@@ -478,10 +478,11 @@ pub fn location(spec: &std::path::Path) -> Result<Location> {
     Ok(Location::parse(spec)?)
 }
 
-/// An archive to read: as [`location`], but `-` must not be a terminal,
-/// where criuz would wait for an archive nobody types.
+/// An archive to read: as [`location`], checked by `Location::check_input`
+/// (`-` not a terminal, where criuz would wait for an archive nobody types;
+/// a file that is there).
 pub fn input_location(spec: &std::path::Path) -> Result<Location> {
     let at = location(spec)?;
-    at.input()?;
+    at.check_input()?;
     Ok(at)
 }
