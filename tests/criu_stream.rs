@@ -648,6 +648,74 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
 }
 
+fn comm_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
+/// A restore in the foreground gives CRIU criuz's standard streams only for
+/// the tree to take (`--shell-job`, `--inherit-fd`). Given them always,
+/// every helper CRIU forked held them too, and one that a SIGKILL of criuz
+/// during CRIU's start left stopped (its kernel probe, under its ptrace)
+/// kept a pipe out of criuz open: `criuz restore | …` never ended.
+#[test]
+fn a_foreground_restore_killed_as_criu_starts_ends_its_output() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let mut restore = Command::new(CRIUZ)
+        .args(["restore", "-i", arc.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = restore.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || std::io::Read::read_to_end(&mut out, &mut Vec::new()));
+    // CRIU, then (if seen in time) its probe stopped under its ptrace.
+    let t = std::time::Instant::now();
+    let mut criu_pid = None;
+    let mut stdout_of_criu = String::new();
+    let mut helpers = Vec::new();
+    while t.elapsed() < Duration::from_secs(10) {
+        if criu_pid.is_none() {
+            criu_pid = criu_children_of(restore.id()).first().copied();
+            if let Some(c) = criu_pid {
+                let fd1 = std::fs::read_link(format!("/proc/{c}/fd/1"));
+                stdout_of_criu = fd1.map(|l| l.display().to_string()).unwrap_or_default();
+            }
+        }
+        if let Some(c) = criu_pid {
+            helpers = children_of(c as u32);
+            let stopped = helpers.iter().any(|&h| matches!(process_state(h), Some('t' | 'T')));
+            if stopped || comm_of(c) != "criu" {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    restore.kill().unwrap();
+    restore.wait().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(reader.join()));
+    let ended = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+    // What a killed criuz leaves (the next criuz sweeps it): ours to end here.
+    for h in helpers.iter().filter(|&&h| comm_of(h) == "criu") {
+        // SAFETY: a probe of the CRIU this test's criuz ran.
+        unsafe { libc::kill(*h, libc::SIGKILL) };
+    }
+    assert!(criu_pid.is_some(), "CRIU was never seen");
+    assert_eq!(stdout_of_criu, "/dev/null", "CRIU held criuz's standard output");
+    assert!(ended, "criuz's output did not end after criuz was killed");
+    wait_for("the unfinished tree to be killed", Duration::from_secs(10), || {
+        reap_zombies();
+        !w.alive()
+    });
+}
+
 /// A pidfile that could not be written once the tree runs is refused
 /// first: otherwise the restore would fail (exit 1) with its tree running.
 #[test]

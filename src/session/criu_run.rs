@@ -5,6 +5,7 @@
 //! before a restore.
 
 use crate::archive::{BlockSource, ParentSearch};
+use crate::criu::options::CriuOptions;
 use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
@@ -201,18 +202,29 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
 /// the user's options; the restored pid goes to `pidfile`. CRIU returns
 /// once the tree runs, with or without -d: without, the root is made
 /// criuz's own child (`--restore-sibling`), for criuz to wait for
-/// (`proc::foreground`), and CRIU keeps criuz's standard streams (a
-/// `--shell-job` tree takes its terminal).
+/// (`proc::foreground`), and CRIU gets criuz's standard streams where the
+/// tree takes them (a `--shell-job` tree its terminal, `--inherit-fd`).
 pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
     // Where the log goes, whatever CRIU's config files say.
     cmd.arg("-W").arg(dir);
     cmd.arg("--restore-detached");
-    if o.detach {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    } else {
+    if !o.detach {
         cmd.arg("--restore-sibling");
+    }
+    // CRIU's own output goes to its log. criuz's standard streams are given
+    // to it only for the tree to take: a `--shell-job` tree's terminal, or
+    // what `--inherit-fd` names. Otherwise every helper CRIU forks holds
+    // copies of them, and one left stopped by a criuz killed during CRIU's
+    // start (its kernel probe, stopped under its ptrace, until the next
+    // criuz sweeps it) kept a pipe out of criuz open: whoever read criuz's
+    // output never saw its end.
+    let given = CriuOptions::read(&o.extra);
+    let tree_takes_streams =
+        !o.detach && (o.shell_job || given.is_set("shell-job") || given.value("inherit-fd").is_some());
+    if !tree_takes_streams {
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     }
     if o.shell_job {
         cmd.arg("--shell-job");
