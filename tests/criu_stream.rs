@@ -788,6 +788,45 @@ fn archives_are_neither_written_to_nor_read_from_a_terminal() {
     w.stop();
 }
 
+/// A process on a terminal round-trips as a shell job: dumped with
+/// `--shell-job`, restored in the foreground with `--shell-job` on a
+/// terminal (script(1)'s), where CRIU gets criuz's standard streams for the
+/// tree to take; the process answers with its own checksum, unchanged.
+#[test]
+fn a_shell_job_restored_in_the_foreground_takes_the_terminal() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().display();
+    // The workload writes its checksum to {t}/w/sum-root on SIGUSR1.
+    let job = format!(
+        r#"{WORKLOAD} --dir {t}/w --mib 8 --pattern mixed &
+until [ -s {t}/w/ready ]; do sleep 0.05; done; P=$(cat {t}/w/ready)
+sum() {{ rm -f {t}/w/sum-root; kill -USR1 $P || return; for i in $(seq 200); do [ -s {t}/w/sum-root ] && break; sleep 0.05; done; echo "sum $(cut -d' ' -f1 {t}/w/sum-root)"; }}
+sum
+{CRIUZ} dump -t $P -o {t}/a.czr --shell-job; echo "dump $?"
+wait $P
+while [ -e /proc/$P ]; do sleep 0.05; done
+{CRIUZ} restore -i {t}/a.czr --shell-job --pidfile {t}/pid </dev/tty &
+R=$!
+until [ -s {t}/pid ] || ! kill -0 $R 2>/dev/null; do sleep 0.05; done
+sum
+kill $P 2>/dev/null; wait $R; echo "restore $?"
+"#
+    );
+    let file = tmp.path().join("job.sh");
+    std::fs::write(&file, job).unwrap();
+    let cmd = format!("bash {}", file.display());
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let sums: Vec<&str> = said.lines().filter(|l| l.starts_with("sum sum=")).collect();
+    assert_eq!(sums.len(), 2, "a checksum before and after: {said}");
+    assert_eq!(sums[0], sums[1], "the restored process's memory differs: {said}");
+    assert!(said.lines().any(|l| l == "dump 0"), "{said}");
+    // The workload ends on SIGTERM with status 0; criuz exits as it did.
+    assert!(said.lines().any(|l| l == "restore 0"), "{said}");
+}
+
 /// `-t` naming a thread (CRIU aborts on an assertion) or a zombie is
 /// refused before CRIU runs, naming what to give instead.
 #[test]
