@@ -31,6 +31,10 @@ export PATH=$PWD/.dev/bin:$PATH
 out=${OUT:-/tmp/criuz-device}
 mkdir -p "$out"
 B=(criuz-bench --criu "$PWD/.dev/bin/criu")
+# Where the CRIU built by scripts/setup.sh keeps its kernel cache when the
+# build machine's /run is not a tmpfs (there /run is one): without the
+# directory, CRIU would probe the kernel at every start.
+mkdir -p -m 0700 /run/criu
 size=${SIZE:-4096}
 nproc
 # A dump holds at most (descriptors - spare) / 2 blocks by reference (src/archive/held.rs).

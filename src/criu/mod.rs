@@ -102,10 +102,17 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
 pub fn locate(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        unblock_kerndat_cache(Path::new("/run"));
+        for dir in KERNDAT_DIRS {
+            unblock_kerndat_cache(Path::new(dir));
+        }
     }
     find(explicit)
 }
+
+/// Where CRIU keeps its kernel cache (below): `/run`, CRIU's default, and
+/// `/run/criu`, where `scripts/setup.sh` builds it to keep it on a machine
+/// whose `/run` is not a tmpfs (CRIU keeps the cache only on one).
+const KERNDAT_DIRS: [&str; 2] = ["/run", "/run/criu"];
 
 /// CRIU keeps what it probes of the kernel at its start (`kerndat`: dozens
 /// of probes, forks and ptrace among them) in `/run/criu.kdat`, written
