@@ -6,9 +6,10 @@
 //! failure, never a time. See docs/BENCHMARKS.md.
 
 use config::{Config, Env, Place};
+use criuz::criu::Criu;
 use criuz_bench::error::{Error, Result};
 use criuz_bench::{aead, codecs, config, containers, gpu, incremental, lazy, load, plot, proc, report, s3, workload};
-use report::{Document, Machine, Pair, ResultJson, Sample, Settings};
+use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Sample, Settings};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -206,9 +207,9 @@ impl Plan {
 
 /// A table run's JSON: the machine, the size and runs, and `rows` (an object
 /// whose fields are added to the document).
-fn write_table_json(path: &Path, criu_version: &str, plan: &Plan, rows: serde_json::Value) -> Result<()> {
-    let mut doc =
-        serde_json::json!({ "machine": Machine::probe(criu_version), "size_mib": plan.mib, "runs": plan.runs });
+fn write_table_json(path: &Path, criu: &Criu, plan: &Plan, rows: serde_json::Value) -> Result<()> {
+    let machine = Machine::probe(&criu.version, criu_kernel_cache(&criu.path));
+    let mut doc = serde_json::json!({ "machine": machine, "size_mib": plan.mib, "runs": plan.runs });
     if let (Some(d), serde_json::Value::Object(r)) = (doc.as_object_mut(), rows) {
         d.extend(r);
     }
@@ -367,6 +368,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Err(Error::Invalid("criuz-bench needs root (CRIU checkpoints and restores processes)".into()));
     }
     let (criu, _) = criuz::criu::locate(args.criu.as_deref())?;
+    // Every criuz the bench runs runs this CRIU too: the baselines and
+    // criuz are measured on the same one. Set before any thread starts.
+    std::env::set_var("CRIUZ_CRIU", &criu.path);
+    match criu_kernel_cache(&criu.path) {
+        Some(file) => eprintln!("bench: CRIU keeps its kernel probes in {file}"),
+        None => eprintln!(
+            "bench: CRIU keeps no kernel cache here (it keeps one only on a tmpfs): every CRIU start probes the \
+             kernel again (scripts/setup.sh builds a CRIU that keeps it)"
+        ),
+    }
     // criuz and criuz-workload are built beside this binary.
     let criuz = std::env::current_exe()?.with_file_name("criuz");
     let workload_bin = criuz.with_file_name("criuz-workload");
@@ -452,7 +463,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let rows = gpu::measure(&configs, gpu_plan, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
         }
         if rows.iter().any(|r| !r.intact) {
             return Err(Error::Invalid("a GPU restore is not intact".into()));
@@ -475,7 +486,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", containers::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "containers": rows }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "containers": rows }))?;
         }
         return Ok(());
     }
@@ -510,7 +521,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", incremental::table(&rows, &chains));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "incremental": rows, "chains": chains }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "incremental": rows, "chains": chains }))?;
         }
         return Ok(());
     }
@@ -542,7 +553,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", lazy::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "lazy": rows }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "lazy": rows }))?;
         }
         return Ok(());
     }
@@ -554,7 +565,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", codecs::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "codec_table": rows }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "codec_table": rows }))?;
         }
         return Ok(());
     }
@@ -576,7 +587,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", load::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu.version, &plan, serde_json::json!({ "load": rows }))?;
+            write_table_json(path, &criu, &plan, serde_json::json!({ "load": rows }))?;
         }
         return Ok(());
     }
@@ -655,7 +666,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
-        machine: Machine::probe(&criu.version),
+        machine: Machine::probe(&criu.version, criu_kernel_cache(&criu.path)),
         settings: Settings {
             size_mib: plan.mib,
             runs: plan.runs,

@@ -91,11 +91,44 @@ pub struct Machine {
     pub kernel: String,
     pub cpu: String,
     pub criu_version: String,
+    /// The file where CRIU keeps what it probes of the kernel at its start,
+    /// null where it keeps none (and pays the probes, about 25 ms here, at
+    /// every start: dumps, restores and a lazy tree's start alike).
+    pub criu_kernel_cache: Option<String>,
     pub criuz_version: String,
 }
 
+/// Where `criu` keeps its kernel cache (`kerndat`), as CRIU itself says:
+/// the second of two `criu check` runs logs the file it loaded the cache
+/// from (the first one writes it, where CRIU can). CRIU keeps it only on a
+/// tmpfs, in a directory fixed when it was built (`/run`, or `/run/criu`
+/// from `scripts/setup.sh` on a machine whose `/run` is not a tmpfs), so
+/// asking CRIU is the one answer that holds for any build or wrapper.
+pub fn criu_kernel_cache(criu: &std::path::Path) -> Option<String> {
+    let log = std::env::temp_dir().join(format!("criuz-bench-kerndat-{}.log", std::process::id()));
+    let mut loaded = None;
+    for _ in 0..2 {
+        let ran = std::process::Command::new(criu)
+            .args(["check", "-v4", "-o"])
+            .arg(&log)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        loaded = ran.ok().and_then(|_| {
+            text.lines().find_map(|l| l.split_once("Loaded kdat cache from ").map(|(_, f)| f.trim().to_string()))
+        });
+        if loaded.is_some() {
+            break;
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+    loaded
+}
+
 impl Machine {
-    pub fn probe(criu_version: &str) -> Machine {
+    pub fn probe(criu_version: &str, criu_kernel_cache: Option<String>) -> Machine {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let memory = meminfo
             .lines()
@@ -116,6 +149,7 @@ impl Machine {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
             cpu,
             criu_version: criu_version.to_string(),
+            criu_kernel_cache,
             criuz_version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
