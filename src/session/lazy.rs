@@ -333,12 +333,20 @@ fn materialize(
 /// image written for CRIU, pages).
 type EagerRun = (u64, u64, u64);
 
+/// Blocks each thread of [`write_eager`] decodes at least: a thread more
+/// pays only where there are several blocks for it. The two blocks of a
+/// 1 GiB `mixed` process's eager pages took 0.41-0.52 ms on the calling
+/// thread, and 0.5-4.2 ms shared with a second one, which waited for a core
+/// behind the archive's walk (2 cores, 8 restores each way, session 47).
+const EAGER_BLOCKS_PER_THREAD: usize = 8;
+
 /// Writes `runs` of archive image `file` (`what`, for errors) into `out` at
 /// `path`, one archive block at a time on `threads` threads: each decodes
 /// its block once and writes every piece of a run that lies in it. CRIU
-/// starts only once they are written, so nothing else runs meanwhile: on 2
-/// cores, 200 MiB of shared memory restored in 0.30-0.36 s instead of
-/// 0.36-0.48 (docs/BENCHMARKS.md). The first error stops every thread.
+/// starts only once they are written, so only the archive's walk runs
+/// meanwhile: on 2 cores, 200 MiB of shared memory restored in 0.30-0.36 s
+/// instead of 0.36-0.48 (docs/BENCHMARKS.md). The first error stops every
+/// thread.
 fn write_eager(
     blocks: &Blocks,
     (file, what): (u32, &str),
@@ -385,7 +393,8 @@ fn write_eager(
         }
         Ok(true)
     };
-    crate::engine::until_done_or_failed(threads.clamp(1, by_block.len().max(1)), Decoder::new, step)
+    let helpers_worth_it = (by_block.len() / EAGER_BLOCKS_PER_THREAD).max(1);
+    crate::engine::until_done_or_failed(threads.clamp(1, helpers_worth_it), Decoder::new, step)
 }
 
 /// Pages by pid that a lazy restore saw faulted (first touches, in order),
@@ -715,11 +724,14 @@ impl LazyRestore<'_> {
             };
             if ran {
                 running = resumed.get().map_or(running, |t| (*t - started).as_secs_f64());
+                // Said first: on 2 cores, the proof's and the read-ahead's
+                // threads, started before it, delayed the pidfile of a
+                // tree that already ran.
+                published = on_running();
                 // A held tree's fill resumed the read-ahead already, and it
                 // has no proof behind.
                 self.source.read_ahead(true);
                 proving = prove_behind.then(prove);
-                published = on_running();
             }
             let proof = proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled)));
             let paged = paged.unwrap_or_else(|| join(paging).0);
