@@ -125,6 +125,11 @@ fn rewrite<W: Write + Send + 'static>(
 pub enum Reading {
     Stream(String, Box<dyn Read + Send>),
     Source(Arc<Archive>),
+    /// A self-contained archive given `--parent` in vain: read whole into
+    /// nothing, then refused as a usage error if it checks out. A damaged
+    /// archive under a parentless header (a child's records behind another
+    /// archive's header) is damaged first (exit 3), as without `--parent`.
+    ParentInVain(String, Box<dyn Read + Send>),
 }
 
 impl Reading {
@@ -139,7 +144,7 @@ impl Reading {
         // What is not an archive is streamed, so the reader says what is
         // wrong with it (exit 3), not that `--parent` was given in vain.
         if header.is_some() && !o.search.files.is_empty() {
-            return Err(Error::Usage(format!("{}: has no parents, but --parent was given", at.label())));
+            return Ok(Reading::ParentInVain(at.label(), at.reader()?));
         }
         Ok(Reading::Stream(at.label(), at.reader()?))
     }
@@ -148,6 +153,11 @@ impl Reading {
     pub fn decode(self, opts: &Options, sink: &mut dyn SeqSink) -> Result<()> {
         match self {
             Reading::Stream(label, r) => read_sequential(r, opts, sink).map(drop).map_err(|e| e.context(label)),
+            Reading::ParentInVain(label, r) => {
+                let mut nothing = CountSink { files: 0, bytes: 0, progress: Progress::hidden() };
+                read_sequential(r, opts, &mut nothing).map_err(|e| e.context(label.clone()))?;
+                Err(Error::Usage(format!("{label}: has no parents, but --parent was given")))
+            }
             Reading::Source(a) => {
                 let label = a.label().to_string();
                 read_source(a, opts, sink).map(drop).map_err(|e| e.context(label))
