@@ -354,13 +354,27 @@ fn unpack_rejects_every_truncation_and_leaves_nothing() {
             criuz::progress::Progress::hidden(),
         );
         assert!(r.is_err(), "truncation to {len} bytes went unnoticed");
-        assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0, "truncated unpack left files behind");
+        assert!(!dest.exists(), "truncated unpack left {} behind", dest.display());
     }
+    // Into a directory that was there, nothing: the directory stays.
+    let there = tmp.path().join("there");
+    std::fs::create_dir(&there).unwrap();
+    let r = criuz::offline::unpack(
+        stream(&good[..good.len() / 2]),
+        &there,
+        false,
+        &Options { threads: 1, ..Options::default() },
+        criuz::progress::Progress::hidden(),
+    );
+    assert!(r.is_err());
+    assert_eq!(std::fs::read_dir(&there).unwrap().count(), 0, "truncated unpack left files behind");
     let path = tmp.path().join("cut.czr");
     std::fs::write(&path, &good[..good.len() / 2]).unwrap();
-    let out = criuz(&["unpack", path.to_str().unwrap(), "-d", tmp.path().join("cut").to_str().unwrap()]);
+    let nested = tmp.path().join("cut").join("deeper");
+    let out = criuz(&["unpack", path.to_str().unwrap(), "-d", nested.to_str().unwrap()]);
     let err = one_line_error(&out, &path);
     assert!(err.contains("truncated"), "{err}");
+    assert!(!tmp.path().join("cut").exists(), "a failed unpack left the directories it made");
 }
 
 #[test]

@@ -70,6 +70,12 @@ pub struct DirSink {
     dirs: std::collections::HashSet<String>,
     bytes: u64,
     pub progress: Progress,
+    /// The outermost directory of the target's path that this sink made
+    /// (`None`: the target was there): removed, with what it made below
+    /// it, while empty, unless the unpack was published. A failed unpack
+    /// leaves no empty target behind.
+    made: Option<PathBuf>,
+    published: bool,
 }
 
 /// Where the staging directory is.
@@ -96,6 +102,11 @@ impl DirSink {
     /// Creates `target` if missing, and a staging directory beside it
     /// (inside it where it cannot be beside it).
     pub fn create(target: &Path, force: bool, progress: Progress) -> Result<Self> {
+        let made = target
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
+            .last()
+            .map(Path::to_path_buf);
         std::fs::create_dir_all(target).at(target)?;
         let real = target.canonicalize().at(target)?;
         // A swap would leave our working directory in the old target, where
@@ -134,6 +145,8 @@ impl DirSink {
             dirs: Default::default(),
             bytes: 0,
             progress,
+            made,
+            published: false,
         })
     }
 
@@ -178,6 +191,7 @@ impl DirSink {
             }
             Ok::<_, Error>(())
         })?;
+        self.published = true;
         let files = self.entries.iter().filter(|e| e.kind.is_file()).count();
         Ok(UnpackStats { files, bytes: self.bytes })
     }
@@ -279,6 +293,14 @@ impl Drop for DirSink {
     fn drop(&mut self) {
         self.entries.clear();
         let _ = std::fs::remove_dir_all(&self.staging);
+        if let (Some(made), false) = (&self.made, self.published) {
+            // Only directories left empty: anything in one stops the walk.
+            for dir in self.target.ancestors() {
+                if std::fs::remove_dir(dir).is_err() || dir == made.as_path() {
+                    break;
+                }
+            }
+        }
     }
 }
 
