@@ -6,7 +6,6 @@
 //! failure, never a time. See docs/BENCHMARKS.md.
 
 use config::{Config, Env, Place};
-use criuz::criu::Criu;
 use criuz_bench::error::{Error, Result};
 use criuz_bench::{aead, codecs, config, containers, gpu, incremental, lazy, load, plot, proc, report, s3, workload};
 use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Sample, Settings};
@@ -207,8 +206,7 @@ impl Plan {
 
 /// A table run's JSON: the machine, the size and runs, and `rows` (an object
 /// whose fields are added to the document).
-fn write_table_json(path: &Path, criu: &Criu, plan: &Plan, rows: serde_json::Value) -> Result<()> {
-    let machine = Machine::probe(&criu.version, criu_kernel_cache(&criu.path));
+fn write_table_json(path: &Path, machine: &Machine, plan: &Plan, rows: serde_json::Value) -> Result<()> {
     let mut doc = serde_json::json!({ "machine": machine, "size_mib": plan.mib, "runs": plan.runs });
     if let (Some(d), serde_json::Value::Object(r)) = (doc.as_object_mut(), rows) {
         d.extend(r);
@@ -371,7 +369,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // Every criuz the bench runs runs this CRIU too: the baselines and
     // criuz are measured on the same one. Set before any thread starts.
     std::env::set_var("CRIUZ_CRIU", &criu.path);
-    match criu_kernel_cache(&criu.path) {
+    let kernel_cache = criu_kernel_cache(&criu.path);
+    match &kernel_cache {
         Some(file) => eprintln!("bench: CRIU keeps its kernel probes in {file}"),
         None => eprintln!(
             "bench: CRIU keeps no kernel cache here (it keeps one only on a tmpfs): every CRIU start probes the \
@@ -463,7 +462,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let rows = gpu::measure(&configs, gpu_plan, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "gpu": rows, "app": gpu_plan }),
+            )?;
         }
         if rows.iter().any(|r| !r.intact) {
             return Err(Error::Invalid("a GPU restore is not intact".into()));
@@ -486,7 +490,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", containers::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "containers": rows }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "containers": rows }),
+            )?;
         }
         return Ok(());
     }
@@ -521,7 +530,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", incremental::table(&rows, &chains));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "incremental": rows, "chains": chains }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "incremental": rows, "chains": chains }),
+            )?;
         }
         return Ok(());
     }
@@ -553,7 +567,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", lazy::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "lazy": rows }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "lazy": rows }),
+            )?;
         }
         return Ok(());
     }
@@ -565,7 +584,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", codecs::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "codec_table": rows }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "codec_table": rows }),
+            )?;
         }
         return Ok(());
     }
@@ -587,7 +611,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         print!("{}", load::table(&rows));
         if let Some(path) = &args.json {
-            write_table_json(path, &criu, &plan, serde_json::json!({ "load": rows }))?;
+            write_table_json(
+                path,
+                &Machine::probe(&criu.version, kernel_cache.clone()),
+                &plan,
+                serde_json::json!({ "load": rows }),
+            )?;
         }
         return Ok(());
     }
@@ -666,7 +695,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
-        machine: Machine::probe(&criu.version, criu_kernel_cache(&criu.path)),
+        machine: Machine::probe(&criu.version, kernel_cache),
         settings: Settings {
             size_mib: plan.mib,
             runs: plan.runs,
