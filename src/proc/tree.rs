@@ -32,13 +32,26 @@ pub struct Holder {
     /// Killed and on its way out (the kernel still freeing its memory and
     /// closing its files): a zombie or gone shortly.
     pub exiting: bool,
+    /// Its parent's pid (0 where /proc/PID/stat does not say).
+    pub parent: i32,
 }
 
 /// What holds `pid` now, if anything (from /proc/PID/stat).
 pub fn holder_of(pid: i32) -> Option<Holder> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(c, _)| c);
-    Some(Holder { comm: comm.to_string(), zombie: is_zombie(&stat), exiting: is_exiting(&stat) })
+    Some(Holder {
+        comm: comm.to_string(),
+        zombie: is_zombie(&stat),
+        exiting: is_exiting(&stat),
+        parent: parent_in(&stat).unwrap_or(0),
+    })
+}
+
+/// The parent pid of a /proc/PID/stat text (the second field after the
+/// command's closing paren).
+fn parent_in(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The state letter of a /proc/PID/stat text (it follows the last ')':
@@ -64,11 +77,16 @@ fn is_exiting(stat: &str) -> bool {
 }
 
 /// Waits, at most `limit`, until none of `pids` is on its way out (each
-/// gone, a zombie, or held by a process that is not exiting): a dump
-/// returns once its tree is killed, not once the kernel has freed it, so a
-/// restore started right after waits here for the pids it needs.
+/// gone, held by a process that is not exiting, or a zombie that only its
+/// own parent can reap): a dump returns once its tree is killed, not once
+/// the kernel has freed it, so a restore started right after waits here for
+/// the pids it needs. A zombie of init is waited for too: a tree restored
+/// with -d belongs to init once criuz has returned, and an init may reap a
+/// second late (this project's VMs) where a restore run right after the
+/// tree was killed would fail on its pid. A zombie of any other process
+/// waits for that process, which may never reap it: not waited for.
 pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
-    wait_while_any(pids, limit, |h| h.exiting && !h.zombie);
+    wait_while_any(pids, limit, |h| if h.zombie { h.parent == 1 } else { h.exiting });
 }
 
 /// Waits, at most `limit`, until each of `pids` has begun to exit (or is a
@@ -254,11 +272,9 @@ fn restoring(pid: i32) -> bool {
     cmdline.split(|&b| b == 0).nth(1) == Some(b"restore")
 }
 
-/// The parent of `pid` (the second field after the command's closing
-/// paren in /proc/PID/stat).
+/// The parent of `pid`.
 pub(crate) fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    parent_in(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 fn is_criu(pid: i32) -> bool {
@@ -888,5 +904,37 @@ mod tests {
         // The flags field, past a command name with spaces and parentheses.
         let stat = |flags: u64| format!("77 (a) b) c) R 1 77 77 0 -1 {flags} 90 0 0 0");
         assert!(is_exiting(&stat(0x400104)) && !is_exiting(&stat(0x400100)));
+        assert_eq!(parent_in(&stat(0)), Some(1));
+    }
+
+    /// A tree restored with -d is init's once criuz returns; killed, it stays
+    /// a zombie until init reaps it, which an init may do a second late (as
+    /// this project's VMs' does). A restore run straight after waits for
+    /// that, where it failed on the pid before.
+    #[test]
+    fn a_killed_orphan_is_waited_for_until_init_reaps_it() {
+        // An orphan: a shell starts it in the background and exits. (Unless
+        // a subreaper above this test adopts it, it is init's, pid 1.)
+        let out = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 </dev/null >/dev/null 2>&1 & echo $!"])
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let t = Instant::now();
+        while holder_of(pid).is_some_and(|h| h.parent != 1 && h.comm == "sh") {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the shell never let go of its child");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let adopter = holder_of(pid).expect("the orphan runs").parent;
+        assert_ne!(adopter, std::process::id() as i32, "this test process is nobody's subreaper");
+        kill_tree(&[pid]);
+        // As a dump returns: once the kill has taken.
+        wait_exit_begun(&[pid], std::time::Duration::from_secs(10));
+        wait_exits(&[pid], std::time::Duration::from_secs(10));
+        assert!(
+            holder_of(pid).is_none_or(|h| !h.zombie),
+            "pid {pid} is still a zombie of pid {adopter}: not waited for until it was reaped"
+        );
     }
 }

@@ -125,13 +125,14 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     // A tree dumped just before is killed but may still be on its way out.
     tree::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {
-        if let Some(tree::Holder { comm, zombie, exiting }) = tree::holder_of(pid) {
+        if let Some(tree::Holder { comm, zombie, exiting, parent }) = tree::holder_of(pid) {
             let why = if zombie {
-                "a zombie its parent has not reaped yet"
+                let by = tree::holder_of(parent).map_or(String::new(), |p| format!(", {}", p.comm));
+                format!("a zombie its parent (pid {parent}{by}) has not reaped yet")
             } else if exiting {
-                "killed, still exiting"
+                "killed, still exiting".to_string()
             } else {
-                "running"
+                "running".to_string()
             };
             return Err(Error::Criu(format!(
                 "cannot restore: pid {pid} of the checkpointed tree is in use by {comm} ({why}); \
