@@ -717,20 +717,46 @@ fn a_foreground_restore_killed_as_criu_starts_ends_its_output() {
 }
 
 /// A pidfile that could not be written once the tree runs is refused
-/// first: otherwise the restore would fail (exit 1) with its tree running.
+/// first where that can be seen (no such directory, a directory named);
+/// one that still fails once the tree runs (here, in /proc, where nothing
+/// can be created) fails the restore and kills the tree, on every fill:
+/// exit 1 with the tree running would have left a supervisor a process it
+/// has no pid for, holding the pids of its next try.
 #[test]
-fn a_restore_whose_pidfile_cannot_be_written_restores_nothing() {
+fn a_restore_whose_pidfile_cannot_be_written_leaves_nothing_running() {
     let Some(_criu) = criu() else { return };
+    let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("no-such-dir/restored.pid");
+    let missing = tmp.path().join("no-such-dir/restored.pid");
     // Refused before the archive is opened: an empty file does (one that is
     // not there is refused first, as a named input).
     let arc = tmp.path().join("any.czr");
     std::fs::write(&arc, b"").unwrap();
-    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("--pidfile") && err.contains("no-such-dir is not a directory"), "{err}");
+    for (pidfile, says) in [(missing.as_path(), "no-such-dir is not a directory"), (tmp.path(), "is a directory")] {
+        let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("--pidfile") && err.contains(says), "{err}");
+    }
+    let mut w = Workload::start(Spec { pattern: "mixed", mib: 16, ..Default::default() });
+    let before = w.sums();
+    let arc = tmp.path().join("w.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let unwritable = "/proc/criuz-test-restored.pid";
+    for how in [&["--fill", "stream"][..], &["--fill", "place"], &["--lazy"]] {
+        let mut args = vec!["restore", "-d", "-i", arc.to_str().unwrap(), "--pidfile", unwritable];
+        args.extend_from_slice(how);
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{how:?}: {err}");
+        assert!(err.contains("cannot write --pidfile, restored tree killed"), "{how:?}: {err}");
+        reap_zombies();
+        assert!(!w.alive(), "{how:?}: the restore failed, but its tree runs");
+    }
+    // Its pids free at once, the archive restores.
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before, "the restored memory differs");
 }
 
 /// CRIU options criuz sets itself, given again after `--`, would override

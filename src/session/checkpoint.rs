@@ -32,7 +32,7 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread, publish_pidfile,
-    restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions,
+    restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions, PIDFILE_FAILED,
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
@@ -546,8 +546,10 @@ pub fn restore_opened(
     }
     let cuda_resume_seconds = resume_cuda(cuda.as_ref(), &pidfile)
         .map_err(|e| failed(e.context("CUDA resume failed, restored tree killed")))?;
+    // Before the guard goes: a pidfile that cannot be written fails the
+    // restore, and a failed restore leaves nothing running.
+    publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| failed(e.context(PIDFILE_FAILED)))?;
     guard.release();
-    publish_pidfile(&pidfile, o.pidfile.as_deref())?;
     Ok(RestoreReport {
         pid,
         seconds: started.elapsed().as_secs_f64(),

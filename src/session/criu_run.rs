@@ -181,6 +181,11 @@ pub(crate) fn resume_cuda(plan: Option<&cuda::ResumePlan>, pidfile: &Path) -> Re
     plan.resume(root).map(Some)
 }
 
+/// Why a restore whose `--pidfile` could not be written failed (the tree
+/// is killed: a supervisor told the restore failed must not find it
+/// running, nor lose track of one it has no pid for).
+pub(crate) const PIDFILE_FAILED: &str = "cannot write --pidfile, restored tree killed";
+
 /// Copies CRIU's pidfile in `work` to the user's `to`, complete or not at
 /// all (written beside it, then renamed).
 pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {

@@ -49,7 +49,8 @@ use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, RestoreOptions,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda,
+    RestoreOptions, PIDFILE_FAILED,
 };
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
@@ -738,7 +739,7 @@ impl LazyRestore<'_> {
             (paged, proof, status, running, published, ran)
         });
         let mut ended = String::new();
-        if paged.is_err() || proof.is_err() {
+        if paged.is_err() || proof.is_err() || published.is_err() {
             // Again, now that the restore has returned: the tree may not have
             // existed at the first kill, and it must be dead before the pager's
             // and the guard's copies of its userfaultfds close.
@@ -762,6 +763,8 @@ impl LazyRestore<'_> {
         };
         let failed = if ended.is_empty() { failed.to_string() } else { format!("{failed}: {ended}") };
         paged.and(proof).map_err(|e| e.context(failed))?;
+        // Its error says the tree was killed (`PIDFILE_FAILED`, or the CUDA
+        // resume's).
         published?;
         // Beside the archive, where the archive's directory allows it: a
         // read-only place costs the next restore its head start, not this one.
@@ -929,7 +932,7 @@ fn restore_through_pager(
             e.context("CUDA resume failed, restored tree killed")
         })?;
         cuda_resumed.set(resumed);
-        publish_pidfile(&pidfile, o.pidfile.as_deref())
+        publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| e.context(PIDFILE_FAILED))
     })?;
     report.cuda_resume_seconds = cuda_resumed.get();
     if !status.success() {

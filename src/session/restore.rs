@@ -79,8 +79,12 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
     let started = Instant::now();
     options::check_extra(&o.extra, options::Action::Restore)?;
     // Refused before anything is restored: found only once the tree runs,
-    // a pidfile that cannot be written would fail a restore that worked.
+    // a pidfile that cannot be written fails the restore and kills the tree
+    // (a supervisor told the restore failed must not find it running).
     if let Some(p) = &o.pidfile {
+        if p.is_dir() {
+            return Err(crate::Error::Usage(format!("--pidfile {}: is a directory", p.display())));
+        }
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if !dir.is_dir() {
             return Err(crate::Error::Usage(format!(

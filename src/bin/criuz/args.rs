@@ -229,7 +229,7 @@ pub enum Cmd {
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
-        /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive)
+        /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive); a FILE that cannot be written fails the restore and kills the tree
         #[arg(long, value_name = "FILE")]
         pidfile: Option<PathBuf>,
         /// Restore CUDA state dumped from GPU OLD onto GPU NEW (UUIDs as
