@@ -71,8 +71,17 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    /// Refuses an existing target unless `force`.
+    /// Refuses an existing target unless `force`, and, even with `force`,
+    /// a target that is not a file: the rename that publishes the archive
+    /// would replace a device node (`-o /dev/null` as root), or fail only
+    /// once the whole dump was done (a directory).
     pub fn create(target: &Path, force: bool) -> Result<Self> {
+        if let Some(kind) = not_a_file(target) {
+            return Err(Error::Usage(format!(
+                "{}: {kind}, not a file criuz may replace (standard output is -o -)",
+                target.display()
+            )));
+        }
         if !force && target.symlink_metadata().is_ok() {
             return Err(Error::Exists(target.to_path_buf()));
         }
@@ -139,6 +148,27 @@ impl AtomicFile {
         sync_parent(&self.target);
         Ok(())
     }
+}
+
+/// What `target` is where it names no file a rename may replace: a
+/// directory (or a name ending in `/`), a device, a FIFO or a socket. A
+/// symbolic link is replaced itself, as `mv` would, not what it points to.
+fn not_a_file(target: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    if target.as_os_str().as_bytes().ends_with(b"/") {
+        return Some("a directory");
+    }
+    let kind = target.symlink_metadata().ok()?.file_type();
+    [
+        (kind.is_dir(), "a directory"),
+        (kind.is_char_device(), "a character device"),
+        (kind.is_block_device(), "a block device"),
+        (kind.is_fifo(), "a FIFO"),
+        (kind.is_socket(), "a socket"),
+    ]
+    .into_iter()
+    .find_map(|(is, name)| is.then_some(name))
 }
 
 impl Drop for AtomicFile {
@@ -329,6 +359,55 @@ mod tests {
         assert!(!stale.exists(), "a dead writer's temporary file is removed");
         assert!(live.exists() && other.exists(), "a live writer's, and another target's, are not");
         drop(out);
+    }
+
+    /// `-o /dev/null --force` as root replaced the device node with the
+    /// archive; `-o DIR --force` dumped the whole tree before its rename
+    /// failed. Refused first, with --force too, and left as they were.
+    #[test]
+    fn only_a_file_is_replaced() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let node = |name: &str, mode: libc::mode_t, dev: libc::dev_t| {
+            let path = dir.path().join(name);
+            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+            // SAFETY: mknod on a NUL-terminated path in our temporary directory.
+            assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, dev) }, 0, "{name}: {}", std::io::Error::last_os_error());
+            path
+        };
+        let fifo = node("fifo", libc::S_IFIFO | 0o600, 0);
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let mut refused = vec![(fifo.clone(), "a FIFO"), (sub.clone(), "a directory")];
+        refused.push((dir.path().join("new/"), "a directory"));
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let null = root.then(|| node("null", libc::S_IFCHR | 0o666, libc::makedev(1, 3)));
+        refused.extend(null.iter().map(|n| (n.clone(), "a character device")));
+        for (target, kind) in refused {
+            for force in [false, true] {
+                let Err(Error::Usage(why)) = AtomicFile::create(&target, force) else {
+                    panic!("{} (force {force}) is not refused as a usage error", target.display())
+                };
+                assert!(why.contains(kind), "{why}");
+            }
+        }
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo() && sub.is_dir());
+        if let Some(null) = null {
+            assert!(std::fs::symlink_metadata(null).unwrap().file_type().is_char_device());
+        }
+        // A file, and a symbolic link (replaced itself), are replaced with --force.
+        let file = dir.path().join("a.czr");
+        std::fs::write(&file, b"old").unwrap();
+        let link = dir.path().join("link.czr");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for target in [&file, &link] {
+            assert!(matches!(AtomicFile::create(target, false), Err(Error::Exists(_))));
+            AtomicFile::create(target, true).unwrap().commit().unwrap();
+            assert!(std::fs::symlink_metadata(target).unwrap().is_file());
+        }
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     }
 
     #[test]
