@@ -158,7 +158,8 @@ fn open_as(path: &Path, id: &[u8; 16]) -> Result<Arc<Archive>> {
 /// The archive id of a file or object, from its header; `None` if it is not
 /// an archive.
 fn archive_id(path: &Path) -> Option<[u8; 16]> {
-    let at = Location::parse(path).ok().filter(|at| !at.is_stdio())?;
+    // A stream's head, once read, is gone from it: a parent is a file.
+    let at = Location::parse(path).ok().filter(|at| !at.is_stream())?;
     let b: [u8; HEADER_LEN] = at.head(HEADER_LEN)?.try_into().ok()?;
     Header::decode(&b).ok().map(|h| h.archive_id)
 }

@@ -7,7 +7,11 @@
 //!
 //! Standard input cannot be read twice, so its first bytes, once peeked
 //! ([`Location::head`], to tell what an archive is), are kept and handed
-//! back in front of the rest by [`Location::reader`]. A random-access store
+//! back in front of the rest by [`Location::reader`]. A path that names no
+//! regular file (a named pipe, `/dev/stdin`, a shell's `<(…)` or `>(…)`, a
+//! device) is the same: a [`Location::Stream`], opened once and read or
+//! written front to back, never reopened (a FIFO's second open would wait
+//! for a new writer, or read on mid-stream). A random-access store
 //! of a pipe is the pipe spooled to a private unnamed temporary file, of at
 //! most [`SPOOL_CAP`] bytes unless the caller gives another cap: CRIU asks
 //! for `inventory.img` first and it is written last, so a restore cannot
@@ -33,6 +37,8 @@ pub enum Location {
     /// `-`: standard input to read, standard output to write.
     Stdio,
     File(PathBuf),
+    /// A path to no regular file or directory: read, or written, as a stream.
+    Stream(Arc<NamedStream>),
     Object(s3::ObjectUrl),
     /// Bytes held in memory, under a label for messages.
     Memory {
@@ -45,6 +51,29 @@ pub enum Location {
 /// back first by the next reader of standard input.
 static STDIN_PEEKED: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
+/// A path read or written as a stream (see the module's docs): opened once,
+/// on first use, as standard input is open once; its peeked bytes kept as
+/// [`STDIN_PEEKED`] keeps standard input's.
+#[derive(Debug)]
+pub struct NamedStream {
+    path: PathBuf,
+    /// Opened for reading, with the bytes peeked but not yet read.
+    reading: Mutex<Option<(File, Vec<u8>)>>,
+}
+
+impl NamedStream {
+    /// Runs `f` on the stream opened for reading (opened now, the first
+    /// time: a FIFO's open waits for its writer).
+    fn with_reading<T>(&self, f: impl FnOnce(&mut File, &mut Vec<u8>) -> T) -> Result<T> {
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        if reading.is_none() {
+            *reading = Some((File::open(&self.path).at(&self.path)?, Vec::new()));
+        }
+        let (file, peeked) = reading.as_mut().expect("opened above");
+        Ok(f(file, peeked))
+    }
+}
+
 impl Location {
     /// `-`, an `s3://` URL, or a path.
     pub fn parse(spec: &Path) -> Result<Location> {
@@ -52,6 +81,9 @@ impl Location {
             Ok(Location::Stdio)
         } else if s3::is_url(spec) {
             Ok(Location::Object(s3::ObjectUrl::parse(spec)?))
+        } else if names_a_descriptor(spec) || std::fs::metadata(spec).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            let path = spec.to_path_buf();
+            Ok(Location::Stream(Arc::new(NamedStream { path, reading: Mutex::new(None) })))
         } else {
             Ok(Location::File(spec.to_path_buf()))
         }
@@ -62,8 +94,26 @@ impl Location {
         Location::Memory { label: label.into(), bytes: Arc::new(bytes) }
     }
 
-    pub fn is_stdio(&self) -> bool {
-        matches!(self, Location::Stdio)
+    /// Read or written once, front to back: standard input or output, or a
+    /// named stream.
+    pub fn is_stream(&self) -> bool {
+        matches!(self, Location::Stdio | Location::Stream(_))
+    }
+
+    /// Whether writing here writes to criuz's standard output: `-`, or a
+    /// name for the same open file (`/dev/stdout`), where a report must not
+    /// go too.
+    pub fn is_stdout(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match self {
+            Location::Stdio => true,
+            Location::Stream(s) => {
+                let Ok(named) = std::fs::metadata(&s.path) else { return false };
+                let Ok(out) = std::fs::metadata("/proc/self/fd/1") else { return false };
+                (named.dev(), named.ino()) == (out.dev(), out.ino())
+            }
+            _ => false,
+        }
     }
 
     pub fn is_object(&self) -> bool {
@@ -83,19 +133,21 @@ impl Location {
         match self {
             Location::Stdio => "stdin".into(),
             Location::File(p) => p.display().to_string(),
+            Location::Stream(s) => s.path.display().to_string(),
             Location::Object(u) => u.to_string(),
             Location::Memory { label, .. } => label.clone(),
         }
     }
 
     /// The directory a parent's hint is relative to: the archive's own, the
-    /// current directory for a pipe; `None` for bytes in memory, which are
+    /// current directory for a stream (a pipe's `/dev/fd` says nothing of
+    /// where the archive was); `None` for bytes in memory, which are
     /// nowhere (their hints are not followed).
     pub fn base_dir(&self) -> Option<PathBuf> {
         let spec = match self {
             Location::File(p) => p.clone(),
             Location::Object(u) => PathBuf::from(u.to_string()),
-            Location::Stdio => return Some(PathBuf::from(".")),
+            Location::Stdio | Location::Stream(_) => return Some(PathBuf::from(".")),
             Location::Memory { .. } => return None,
         };
         match spec.parent() {
@@ -124,6 +176,18 @@ impl Location {
                 File::open(p).ok()?.read_exact(&mut b).ok()?;
                 Some(b)
             }
+            Location::Stream(s) => s
+                .with_reading(|file, peeked| {
+                    if peeked.len() < len {
+                        let have = peeked.len();
+                        peeked.resize(len, 0);
+                        let got = read_up_to(file, &mut peeked[have..]);
+                        peeked.truncate(have + got);
+                    }
+                    peeked.get(..len).map(<[u8]>::to_vec)
+                })
+                .ok()
+                .flatten(),
             Location::Object(u) => s3::read_head(u, len).ok(),
             Location::Memory { bytes, .. } => bytes.get(..len).map(<[u8]>::to_vec),
         }
@@ -138,6 +202,13 @@ impl Location {
                 Box::new(std::io::Cursor::new(peeked).chain(rest))
             }
             Location::File(p) => Box::new(std::io::BufReader::with_capacity(READ_BUF, File::open(p).at(p)?)),
+            Location::Stream(s) => {
+                // A second handle on the one open file: a later reader goes
+                // on where this one stopped, as standard input's does.
+                let (peeked, rest) = s.with_reading(|file, peeked| (std::mem::take(peeked), file.try_clone()))?;
+                let rest = std::io::BufReader::with_capacity(READ_BUF, rest.at(&s.path)?);
+                Box::new(std::io::Cursor::new(peeked).chain(rest))
+            }
             Location::Object(u) => {
                 Box::new(std::io::BufReader::with_capacity(READ_BUF, s3::Download::start(u)?.reader()))
             }
@@ -150,7 +221,9 @@ impl Location {
     /// a private unnamed temporary file of at most `spool_cap` bytes.
     pub fn store(&self, spool_cap: u64) -> Result<Box<dyn RecordStore>> {
         Ok(match self {
-            Location::Stdio => Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?),
+            Location::Stdio | Location::Stream(_) => {
+                Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?)
+            }
             Location::File(p) => Box::new(File::open(p).at(p)?),
             Location::Object(u) => Box::new(s3::Download::start(u)?),
             Location::Memory { bytes, .. } => Box::new(SharedVec(bytes.clone())),
@@ -178,6 +251,13 @@ impl Location {
                 Err(Error::Usage("-: standard input is a terminal; pipe or redirect the archive into criuz".into()))
             }
             Location::File(p) => super::named_file(p),
+            Location::Stream(s) => match s.with_reading(|file, _| file.is_terminal())? {
+                true => Err(Error::Usage(format!(
+                    "{}: a terminal; pipe or redirect the archive into criuz",
+                    s.path.display()
+                ))),
+                false => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -192,6 +272,19 @@ impl Location {
                 "-: standard output is a terminal; redirect the archive to a file or pipe it on".into(),
             )),
             Location::Stdio => Ok(Output::Stdout),
+            Location::Stream(s) => {
+                // Written as it is (no file is replaced): opened for writing
+                // now, before anything runs, so a FIFO waits for its reader
+                // here, and a terminal is refused as standard output's is.
+                let file = std::fs::OpenOptions::new().write(true).open(&s.path).at(&s.path)?;
+                if file.is_terminal() {
+                    return Err(Error::Usage(format!(
+                        "{}: a terminal; redirect the archive to a file or pipe it on",
+                        s.path.display()
+                    )));
+                }
+                Ok(Output::Stream(file))
+            }
             Location::File(p) => Ok(Output::File(super::AtomicFile::create(p, force)?)),
             Location::Object(u) => Ok(Output::Object(s3::Upload::start(u.clone(), force)?)),
             Location::Memory { label, .. } => Err(Error::Usage(format!("{label}: cannot write an archive to memory"))),
@@ -226,6 +319,30 @@ impl RecordStore for SharedVec {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         self.0.read_exact_at(buf, offset)
     }
+}
+
+/// Whether `path` names an open descriptor (`/dev/stdout`, `/dev/fd/3`,
+/// `/proc/self/fd/1`), whatever file is behind it: one to use as it is, as
+/// `-` is, never a file to replace (a rename over `/dev/stdout` would
+/// replace the link in `/dev`).
+fn names_a_descriptor(path: &Path) -> bool {
+    let in_fd_dir = |dir: &Path| {
+        let parts: Vec<_> = dir.components().map(|c| c.as_os_str().to_owned()).collect();
+        matches!(&parts[..], [root, proc, _, fd] if root == "/" && proc == "proc" && fd == "fd")
+    };
+    let mut at = path.to_path_buf();
+    // Each link of the last component followed (`/dev/stdout` ->
+    // `/proc/self/fd/1`), a few at most.
+    for _ in 0..8 {
+        let parent = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let Ok(parent) = parent.canonicalize() else { return false };
+        if in_fd_dir(&parent) {
+            return true;
+        }
+        let Ok(next) = at.read_link() else { return false };
+        at = parent.join(next);
+    }
+    false
 }
 
 /// Reads until `buf` is full or the input ends; the bytes read.
@@ -264,7 +381,7 @@ mod tests {
     #[test]
     fn a_location_is_parsed_once_with_its_label_and_base() {
         let stdio = Location::parse(Path::new("-")).unwrap();
-        assert!(stdio.is_stdio());
+        assert!(stdio.is_stream() && stdio.is_stdout());
         assert_eq!((stdio.label(), stdio.base_dir()), ("stdin".to_string(), Some(PathBuf::from("."))));
         let file = Location::parse(Path::new("dir/a.czr")).unwrap();
         assert_eq!((file.label(), file.base_dir()), ("dir/a.czr".to_string(), Some(PathBuf::from("dir"))));
@@ -274,6 +391,40 @@ mod tests {
         assert_eq!(object.base_dir(), Some(PathBuf::from("s3://bucket/dir")));
         assert_eq!(Location::memory("m", Vec::new()).base_dir(), None);
         assert!(Location::parse(Path::new("s3://bucket/")).is_err());
+    }
+
+    /// `/dev/stdout` with a file behind it was that file, and `--force`
+    /// renamed the archive over the link in `/dev`; a FIFO's head, once
+    /// peeked, was gone from the reader that followed.
+    #[test]
+    fn a_descriptor_or_a_fifo_is_a_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.czr");
+        std::fs::write(&file, b"x").unwrap();
+        let link = dir.path().join("link.czr");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        for plain in [&file, &link, &dir.path().join("new.czr")] {
+            assert!(matches!(Location::parse(plain).unwrap(), Location::File(_)), "{}", plain.display());
+        }
+        let held = File::open(&file).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
+        for named in [format!("/proc/self/fd/{fd}"), format!("/dev/fd/{fd}"), "/dev/stdout".into()] {
+            let at = Location::parse(Path::new(&named)).unwrap();
+            assert!(at.is_stream() && at.path().is_none(), "{named} is not a stream");
+        }
+        let fifo = dir.path().join("fifo");
+        super::super::make_node(&fifo, libc::S_IFIFO | 0o600, 0);
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, b"0123456789").unwrap())
+        };
+        let at = Location::parse(&fifo).unwrap();
+        assert!(at.is_stream() && !at.is_stdout());
+        assert_eq!(at.head(4).unwrap(), b"0123");
+        let mut all = Vec::new();
+        at.reader().unwrap().read_to_end(&mut all).unwrap();
+        assert_eq!(all, b"0123456789", "the peeked bytes come first, then the rest of the one stream");
+        writer.join().unwrap();
     }
 
     #[test]

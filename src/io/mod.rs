@@ -283,10 +283,12 @@ impl Write for EarlyWriteback {
     }
 }
 
-/// An archive destination: a file (atomic), standard output, or an object.
+/// An archive destination: a file (atomic), standard output, a named
+/// stream (a FIFO, a device: written as standard output is), or an object.
 pub enum Output {
     File(AtomicFile),
     Stdout,
+    Stream(File),
     Object(s3::Upload),
 }
 
@@ -303,6 +305,7 @@ impl Output {
                 EarlyWriteback::new(f.writer()?, f.flush_behind.clone()),
             )),
             Output::Stdout => Box::new(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
+            Output::Stream(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, f.try_clone()?)),
             // Gathers whole parts itself.
             Output::Object(u) => Box::new(u.writer()),
         })
@@ -321,6 +324,8 @@ impl Output {
         match self {
             Output::File(f) => f.commit(),
             Output::Stdout => Ok(std::io::stdout().flush()?),
+            // Its writers flushed what they wrote; a File holds no buffer.
+            Output::Stream(_) => Ok(()),
             Output::Object(u) => u.commit(),
         }
     }
@@ -336,6 +341,16 @@ pub fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     }
     // SAFETY: both descriptors are new and ours.
     Ok(unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Makes a file system node (`mknod`: a FIFO, a device) for a test.
+#[cfg(test)]
+pub(crate) fn make_node(path: &Path, mode: libc::mode_t, dev: libc::dev_t) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mknod on a NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), mode, dev) };
+    assert_eq!(made, 0, "{}: {}", path.display(), std::io::Error::last_os_error());
 }
 
 #[cfg(test)]
@@ -366,14 +381,11 @@ mod tests {
     /// failed. Refused first, with --force too, and left as they were.
     #[test]
     fn only_a_file_is_replaced() {
-        use std::os::unix::ffi::OsStrExt;
         use std::os::unix::fs::FileTypeExt;
         let dir = tempfile::tempdir().unwrap();
         let node = |name: &str, mode: libc::mode_t, dev: libc::dev_t| {
             let path = dir.path().join(name);
-            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-            // SAFETY: mknod on a NUL-terminated path in our temporary directory.
-            assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, dev) }, 0, "{name}: {}", std::io::Error::last_os_error());
+            make_node(&path, mode, dev);
             path
         };
         let fifo = node("fifo", libc::S_IFIFO | 0o600, 0);

@@ -264,7 +264,7 @@ fn dump(mut o: DumpOptions, criu: &CriuArgs, json: bool, write: &ArchiveArgs, ab
     let r = r?;
     if json {
         // With the archive on stdout, the report goes to stderr.
-        return print::json(&r, location(&o.output)?.is_stdio());
+        return print::json(&r, location(&o.output)?.is_stdout());
     }
     print::dump(o.pid, &r);
     Ok(())
