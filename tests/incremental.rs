@@ -137,6 +137,25 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("is not a parent"), "{err}");
 
+    // Named wrongly: no such file, a directory, a pipe (a parent is read at
+    // random). Bad arguments (exit 2), not damage (they were exit 3).
+    let named_wrongly = [
+        (tmp.path().join("no-such.czr"), "no such file"),
+        (moved.clone(), "a directory"),
+        ("/dev/stdin".into(), "a stream"),
+    ];
+    for (parent, says) in named_wrongly {
+        let out = Command::new(CRIUZ)
+            .args(["restore", "-d", "-i", c, "--parent", parent.to_str().unwrap()])
+            .stdin(std::fs::File::open(moved.join("full.czr")).unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", parent.display());
+        assert!(err.contains("--parent") && err.contains(says), "{err}");
+        assert!(!w.alive());
+    }
+
     // Replaced: another archive at the parent's place.
     std::fs::copy(&other, &full).unwrap();
     let out = criuz(&["restore", "-d", "-i", c]);

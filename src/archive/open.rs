@@ -178,6 +178,21 @@ fn locate(archive: &Archive, base: Option<&Path>, search: &ParentSearch) -> Resu
         }
         return Ok(Vec::new());
     }
+    for f in &search.files {
+        // What the user named wrongly is a bad argument (exit 2), as any
+        // named input is; a file that is there but no parent of this one
+        // is told below.
+        let at = Location::parse(f)?;
+        if at.is_stream() {
+            return Err(Error::Usage(format!(
+                "--parent {}: a stream (a pipe, a device, an open descriptor); a parent is read at random, so name its file",
+                f.display()
+            )));
+        }
+        if let Some(path) = at.path() {
+            crate::io::named_file(path).map_err(|e| e.context("--parent"))?;
+        }
+    }
     let given: Vec<(PathBuf, Option<[u8; 16]>)> = search.files.iter().map(|f| (f.clone(), archive_id(f))).collect();
     for (f, id) in &given {
         if !id.is_some_and(|id| archive.chain().iter().any(|e| e.archive_id == id)) {
