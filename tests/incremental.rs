@@ -155,6 +155,11 @@ fn missing_wrong_replaced_and_damaged_parents_fail_before_criu() {
         assert!(err.contains("--parent") && err.contains(says), "{err}");
         assert!(!w.alive());
     }
+    // Not found, with a --parent-dir that is not there: that is said.
+    let out = criuz(&["restore", "-d", "-i", c, "--parent-dir", tmp.path().join("no-such-dir").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--parent-dir") && err.contains("no-such-dir: no such directory"), "{err}");
 
     // Replaced: another archive at the parent's place.
     std::fs::copy(&other, &full).unwrap();

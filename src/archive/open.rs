@@ -206,6 +206,11 @@ fn locate(archive: &Archive, base: Option<&Path>, search: &ParentSearch) -> Resu
     let mut paths = Vec::new();
     for entry in archive.chain() {
         let path = find(entry, base, &given, &search.dirs).ok_or_else(|| {
+            // Not found, where a --parent-dir was named wrongly: that, the
+            // likelier cause, is what is said (a bad argument, exit 2).
+            if let Some(e) = search.dirs.iter().find_map(|d| crate::io::named_dir(d).err()) {
+                return e.context("--parent-dir");
+            }
             Error::NotFound(format!(
                 "{label}: parent archive {} not found (looked at {}, --parent and --parent-dir)",
                 hex(&entry.archive_id),
