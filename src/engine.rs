@@ -69,6 +69,11 @@ pub fn free_while_capturing(threads: usize) -> usize {
 /// Number of worker threads to use when the user did not say: all cores
 /// (as affinity and a cgroup's CPU quota allow). Asked once: the answer
 /// reads the cgroup's files, and a command asks more than once.
+/// The most worker threads a pipeline is given (`-j`): well past the cores
+/// of any machine criuz runs on (the pipelines scale to the cores, not
+/// beyond), and far from the thread limits a mistyped `-j` would run into.
+pub const MAX_THREADS: usize = 1024;
+
 pub fn default_threads() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
@@ -393,32 +398,35 @@ where
     let init = Arc::new(init);
     let work = Arc::new(work);
     let ahead = Arc::new(Ahead::new(ahead));
-    let workers = (0..threads.max(1))
-        .map(|i| {
-            let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
-            let (hold, ahead) = (hold.clone(), ahead.clone());
-            std::thread::Builder::new()
-                .name(format!("criuz-worker-{i}"))
-                .spawn(move || {
-                    let free = i < hold.free;
-                    FREE_WORKER.with(|f| f.set(free));
-                    let mut state = init();
-                    loop {
-                        if !free {
-                            hold.wait_turn(&|| job_rx.len(), high_water);
-                        }
-                        ahead.wait_room();
-                        let Ok((seq, job)) = job_rx.recv() else { break };
-                        let result = work(&mut state, job);
-                        ahead.finished_one();
-                        if res_tx.send((seq, result)).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .expect("spawn worker thread")
-        })
-        .collect();
+    let mut workers: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    for i in 0..threads.max(1) {
+        let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
+        let (hold, ahead) = (hold.clone(), ahead.clone());
+        let spawned = std::thread::Builder::new().name(format!("criuz-worker-{i}")).spawn(move || {
+            let free = i < hold.free;
+            FREE_WORKER.with(|f| f.set(free));
+            let mut state = init();
+            loop {
+                if !free {
+                    hold.wait_turn(&|| job_rx.len(), high_water);
+                }
+                ahead.wait_room();
+                let Ok((seq, job)) = job_rx.recv() else { break };
+                let result = work(&mut state, job);
+                ahead.finished_one();
+                if res_tx.send((seq, result)).is_err() {
+                    break;
+                }
+            }
+        });
+        match spawned {
+            Ok(worker) => workers.push(worker),
+            // Out of threads (a container's pids limit): the pipeline runs
+            // on the workers it has, more slowly, rather than not at all.
+            Err(_) if !workers.is_empty() => break,
+            Err(e) => panic!("cannot start a single worker thread: {e}"),
+        }
+    }
     let state = SubmitState { next_seq: 0, jobs: job_tx, hold, high_water };
     let submitter = Submitter { state: Arc::new(Mutex::new(state)), tokens: tok_tx };
     let collector = Collector { results: res_rx, tokens: tok_rx, pending: BTreeMap::new(), next: 0, workers, ahead };

@@ -618,6 +618,9 @@ fn usage_errors_exit_2() {
         vec!["pack", img.to_str().unwrap()],
         vec!["no-such-command"],
         vec!["dump", "-t", "1", "-o", arc.to_str().unwrap(), "--absorb", "lots"],
+        // A mistyped -j panicked once threads ran out (exit 134).
+        vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "-j", "100000"],
+        vec!["restore", "-i", arc.to_str().unwrap(), "-j", "0"],
     ] {
         let out = criuz(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));

@@ -87,8 +87,12 @@ impl Options {
                 self.block_size
             )));
         }
-        if self.threads == 0 {
-            return Err(Error::Usage("thread count must be at least 1".into()));
+        if !(1..=engine::MAX_THREADS).contains(&self.threads) {
+            return Err(Error::Usage(format!(
+                "thread count must be between 1 and {}, got {}",
+                engine::MAX_THREADS,
+                self.threads
+            )));
         }
         Ok(())
     }

@@ -256,7 +256,7 @@ impl Packer {
                 stats.archive_bytes = len;
                 Ok((stats, index))
             })
-            .expect("spawn writer thread");
+            .map_err(|e| Error::from(e).context("cannot start the archive's writer thread"))?;
         Ok(Packer {
             submitter: Some(submitter),
             hold,

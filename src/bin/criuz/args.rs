@@ -121,8 +121,17 @@ pub struct AbsorbArgs {
 #[derive(Args, Clone)]
 pub struct ThreadArgs {
     /// Worker threads (default: all cores)
-    #[arg(short = 'j', long = "jobs")]
+    #[arg(short = 'j', long = "jobs", value_parser = parse_jobs)]
     pub jobs: Option<usize>,
+}
+
+/// `-j N`: 1 to [`engine::MAX_THREADS`].
+fn parse_jobs(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("not a thread count: {s:?}"))?;
+    if !(1..=engine::MAX_THREADS).contains(&n) {
+        return Err(format!("between 1 and {} threads, got {n}", engine::MAX_THREADS));
+    }
+    Ok(n)
 }
 
 impl ThreadArgs {
