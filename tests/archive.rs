@@ -657,6 +657,8 @@ fn inputs_that_are_not_there_are_usage_errors_naming_them() {
         (vec!["pack", d, "-o", o, "--recipients-file", m], m),
         (vec!["pack", d, "-o", o, "--passphrase-file", m], m),
         (vec!["verify", a, "--identity", m], m),
+        (vec!["serve", "-D", m, "-i", a], m),
+        (vec!["capture", "-D", a, "-o", o], a),
     ];
     for (args, named) in cases {
         let out = criuz(&args);

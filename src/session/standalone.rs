@@ -24,13 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The images directory given to criuz and CRIU alike (`-D`) must be one:
-/// a failure to listen in it would name the socket, not what is wrong.
+/// a failure to listen in it would name the socket, not what is wrong. One
+/// that is not there, or is no directory, is a bad argument (exit 2).
 fn images_dir(dir: &Path) -> Result<()> {
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(Error::Usage(format!("{}: not a directory (-D names CRIU's images directory)", dir.display()))),
-        Err(e) => Err(Error::file(dir, e)),
-    }
+    crate::io::named_dir(dir).map_err(|e| e.context("-D (CRIU's images directory)"))
 }
 
 /// Waits for `criu dump --stream -D DIR` and writes what it sends.
