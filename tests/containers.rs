@@ -52,6 +52,31 @@ fn sum(wl: &Path, kill: &mut Command) -> String {
     std::fs::read_to_string(&f).unwrap()
 }
 
+/// A container that is not there, or a bundle that is not: runc fails
+/// before it runs CRIU, and the message named a CRIU log that never was
+/// (and a restore wrote the whole archive out for CRIU first).
+#[test]
+fn what_fails_before_criu_runs_names_no_criu_log() {
+    let Some(_criu) = criu() else { return };
+    tool("runc");
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("c.czr");
+    let id = "criuz-test-no-such-container";
+    for how in ["page-server", "follow"] {
+        let out = criuz(&["runc", "checkpoint", id, "-o", p(&arc), "--via", how]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{how}: {err}");
+        assert!(err.contains("CRIU wrote no log") && !err.contains("log: /"), "{how}: {err}");
+        assert!(!arc.exists());
+    }
+    std::fs::write(&arc, b"").unwrap();
+    let missing = tmp.path().join("no-bundle");
+    let out = criuz(&["runc", "restore", id, "-i", p(&arc), "-b", p(&missing)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--bundle") && err.contains("no-bundle: no such directory"), "{err}");
+}
+
 #[test]
 fn a_page_server_dump_restores() {
     let Some(criu) = criu() else { return };

@@ -288,7 +288,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             return Err(Error::Criu(format!("process {} did not stay stopped after CRIU dumped it", o.pid)));
         }
         let (packer, _) = capture::settle(packer, captured)
-            .map_err(|e| e.context(format!("capture failed (CRIU log: {})", work.save_log("dump.log").display())))?;
+            .map_err(|e| e.context(format!("capture failed ({})", work.save_log("dump.log"))))?;
         if let Some(bytes) = &stats {
             let mut sink = packer.begin_file("stats-dump")?;
             sink.write(bytes)?;
@@ -346,10 +346,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                 // report.
                 if let Some(e) = packer.abort() {
                     let log = work.save_log("dump.log");
-                    return Err(e.context(format!(
-                        "criu dump stopped: the archive could not be written (log: {})",
-                        log.display()
-                    )));
+                    return Err(e.context(format!("criu dump stopped: the archive could not be written ({log})")));
                 }
                 return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
             }
@@ -532,7 +529,7 @@ pub fn restore_opened(
     let report = match served {
         Err(e) => {
             let log = work.save_log("restore.log");
-            return Err(failed(e.context(format!("restore aborted (CRIU log: {})", log.display()))));
+            return Err(failed(e.context(format!("restore aborted ({log})"))));
         }
         Ok(None) if !status.success() => {
             return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))))

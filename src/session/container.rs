@@ -306,10 +306,9 @@ fn checkpoint_into(
         Via::PageServer => {
             let server = PageServer::bind("127.0.0.1:0")?;
             cmd.arg("--page-server").arg(server.local_addr()?.to_string()).arg(&o.id);
-            receive::run_dump(&server, cmd, &what, &images, packer, held).map(|(stats, _)| stats).map_err(|e| {
-                let log = work.save_log("dump.log");
-                e.context(format!("no checkpoint written (CRIU log: {})", log.display()))
-            })?
+            receive::run_dump(&server, cmd, &what, &images, packer, held)
+                .map(|(stats, _)| stats)
+                .map_err(|e| e.context(format!("no checkpoint written ({})", work.save_log("dump.log"))))?
         }
         Via::Follow => {
             cmd.arg(&o.id);
@@ -447,6 +446,11 @@ pub enum RestoredHow {
 /// criuz that dies) kills the container's cgroup (`proc::guard::Victim`).
 pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -> Result<ContainerRestoreReport> {
     let started = Instant::now();
+    // Refused before the archive is written out for CRIU: runc would fail
+    // on it only then, naming no CRIU log.
+    if let Some(b) = &o.bundle {
+        crate::io::named_dir(b).map_err(|e| e.context("--bundle"))?;
+    }
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;

@@ -13,6 +13,7 @@ use crate::io::unfinished::Unfinished;
 use crate::io::Location;
 use crate::proc::tree;
 use crate::progress::Meter;
+use crate::session::workdir::SavedLog;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,10 +50,12 @@ pub struct RestoreOptions {
 
 /// CRIU (or runc, podman: `what`) exited with `status`; its log is kept as
 /// `log`, and its last errors go into the message.
-pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &Path) -> Error {
-    let errs = criu::log_errors(log, 3).join(" | ");
-    let hint = criu::log_hint(log).map(|h| format!(" ({h})")).unwrap_or_default();
-    Error::Criu(format!("{what} failed ({status}); log: {}; {errs}{hint}", log.display()))
+pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &SavedLog) -> Error {
+    let Some(path) = log.path() else { return Error::Criu(format!("{what} failed ({status}); {log}")) };
+    let errs = criu::log_errors(path, 3).join(" | ");
+    let errs = if errs.is_empty() { errs } else { format!("; {errs}") };
+    let hint = criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default();
+    Error::Criu(format!("{what} failed ({status}); log: {}{errs}{hint}", path.display()))
 }
 
 /// How a CRIU run on a thread of its own ended (the thread joined).

@@ -63,10 +63,15 @@ impl WorkDir {
         self.unfinished.keep_on_interrupt();
     }
 
-    /// Saves CRIU's log `name` (if any) to [`log_dir`], dropping the oldest
-    /// saved logs beyond [`KEPT_LOGS`]; returns where it went.
-    pub fn save_log(&self, name: &str) -> PathBuf {
+    /// Saves CRIU's log `name`, if CRIU wrote one, to [`log_dir`], dropping
+    /// the oldest saved logs beyond [`KEPT_LOGS`]; says where it went. (A
+    /// runc that failed before it ran CRIU leaves none: a message naming
+    /// one would send the user to a file that never was.)
+    pub fn save_log(&self, name: &str) -> SavedLog {
         let src = self.path().join(name);
+        if !src.exists() {
+            return SavedLog(None);
+        }
         let dir = log_dir();
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let dest =
@@ -77,7 +82,7 @@ impl WorkDir {
             .create(&dir)
             .and_then(|_| std::fs::copy(&src, &dest));
         if saved.is_err() {
-            return src;
+            return SavedLog(Some(src));
         }
         let mut logs: Vec<_> = std::fs::read_dir(&dir)
             .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).collect())
@@ -86,7 +91,26 @@ impl WorkDir {
         for old in logs.iter().take(logs.len().saturating_sub(KEPT_LOGS)) {
             let _ = std::fs::remove_file(old.path());
         }
-        dest
+        SavedLog(Some(dest))
+    }
+}
+
+/// Where [`WorkDir::save_log`] kept a failed run's CRIU log, if CRIU wrote
+/// one; shown as `CRIU log: PATH`, or `CRIU wrote no log`.
+pub struct SavedLog(Option<PathBuf>);
+
+impl SavedLog {
+    pub fn path(&self) -> Option<&Path> {
+        self.0.as_deref()
+    }
+}
+
+impl std::fmt::Display for SavedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(p) => write!(f, "CRIU log: {}", p.display()),
+            None => f.write_str("CRIU wrote no log"),
+        }
     }
 }
 
