@@ -206,6 +206,14 @@ fn variants(good: &[u8], foreign: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     reseal(&mut v, Reseal::Seals);
     out.push(("wrapped key edited, seals recomputed", v));
 
+    // The key id (bytes 8..24 of the K record): with the identity, the key
+    // unwrapped is not the one named (the fuzzer, holding no identity, is
+    // told to give one).
+    let mut v = good.to_vec();
+    v[k.start + 8] ^= 0x01;
+    reseal(&mut v, Reseal::Seals);
+    out.push(("key id edited, seals recomputed", v));
+
     let mut v = good.to_vec();
     v[10] &= !8;
     reseal(&mut v, Reseal::Seals);

@@ -28,7 +28,7 @@ pub use mutate::{mutate, records, reseal, Rec, Reseal, Rng};
 
 use criuz::archive::{open, BlockSource, EntryStart, OpenOptions, Options, Packer, ParentSearch, Proof, SeqSink};
 use criuz::codec::{Codec, CodecConfig};
-use criuz::format::{EntryMeta, FileKind};
+use criuz::format::{EntryMeta, FileKind, HEADER_LEN};
 use criuz::io::Location;
 use criuz::offline::Reading;
 use criuz::Kind;
@@ -83,7 +83,18 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     let opts = Options { threads: 2, ..Options::default() };
     // A parent that cannot be found is how a reader rejects a damaged chain
     // record; for the oracle that is a rejection of the archive like any other.
-    let kind = |e: criuz::Error| if matches!(e.root(), criuz::Error::NotFound(_)) { Kind::Archive } else { e.kind() };
+    // So is "give the identity" for a K record that names a key this process
+    // does not hold (its key id rewritten, its seal recomputed): the fuzzer
+    // holds its seeds' chain keys and no identity, and a user with the
+    // identity is told of damage (the key unwrapped is not the one named).
+    let names_unheld_key = bytes.len() >= HEADER_LEN + 24
+        && bytes[10] & criuz::format::FLAG_SEALED as u8 != 0
+        && !criuz::seal::keyring::holds(bytes[HEADER_LEN + 8..HEADER_LEN + 24].try_into().expect("16 bytes"));
+    let kind = |e: criuz::Error| match e.root() {
+        criuz::Error::NotFound(_) => Kind::Archive,
+        criuz::Error::KeyNeeded(_) if names_unheld_key => Kind::Archive,
+        _ => e.kind(),
+    };
     let search = ParentSearch { files: parent.map(Path::to_path_buf).into_iter().collect(), dirs: Vec::new() };
     // In memory an archive is nowhere: its parents come from `--parent` alone.
     let memory = || Location::memory("fuzz", bytes.to_vec());

@@ -65,3 +65,27 @@ fn the_seeds_hold_byte_planes_blocks() {
     // Written by the LZ4 and the zstd seeds alike (planes are zstd's).
     assert!(with_planes >= 2, "{with_planes} seeds hold byte-planes blocks");
 }
+
+/// Found by a five-minute fuzz run (session 48, "a damaged archive gave a
+/// Usage error"): an encrypted seed whose K record names another key (its
+/// key id rewritten, the record's seal recomputed). No reader here can open
+/// it: the fuzzer holds the seeds' chain keys and no identity, so a reader
+/// says what it says to a user without the identity ("give the identity",
+/// exit 2), and to one with it, damage (the unwrapped key is not the one
+/// the record names). Not kept as a file: the seeds' keys are new in every
+/// process, so only a case made here names a key that is not this one's.
+#[test]
+fn a_key_record_naming_another_key_is_rejected() {
+    let seeds = synthetic_seeds();
+    let sealed = seeds
+        .iter()
+        .find(|s| s.parent.is_none() && s.bytes[10] & criuz::format::FLAG_SEALED as u8 != 0)
+        .expect("an encrypted full seed");
+    let mut case = sealed.bytes.clone();
+    // The key id: bytes 8..24 of the K record, right after the 64-byte header.
+    case[64 + 8] ^= 0x01;
+    reseal(&mut case, Reseal::Seals);
+    let o = run_readers(&case, None, true);
+    judge(&o, None).unwrap();
+    assert!(o.verify.is_err() && o.source.is_err(), "an archive naming another key was read");
+}

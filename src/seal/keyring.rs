@@ -88,6 +88,13 @@ pub fn remember(key: &ChainKey) {
     });
 }
 
+/// Whether this process holds the chain key `key_id` names (made or
+/// unwrapped here): an archive whose K record names one it does not hold
+/// needs an identity or passphrase to open.
+pub fn holds(key_id: &[u8; 16]) -> bool {
+    with_ring(|r| r.unlocked.contains_key(key_id))
+}
+
 /// The chain key of an archive's K record: known already, or unwrapped with
 /// the identities or passphrase given. Fails as [`Error::KeyNeeded`] when
 /// none of its kind was given, as [`Error::Locked`] when none given opens
