@@ -431,23 +431,41 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let arc = tmp.path().join("ckpt.czr");
     dump(&w, &arc, &[]);
     w.reap_original();
-    let run_stdin = |extra: &[&str]| {
+    // Through a pipe (`cat a.czr | criuz restore -i -`), or, `from_file`,
+    // redirected from the archive (`< a.czr`).
+    let run_stdin = |extra: &[&str], from_file: bool| {
         let mut child = Command::new(CRIUZ)
             .args(["restore", "-d", "-i", "-"])
             .args(extra)
-            .stdin(std::fs::File::open(&arc).unwrap())
+            .stdin(if from_file { Stdio::from(File::open(&arc).unwrap()) } else { Stdio::piped() })
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let feed = child.stdin.take().map(|mut pipe| {
+            let arc = arc.clone();
+            // A restore that refuses the archive closes the pipe early.
+            std::thread::spawn(move || drop(std::io::copy(&mut File::open(arc).unwrap(), &mut pipe)))
+        });
         let mut err = String::new();
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-        (child.wait().unwrap(), err)
+        let st = child.wait().unwrap();
+        if let Some(f) = feed {
+            f.join().unwrap();
+        }
+        (st, err)
     };
-    let (st, err) = run_stdin(&["--pipe-buffer", "64K"]);
+    let (st, err) = run_stdin(&["--pipe-buffer", "64K"], false);
     assert!(!st.success(), "a 64K pipe buffer cannot hold this archive");
     assert!(err.contains("--pipe-buffer"), "{err}");
     assert!(!w.alive(), "a failed restore must not leave the process running");
-    let (st, err) = run_stdin(&[]);
+    let (st, err) = run_stdin(&[], false);
+    assert!(st.success(), "{err}");
+    assert_eq!(w.sums(), before);
+    // SAFETY: our own restored workload.
+    unsafe { libc::kill(w.pid, libc::SIGKILL) };
+    w.reap_original();
+    // Redirected from the file, it is read in place: no spool, no cap.
+    let (st, err) = run_stdin(&["--pipe-buffer", "64K"], true);
     assert!(st.success(), "{err}");
     assert_eq!(w.sums(), before);
     w.stop();

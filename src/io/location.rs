@@ -51,6 +51,19 @@ pub enum Location {
 /// back first by the next reader of standard input.
 static STDIN_PEEKED: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
+/// Whether standard input is a regular file whose offset was 0 when this
+/// was first asked, before criuz read any of it: asked first by every
+/// reader of standard input, so the answer is what the user redirected.
+fn stdin_is_a_file_from_its_start() -> bool {
+    static FROM_START: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FROM_START.get_or_init(|| {
+        let Ok(meta) = std::fs::metadata("/proc/self/fd/0") else { return false };
+        // SAFETY: lseek on descriptor 0 with SEEK_CUR moves nothing; it
+        // fails on a pipe or a terminal.
+        meta.is_file() && unsafe { libc::lseek(0, 0, libc::SEEK_CUR) } == 0
+    })
+}
+
 /// A path read or written as a stream (see the module's docs): opened once,
 /// on first use, as standard input is open once; its peeked bytes kept as
 /// [`STDIN_PEEKED`] keeps standard input's.
@@ -162,6 +175,7 @@ impl Location {
     pub fn head(&self, len: usize) -> Option<Vec<u8>> {
         match self {
             Location::Stdio => {
+                stdin_is_a_file_from_its_start();
                 let mut peeked = STDIN_PEEKED.lock().unwrap_or_else(|e| e.into_inner());
                 if peeked.len() < len {
                     let have = peeked.len();
@@ -197,6 +211,7 @@ impl Location {
     pub fn reader(&self) -> Result<Box<dyn Read + Send>> {
         Ok(match self {
             Location::Stdio => {
+                stdin_is_a_file_from_its_start();
                 let peeked = std::mem::take(&mut *STDIN_PEEKED.lock().unwrap_or_else(|e| e.into_inner()));
                 let rest = std::io::BufReader::with_capacity(READ_BUF, std::io::stdin());
                 Box::new(std::io::Cursor::new(peeked).chain(rest))
@@ -217,13 +232,15 @@ impl Location {
     }
 
     /// Random access to the archive: a file, an object being fetched (reads
-    /// wait for the bytes they need), memory, or standard input spooled to
-    /// a private unnamed temporary file of at most `spool_cap` bytes.
+    /// wait for the bytes they need), memory, or a stream spooled to a
+    /// private unnamed temporary file of at most `spool_cap` bytes (but
+    /// one with a file behind it, `< a.czr`, read in place).
     pub fn store(&self, spool_cap: u64) -> Result<Box<dyn RecordStore>> {
         Ok(match self {
-            Location::Stdio | Location::Stream(_) => {
-                Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?)
-            }
+            Location::Stdio | Location::Stream(_) => match self.file_behind()? {
+                Some(file) => Box::new(file),
+                None => Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?),
+            },
             Location::File(p) => Box::new(File::open(p).at(p)?),
             Location::Object(u) => Box::new(s3::Download::start(u)?),
             Location::Memory { bytes, .. } => Box::new(SharedVec(bytes.clone())),
@@ -235,9 +252,38 @@ impl Location {
     /// through (a restore, a verify), not for one read in a few places (a
     /// parent).
     pub fn store_reading_ahead(&self, spool_cap: u64) -> Result<Box<dyn RecordStore>> {
+        let file = match self {
+            Location::File(p) => File::open(p).at(p)?,
+            Location::Stdio | Location::Stream(_) => match self.file_behind()? {
+                Some(file) => file,
+                None => return self.store(spool_cap),
+            },
+            _ => return self.store(spool_cap),
+        };
+        Ok(Box::new(super::read_ahead::ReadAhead::new(file)))
+    }
+
+    /// A stream that is a regular file read from its start (standard input
+    /// redirected from an archive, `/dev/stdin` then, or a descriptor a
+    /// script opened): a handle of its own to read at random, where a pipe
+    /// would be spooled (the spool doubles the reads, and `--pipe-buffer`
+    /// caps it). `None` for a pipe, a device, or standard input that was
+    /// not at its file's start when criuz first read it.
+    fn file_behind(&self) -> Result<Option<File>> {
         match self {
-            Location::File(p) => Ok(Box::new(super::read_ahead::ReadAhead::new(File::open(p).at(p)?))),
-            _ => self.store(spool_cap),
+            Location::Stdio => {
+                if !stdin_is_a_file_from_its_start() {
+                    return Ok(None);
+                }
+                let fd = std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned().at(Path::new("-"))?;
+                Ok(Some(File::from(fd)))
+            }
+            // Opened here, at the file's start.
+            Location::Stream(s) => s
+                .with_reading(|file, _| file.metadata().is_ok_and(|m| m.is_file()).then(|| file.try_clone()))?
+                .transpose()
+                .at(&s.path),
+            _ => Ok(None),
         }
     }
 
@@ -412,6 +458,10 @@ mod tests {
             let at = Location::parse(Path::new(&named)).unwrap();
             assert!(at.is_stream() && at.path().is_none(), "{named} is not a stream");
         }
+        // A file behind a descriptor is read in place: no spool (a cap of
+        // 0 holds nothing), from its start.
+        let at = Location::parse(Path::new(&format!("/proc/self/fd/{fd}"))).unwrap();
+        assert_eq!(at.store(0).unwrap().read_vec(1, 0).unwrap(), b"x");
         let fifo = dir.path().join("fifo");
         super::super::make_node(&fifo, libc::S_IFIFO | 0o600, 0);
         let writer = {
