@@ -66,14 +66,14 @@ pub fn free_while_capturing(threads: usize) -> usize {
     threads.min(default_threads().saturating_sub(CAPTURE_CORES))
 }
 
-/// Number of worker threads to use when the user did not say: all cores
-/// (as affinity and a cgroup's CPU quota allow). Asked once: the answer
-/// reads the cgroup's files, and a command asks more than once.
 /// The most worker threads a pipeline is given (`-j`): well past the cores
 /// of any machine criuz runs on (the pipelines scale to the cores, not
 /// beyond), and far from the thread limits a mistyped `-j` would run into.
 pub const MAX_THREADS: usize = 1024;
 
+/// Number of worker threads to use when the user did not say: all cores
+/// (as affinity and a cgroup's CPU quota allow). Asked once: the answer
+/// reads the cgroup's files, and a command asks more than once.
 pub fn default_threads() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
