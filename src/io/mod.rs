@@ -138,16 +138,46 @@ impl AtomicFile {
         let file = self.file.take().expect("open until commit");
         file.sync_all().at(&self.tmp)?;
         drop(file);
-        if !self.force && self.target.symlink_metadata().is_ok() {
-            return Err(Error::Exists(self.target.clone()));
-        }
         // Whole or not at all: an interruption either removed the temporary
         // file before this or waits until it is the target.
-        self.unfinished.publish_output(&self.target, || std::fs::rename(&self.tmp, &self.target)).at(&self.target)?;
+        let (tmp, target, force) = (&self.tmp, &self.target, self.force);
+        let published = self.unfinished.publish_output(target, || match force {
+            true => std::fs::rename(tmp, target),
+            false => rename_new(tmp, target),
+        });
+        match published {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(Error::Exists(target.clone())),
+            other => other.at(target)?,
+        }
         self.published = true;
         sync_parent(&self.target);
         Ok(())
     }
+}
+
+/// Renames `from` to `to` unless `to` exists, in one step
+/// (`renameat2(RENAME_NOREPLACE)`): of two writers of one target without
+/// `--force` (two dumps of two processes to one name), the second fails
+/// with `AlreadyExists` where a check and then a rename could let it
+/// replace the first's archive, whose process is gone. A file system
+/// without that rename (EINVAL) gets the check and the rename.
+fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: renameat2 on two NUL-terminated paths.
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+        return Err(e);
+    }
+    if to.symlink_metadata().is_ok() {
+        return Err(std::io::ErrorKind::AlreadyExists.into());
+    }
+    std::fs::rename(from, to)
 }
 
 /// What `target` is where it names no file a rename may replace: a
@@ -420,6 +450,25 @@ mod tests {
             assert!(std::fs::symlink_metadata(target).unwrap().is_file());
         }
         assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    }
+
+    /// A target that appeared while the archive was written is not
+    /// replaced without --force, and the refusal is the rename itself (no
+    /// window between a check and a rename for a second writer).
+    #[test]
+    fn a_target_made_meanwhile_is_kept_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("a.czr");
+        let out = AtomicFile::create(&target, false).unwrap();
+        std::fs::write(&target, b"the other writer's").unwrap();
+        assert!(matches!(out.commit(), Err(Error::Exists(_))));
+        assert_eq!(std::fs::read(&target).unwrap(), b"the other writer's");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the temporary file is gone");
+        let mine = dir.path().join("mine");
+        std::fs::write(&mine, b"mine").unwrap();
+        let e = rename_new(&mine, &target).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        rename_new(&mine, &dir.path().join("b.czr")).unwrap();
     }
 
     #[test]
