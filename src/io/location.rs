@@ -322,7 +322,17 @@ impl Location {
                 // Written as it is (no file is replaced): opened for writing
                 // now, before anything runs, so a FIFO waits for its reader
                 // here, and a terminal is refused as standard output's is.
-                let file = std::fs::OpenOptions::new().write(true).open(&s.path).at(&s.path)?;
+                // One of criuz's own descriptors is written through a copy
+                // of it, as `-` writes through descriptor 1 (`>>` appends).
+                let file = match own_descriptor(&s.path) {
+                    // SAFETY: a descriptor this process holds open (it
+                    // named it a moment ago); dup'd, ours to own.
+                    Some(fd) => std::os::fd::AsFd::as_fd(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+                        .try_clone_to_owned()
+                        .map(File::from)
+                        .at(&s.path)?,
+                    None => std::fs::OpenOptions::new().write(true).open(&s.path).at(&s.path)?,
+                };
                 if file.is_terminal() {
                     return Err(Error::Usage(format!(
                         "{}: a terminal; redirect the archive to a file or pipe it on",
@@ -367,11 +377,11 @@ impl RecordStore for SharedVec {
     }
 }
 
-/// Whether `path` names an open descriptor (`/dev/stdout`, `/dev/fd/3`,
-/// `/proc/self/fd/1`), whatever file is behind it: one to use as it is, as
-/// `-` is, never a file to replace (a rename over `/dev/stdout` would
-/// replace the link in `/dev`).
-fn names_a_descriptor(path: &Path) -> bool {
+/// The `/proc/PID/fd/N` entry `path` leads to, if it names an open
+/// descriptor (`/dev/stdout`, `/dev/fd/3`, `/proc/self/fd/1`), whatever
+/// file is behind it: one to use as it is, as `-` is, never a file to
+/// replace (a rename over `/dev/stdout` would replace the link in `/dev`).
+fn descriptor_entry(path: &Path) -> Option<PathBuf> {
     let in_fd_dir = |dir: &Path| {
         let parts: Vec<_> = dir.components().map(|c| c.as_os_str().to_owned()).collect();
         matches!(&parts[..], [root, proc, _, fd] if root == "/" && proc == "proc" && fd == "fd")
@@ -381,14 +391,26 @@ fn names_a_descriptor(path: &Path) -> bool {
     // `/proc/self/fd/1`), a few at most.
     for _ in 0..8 {
         let parent = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let Ok(parent) = parent.canonicalize() else { return false };
+        let parent = parent.canonicalize().ok()?;
         if in_fd_dir(&parent) {
-            return true;
+            return Some(parent.join(at.file_name()?));
         }
-        let Ok(next) = at.read_link() else { return false };
-        at = parent.join(next);
+        at = parent.join(at.read_link().ok()?);
     }
-    false
+    None
+}
+
+fn names_a_descriptor(path: &Path) -> bool {
+    descriptor_entry(path).is_some()
+}
+
+/// This process's descriptor `path` names (`/dev/stdout`: 1), to write
+/// through as it is: opened again, a file behind it would be written from
+/// its start, over what a `>>` redirection keeps.
+fn own_descriptor(path: &Path) -> Option<std::os::fd::RawFd> {
+    let entry = descriptor_entry(path)?;
+    let ours = Path::new("/proc/self/fd").canonicalize().ok()?;
+    (entry.parent()? == ours).then(|| entry.file_name()?.to_str()?.parse().ok()).flatten()
 }
 
 /// Reads until `buf` is full or the input ends; the bytes read.
@@ -475,6 +497,29 @@ mod tests {
         at.reader().unwrap().read_to_end(&mut all).unwrap();
         assert_eq!(all, b"0123456789", "the peeked bytes come first, then the rest of the one stream");
         writer.join().unwrap();
+    }
+
+    /// `-o /dev/stdout >> log` opened the file again and wrote over its
+    /// start; it now writes through the descriptor, as `-o -` does.
+    #[test]
+    fn an_own_descriptor_is_written_through() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, b"kept ").unwrap();
+        let held = File::options().append(true).open(&path).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
+        assert_eq!(own_descriptor(Path::new(&format!("/dev/fd/{fd}"))), Some(fd));
+        assert_eq!(own_descriptor(Path::new("/dev/stdout")), Some(1));
+        assert_eq!(own_descriptor(&path), None);
+        let out = Location::parse(Path::new(&format!("/proc/self/fd/{fd}"))).unwrap().output(false).unwrap();
+        {
+            let mut w = out.writer().unwrap();
+            w.write_all(b"archive").unwrap();
+            w.flush().unwrap();
+        }
+        out.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"kept archive");
     }
 
     #[test]
