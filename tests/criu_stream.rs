@@ -523,6 +523,24 @@ fn an_archive_goes_through_named_pipes_both_ways() {
     }
 }
 
+/// A stream that is no archive at all is told from its header, before
+/// anything is spooled: `restore -i /dev/zero` copied 2 GiB of zeros to
+/// `$TMPDIR` and then blamed `--pipe-buffer` (exit 2).
+#[test]
+fn a_stream_that_is_no_archive_is_refused_before_it_is_spooled() {
+    let Some(_criu) = criu() else { return };
+    let from_stdin = Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", "-"])
+        .stdin(File::open("/dev/zero").unwrap())
+        .output()
+        .unwrap();
+    for out in [criuz(&["restore", "-d", "-i", "/dev/zero"]), from_stdin] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains("not a criuz archive") && !err.contains("--pipe-buffer"), "{err}");
+    }
+}
+
 /// capture + plain `criu dump --stream`, then unpack + plain `criu restore -D`.
 #[test]
 fn capture_archive_unpacks_for_plain_criu_restore() {

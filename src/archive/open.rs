@@ -87,6 +87,16 @@ impl Default for OpenOptions {
 /// names; errors name the archive.
 pub fn open(at: &Location, o: &OpenOptions) -> Result<Arc<Archive>> {
     let label = at.label();
+    if at.is_stream() {
+        // A stream is spooled whole before it is read at random: what is no
+        // archive at all (`-i /dev/zero`) is told from its header, not once
+        // --pipe-buffer's worth of it was copied. A stream shorter than a
+        // header is left to the reading that follows (truncated).
+        if let Some(head) = at.head(HEADER_LEN) {
+            let head: [u8; HEADER_LEN] = head.try_into().expect("HEADER_LEN bytes");
+            Header::decode(&head).context(|| label.clone())?;
+        }
+    }
     let store = at.store_reading_ahead(o.spool_cap)?;
     let from_index = match o.proof {
         Proof::First => false,
