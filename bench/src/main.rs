@@ -204,9 +204,11 @@ impl Plan {
     }
 }
 
-/// A table run's JSON: the machine, the size and runs, and `rows` (an object
-/// whose fields are added to the document).
-fn write_table_json(path: &Path, machine: &Machine, plan: &Plan, rows: serde_json::Value) -> Result<()> {
+/// A table run's JSON, where `--json` asked for it (`path`): the machine,
+/// the size and runs, and `rows` (an object whose fields are added to the
+/// document).
+fn write_table_json(path: Option<&Path>, machine: &Machine, plan: &Plan, rows: serde_json::Value) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
     let mut doc = serde_json::json!({ "machine": machine, "size_mib": plan.mib, "runs": plan.runs });
     if let (Some(d), serde_json::Value::Object(r)) = (doc.as_object_mut(), rows) {
         d.extend(r);
@@ -377,6 +379,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
              kernel again (scripts/setup.sh builds a CRIU that keeps it)"
         ),
     }
+    // Probed once, after any pinning (its cores are the run's).
+    let machine = Machine::probe(&criu.version, kernel_cache);
     // criuz and criuz-workload are built beside this binary.
     let criuz = std::env::current_exe()?.with_file_name("criuz");
     let workload_bin = criuz.with_file_name("criuz-workload");
@@ -461,14 +465,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         let rows = gpu::measure(&configs, gpu_plan, plan.runs, args.cold, work.path(), &criu, &criuz)?;
         print!("{}", gpu::table(&rows));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "gpu": rows, "app": gpu_plan }),
-            )?;
-        }
+        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
         if rows.iter().any(|r| !r.intact) {
             return Err(Error::Invalid("a GPU restore is not intact".into()));
         }
@@ -489,14 +486,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             rows.extend(r);
         }
         print!("{}", containers::table(&rows));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "containers": rows }),
-            )?;
-        }
+        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "containers": rows }))?;
         return Ok(());
     }
     let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin)?;
@@ -529,14 +519,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             chains.push(c);
         }
         print!("{}", incremental::table(&rows, &chains));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "incremental": rows, "chains": chains }),
-            )?;
-        }
+        write_table_json(
+            args.json.as_deref(),
+            &machine,
+            &plan,
+            serde_json::json!({ "incremental": rows, "chains": chains }),
+        )?;
         return Ok(());
     }
     if args.lazy {
@@ -566,14 +554,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
         print!("{}", lazy::table(&rows));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "lazy": rows }),
-            )?;
-        }
+        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "lazy": rows }))?;
         return Ok(());
     }
     if args.codec_table {
@@ -583,14 +564,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             rows.extend(codecs::measure(w, plan.mib, plan.runs, work.path(), &tools, &criu, &criuz)?);
         }
         print!("{}", codecs::table(&rows));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "codec_table": rows }),
-            )?;
-        }
+        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "codec_table": rows }))?;
         return Ok(());
     }
     let key = if plan.configs.iter().any(|c| Config::SEALED.contains(c)) {
@@ -610,14 +584,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             rows.push(row);
         }
         print!("{}", load::table(&rows));
-        if let Some(path) = &args.json {
-            write_table_json(
-                path,
-                &Machine::probe(&criu.version, kernel_cache.clone()),
-                &plan,
-                serde_json::json!({ "load": rows }),
-            )?;
-        }
+        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "load": rows }))?;
         return Ok(());
     }
     let ctx = Ctx {
@@ -695,7 +662,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
-        machine: Machine::probe(&criu.version, kernel_cache),
+        machine,
         settings: Settings {
             size_mib: plan.mib,
             runs: plan.runs,
