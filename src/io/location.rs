@@ -94,7 +94,8 @@ impl Location {
             Ok(Location::Stdio)
         } else if s3::is_url(spec) {
             Ok(Location::Object(s3::ObjectUrl::parse(spec)?))
-        } else if names_a_descriptor(spec) || std::fs::metadata(spec).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        } else if descriptor_entry(spec).is_some() || std::fs::metadata(spec).is_ok_and(|m| !m.is_file() && !m.is_dir())
+        {
             let path = spec.to_path_buf();
             Ok(Location::Stream(Arc::new(NamedStream { path, reading: Mutex::new(None) })))
         } else {
@@ -398,10 +399,6 @@ fn descriptor_entry(path: &Path) -> Option<PathBuf> {
         at = parent.join(at.read_link().ok()?);
     }
     None
-}
-
-fn names_a_descriptor(path: &Path) -> bool {
-    descriptor_entry(path).is_some()
 }
 
 /// This process's descriptor `path` names (`/dev/stdout`: 1), to write
