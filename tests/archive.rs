@@ -668,6 +668,14 @@ fn inputs_that_are_not_there_are_usage_errors_naming_them() {
         assert!(err.starts_with("criuz: ") && err.contains(named), "{args:?} must name {named}: {err}");
         assert!(!dest.exists(), "{args:?} wrote an output");
     }
+    // A name with a newline or an escape in it still makes one line, the
+    // name written escaped.
+    let odd = tmp.path().join("miss\ning\x1b[2J");
+    let out = criuz(&["verify", odd.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("miss\\ning\\u{1b}[2J"), "the name, escaped: {err}");
 }
 
 /// An encrypted archive whose blocks were swapped by someone who could also

@@ -31,10 +31,25 @@ fn main() -> ExitCode {
     match done {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("criuz: {e:#}");
+            eprintln!("criuz: {}", one_line(&format!("{e:#}")));
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The error as one line, whatever it quotes: a file name, or text from CRIU,
+/// may hold a newline or another control character, and a supervisor reads
+/// criuz's error as one line. Those characters are written escaped (`\n`,
+/// `\u{1b}`), as Rust writes them in a string literal.
+fn one_line(text: &str) -> String {
+    text.chars().fold(String::with_capacity(text.len()), |mut line, c| {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+        line
+    })
 }
 
 /// The exit status for an error: by the kind of the library error behind it
