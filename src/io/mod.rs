@@ -49,6 +49,9 @@ pub fn named_dir(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Err(Error::Usage(format!("{}: no such directory", path.display())))
         }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            Err(Error::Usage(format!("{}: not a directory", path.display())))
+        }
         Ok(m) if !m.is_dir() => Err(Error::Usage(format!("{}: not a directory", path.display()))),
         _ => Ok(()),
     }
@@ -87,6 +90,9 @@ impl AtomicFile {
         }
         let name = target.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file name", target.display())))?;
         let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        // A mistyped directory is the user's to fix (exit 2), found before a
+        // dump freezes anything. (`unpack -d` and `keygen` make theirs first.)
+        named_dir(dir).map_err(|e| e.context(target.display().to_string()))?;
         let name = name.to_string_lossy();
         let prefix = format!(".{name}.criuz-tmp-");
         leftover::remove_abandoned(dir, &prefix);
@@ -450,6 +456,25 @@ mod tests {
             assert!(std::fs::symlink_metadata(target).unwrap().is_file());
         }
         assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    }
+
+    #[test]
+    fn an_output_whose_directory_is_not_there_is_a_usage_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.czr");
+        std::fs::write(&file, b"old").unwrap();
+        for (target, why) in [
+            (dir.path().join("gone/a.czr"), "gone: no such directory"),
+            (dir.path().join("a.czr/b.czr"), "a.czr: not a directory"),
+        ] {
+            for force in [false, true] {
+                let Err(e) = AtomicFile::create(&target, force) else { panic!("{} was made", target.display()) };
+                assert_eq!(e.kind(), crate::error::Kind::Usage, "{} (force {force}): {e}", target.display());
+                let said = e.to_string();
+                assert!(said.starts_with(&target.display().to_string()) && said.contains(why), "{said}");
+            }
+        }
+        assert!(!dir.path().join("gone").exists() && std::fs::read(&file).unwrap() == b"old");
     }
 
     /// A target that appeared while the archive was written is not
