@@ -76,6 +76,27 @@ fn contains(hay: &[u8], needle: &str) -> bool {
     hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
+/// `keygen -o -` writes the identity to standard output (for a secret
+/// store) and its public key to standard error; no file named `-` is made.
+#[test]
+fn an_identity_made_on_standard_output_opens_what_is_sealed_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(CRIUZ).args(["keygen", "-o", "-"]).current_dir(tmp.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "keygen -o -: {err}");
+    let public = err.trim().strip_prefix("criuz: public key: ").unwrap_or_else(|| panic!("no public key: {err}"));
+    assert!(!tmp.path().join("-").exists(), "keygen -o - made a file named -");
+    let key = tmp.path().join("from-stdout.key");
+    std::fs::write(&key, &out.stdout).unwrap();
+    let img = tmp.path().join("img");
+    std::fs::create_dir(&img).unwrap();
+    std::fs::write(img.join("inventory.img"), b"sealed for the key on standard output").unwrap();
+    let arc = tmp.path().join("a.czr");
+    ok(criuz(&["pack", s(&img), "-o", s(&arc), "--recipient", public]), "pack");
+    assert_eq!(criuz(&["verify", s(&arc)]).status.code(), Some(2), "verify without the key");
+    ok(criuz(&["verify", s(&arc), "--identity", s(&key)]), "verify with the key from standard output");
+}
+
 #[test]
 fn encrypted_archives_round_trip_and_hold_no_plaintext() {
     let Some(_criu) = criu() else { return };

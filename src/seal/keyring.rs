@@ -291,6 +291,15 @@ pub fn write_identity(path: &Path, force: bool) -> Result<String> {
     Ok(public)
 }
 
+/// Makes a new age identity on a stream (`keygen -o -`, to go straight into
+/// a secret store) and gives its public key. `name` names the stream in an
+/// error.
+pub fn write_identity_to(out: &mut dyn std::io::Write, name: &Path) -> Result<String> {
+    let (secret, public) = generate();
+    out.write_all(secret.expose_secret().as_bytes()).and_then(|()| out.flush()).at(name)?;
+    Ok(public)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

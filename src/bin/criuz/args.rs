@@ -385,7 +385,7 @@ pub enum Cmd {
     Gpu(GpuCmd),
     /// Make an age identity for encrypted archives (mode 0600) and print its public key
     Keygen {
-        /// Identity file to write
+        /// Identity file to write (- for standard output, the public key then on standard error)
         #[arg(short = 'o', long)]
         output: PathBuf,
         /// Replace an existing file

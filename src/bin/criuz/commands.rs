@@ -337,6 +337,13 @@ fn serve(dir: &Path, o: &RestoreOptions, threads: &ThreadArgs) -> Result<()> {
 }
 
 fn keygen(output: &Path, force: bool) -> Result<()> {
+    if output == Path::new("-") {
+        // The identity is standard output's; the public key goes beside it.
+        let public =
+            criuz::seal::keyring::write_identity_to(&mut std::io::stdout().lock(), Path::new("standard output"))?;
+        eprintln!("criuz: public key: {public}");
+        return Ok(());
+    }
     let public = criuz::seal::keyring::write_identity(output, force)?;
     eprintln!("criuz: wrote the identity to {} (keep it secret; it opens your archives)", output.display());
     out!("{public}");
