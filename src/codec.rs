@@ -41,6 +41,8 @@ pub enum ConfigError {
     Lz4Acceleration(i32),
     #[error("zstd level must be in {range:?} and not 0, got {level}")]
     ZstdLevel { level: i32, range: std::ops::RangeInclusive<i32> },
+    #[error("--codec none takes no level (a level {0} would be ignored)")]
+    NoLevel(i32),
 }
 
 impl std::str::FromStr for Codec {
@@ -83,6 +85,7 @@ impl CodecConfig {
             (Codec::Zstd, Some(l)) if !(zstd::compression_level_range().contains(&l)) || l == 0 => {
                 return Err(ConfigError::ZstdLevel { level: l, range: zstd::compression_level_range() })
             }
+            (Codec::None, Some(l)) => return Err(ConfigError::NoLevel(l)),
             (_, Some(l)) => l,
             (Codec::Lz4, None) => 1,
             // zstd is the size option. Level 5, by measurement on the mixed

@@ -615,6 +615,8 @@ fn usage_errors_exit_2() {
     for args in [
         vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--block-size", "5K"],
         vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--codec", "zstd", "--level", "99"],
+        // A level no codec uses was ignored silently.
+        vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "--codec", "none", "--level", "3"],
         vec!["pack", img.to_str().unwrap()],
         vec!["no-such-command"],
         vec!["dump", "-t", "1", "-o", arc.to_str().unwrap(), "--absorb", "lots"],

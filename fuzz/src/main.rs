@@ -96,8 +96,20 @@ fn fuzz(args: &Args) -> i32 {
         for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "czr") && !p.to_string_lossy().ends_with(".parent.czr") {
-                let parent = parent_of(&p).map(|pp| std::fs::read(pp).expect("parent seed"));
-                seeds.push(Seed { bytes: std::fs::read(&p).expect("seed"), parent });
+                let parent_path = parent_of(&p);
+                let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                // A seed is mutated from a good archive: one the readers refuse
+                // as it is would be judged against nothing.
+                if let Err(k) = run_readers(&bytes, parent_path.as_deref(), false).verify {
+                    eprintln!(
+                        "criuz-fuzz: {}: a seed must verify ({k:?}): a child needs its parent beside it as \
+                         NAME.parent.czr, and the fuzzer holds no key for an encrypted archive",
+                        p.display()
+                    );
+                    return 2;
+                }
+                let parent = parent_path.map(|pp| std::fs::read(pp).expect("parent seed"));
+                seeds.push(Seed { bytes, parent });
             }
         }
     }
