@@ -429,14 +429,29 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let before = w.sums();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ckpt.czr");
+    // A $TMPDIR that is no directory is named, exit 2, and nothing is frozen
+    // (a dump's work directory is made there).
+    let no_tmp = tmp.path().join("no-tmp");
+    let pid = w.pid.to_string();
+    let out = Command::new(CRIUZ)
+        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap()])
+        .env("TMPDIR", &no_tmp)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("$TMPDIR") && err.contains("no-tmp: no such directory"), "{err}");
+    assert!(!arc.exists() && w.sums() == before, "a dump refused for its $TMPDIR changed something");
     dump(&w, &arc, &[]);
     w.reap_original();
     // Through a pipe (`cat a.czr | criuz restore -i -`), or, `from_file`,
-    // redirected from the archive (`< a.czr`).
+    // redirected from the archive (`< a.czr`). A piped archive is spooled to
+    // $TMPDIR.
     let run_stdin = |extra: &[&str], from_file: bool| {
         let mut child = Command::new(CRIUZ)
             .args(["restore", "-d", "-i", "-"])
-            .args(extra)
+            .args(extra.iter().filter(|a| !a.starts_with("TMPDIR=")))
+            .envs(extra.iter().filter_map(|a| a.strip_prefix("TMPDIR=")).map(|dir| ("TMPDIR", dir)))
             .stdin(if from_file { Stdio::from(File::open(&arc).unwrap()) } else { Stdio::piped() })
             .stderr(Stdio::piped())
             .spawn()
@@ -457,6 +472,10 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let (st, err) = run_stdin(&["--pipe-buffer", "64K"], false);
     assert!(!st.success(), "a 64K pipe buffer cannot hold this archive");
     assert!(err.contains("--pipe-buffer"), "{err}");
+    assert!(!w.alive(), "a failed restore must not leave the process running");
+    let (st, err) = run_stdin(&[&format!("TMPDIR={}", no_tmp.display())], false);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("$TMPDIR") && err.contains("no-tmp: no such directory"), "{err}");
     assert!(!w.alive(), "a failed restore must not leave the process running");
     let (st, err) = run_stdin(&[], false);
     assert!(st.success(), "{err}");

@@ -427,7 +427,7 @@ fn read_up_to(inp: &mut impl Read, buf: &mut [u8]) -> usize {
 /// Copies an archive arriving on a pipe into an unnamed temporary file
 /// (mode 0600, gone when closed).
 fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
-    let dir = std::env::temp_dir();
+    let dir = super::temp_dir()?;
     let mut file = tempfile::tempfile_in(&dir).at(&dir)?;
     let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file).at(&dir)?;
     if copied > cap {

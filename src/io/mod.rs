@@ -57,6 +57,15 @@ pub fn named_dir(path: &Path) -> Result<()> {
     }
 }
 
+/// `$TMPDIR` (or `/tmp`), where criuz spools a piped archive, downloads an
+/// object and makes CRIU's work directories: one set to no directory is a
+/// usage error that says so, not a bare "No such file or directory".
+pub fn temp_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir();
+    named_dir(&dir).map_err(|e| e.context("$TMPDIR"))?;
+    Ok(dir)
+}
+
 /// Bytes shared between a reader and the pipe they are handed to: kept
 /// alive (and unchanged) until the other side has read them.
 pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;

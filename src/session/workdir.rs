@@ -35,7 +35,7 @@ pub struct WorkDir {
 
 impl WorkDir {
     pub fn new(prefix: &str) -> Result<Self> {
-        Self::new_in(&std::env::temp_dir(), prefix)
+        Self::new_in(&crate::io::temp_dir()?, prefix)
     }
 
     /// A new directory `base/{prefix}XXXXXX`, after removing the abandoned

@@ -77,7 +77,7 @@ impl Download {
             object_store::Error::NotFound { .. } => missing(url, &store),
             e => url.error("looking up the object", e),
         })?;
-        let dir = std::env::temp_dir();
+        let dir = crate::io::temp_dir()?;
         let (size, etag) = (meta.size, meta.e_tag);
         if let Some(free) = free_bytes(&dir).filter(|&free| free < size) {
             let why = format!("no room for {url} ({size} bytes, {free} free); set TMPDIR to a larger file system");
