@@ -477,6 +477,26 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("$TMPDIR") && err.contains("no-tmp: no such directory"), "{err}");
     assert!(!w.alive(), "a failed restore must not leave the process running");
+    // A $TMPDIR too small for the spool says so, and what to do.
+    let small = small_fs(tmp.path());
+    let mut child = Command::new(CRIUZ)
+        .args(["restore", "-d", "-i", "-"])
+        .env("TMPDIR", &small)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    let mut bytes = std::fs::read(&arc).unwrap();
+    bytes.resize(bytes.len() + (5 << 20), 0);
+    let feed = std::thread::spawn(move || drop(std::io::Write::write_all(&mut pipe, &bytes)));
+    let out = child.wait_with_output().unwrap();
+    feed.join().unwrap();
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no room to spool") && err.contains("set TMPDIR"), "{err}");
+    assert!(!w.alive(), "a failed restore must not leave the process running");
     let (st, err) = run_stdin(&[], false);
     assert!(st.success(), "{err}");
     assert_eq!(w.sums(), before);

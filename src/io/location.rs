@@ -429,7 +429,15 @@ fn read_up_to(inp: &mut impl Read, buf: &mut [u8]) -> usize {
 fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
     let dir = super::temp_dir()?;
     let mut file = tempfile::tempfile_in(&dir).at(&dir)?;
-    let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file).at(&dir)?;
+    let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!("no room to spool the piped archive ({e}); set TMPDIR to a larger file system, or restore from a file"),
+            ),
+            _ => e,
+        })
+        .at(&dir)?;
     if copied > cap {
         return Err(Error::Usage(format!(
             "the archive is larger than --pipe-buffer ({cap} bytes); raise it, or restore from a file"
