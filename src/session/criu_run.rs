@@ -55,7 +55,11 @@ pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &S
     let errs = criu::log_errors(path, 3).join(" | ");
     let errs = if errs.is_empty() { errs } else { format!("; {errs}") };
     let hint = criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default();
-    Error::Criu(format!("{what} failed ({status}); log: {}{errs}{hint}", path.display()))
+    let log = match log {
+        SavedLog::Kept(path) => format!("log: {}", path.display()),
+        not_kept => not_kept.to_string(),
+    };
+    Error::Criu(format!("{what} failed ({status}); {log}{errs}{hint}"))
 }
 
 /// How a CRIU run on a thread of its own ended (the thread joined).

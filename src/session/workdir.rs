@@ -18,9 +18,35 @@ use std::time::SystemTime;
 /// How many failure logs [`log_dir`] keeps.
 const KEPT_LOGS: usize = 8;
 
-/// Where the logs of failed CRIU runs are kept: `$TMPDIR/criuz-logs` (0700).
+/// Where the logs of failed CRIU runs are kept: `$TMPDIR/criuz-logs` for
+/// root, `criuz-logs-UID` for another user (so users do not share one);
+/// 0700, and used only while it is the user's own ([`private_dir`]).
 pub fn log_dir() -> PathBuf {
-    std::env::temp_dir().join("criuz-logs")
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let name = if euid == 0 { "criuz-logs".to_string() } else { format!("criuz-logs-{euid}") };
+    std::env::temp_dir().join(name)
+}
+
+/// Makes `dir` (0700), or finds it, as this user's own private directory:
+/// no link, owned by this user, open to no one else. The name is known in
+/// a shared `/tmp`: a directory (or a link to one) that another user put
+/// there would be given CRIU's logs to read, and old logs to remove, in
+/// whatever directory they chose.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let own = meta.file_type().is_dir() && meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o077 == 0;
+    if own {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("{} is not this user's private directory", dir.display())))
+    }
 }
 
 /// A private work directory (0700), held while it lives and removed on
@@ -68,48 +94,61 @@ impl WorkDir {
     /// runc that failed before it ran CRIU leaves none: a message naming
     /// one would send the user to a file that never was.)
     pub fn save_log(&self, name: &str) -> SavedLog {
+        self.save_log_in(name, &log_dir())
+    }
+
+    fn save_log_in(&self, name: &str, dir: &Path) -> SavedLog {
         let src = self.path().join(name);
         if !src.exists() {
-            return SavedLog(None);
+            return SavedLog::None;
         }
-        let dir = log_dir();
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let dest =
             dir.join(format!("{}-{}-{}.log", name.trim_end_matches(".log"), stamp.as_secs(), std::process::id()));
-        let saved = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .and_then(|_| std::fs::copy(&src, &dest));
-        if saved.is_err() {
-            return SavedLog(Some(src));
+        if let Err(e) = private_dir(dir).and_then(|()| std::fs::copy(&src, &dest)) {
+            // Read for its last errors before the work directory goes.
+            return SavedLog::NotKept { read_from: src, why: e.to_string() };
         }
-        let mut logs: Vec<_> = std::fs::read_dir(&dir)
+        let mut logs: Vec<_> = std::fs::read_dir(dir)
             .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).collect())
             .unwrap_or_default();
         logs.sort_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
         for old in logs.iter().take(logs.len().saturating_sub(KEPT_LOGS)) {
             let _ = std::fs::remove_file(old.path());
         }
-        SavedLog(Some(dest))
+        SavedLog::Kept(dest)
     }
 }
 
-/// Where [`WorkDir::save_log`] kept a failed run's CRIU log, if CRIU wrote
-/// one; shown as `CRIU log: PATH`, or `CRIU wrote no log`.
-pub struct SavedLog(Option<PathBuf>);
+/// Where [`WorkDir::save_log`] kept a failed run's CRIU log: shown as
+/// `CRIU log: PATH`, `CRIU log not kept: WHY`, or `CRIU wrote no log`.
+pub enum SavedLog {
+    Kept(PathBuf),
+    /// It could not be kept; `read_from` holds it until the work directory
+    /// is removed.
+    NotKept {
+        read_from: PathBuf,
+        why: String,
+    },
+    None,
+}
 
 impl SavedLog {
+    /// Where the log can be read now (for its last errors).
     pub fn path(&self) -> Option<&Path> {
-        self.0.as_deref()
+        match self {
+            SavedLog::Kept(p) | SavedLog::NotKept { read_from: p, .. } => Some(p),
+            SavedLog::None => None,
+        }
     }
 }
 
 impl std::fmt::Display for SavedLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(p) => write!(f, "CRIU log: {}", p.display()),
-            None => f.write_str("CRIU wrote no log"),
+        match self {
+            SavedLog::Kept(p) => write!(f, "CRIU log: {}", p.display()),
+            SavedLog::NotKept { why, .. } => write!(f, "CRIU log not kept: {why}"),
+            SavedLog::None => f.write_str("CRIU wrote no log"),
         }
     }
 }
@@ -126,6 +165,40 @@ impl Drop for WorkDir {
 mod tests {
     use super::*;
     use crate::io::leftover::KEPT_SUFFIX;
+
+    #[test]
+    fn logs_are_kept_only_in_a_private_directory_of_this_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let work = WorkDir::new_in(base.path(), "criuz-t-").unwrap();
+        std::fs::write(work.path().join("dump.log"), b"Error (criu/cr-dump.c:1): x\n").unwrap();
+        // Someone else's directory of logs, and a link to it where criuz
+        // keeps its own: nothing is copied there, nothing removed.
+        let theirs = base.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        for i in 0..KEPT_LOGS + 2 {
+            std::fs::write(theirs.join(format!("app-{i}.log")), b"keep").unwrap();
+        }
+        let link = base.path().join("criuz-logs");
+        std::os::unix::fs::symlink(&theirs, &link).unwrap();
+        let open = base.path().join("open-logs");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for dir in [&link, &open] {
+            let saved = work.save_log_in("dump.log", dir);
+            assert!(matches!(saved, SavedLog::NotKept { .. }), "{}: {saved}", dir.display());
+            assert!(saved.to_string().contains("not this user's private directory"), "{saved}");
+            assert!(saved.path().is_some_and(|p| p.starts_with(work.path())), "its errors are still read");
+        }
+        assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), KEPT_LOGS + 2);
+        assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+        // A directory of its own is made private, and keeps the log.
+        let own = base.path().join("own-logs");
+        let SavedLog::Kept(kept) = work.save_log_in("dump.log", &own) else { panic!("not kept") };
+        assert!(kept.starts_with(&own) && kept.exists());
+        assert_eq!(std::fs::metadata(&own).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(matches!(work.save_log_in("restore.log", &own), SavedLog::None));
+    }
 
     #[test]
     fn a_work_directory_is_held_removed_or_kept() {
