@@ -57,6 +57,27 @@ pub fn named_dir(path: &Path) -> Result<()> {
     }
 }
 
+/// Makes `dir` (0700), or finds it, as this user's own private directory:
+/// no link, owned by this user, writable by no one else. For a name known in
+/// advance in a shared `/tmp` (CRIU's logs, criuz's runtime files): a
+/// directory, or a link to one, that another user put there would be given
+/// criuz's files to read, replace or lock, and its links followed.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let own = meta.file_type().is_dir() && meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o022 == 0;
+    if own {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("{} is not this user's private directory", dir.display())))
+    }
+}
+
 /// `$TMPDIR` (or `/tmp`), where criuz spools a piped archive, downloads an
 /// object and makes CRIU's work directories: one set to no directory is a
 /// usage error that says so, not a bare "No such file or directory".

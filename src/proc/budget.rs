@@ -81,15 +81,14 @@ pub fn reserve(want: usize) -> Grant {
     reserve_in(&runtime_dir(), machine_share(), want)
 }
 
-fn reserve_in(dir: &Path, share: usize, want: usize) -> Grant {
+pub(crate) fn reserve_in(dir: &Path, share: usize, want: usize) -> Grant {
     if want == 0 {
         return Grant { bytes: 0, held: None };
     }
     let alone = Grant { bytes: want, held: None };
-    let made = {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-    };
+    // Only a directory of this user's own: grants in one another user made
+    // could be forged, and its links followed.
+    let made = crate::io::private_dir(dir);
     let Ok(lock) = made.and_then(|()| File::create(dir.join("budget.lock"))) else { return alone };
     // SAFETY: flock on a descriptor we own; released when `lock` closes.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {

@@ -60,11 +60,8 @@ pub fn claim_tree(pid: i32) -> Result<Claim> {
 
 fn claim_in(dir: &Path, pid: i32) -> Result<Claim> {
     let unclaimed = Claim { held: None };
-    let made = {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-    };
-    if made.is_err() {
+    // Only a directory of this user's own (see `budget::reserve`).
+    if crate::io::private_dir(dir).is_err() {
         return Ok(unclaimed);
     }
     // What killed criuzes left: files nobody holds.
@@ -170,6 +167,28 @@ mod tests {
         assert!(claim_in(dir.path(), 78).unwrap().held.is_some());
         assert!(!dir.path().join("dump-77.lock").exists(), "an abandoned claim is swept");
         assert!(claim_in(dir.path(), 77).unwrap().held.is_some());
+    }
+
+    #[test]
+    fn a_runtime_directory_open_to_others_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let open = base.path().join("criuz-1000");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        // Another user's link, where this user's claim would be.
+        let victim = base.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, open.join("dump-4242.lock")).unwrap();
+        let link = base.path().join("linked");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        for dir in [&open, &link] {
+            assert!(claim_in(dir, 4242).unwrap().held.is_none(), "{}: no claim there", dir.display());
+            let grant = crate::proc::budget::reserve_in(dir, 100, 60);
+            assert_eq!(grant.bytes, 60, "{}: granted as if alone", dir.display());
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep", "a link was followed");
+        assert_eq!(std::fs::read_dir(&open).unwrap().count(), 1, "nothing was made there");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use crate::error::{IoContext, Result};
 use crate::io::leftover;
 use crate::io::unfinished::{self, Unfinished};
 use std::fs::File;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -20,33 +19,13 @@ const KEPT_LOGS: usize = 8;
 
 /// Where the logs of failed CRIU runs are kept: `$TMPDIR/criuz-logs` for
 /// root, `criuz-logs-UID` for another user (so users do not share one);
-/// 0700, and used only while it is the user's own ([`private_dir`]).
+/// 0700, and used only while it is the user's own
+/// ([`private_dir`](crate::io::private_dir)).
 pub fn log_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     let name = if euid == 0 { "criuz-logs".to_string() } else { format!("criuz-logs-{euid}") };
     std::env::temp_dir().join(name)
-}
-
-/// Makes `dir` (0700), or finds it, as this user's own private directory:
-/// no link, owned by this user, open to no one else. The name is known in
-/// a shared `/tmp`: a directory (or a link to one) that another user put
-/// there would be given CRIU's logs to read, and old logs to remove, in
-/// whatever directory they chose.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
-    let meta = std::fs::symlink_metadata(dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let own = meta.file_type().is_dir() && meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o077 == 0;
-    if own {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!("{} is not this user's private directory", dir.display())))
-    }
 }
 
 /// A private work directory (0700), held while it lives and removed on
@@ -105,7 +84,7 @@ impl WorkDir {
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let dest =
             dir.join(format!("{}-{}-{}.log", name.trim_end_matches(".log"), stamp.as_secs(), std::process::id()));
-        if let Err(e) = private_dir(dir).and_then(|()| std::fs::copy(&src, &dest)) {
+        if let Err(e) = crate::io::private_dir(dir).and_then(|()| std::fs::copy(&src, &dest)) {
             // Read for its last errors before the work directory goes.
             return SavedLog::NotKept { read_from: src, why: e.to_string() };
         }
