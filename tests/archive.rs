@@ -644,6 +644,7 @@ fn inputs_that_are_not_there_are_usage_errors_naming_them() {
     let (m, d, a, o) = (s(&missing), s(&img), s(&arc), s(&dest));
     let (m, d, a, o) = (m.as_str(), d.as_str(), a.as_str(), o.as_str());
     assert!(criuz(&["pack", d, "-o", a]).status.success(), "pack");
+    let below_file = format!("{a}/sub");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["inspect", m], m),
         (vec!["verify", m], m),
@@ -661,6 +662,9 @@ fn inputs_that_are_not_there_are_usage_errors_naming_them() {
         (vec!["verify", a, "--identity", m], m),
         (vec!["serve", "-D", m, "-i", a], m),
         (vec!["capture", "-D", a, "-o", o], a),
+        // A file where unpack's directory is to be, or above it.
+        (vec!["unpack", a, "-d", a], a),
+        (vec!["unpack", a, "-d", &below_file], a),
     ];
     for (args, named) in cases {
         let out = criuz(&args);

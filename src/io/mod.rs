@@ -111,7 +111,7 @@ impl AtomicFile {
     pub fn create(target: &Path, force: bool) -> Result<Self> {
         if let Some(kind) = not_a_file(target) {
             return Err(Error::Usage(format!(
-                "{}: {kind}, not a file criuz may replace (standard output is -o -)",
+                "{}: {kind}, not a file criuz may replace (standard output is -)",
                 target.display()
             )));
         }

@@ -107,7 +107,12 @@ impl DirSink {
             .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
             .last()
             .map(Path::to_path_buf);
-        std::fs::create_dir_all(target).at(target)?;
+        std::fs::create_dir_all(target).map_err(|e| match e.raw_os_error() {
+            // A file where the directory (or one above it) is to be: the
+            // user's to fix, before anything is written.
+            Some(libc::EEXIST | libc::ENOTDIR) => Error::Usage(format!("{}: not a directory", target.display())),
+            _ => Error::file(target, e),
+        })?;
         let real = target.canonicalize().at(target)?;
         // A swap would leave our working directory in the old target, where
         // relative paths would lead from then on.
