@@ -132,6 +132,12 @@ impl Error {
         Error::File { path: path.into(), err }
     }
 
+    /// A thread (named by what it does) that the system would not start:
+    /// a cgroup's pids limit, most likely.
+    pub fn thread_not_started(what: &str, err: io::Error) -> Self {
+        Error::Io(err).context(format!("cannot start the {what} thread"))
+    }
+
     /// Wraps the error with what we were doing; the kind is the cause's.
     pub fn context(self, context: impl Into<String>) -> Self {
         Error::Context { context: context.into(), inner: Box::new(self) }

@@ -1560,3 +1560,148 @@ fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
         assert!(!w.alive(), "{how:?}, {end}: the tree must have ended");
     }
 }
+
+/// A pids cgroup of the test's own (cgroup v1's `pids` hierarchy, or a
+/// cgroup v2 mount with the pids controller), removed on drop.
+struct PidsGroup(PathBuf);
+
+impl PidsGroup {
+    fn new() -> PidsGroup {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let base = if v1.join("cgroup.procs").exists() {
+            v1
+        } else {
+            let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+            assert!(controllers.split_whitespace().any(|c| c == "pids"), "no pids cgroup controller here");
+            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+pids");
+            v2
+        };
+        let dir = base.join(format!("criuz-test-pids-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        PidsGroup(dir)
+    }
+
+    /// `cmd` runs in the group, limited to `max` tasks (threads count).
+    fn limit(&self, cmd: &mut Command, max: u32) {
+        use std::os::unix::process::CommandExt;
+        std::fs::write(self.0.join("pids.max"), max.to_string()).unwrap();
+        let procs = std::ffi::CString::new(self.0.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: between fork and exec only open(2), write(2) and close(2),
+        // which are async-signal-safe, on a path made before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                let joined = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if joined {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
+    }
+}
+
+impl Drop for PidsGroup {
+    fn drop(&mut self) {
+        for _ in 0..500 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Under a pids limit (a container's `pids.max`) criuz cannot start every
+/// thread it wants. Whatever the limit, it either works or fails in one
+/// line with exit status 1: never a hang, never a panic's backtrace. A
+/// restore streamed through CRIU whose thread watching for CRIU's pidfile
+/// could not start waited forever for a CRIU it never ran; other limits
+/// ended in a backtrace (exit 101). A failed dump leaves its process
+/// running with its memory; a failed restore leaves nothing running.
+#[test]
+fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let group = PidsGroup::new();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let pid = w.pid.to_string();
+    // criuz under a limit of `max` tasks: its exit status and error text.
+    let limited = |max: u32, args: &[&str]| -> (i32, String) {
+        let log = tmp.path().join("stderr");
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(args).stdout(Stdio::null()).stderr(File::create(&log).unwrap());
+        group.limit(&mut cmd, max);
+        let mut child = cmd.spawn().unwrap();
+        let t = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?} under pids.max {max} hung: {}", std::fs::read_to_string(&log).unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&log).unwrap();
+        let code = status.code().unwrap_or_else(|| panic!("{args:?} under pids.max {max}: {status}: {err}"));
+        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?} under pids.max {max}: {err}");
+        if code != 0 {
+            assert_eq!(code, 1, "{args:?} under pids.max {max}: {err}");
+            let said: Vec<&str> = err.lines().filter(|l| !l.contains("using CRIU")).collect();
+            assert!(said.len() == 1 && said[0].starts_with("criuz: "), "{args:?} under pids.max {max}: {err}");
+        }
+        (code, err)
+    };
+    let reaped = |w: &mut Workload| {
+        reap_zombies();
+        wait_for("the pid to be free", Duration::from_secs(20), || {
+            reap_zombies();
+            process_state(w.pid).is_none()
+        });
+    };
+    let (mut failed, mut worked) = (0, 0);
+    for max in [3, 6, 9, 12, 16, 24] {
+        let (code, err) = limited(max, &["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--force"]);
+        if code == 0 {
+            worked += 1;
+            w.reap_original();
+            ok(criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]), "restore unlimited");
+        } else {
+            failed += 1;
+        }
+        assert_eq!(w.sums(), before, "after a dump under pids.max {max}: {err}");
+    }
+    ok(criuz(&["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--force"]), "dump unlimited");
+    w.reap_original();
+    for fill in [&["--fill", "place"][..], &["--lazy"], &["--fill", "stream"]] {
+        for max in [4, 8, 12, 16] {
+            let mut args = vec!["restore", "-d", "-i", arc.to_str().unwrap()];
+            args.extend_from_slice(fill);
+            let (code, err) = limited(max, &args);
+            if code == 0 {
+                worked += 1;
+                assert_eq!(w.sums(), before, "{fill:?} under pids.max {max}: {err}");
+                // SAFETY: our own restored workload.
+                unsafe { libc::kill(w.pid, libc::SIGKILL) };
+            } else {
+                failed += 1;
+                assert!(!w.alive(), "{fill:?} under pids.max {max} failed and left its tree running: {err}");
+            }
+            reaped(&mut w);
+        }
+    }
+    assert!(failed > 0 && worked > 0, "the limits must both stop and let criuz run ({failed} failed, {worked} worked)");
+    ok(criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]), "restore unlimited");
+    assert_eq!(w.sums(), before);
+    w.stop();
+    reaped(&mut w);
+}

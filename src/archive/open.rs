@@ -128,7 +128,7 @@ pub fn open(at: &Location, o: &OpenOptions) -> Result<Arc<Archive>> {
                         behind.parents_failed(e);
                     }
                 })
-                .map_err(Error::Io)?;
+                .map_err(|e| Error::thread_not_started("parents' walk", e))?;
         }
     }
     Ok(archive)

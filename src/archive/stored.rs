@@ -67,7 +67,7 @@ impl Archive {
                 let r = walked.unwrap_or(Err(Error::Cancelled)).map_err(|e| e.context(behind.label.to_string()));
                 let _ = behind.proof.set(r);
             })
-            .map_err(Error::Io)?;
+            .map_err(|e| Error::thread_not_started("archive's proof", e))?;
         Ok(archive)
     }
 

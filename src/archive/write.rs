@@ -256,7 +256,7 @@ impl Packer {
                 stats.archive_bytes = len;
                 Ok((stats, index))
             })
-            .map_err(|e| Error::from(e).context("cannot start the archive's writer thread"))?;
+            .map_err(|e| Error::thread_not_started("archive's writer", e))?;
         Ok(Packer {
             submitter: Some(submitter),
             hold,

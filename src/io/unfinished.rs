@@ -145,6 +145,9 @@ pub struct Ended {
     pub left: Vec<PathBuf>,
     /// Outputs published before the interruption (they stay).
     pub published: Vec<PathBuf>,
+    /// The registry could not be had ([`end_unfinished_within`]): nothing
+    /// was removed.
+    pub busy: bool,
 }
 
 /// Holds the registry from now on, so nothing is published after, runs
@@ -152,7 +155,31 @@ pub struct Ended {
 /// every unfinished entry (keeps those marked so): for a criuz that is
 /// about to die by a signal.
 pub fn end_unfinished(first: impl FnOnce()) -> Ended {
-    let mut entries = registry();
+    end_held(registry(), first)
+}
+
+/// [`end_unfinished`] for a criuz ending on a panic, which may have come
+/// while its own thread held the registry (making an entry): the registry
+/// is waited for `wait` at most; then `first` runs, nothing is removed, and
+/// what is left is the next run's to sweep ([`Ended::busy`]).
+pub fn end_unfinished_within(wait: std::time::Duration, first: impl FnOnce()) -> Ended {
+    let since = std::time::Instant::now();
+    loop {
+        match REGISTRY.try_lock() {
+            Ok(held) => return end_held(held, first),
+            Err(std::sync::TryLockError::Poisoned(p)) => return end_held(p.into_inner(), first),
+            Err(std::sync::TryLockError::WouldBlock) if since.elapsed() < wait => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                first();
+                return Ended { busy: true, ..Ended::default() };
+            }
+        }
+    }
+}
+
+fn end_held(mut entries: MutexGuard<'static, Registry>, first: impl FnOnce()) -> Ended {
     first();
     let mut ended = end_entries(&mut entries.entries);
     ended.published = entries.published.clone();

@@ -58,7 +58,7 @@ pub fn install() {
                 continue;
             }
             if INTERRUPTING.contains(&origin.signal) {
-                die_interrupted(origin.signal);
+                end_now(Ending::Signal(origin.signal));
             }
             // One of `PASSED_ON` after the root ended: criuz exits anyway.
         }
@@ -124,8 +124,46 @@ pub fn wait_for_interruption() {
     }
 }
 
-fn die_interrupted(sig: i32) -> ! {
-    INTERRUPTED.store(true, Ordering::Release);
+/// Why criuz ends before its command does.
+enum Ending {
+    /// One of [`INTERRUPTING`].
+    Signal(i32),
+    /// A panic: a thread the system would not start (a cgroup's pids
+    /// limit), or a bug; said in words.
+    Panic(String),
+}
+
+/// From now on a panic in any thread ends criuz as an interruption does
+/// (what it had not finished removed, processes left to their guards, one
+/// line), with exit status 1. Without it, a panic in one of several threads
+/// that wait for each other could leave the others waiting for good (a
+/// restore whose thread watching for CRIU's pidfile could not be started
+/// waited forever for a CRIU it never ran), and a backtrace was the error.
+pub fn end_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        let text = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let what = if text.contains("failed to spawn thread") || text.contains("cannot start a single worker") {
+            "the system refused to start a thread (a pids limit on criuz's cgroup?)".to_string()
+        } else {
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            format!("internal error{at}: {text}")
+        };
+        end_now(Ending::Panic(what))
+    }));
+}
+
+fn end_now(ending: Ending) -> ! {
+    if INTERRUPTED.swap(true, Ordering::AcqRel) {
+        // Another thread is ending criuz already; it exits the process.
+        loop {
+            std::thread::park();
+        }
+    }
     // A restoring CRIU first (it would die with criuz anyway): killed
     // later, while a probe it forked was stopped under its ptrace, it would
     // leave that probe stopped for good, and its work directory, by which
@@ -136,15 +174,26 @@ fn die_interrupted(sig: i32) -> ! {
     // (as criuz's death would close them: CRIU fails and resumes the
     // container). Either way it can no longer make its work directory
     // again after that is removed.
-    let ended = unfinished::end_unfinished(|| {
+    let end_processes = || {
         guard::end_guarded_children();
         tree::end_restoring_criu();
         socket::shut_down_tcp();
         tree::wait_runc_children(std::time::Duration::from_secs(5));
-    });
-    let mut line = format!("criuz: interrupted ({})", signal_name(sig));
+    };
+    let (ended, mut line) = match &ending {
+        Ending::Signal(sig) => {
+            (unfinished::end_unfinished(end_processes), format!("criuz: interrupted ({})", signal_name(*sig)))
+        }
+        Ending::Panic(what) => (
+            unfinished::end_unfinished_within(std::time::Duration::from_secs(2), end_processes),
+            format!("criuz: {what}"),
+        ),
+    };
     if ended.removed > 0 {
         line.push_str("; what it had not finished is removed");
+    }
+    if ended.busy {
+        line.push_str("; what it had not finished is left for the next run to remove");
     }
     for kept in &ended.kept {
         line.push_str(&format!("; kept {} (it may hold the only copy of the checkpoint)", kept.display()));
@@ -168,11 +217,18 @@ fn die_interrupted(sig: i32) -> ! {
     let start = if err.is_terminal() { "\n" } else { "" };
     let _ = writeln!(err, "{start}{line}");
     let _ = err.flush();
-    let _ = signal_hook::low_level::emulate_default_handler(sig);
-    // The default action of these three signals ends the process; should it
-    // not have, end it with the status a shell gives a death by `sig`.
+    let status = match ending {
+        Ending::Signal(sig) => {
+            let _ = signal_hook::low_level::emulate_default_handler(sig);
+            // The default action of these three signals ends the process;
+            // should it not have, end it with the status a shell gives a
+            // death by `sig`.
+            128 + sig
+        }
+        Ending::Panic(_) => 1,
+    };
     // SAFETY: _exit(2) ends the process at once; nothing is left to run.
-    unsafe { libc::_exit(128 + sig) }
+    unsafe { libc::_exit(status) }
 }
 
 fn signal_name(sig: i32) -> &'static str {

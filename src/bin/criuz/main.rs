@@ -25,6 +25,9 @@ fn main() -> ExitCode {
     }
     // A Ctrl-C removes what criuz had not finished before it dies.
     criuz::proc::interrupt::install();
+    // A panic (a thread the system would not start, or a bug) ends criuz
+    // the same way, in one line, exit status 1.
+    criuz::proc::interrupt::end_on_panic();
     let cli = args::Cli::parse();
     let done = commands::run(cli);
     criuz::proc::interrupt::wait_for_interruption();

@@ -98,7 +98,10 @@ impl Download {
         });
         let fetcher = Fetcher { store, path, etag, size, file: file.try_clone().map_err(Error::Io)? };
         let p = progress.clone();
-        std::thread::Builder::new().name("criuz-s3-get".into()).spawn(move || fetcher.run(&p)).map_err(Error::Io)?;
+        std::thread::Builder::new()
+            .name("criuz-s3-get".into())
+            .spawn(move || fetcher.run(&p))
+            .map_err(|e| Error::thread_not_started("download", e))?;
         Ok(Download { size, file, progress })
     }
 
