@@ -151,6 +151,15 @@ impl Error {
         }
     }
 
+    /// The OS error number behind the error, where an I/O error is its
+    /// root.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self.root() {
+            Error::File { err, .. } | Error::Io(err) | Error::CriuIo { err, .. } => err.raw_os_error(),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> Kind {
         match self.root() {
             Error::Corrupt { .. } | Error::Unsupported { .. } | Error::Mismatch(_) | Error::Locked(_) => Kind::Archive,

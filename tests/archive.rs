@@ -606,6 +606,43 @@ fn unusable_criu_is_named_with_the_reason() {
     assert!(!arc.exists());
 }
 
+/// An open files limit too low for criuz is named, with what to do; at
+/// whatever limit criuz fails, it says so (the exact limit depends on what
+/// the runtime holds open).
+#[test]
+fn an_open_files_limit_too_low_says_to_raise_it() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    images_dir(&img);
+    let arc = tmp.path().join("a.czr");
+    assert!(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]).status.success());
+    let mut failed = 0;
+    for limit in 4..16 {
+        let mut cmd = std::process::Command::new(CRIUZ);
+        cmd.args(["verify", arc.to_str().unwrap()]);
+        // SAFETY: between fork and exec only setrlimit(2), async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && err.starts_with("criuz: ") {
+            failed += 1;
+            assert_eq!(out.status.code(), Some(1), "limit {limit}: {err}");
+            assert!(err.contains("Too many open files") && err.contains("raise it"), "limit {limit}: {err}");
+        }
+    }
+    assert!(failed > 0, "no limit from 4 to 15 stopped criuz (the test is void)");
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let tmp = tempfile::tempdir().unwrap();

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
     match done {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("criuz: {}", one_line(&format!("{e:#}")));
+            eprintln!("criuz: {}{}", one_line(&format!("{e:#}")), remedy(&e));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -53,6 +53,16 @@ fn one_line(text: &str) -> String {
         }
         line
     })
+}
+
+/// What to do, where an error's cause is a limit of the user's to raise.
+fn remedy(e: &anyhow::Error) -> &'static str {
+    let os = e.chain().find_map(|c| c.downcast_ref::<criuz::Error>()).and_then(criuz::Error::raw_os_error);
+    match os {
+        Some(libc::EMFILE) => " (criuz and CRIU need more open files than `ulimit -n` allows: raise it)",
+        Some(libc::ENFILE) => " (the system's open files limit, fs.file-max, is reached)",
+        _ => "",
+    }
 }
 
 /// The exit status for an error: by the kind of the library error behind it
