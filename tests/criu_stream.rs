@@ -1561,60 +1561,6 @@ fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
     }
 }
 
-/// A pids cgroup of the test's own (cgroup v1's `pids` hierarchy, or a
-/// cgroup v2 mount with the pids controller), removed on drop.
-struct PidsGroup(PathBuf);
-
-impl PidsGroup {
-    fn new() -> PidsGroup {
-        let v1 = Path::new("/sys/fs/cgroup/pids");
-        let v2 = Path::new("/sys/fs/cgroup");
-        let base = if v1.join("cgroup.procs").exists() {
-            v1
-        } else {
-            let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
-            assert!(controllers.split_whitespace().any(|c| c == "pids"), "no pids cgroup controller here");
-            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+pids");
-            v2
-        };
-        let dir = base.join(format!("criuz-test-pids-{}", std::process::id()));
-        std::fs::create_dir(&dir).unwrap();
-        PidsGroup(dir)
-    }
-
-    /// `cmd` runs in the group, limited to `max` tasks (threads count).
-    fn limit(&self, cmd: &mut Command, max: u32) {
-        use std::os::unix::process::CommandExt;
-        std::fs::write(self.0.join("pids.max"), max.to_string()).unwrap();
-        let procs = std::ffi::CString::new(self.0.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: between fork and exec only open(2), write(2) and close(2),
-        // which are async-signal-safe, on a path made before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                let joined = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if joined {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            })
-        };
-    }
-}
-
-impl Drop for PidsGroup {
-    fn drop(&mut self) {
-        for _ in 0..500 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
 /// Under a pids limit (a container's `pids.max`) criuz cannot start every
 /// thread it wants. Whatever the limit, it either works or fails in one
 /// line with exit status 1: never a hang, never a panic's backtrace. A
@@ -1626,7 +1572,7 @@ impl Drop for PidsGroup {
 fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let group = PidsGroup::new();
+    let group = LimitGroup::new("pids");
     let mut w = Workload::start(Spec::default());
     let before = w.sums();
     let tmp = tempfile::tempdir().unwrap();
@@ -1637,7 +1583,8 @@ fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
         let log = tmp.path().join("stderr");
         let mut cmd = Command::new(CRIUZ);
         cmd.args(args).stdout(Stdio::null()).stderr(File::create(&log).unwrap());
-        group.limit(&mut cmd, max);
+        group.limit("pids.max", "pids.max", max as u64);
+        group.join_on_exec(&mut cmd);
         let mut child = cmd.spawn().unwrap();
         let t = std::time::Instant::now();
         let status = loop {
@@ -1704,4 +1651,50 @@ fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
     assert_eq!(w.sums(), before);
     w.stop();
     reaped(&mut w);
+}
+
+/// A dump in a memory cgroup with little room left (a pod whose process
+/// fills most of its limit) sizes itself to that room, as `criu dump -D`
+/// needs none: sized by the machine's memory, the dump took the group over
+/// its limit and the OOM killer killed the process being checkpointed (1 of
+/// 2 dumps of a 256 MiB process in a 400 MiB group; every one at 300 MiB).
+#[test]
+fn a_dump_in_a_tight_memory_cgroup_leaves_its_process_alive() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let group = LimitGroup::new("memory");
+    group.limit("memory.limit_in_bytes", "memory.max", 300 << 20);
+    let mut w = Workload::start(Spec { mib: 256, pattern: "random", group: Some(&group), ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let pid = w.pid.to_string();
+    // Three dumps that leave it running, then one that ends it.
+    for round in 0..4 {
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--force", "--json"]);
+        if round < 3 {
+            cmd.arg("--leave-running");
+        }
+        group.join_on_exec(&mut cmd);
+        let out = run(&mut cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(group.oom_kills(), 0, "round {round}: the OOM killer ran in the group: {err}");
+        assert!(out.status.success(), "round {round}: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let budget = report["absorb_budget"].as_u64().unwrap();
+        assert!(budget <= 16 << 20, "round {round}: a budget of {budget} bytes in a group with 40 MiB to spare");
+        if round < 3 {
+            assert_eq!(w.sums(), before, "round {round}");
+        }
+    }
+    w.reap_original();
+    ok(criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]), "restore");
+    assert_eq!(w.sums(), before);
+    w.stop();
+    reap_zombies();
+    wait_for("the restored workload to end", Duration::from_secs(20), || {
+        reap_zombies();
+        !w.alive()
+    });
 }

@@ -47,16 +47,13 @@ impl Grant {
 }
 
 /// Bytes every criuz on the machine may hold together: `CRIUZ_MEMORY_SHARE`
-/// bytes, or a quarter of the machine's memory.
+/// bytes, or a quarter of the memory criuz runs in (the machine's, or its
+/// memory cgroup's limit: `memory::total`).
 pub fn machine_share() -> usize {
     if let Some(n) = std::env::var("CRIUZ_MEMORY_SHARE").ok().and_then(|v| v.trim().parse().ok()) {
         return n;
     }
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok()
-    });
-    usize::try_from(total.map_or(0, |kib| kib.saturating_mul(1024) / 4)).unwrap_or(usize::MAX)
+    usize::try_from(super::memory::total() / 4).unwrap_or(usize::MAX)
 }
 
 /// criuz's runtime directory, where grants (and claims, `claim`) live:

@@ -5,8 +5,9 @@
 //! finds the cgroup v2 group of a container that may be killed whole;
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
-//! TCP_CORK taken off through pidfd_getfd); `budget` is the machine-wide
-//! memory share every criuz's absorb memory comes from; `claim` lets one
+//! TCP_CORK taken off through pidfd_getfd); `memory` is what memory criuz
+//! may count on (the machine's, or its memory cgroup's); `budget` is the
+//! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
 //! dump at a time checkpoint a tree; `interrupt` turns a
 //! Ctrl-C into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
@@ -26,5 +27,6 @@ pub mod claim;
 pub mod foreground;
 pub mod guard;
 pub mod interrupt;
+pub mod memory;
 pub mod socket;
 pub mod tree;

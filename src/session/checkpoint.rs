@@ -117,14 +117,17 @@ pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<Dedu
 
 /// A dump's archive options with its absorb budget: `requested` bytes
 /// (`--absorb`), by default a quarter of available memory
-/// ([`engine::default_absorb`]), but [`engine::DEFAULT_MEMORY_BUDGET`] for an
-/// object store output, which bounds an upload's memory. A budget above that
-/// absorbs first ([`Options::absorb_first`]); at it (`--absorb 0`), CRIU and
-/// the workers share the cores throughout, as in a pack.
+/// ([`engine::default_absorb`]; in a memory cgroup, of what it leaves), but
+/// the pipeline's own ([`engine::pipeline_budget`], at most
+/// [`engine::DEFAULT_MEMORY_BUDGET`]) for an object store output, which
+/// bounds an upload's memory. A budget above the default absorbs first
+/// ([`Options::absorb_first`]); at most that (`--absorb 0`), CRIU and the
+/// workers share the cores throughout, as in a pack.
 pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Options {
+    let available = crate::proc::memory::available();
     let object = Location::parse(output).is_ok_and(|at| at.is_object());
-    let default = if object { engine::DEFAULT_MEMORY_BUDGET } else { engine::default_absorb() };
-    let budget = requested.unwrap_or(default).max(engine::DEFAULT_MEMORY_BUDGET);
+    let default = if object { engine::pipeline_budget(available) } else { engine::default_absorb(available) };
+    let budget = requested.unwrap_or(default).max(engine::pipeline_budget(available));
     Options { memory_budget: budget, absorb_first: budget > engine::DEFAULT_MEMORY_BUDGET, ..opts }
 }
 

@@ -68,6 +68,9 @@ pub struct Spec<'a> {
     pub same_children: bool,
     /// More environment for the workload.
     pub env: &'a [(&'a str, &'a str)],
+    /// A cgroup the workload starts in (its memory charged there from the
+    /// first page).
+    pub group: Option<&'a LimitGroup>,
 }
 
 impl Default for Spec<'_> {
@@ -83,6 +86,7 @@ impl Default for Spec<'_> {
             tcp_peer: None,
             same_children: false,
             env: &[],
+            group: None,
         }
     }
 }
@@ -128,6 +132,9 @@ impl Workload {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
         }
         cmd.envs(spec.env.iter().copied());
+        if let Some(group) = spec.group {
+            group.join_on_exec(&mut cmd);
+        }
         let child = cmd.spawn().expect("start workload");
         let ready = dir.path().join("ready");
         wait_for("workload ready", Duration::from_secs(60), || ready.exists());
@@ -354,4 +361,75 @@ pub fn echo_peer() -> String {
         }
     });
     addr
+}
+
+/// A cgroup of the test's own, for one controller (`pids`, `memory`): in
+/// cgroup v1's hierarchy of that controller, or a cgroup v2 mount that has
+/// it. Removed on drop (once its processes are gone).
+pub struct LimitGroup {
+    pub dir: PathBuf,
+    v2: bool,
+}
+
+impl LimitGroup {
+    pub fn new(controller: &str) -> LimitGroup {
+        let v1 = Path::new("/sys/fs/cgroup").join(controller);
+        let v2 = Path::new("/sys/fs/cgroup");
+        let (base, is_v2) = if v1.join("cgroup.procs").exists() {
+            (v1, false)
+        } else {
+            let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+            assert!(controllers.split_whitespace().any(|c| c == controller), "no {controller} cgroup controller here");
+            let _ = std::fs::write(v2.join("cgroup.subtree_control"), format!("+{controller}"));
+            (v2.to_path_buf(), true)
+        };
+        let dir = base.join(format!("criuz-test-{controller}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        LimitGroup { dir, v2: is_v2 }
+    }
+
+    /// Sets the limit in `v1_file` or `v2_file` (by the hierarchy).
+    pub fn limit(&self, v1_file: &str, v2_file: &str, value: u64) {
+        let file = self.dir.join(if self.v2 { v2_file } else { v1_file });
+        std::fs::write(&file, value.to_string()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+
+    /// `cmd` starts in the group.
+    pub fn join_on_exec(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs =
+            std::ffi::CString::new(self.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: between fork and exec only open(2), write(2) and close(2),
+        // which are async-signal-safe, on a path made before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                let joined = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if joined {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
+    }
+
+    /// The kernel's count of OOM kills in the group.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for LimitGroup {
+    fn drop(&mut self) {
+        for _ in 0..500 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }

@@ -1,0 +1,167 @@
+//! The memory criuz may count on: the machine's (`/proc/meminfo`), and,
+//! where criuz runs in a memory cgroup (a container, a pod, a systemd
+//! slice), what that group and each group above it leave. A dump sized by
+//! the machine alone, inside a group with a limit, could take the group
+//! over its limit, and the kernel's OOM killer then kills the biggest
+//! process there: often the very process being checkpointed.
+//!
+//! A group's headroom is its limit less what it uses, page cache that can
+//! be dropped (its inactive file pages) not counted as used, as the
+//! kubelet counts a pod's working set. cgroup v1 (`memory.limit_in_bytes`)
+//! and v2 (`memory.max`) are read alike; where no group can be read, the
+//! machine's figures stand.
+
+use std::path::{Path, PathBuf};
+
+/// Bytes criuz may still take: the machine's `MemAvailable`, or less where
+/// a memory cgroup above criuz leaves less.
+pub fn available() -> u64 {
+    let machine = meminfo("MemAvailable:").unwrap_or(0);
+    groups().iter().filter_map(|g| g.headroom()).fold(machine, u64::min)
+}
+
+/// The memory criuz runs in: the machine's `MemTotal`, or the lowest limit
+/// of the memory cgroups above criuz.
+pub fn total() -> u64 {
+    let machine = meminfo("MemTotal:").unwrap_or(0);
+    groups().iter().filter_map(|g| g.limit()).fold(machine, u64::min)
+}
+
+fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()?.saturating_mul(1024))
+}
+
+/// One memory cgroup's directory, and its version's file names.
+struct Group {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl Group {
+    fn read(&self, name: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.dir.join(name)).ok()?;
+        // v2 says "max" for no limit; v1 gives a number near 2^63.
+        text.trim().parse().ok().filter(|&n: &u64| n < 1 << 60)
+    }
+
+    fn limit(&self) -> Option<u64> {
+        self.read(if self.v2 { "memory.max" } else { "memory.limit_in_bytes" })
+    }
+
+    fn headroom(&self) -> Option<u64> {
+        let limit = self.limit()?;
+        let used = self.read(if self.v2 { "memory.current" } else { "memory.usage_in_bytes" }).unwrap_or(0);
+        let stat = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap_or_default();
+        let droppable = stat_field(&stat, if self.v2 { "inactive_file" } else { "total_inactive_file" });
+        Some(limit.saturating_sub(used.saturating_sub(droppable)))
+    }
+}
+
+fn stat_field(stat: &str, name: &str) -> u64 {
+    stat.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// criuz's memory cgroup and every group above it, in the hierarchy that
+/// has the memory controller (v1's `memory`, else v2's).
+fn groups() -> Vec<Group> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some((mount, path, v2)) = memory_group(&own, &mounts) else { return Vec::new() };
+    let mut dir = mount.join(path.trim_start_matches('/'));
+    let mut out = Vec::new();
+    while dir.starts_with(&mount) {
+        out.push(Group { dir: dir.clone(), v2 });
+        if !dir.pop() {
+            break;
+        }
+    }
+    out
+}
+
+/// From `/proc/self/cgroup` and `/proc/self/mountinfo`: where the memory
+/// hierarchy is mounted, criuz's group's path below that mount, and
+/// whether it is cgroup v2.
+fn memory_group(own: &str, mounts: &str) -> Option<(PathBuf, String, bool)> {
+    // id parent dev root mountpoint opts... - fstype source superopts
+    let mount_of = |v2: bool| {
+        mounts.lines().find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let superopts = post.nth(1).unwrap_or_default();
+            let fits = if v2 {
+                fstype == "cgroup2"
+            } else {
+                fstype == "cgroup" && superopts.split(',').any(|o| o == "memory")
+            };
+            let mut pre = pre.split(' ');
+            let root = pre.nth(3)?;
+            let mountpoint = pre.next()?;
+            fits.then(|| (PathBuf::from(mountpoint), root.to_string()))
+        })
+    };
+    let below = |path: &str, root: &str| -> String {
+        // A mount of a group below the hierarchy's root (a container's
+        // view) shows that group's path as its root.
+        let rest = if root == "/" { Some(path) } else { path.strip_prefix(root) };
+        rest.unwrap_or("/").to_string()
+    };
+    let v1 = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers.split(',').any(|c| c == "memory").then_some(path)
+    });
+    if let Some(path) = v1 {
+        let (mount, root) = mount_of(false)?;
+        return Some((mount, below(path, &root), false));
+    }
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let (mount, root) = mount_of(true)?;
+    Path::new(&mount).join("cgroup.controllers").exists().then_some(())?;
+    Some((mount, below(path, &root), true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTS: &str = "\
+25 20 0:22 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+30 20 0:27 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+31 20 0:28 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+";
+
+    #[test]
+    fn the_memory_group_is_found_in_either_hierarchy() {
+        let v1 = "12:pids:/a\n9:memory:/pod/box\n0::/pod/box\n";
+        assert_eq!(memory_group(v1, MOUNTS), Some((PathBuf::from("/sys/fs/cgroup/memory"), "/pod/box".into(), false)));
+        // A container's view: the hierarchy mounted from its own group.
+        let inside = "30 20 0:27 /pod/box /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        assert_eq!(
+            memory_group("9:memory:/pod/box/app\n", inside),
+            Some((PathBuf::from("/sys/fs/cgroup/memory"), "/app".into(), false))
+        );
+        assert_eq!(memory_group("12:pids:/a\n", MOUNTS), None, "no memory line, no v2 line");
+        assert_eq!(stat_field("cache 5\ntotal_inactive_file 4096\ninactive_file 1\n", "total_inactive_file"), 4096);
+        assert_eq!(stat_field("inactive_file_x 3\ninactive_file 7\n", "inactive_file"), 7);
+    }
+
+    #[test]
+    fn a_group_limit_caps_the_machine_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Group { dir: dir.path().to_path_buf(), v2: true };
+        std::fs::write(dir.path().join("memory.max"), "max\n").unwrap();
+        assert_eq!((g.limit(), g.headroom()), (None, None), "no limit");
+        std::fs::write(dir.path().join("memory.max"), "419430400\n").unwrap();
+        std::fs::write(dir.path().join("memory.current"), "300000000\n").unwrap();
+        std::fs::write(dir.path().join("memory.stat"), "anon 1\ninactive_file 100000000\n").unwrap();
+        assert_eq!(g.limit(), Some(419_430_400));
+        assert_eq!(g.headroom(), Some(419_430_400 - 200_000_000), "droppable cache is not counted as used");
+        let v1 = Group { dir: dir.path().to_path_buf(), v2: false };
+        std::fs::write(dir.path().join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(v1.limit(), None, "v1's unlimited");
+        assert!(available() <= meminfo("MemAvailable:").unwrap() && total() <= meminfo("MemTotal:").unwrap());
+    }
+}
