@@ -61,6 +61,16 @@ impl Listener {
             .ok()
             .filter(|p| p.as_os_str().len() < SUN_PATH_MAX)
             .unwrap_or_else(|| dir.join(name));
+        if path.as_os_str().len() >= SUN_PATH_MAX {
+            // CRIU connects by this path: a socket address holds 107 bytes.
+            return Err(Error::Usage(format!(
+                "{}: {} bytes, too long for the socket CRIU connects to (at most {}): use a shorter directory \
+                 ($TMPDIR, where dump and restore make CRIU's, or capture's and serve's -D)",
+                path.display(),
+                path.as_os_str().len(),
+                SUN_PATH_MAX - 1,
+            )));
+        }
         clear_stale(&path, name)?;
         // The umask makes the socket private from the moment it exists.
         // SAFETY: umask only swaps the process file-mode mask.
