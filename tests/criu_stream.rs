@@ -429,32 +429,25 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let before = w.sums();
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("ckpt.czr");
-    // A $TMPDIR that is no directory is named, exit 2, and nothing is frozen
-    // (a dump's work directory is made there).
-    let no_tmp = tmp.path().join("no-tmp");
+    // A $TMPDIR that is no directory, or one too long for the socket CRIU
+    // connects to in the work directory made there: named, exit 2, before
+    // anything is frozen.
     let pid = w.pid.to_string();
-    let out = Command::new(CRIUZ)
-        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap()])
-        .env("TMPDIR", &no_tmp)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("$TMPDIR") && err.contains("no-tmp: no such directory"), "{err}");
-    assert!(!arc.exists() && w.sums() == before, "a dump refused for its $TMPDIR changed something");
-    // One too long for the socket CRIU connects to in the work directory
-    // there: said, exit 2, before anything is frozen.
+    let no_tmp = tmp.path().join("no-tmp");
     let long_tmp = tmp.path().join("t".repeat(100));
     std::fs::create_dir(&long_tmp).unwrap();
-    let out = Command::new(CRIUZ)
-        .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap()])
-        .env("TMPDIR", &long_tmp)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("too long for the socket CRIU connects to") && err.contains("$TMPDIR"), "{err}");
-    assert!(!arc.exists() && w.sums() == before, "a dump refused for its $TMPDIR changed something");
+    for (dir, says) in [(&no_tmp, "no-tmp: no such directory"), (&long_tmp, "too long for the socket CRIU connects to")]
+    {
+        let out = Command::new(CRIUZ)
+            .args(["dump", "-t", &pid, "-o", arc.to_str().unwrap()])
+            .env("TMPDIR", dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("$TMPDIR") && err.contains(says), "{err}");
+        assert!(!arc.exists() && w.sums() == before, "a dump refused for its $TMPDIR changed something");
+    }
     assert_eq!(std::fs::read_dir(&long_tmp).unwrap().count(), 0, "its work directory is left");
     dump(&w, &arc, &[]);
     w.reap_original();
