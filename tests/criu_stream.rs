@@ -451,6 +451,21 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     assert_eq!(std::fs::read_dir(&long_tmp).unwrap().count(), 0, "its work directory is left");
     dump(&w, &arc, &[]);
     w.reap_original();
+    // A placed or lazy restore needs no socket path CRIU must connect by
+    // (it connects by the name, from the work directory): the long $TMPDIR
+    // does for them.
+    for fill in ["--fill=place", "--lazy"] {
+        let out = Command::new(CRIUZ)
+            .args(["restore", "-d", "-i", arc.to_str().unwrap(), fill])
+            .env("TMPDIR", &long_tmp)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{fill}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(w.sums(), before, "{fill}");
+        // SAFETY: our own restored workload.
+        unsafe { libc::kill(w.pid, libc::SIGKILL) };
+        w.reap_original();
+    }
     // Through a pipe (`cat a.czr | criuz restore -i -`), or, `from_file`,
     // redirected from the archive (`< a.czr`). A piped archive is spooled to
     // $TMPDIR.

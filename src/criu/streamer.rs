@@ -65,7 +65,7 @@ impl Listener {
             // CRIU connects by this path: a socket address holds 107 bytes.
             return Err(Error::Usage(format!(
                 "{}: {} bytes, too long for the socket CRIU connects to (at most {}): use a shorter directory \
-                 ($TMPDIR, where dump and restore make CRIU's, or capture's and serve's -D)",
+                 ($TMPDIR, where dump and restore --fill stream make CRIU's, or capture's and serve's -D)",
                 path.display(),
                 path.as_os_str().len(),
                 SUN_PATH_MAX - 1,

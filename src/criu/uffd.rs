@@ -41,9 +41,18 @@ pub enum Handover {
 }
 
 /// Binds the lazy-pages socket in `dir`, owner-only like every criuz socket.
+/// CRIU connects by the name alone, from its work directory; a socket
+/// address holds a path of 107 bytes at most, so where `dir`'s is longer (a
+/// long `$TMPDIR`) the socket is bound through a descriptor of `dir`.
 pub fn listen(dir: &Path) -> io::Result<UnixListener> {
+    const SUN_PATH_MAX: usize = 108;
     let path = dir.join(LAZY_SOCKET);
-    let listener = UnixListener::bind(&path)?;
+    let listener = if path.as_os_str().len() < SUN_PATH_MAX {
+        UnixListener::bind(&path)?
+    } else {
+        let held = std::fs::File::open(dir)?;
+        UnixListener::bind(format!("/proc/self/fd/{}/{LAZY_SOCKET}", std::os::fd::AsRawFd::as_raw_fd(&held)))?
+    };
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     Ok(listener)
 }
