@@ -140,7 +140,14 @@ enum Ending {
 /// restore whose thread watching for CRIU's pidfile could not be started
 /// waited forever for a CRIU it never ran), and a backtrace was the error.
 pub fn end_on_panic() {
-    std::panic::set_hook(Box::new(|info| {
+    let criuz = std::process::id();
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        // A process forked from criuz (a guard) holds a copy of criuz's
+        // list of unfinished outputs: it must never remove them.
+        if std::process::id() != criuz {
+            return default(info);
+        }
         let text = info
             .payload()
             .downcast_ref::<&str>()
