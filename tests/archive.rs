@@ -606,6 +606,40 @@ fn unusable_criu_is_named_with_the_reason() {
     assert!(!arc.exists());
 }
 
+/// A pack in a memory cgroup with little room sizes its pipeline to that
+/// room: sized for the machine (64 MiB in flight), a pack of 200 MiB of
+/// random bytes in a 60 MiB group thrashed for 150 s, then was OOM-killed.
+#[test]
+fn a_pack_in_a_tight_memory_cgroup_fits_it() {
+    if !common::is_root() && std::env::var_os("CI").is_none() {
+        eprintln!("SKIP: a cgroup of the test's own needs root (CI runs it as root)");
+        return;
+    }
+    let group = common::LimitGroup::new("memory");
+    group.limit("memory.limit_in_bytes", "memory.max", 60 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    std::fs::create_dir(&img).unwrap();
+    let mut random = vec![0u8; 200 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for word in random.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+    }
+    std::fs::write(img.join("pages-1.img"), &random).unwrap();
+    drop(random);
+    let arc = tmp.path().join("a.czr");
+    let mut cmd = std::process::Command::new(CRIUZ);
+    cmd.args(["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]);
+    group.join_on_exec(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert_eq!(group.oom_kills(), 0, "the OOM killer ran: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(criuz(&["verify", arc.to_str().unwrap()]).status.success());
+}
+
 /// An open files limit too low for criuz is named, with what to do; at
 /// whatever limit criuz fails, it says so (the exact limit depends on what
 /// the runtime holds open).
