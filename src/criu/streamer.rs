@@ -154,7 +154,7 @@ fn listening(table: &str, path: &Path, name: &str) -> bool {
 }
 
 /// The longest path a socket address holds, with its terminating NUL.
-const SUN_PATH_MAX: usize = 108;
+pub(crate) const SUN_PATH_MAX: usize = 108;
 
 /// Reads one request; `None` when CRIU has closed the connection.
 pub fn read_request(sock: &mut UnixStream) -> Result<Option<String>> {

@@ -45,9 +45,8 @@ pub enum Handover {
 /// address holds a path of 107 bytes at most, so where `dir`'s is longer (a
 /// long `$TMPDIR`) the socket is bound through a descriptor of `dir`.
 pub fn listen(dir: &Path) -> io::Result<UnixListener> {
-    const SUN_PATH_MAX: usize = 108;
     let path = dir.join(LAZY_SOCKET);
-    let listener = if path.as_os_str().len() < SUN_PATH_MAX {
+    let listener = if path.as_os_str().len() < super::streamer::SUN_PATH_MAX {
         UnixListener::bind(&path)?
     } else {
         let held = std::fs::File::open(dir)?;
