@@ -277,23 +277,19 @@ impl Keys {
 /// missing key directory is made, private, as ssh-keygen does) and gives
 /// its public key.
 pub fn write_identity(path: &Path, force: bool) -> Result<String> {
-    use std::io::Write;
     use std::os::unix::fs::DirBuilderExt;
-    let (secret, public) = generate();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).at(dir)?;
     }
     let file = crate::io::AtomicFile::create(path, force)?;
-    let mut w = file.writer()?;
-    w.write_all(secret.expose_secret().as_bytes()).and_then(|()| w.flush()).at(path)?;
-    drop(w);
+    let public = write_identity_to(&mut file.writer()?, path)?;
     file.commit()?;
     Ok(public)
 }
 
-/// Makes a new age identity on a stream (`keygen -o -`, to go straight into
-/// a secret store) and gives its public key. `name` names the stream in an
-/// error.
+/// Makes a new age identity on `out` (a file, or a stream for `keygen -o
+/// -`, to go straight into a secret store) and gives its public key. `name`
+/// names `out` in an error.
 pub fn write_identity_to(out: &mut dyn std::io::Write, name: &Path) -> Result<String> {
     let (secret, public) = generate();
     out.write_all(secret.expose_secret().as_bytes()).and_then(|()| out.flush()).at(name)?;
