@@ -115,19 +115,28 @@ pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<Dedu
     Ok(Some(Arc::new(crate::archive::ids::dedup_index(parent, &Location::parse(output)?)?)))
 }
 
+/// The options every command's pipeline starts from: `threads` workers, and
+/// memory sized to what criuz may count on ([`engine::pipeline_budget`] of
+/// `proc::memory::available`: at most the default budget, less in a memory
+/// cgroup with little room left).
+pub fn pipeline_options(threads: usize) -> Options {
+    let memory_budget = engine::pipeline_budget(crate::proc::memory::available());
+    Options { threads, memory_budget, ..Options::default() }
+}
+
 /// A dump's archive options with its absorb budget: `requested` bytes
 /// (`--absorb`), by default a quarter of available memory
 /// ([`engine::default_absorb`]; in a memory cgroup, of what it leaves), but
-/// the pipeline's own ([`engine::pipeline_budget`], at most
-/// [`engine::DEFAULT_MEMORY_BUDGET`]) for an object store output, which
-/// bounds an upload's memory. A budget above the default absorbs first
-/// ([`Options::absorb_first`]); at most that (`--absorb 0`), CRIU and the
-/// workers share the cores throughout, as in a pack.
+/// the pipeline's own (`opts.memory_budget`, [`pipeline_options`]) for an
+/// object store output, which bounds an upload's memory; never below that.
+/// A budget above the default absorbs first ([`Options::absorb_first`]); at
+/// most that (`--absorb 0`), CRIU and the workers share the cores
+/// throughout, as in a pack.
 pub fn with_absorb(opts: Options, requested: Option<usize>, output: &Path) -> Options {
-    let available = crate::proc::memory::available();
     let object = Location::parse(output).is_ok_and(|at| at.is_object());
-    let default = if object { engine::pipeline_budget(available) } else { engine::default_absorb(available) };
-    let budget = requested.unwrap_or(default).max(engine::pipeline_budget(available));
+    let pipeline = opts.memory_budget;
+    let default = if object { pipeline } else { engine::default_absorb(crate::proc::memory::available()) };
+    let budget = requested.unwrap_or(default).max(pipeline);
     Options { memory_budget: budget, absorb_first: budget > engine::DEFAULT_MEMORY_BUDGET, ..opts }
 }
 

@@ -135,15 +135,8 @@ fn parse_jobs(s: &str) -> Result<usize, String> {
 }
 
 impl ThreadArgs {
-    /// Every command's pipeline: its workers, and its memory, at most the
-    /// default budget, less in a memory cgroup with little room left
-    /// (`engine::pipeline_budget`; a dump's absorb budget is set apart).
     pub fn options(&self) -> Options {
-        Options {
-            threads: self.jobs.unwrap_or_else(engine::default_threads),
-            memory_budget: engine::pipeline_budget(criuz::proc::memory::available()),
-            ..Options::default()
-        }
+        criuz::session::checkpoint::pipeline_options(self.jobs.unwrap_or_else(engine::default_threads))
     }
 }
 
