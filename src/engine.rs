@@ -436,7 +436,9 @@ where
             // Out of threads (a container's pids limit): the pipeline runs
             // on the workers it has, more slowly, rather than not at all.
             Err(_) if !workers.is_empty() => break,
-            Err(e) => panic!("cannot start a single worker thread: {e}"),
+            // Worded as std's own spawn failure, which ends criuz in one
+            // line (`proc::interrupt::end_on_panic`).
+            Err(e) => panic!("failed to spawn thread: not a single worker: {e}"),
         }
     }
     let state = SubmitState { next_seq: 0, jobs: job_tx, hold, high_water };

@@ -154,7 +154,8 @@ pub fn end_on_panic() {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        let what = if text.contains("failed to spawn thread") || text.contains("cannot start a single worker") {
+        // std's words for a thread the system would not start.
+        let what = if text.starts_with("failed to spawn thread") {
             "the system refused to start a thread (a pids limit on criuz's cgroup?)".to_string()
         } else {
             let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
