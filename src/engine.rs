@@ -90,11 +90,10 @@ pub fn default_threads() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
-/// Results a dump's workers may finish ahead of its writer: `budget`'s
-/// worth of blocks, but no more than the default budget's, at least two per
-/// worker.
-pub fn results_ahead(budget: usize, block_size: usize, threads: usize) -> usize {
-    (budget.min(DEFAULT_MEMORY_BUDGET) / block_size.max(1)).max(2 * threads).max(2)
+/// Results a dump's workers may finish ahead of its writer: the default
+/// budget's worth of blocks, at least two per worker.
+pub fn results_ahead(block_size: usize, threads: usize) -> usize {
+    (DEFAULT_MEMORY_BUDGET / block_size.max(1)).max(2 * threads).max(2)
 }
 
 /// Jobs in flight for a memory budget, counting input and output of each block.

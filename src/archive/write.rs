@@ -162,7 +162,7 @@ impl Packer {
         let (submitter, collector) = engine::start_held(
             opts.threads,
             opts.window(),
-            engine::results_ahead(opts.memory_budget, opts.block_size, opts.threads),
+            engine::results_ahead(opts.block_size, opts.threads),
             hold.clone(),
             move || (Encoder::new(codec), Vec::new()),
             move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| match job {
