@@ -121,6 +121,21 @@ fn a_whole_tree_comes_back_as_it_was() {
 }
 
 #[test]
+fn an_archive_written_into_the_tree_it_packs_is_not_packed_into_itself() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, out) = (t.path().join("src"), t.path().join("out"));
+    sample_tree(&src);
+    let before = listing(&src);
+    let arc = src.join("self.czr");
+    ok(criuz(&["pack", p(&src), "-o", p(&arc)]), "pack");
+    // Again, replacing it: the archive it replaces is skipped, with a note.
+    let again = ok(criuz(&["pack", p(&src), "-o", p(&arc), "--force"]), "pack --force");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("self.czr is the archive being written"));
+    ok(criuz(&["unpack", p(&arc), "-d", p(&out)]), "unpack");
+    assert_eq!(before, listing(&out), "the tree as it was before any archive was in it");
+}
+
+#[test]
 fn tar_streams_in_and_out() {
     let t = tempfile::tempdir().unwrap();
     let (src, arc) = (t.path().join("src"), t.path().join("a.czr"));

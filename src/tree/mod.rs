@@ -49,6 +49,27 @@ pub fn scan(root: &Path) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// `entries` (found by [`scan`] under `root`) less the file `output` names,
+/// if it is one of them, and that entry's path. An archive written into the
+/// directory it packs replaces that file: packing the old one would put a
+/// stale copy of the archive inside itself (tar skips its own archive too).
+pub fn without_output(root: &Path, entries: Vec<Entry>, output: &Path) -> (Vec<Entry>, Option<String>) {
+    let Ok(own) = std::fs::symlink_metadata(output) else { return (entries, None) };
+    let is_output = |e: &Entry| {
+        e.kind != FileKind::Dir
+            && std::fs::symlink_metadata(root.join(&e.path))
+                .is_ok_and(|md| (md.dev(), md.ino()) == (own.dev(), own.ino()))
+    };
+    match entries.iter().position(is_output) {
+        Some(i) => {
+            let mut entries = entries;
+            let gone = entries.remove(i);
+            (entries, Some(gone.path))
+        }
+        None => (entries, None),
+    }
+}
+
 fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<()> {
     let mut names = Vec::new();
     for e in std::fs::read_dir(dir).at(dir)? {

@@ -169,7 +169,10 @@ fn pack(
     } else {
         let dir = dir.expect("clap requires a directory or --tar");
         criuz::io::named_dir(&dir)?;
-        let entries = criuz::tree::scan(&dir)?;
+        let (entries, own) = criuz::tree::without_output(&dir, criuz::tree::scan(&dir)?, output);
+        if let Some(own) = own {
+            eprintln!("note: {} is the archive being written; it is not packed", dir.join(own).display());
+        }
         let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
         let out = Output::open(output, force)?;
         let mut progress = Progress::new("pack", Some(total));
