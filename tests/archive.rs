@@ -694,6 +694,10 @@ fn usage_errors_exit_2() {
         // A mistyped -j panicked once threads ran out (exit 134).
         vec!["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap(), "-j", "100000"],
         vec!["restore", "-i", arc.to_str().unwrap(), "-j", "0"],
+        // The archive once, with -i or without, never both nor twice.
+        vec!["restore"],
+        vec!["restore", "-i", arc.to_str().unwrap(), arc.to_str().unwrap()],
+        vec!["restore", arc.to_str().unwrap(), arc.to_str().unwrap()],
     ] {
         let out = criuz(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));

@@ -454,9 +454,10 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     // A placed or lazy restore needs no socket path CRIU must connect by
     // (it connects by the name, from the work directory): the long $TMPDIR
     // does for them.
+    // (The archive named without -i, as inspect takes it.)
     for fill in ["--fill=place", "--lazy"] {
         let out = Command::new(CRIUZ)
-            .args(["restore", "-d", "-i", arc.to_str().unwrap(), fill])
+            .args(["restore", "-d", arc.to_str().unwrap(), fill])
             .env("TMPDIR", &long_tmp)
             .output()
             .unwrap();

@@ -200,8 +200,11 @@ pub enum Cmd {
     /// Restore a process tree from an archive (criu restore, its memory placed by criuz or streamed)
     Restore {
         /// Archive to read ("-" for stdin)
-        #[arg(short = 'i', long)]
-        input: PathBuf,
+        #[arg(short = 'i', long, value_name = "ARCHIVE")]
+        input: Option<PathBuf>,
+        /// The archive to read, given without -i (as inspect and verify take it)
+        #[arg(value_name = "ARCHIVE", conflicts_with = "input", required_unless_present = "input")]
+        archive: Option<PathBuf>,
         /// Return once the restored tree runs (by default criuz waits for the
         /// tree, passes the signals it is sent on to the tree's root, and
         /// exits as the root does: its exit status, or 128 + the signal that

@@ -66,6 +66,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Restore {
             input,
+            archive,
             detach,
             criu,
             shell_job,
@@ -83,6 +84,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             extra,
         } => {
             keys.load()?;
+            let input = input.or(archive).expect("clap requires an archive, with -i or without");
             let o = RestoreOptions {
                 input: input_location(&input)?,
                 detach,
