@@ -198,14 +198,14 @@ fn dump_to_and_restore_from_s3_with_faults() {
     assert!(!w.alive(), "nothing may run from a forged index");
     w.reap_original();
 
-    // Missing key, missing bucket.
+    // Missing key, missing bucket: wrong names, exit 2, as a missing file's.
     let missing = format!("s3://{BUCKET}/nope.czr");
-    let err = fails(&moto.criuz(&["restore", "-d", "-i", &missing]), 1, &missing, "missing key");
+    let err = fails(&moto.criuz(&["restore", "-d", "-i", &missing]), 2, &missing, "missing key");
     assert!(err.contains("no such object"), "{err}");
     let nobucket = "s3://no-such-bucket/x.czr";
-    let err = fails(&moto.criuz(&["inspect", nobucket]), 1, nobucket, "missing bucket");
+    let err = fails(&moto.criuz(&["inspect", nobucket]), 2, nobucket, "missing bucket");
     assert!(err.contains("no such bucket"), "{err}");
-    let err = fails(&moto.criuz(&["pack", img.to_str().unwrap(), "-o", nobucket]), 1, nobucket, "missing bucket");
+    let err = fails(&moto.criuz(&["pack", img.to_str().unwrap(), "-o", nobucket]), 2, nobucket, "missing bucket");
     assert!(err.contains("NoSuchBucket"), "{err}");
 
     // No room in $TMPDIR for the download: said before anything is fetched.

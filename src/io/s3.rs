@@ -85,9 +85,17 @@ impl ObjectUrl {
         ObjectPath::from(self.key.as_str())
     }
 
-    /// An error about this object, on one line.
+    /// An error about this object, on one line. A bucket that is not there
+    /// is a wrong name, as a missing directory is for a file (exit 2), not
+    /// a failure a retry could mend.
     fn error(&self, doing: &str, e: object_store::Error) -> Error {
-        Error::Remote(format!("{self}: {doing}: {}", one_line(&e)))
+        let said = one_line(&e);
+        let text = format!("{self}: {doing}: {said}");
+        if said.starts_with("NoSuchBucket") {
+            Error::Usage(text)
+        } else {
+            Error::Remote(text)
+        }
     }
 }
 

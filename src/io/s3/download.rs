@@ -187,11 +187,13 @@ pub fn read_head(url: &ObjectUrl, len: usize) -> Result<Vec<u8>> {
 }
 
 /// A HEAD's 404 does not say whether the bucket or the key is missing; a
-/// listing of the key does.
+/// listing of the key does. Either is a name that is wrong, as a local
+/// input that is not there is (exit 2); a parent an archive names and
+/// that is missing is found missing before this (exit 1).
 fn missing(url: &ObjectUrl, store: &AmazonS3) -> Error {
     match runtime().block_on(store.list_with_delimiter(Some(&url.path()))) {
-        Err(e) if e.to_string().contains("NoSuchBucket") => Error::NotFound(format!("{url}: no such bucket")),
-        _ => Error::NotFound(format!("{url}: no such object")),
+        Err(e) if e.to_string().contains("NoSuchBucket") => Error::Usage(format!("{url}: no such bucket")),
+        _ => Error::Usage(format!("{url}: no such object")),
     }
 }
 
