@@ -25,7 +25,7 @@ pub enum Error {
     #[error("{}: {err}", path.display())]
     File { path: PathBuf, err: io::Error },
     #[error(transparent)]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// A whole archive is not the one expected (a parent that is not one).
     #[error("{0}")]
     Mismatch(String),
@@ -113,6 +113,43 @@ impl Kind {
             Kind::Failed => 1,
             Kind::Usage => 2,
             Kind::Archive => 3,
+        }
+    }
+}
+
+/// An I/O error on a file a `Write` was given for, carried through the
+/// `io::Error` that the `Write` trait allows (it has no room for a path), so
+/// that "No space left on device" says on which output it happened. It
+/// becomes [`Error::File`] again on conversion.
+#[derive(Debug)]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub err: io::Error,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.err)
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl WriteError {
+    /// `err`, naming `path` unless it names a file already.
+    pub fn wrap(path: &std::path::Path, err: io::Error) -> io::Error {
+        if err.get_ref().is_some_and(|inner| inner.is::<WriteError>()) {
+            return err;
+        }
+        io::Error::new(err.kind(), WriteError { path: path.to_path_buf(), err })
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(err: io::Error) -> Self {
+        match err.downcast::<WriteError>() {
+            Ok(named) => Error::File { path: named.path, err: named.err },
+            Err(err) => Error::Io(err),
         }
     }
 }
@@ -281,6 +318,20 @@ mod tests {
         let e = Error::CriuIo { what: "cannot run criu".into(), err: io::Error::from(io::ErrorKind::NotFound) };
         assert_eq!(e.kind().exit_code(), 1);
         assert_eq!(e.to_string(), format!("cannot run criu: {}", io::Error::from(io::ErrorKind::NotFound)));
+    }
+
+    #[test]
+    fn a_write_error_keeps_its_file_and_its_errno() {
+        let path = std::path::Path::new("/out/a.czr");
+        let wrapped = WriteError::wrap(path, io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(wrapped.kind(), io::ErrorKind::StorageFull);
+        // Wrapped once only, however many writers it passes through.
+        let twice = WriteError::wrap(std::path::Path::new("/elsewhere"), wrapped);
+        let e = Error::from(twice).context("packing d");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert!(e.to_string().starts_with("packing d: /out/a.czr: "), "{e}");
+        assert_eq!(e.kind(), Kind::Failed);
+        assert!(matches!(Error::from(io::Error::other("x")), Error::Io(_)));
     }
 
     #[test]

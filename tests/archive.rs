@@ -709,6 +709,26 @@ fn usage_errors_exit_2() {
 /// where a file is meant (or the reverse for `pack DIR`), is a bad argument:
 /// one line naming it, exit 2, not an operation that failed (exit 1).
 #[test]
+fn an_output_that_fills_up_is_named_in_the_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    images_dir(&img);
+    let arc = tmp.path().join("a.czr");
+    assert!(criuz(&["pack", img.to_str().unwrap(), "-o", arc.to_str().unwrap()]).status.success(), "pack");
+    // /dev/full fails every write with ENOSPC, as a full disk does.
+    for args in [
+        vec!["pack", img.to_str().unwrap(), "-o", "/dev/full"],
+        vec!["flatten", arc.to_str().unwrap(), "-o", "/dev/full"],
+        vec!["unpack", arc.to_str().unwrap(), "--tar", "/dev/full"],
+    ] {
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("/dev/full: No space left on device") && err.lines().count() == 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn inputs_that_are_not_there_are_usage_errors_naming_them() {
     let tmp = tempfile::tempdir().unwrap();
     let img = tmp.path().join("img");

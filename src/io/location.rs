@@ -340,7 +340,7 @@ impl Location {
                         s.path.display()
                     )));
                 }
-                Ok(Output::Stream(file))
+                Ok(Output::Stream(file, s.path.clone()))
             }
             Location::File(p) => Ok(Output::File(super::AtomicFile::create(p, force)?)),
             Location::Object(u) => Ok(Output::Object(s3::Upload::start(u.clone(), force)?)),

@@ -172,7 +172,8 @@ impl AtomicFile {
 
     pub fn commit(mut self) -> Result<()> {
         let file = self.file.take().expect("open until commit");
-        file.sync_all().at(&self.tmp)?;
+        // Named as the user named it: the temporary name means nothing to them.
+        file.sync_all().at(&self.target)?;
         drop(file);
         // Whole or not at all: an interruption either removed the temporary
         // file before this or waits until it is the target.
@@ -354,8 +355,33 @@ impl Write for EarlyWriteback {
 pub enum Output {
     File(AtomicFile),
     Stdout,
-    Stream(File),
+    Stream(File, PathBuf),
     Object(s3::Upload),
+}
+
+/// A writer whose I/O errors name the output it writes, as the user named
+/// it: a full disk under a dump or a pack otherwise reached the user as a
+/// bare "No space left on device", and an unpack to a tar stream named its
+/// input archive in front of it, as if the input were at fault.
+struct Named {
+    name: PathBuf,
+    inner: Box<dyn Write + Send>,
+}
+
+impl Named {
+    fn new(name: &Path, inner: Box<dyn Write + Send>) -> Self {
+        Named { name: name.to_path_buf(), inner }
+    }
+}
+
+impl Write for Named {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).map_err(|e| crate::error::WriteError::wrap(&self.name, e))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().map_err(|e| crate::error::WriteError::wrap(&self.name, e))
+    }
 }
 
 impl Output {
@@ -364,15 +390,14 @@ impl Output {
         Location::parse(spec)?.output(force)
     }
 
+    /// A writer whose errors name the output (see [`Named`]).
     pub fn writer(&self) -> Result<Box<dyn Write + Send>> {
+        let buffered = |name: &Path, w| Box::new(std::io::BufWriter::with_capacity(1 << 20, Named::new(name, w)));
         Ok(match self {
-            Output::File(f) => Box::new(std::io::BufWriter::with_capacity(
-                1 << 20,
-                EarlyWriteback::new(f.writer()?, f.flush_behind.clone()),
-            )),
-            Output::Stdout => Box::new(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
-            Output::Stream(f) => Box::new(std::io::BufWriter::with_capacity(1 << 20, f.try_clone()?)),
-            // Gathers whole parts itself.
+            Output::File(f) => buffered(&f.target, Box::new(EarlyWriteback::new(f.writer()?, f.flush_behind.clone()))),
+            Output::Stdout => buffered(Path::new("standard output"), Box::new(std::io::stdout())),
+            Output::Stream(f, path) => buffered(path, Box::new(f.try_clone().at(path)?)),
+            // Gathers whole parts itself, and names its URL in its errors.
             Output::Object(u) => Box::new(u.writer()),
         })
     }
@@ -391,7 +416,7 @@ impl Output {
             Output::File(f) => f.commit(),
             Output::Stdout => Ok(std::io::stdout().flush()?),
             // Its writers flushed what they wrote; a File holds no buffer.
-            Output::Stream(_) => Ok(()),
+            Output::Stream(..) => Ok(()),
             Output::Object(u) => u.commit(),
         }
     }
