@@ -1035,6 +1035,30 @@ fn a_dump_of_a_thread_or_a_zombie_is_refused_by_name() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("{thread} is a thread of process {0}: dump the process (-t {0})", w.pid)), "{err}");
     assert_eq!(w.sums(), before, "the process must run on, untouched");
+    // A thread another process traces (as strace -p would): CRIU failed
+    // on it with "Unable to interrupt task". The tracer here is a thread of
+    // this test; its trace ends when it exits. (No signal may reach the
+    // workload meanwhile: the traced thread would stop for its tracer.)
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (seized_tx, seized) = std::sync::mpsc::channel();
+    let tracer = std::thread::spawn(move || {
+        // SAFETY: PTRACE_SEIZE of our own workload's thread; it is not stopped.
+        let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, thread, 0, 0) };
+        seized_tx.send(r).unwrap();
+        let _ = released.recv();
+    });
+    assert_eq!(seized.recv().unwrap(), 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
+    let out = criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]);
+    release.send(()).unwrap();
+    tracer.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("process {thread} is traced by process")) && err.contains("detach the tracer"),
+        "{err}"
+    );
+    assert!(!arc.exists());
+    assert_eq!(w.sums(), before, "the traced process must run on, untouched");
     w.stop();
     // A child that exited and is not reaped yet.
     let mut child = Command::new("true").spawn().unwrap();

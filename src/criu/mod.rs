@@ -181,7 +181,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 8] = [
+const HINTS: [(&[&str], &str); 9] = [
     (
         &["Some file locks are hold by dumping tasks"],
         "the tree holds file locks: dump and restore with -- --file-locks",
@@ -206,6 +206,11 @@ const HINTS: [(&[&str], &str); 8] = [
     ),
     (&["Found dangling tty"], "a process attached to a terminal: dump and restore with --shell-job"),
     (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
+    (
+        &["Unable to interrupt task", "Operation not permitted"],
+        "a process of the tree is traced by another (a debugger, strace), and CRIU must trace it itself: detach \
+         the tracer and dump again",
+    ),
     (
         &["Can't fork for", "File exists"],
         "a pid of the tree was taken while CRIU restored it (another restore of this checkpoint, or a new \
@@ -254,6 +259,7 @@ mod tests {
             ("Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can try --file-locks to dump them.", "-- --file-locks"),
             ("Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x of 2101248 size, increase limit", "-- --ghost-limit"),
             ("Error (criu/sk-unix.c:874): External socket is used. Consider using --ext-unix-sk option.", "-- --ext-unix-sk"),
+            ("Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 29543 (Operation not permitted)", "detach the tracer"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");

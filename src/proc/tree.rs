@@ -653,6 +653,25 @@ pub(crate) fn resume_dumped(root: i32, stopped_before: &[i32]) {
     signal_tree_except(&[root], libc::SIGCONT, stopped_before);
 }
 
+/// A thread of `tree` or of a descendant that another process traces (a
+/// debugger, strace), and its tracer: CRIU must trace every thread it
+/// dumps itself, and on one already traced it fails with "Unable to
+/// interrupt task", which does not say why.
+pub(crate) fn traced_thread(tree: &[i32]) -> Option<(i32, i32)> {
+    for pid in tree_pids(tree) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for task in tasks.flatten() {
+            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
+            let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok());
+            if let Some(tracer) = tracer.filter(|&t: &i32| t != 0) {
+                let tid = task.file_name().to_str().and_then(|t| t.parse().ok()).unwrap_or(pid);
+                return Some((tid, tracer));
+            }
+        }
+    }
+    None
+}
+
 /// The processes of `tree` (and their descendants) that are stopped now
 /// (a job a shell stopped, a process paused by SIGSTOP): a dump that fails
 /// resumes the tree, but not these.

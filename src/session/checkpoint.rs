@@ -206,6 +206,15 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     options::check_extra(&o.extra, options::Action::Dump)?;
     check_dumpable(o.pid)?;
     let _claim = claim::claim_tree(o.pid)?;
+    // After the claim: a tree another criuz dumps is said to be that.
+    if let Some((tid, tracer)) = tree::traced_thread(&[o.pid]) {
+        let name = std::fs::read_to_string(format!("/proc/{tracer}/comm")).unwrap_or_default();
+        return Err(Error::Criu(format!(
+            "process {tid} is traced by process {tracer} ({}), and CRIU must trace it itself: detach the tracer \
+             and dump again",
+            name.trim()
+        )));
+    }
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;
