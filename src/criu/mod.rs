@@ -208,8 +208,8 @@ const HINTS: [(&[&str], &str); 9] = [
     (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
     (
         &["Unable to interrupt task", "Operation not permitted"],
-        "a process of the tree is traced by another (a debugger, strace), and CRIU must trace it itself: detach \
-         the tracer and dump again",
+        "CRIU could not trace a process of the tree: another process traces it (a debugger, strace: detach the \
+         tracer and dump again), or CRIU lacks the right to (run it as root)",
     ),
     (
         &["Can't fork for", "File exists"],
