@@ -28,6 +28,18 @@
 //! pages (`session::images_dir`). The command line (`src/bin/criuz`) only
 //! turns flags into these modules' option types and prints.
 
+/// `eprintln!` that never panics. What criuz says on stderr is for a reader
+/// that may be gone (a supervisor's log pipe closed, `2>&1 | head`): a dump
+/// must not fail, nor a restore lose its tree, because nobody reads its
+/// messages. The exit status still says how it ended.
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
+
 pub mod archive;
 pub mod codec;
 pub mod criu;

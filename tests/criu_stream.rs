@@ -1015,6 +1015,35 @@ kill $P 2>/dev/null; wait $R; echo "restore $?"
     assert!(said.lines().any(|l| l == "restore 0"), "{said}");
 }
 
+/// criuz's messages are for a reader that may be gone (a supervisor's log
+/// pipe closed): a dump and a restore whose stderr is a pipe nobody reads
+/// do their work and say how it went in their exit status. Before, the
+/// first message panicked and the dump failed (exit 1).
+#[test]
+fn a_closed_stderr_stops_neither_a_dump_nor_a_restore() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 16, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("x.czr");
+    let unread = || {
+        let (read, write) = criuz::io::pipe().unwrap();
+        drop(read);
+        Stdio::from(write)
+    };
+    let run = |args: &[&str]| Command::new(CRIUZ).args(args).stdout(Stdio::null()).stderr(unread()).status().unwrap();
+    let dumped = run(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]);
+    assert!(dumped.success(), "dump: {dumped}");
+    w.reap_original();
+    let restored = run(&["restore", "-d", arc.to_str().unwrap()]);
+    assert!(restored.success(), "restore: {restored}");
+    assert_eq!(w.sums(), before);
+    // And an error still gets its exit status.
+    assert_eq!(run(&["verify", tmp.path().join("none.czr").to_str().unwrap()]).code(), Some(2));
+    w.stop();
+}
+
 /// `-t` naming a thread (CRIU aborts on an assertion) or a zombie is
 /// refused before CRIU runs, naming what to give instead.
 #[test]

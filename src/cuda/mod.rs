@@ -172,7 +172,7 @@ impl Drop for Suspended {
             match resume_pids(&self.driver, &self.ours, &[]) {
                 Ok(()) => self.guard.release(),
                 // Said on stderr: a drop has no caller to tell.
-                Err(e) => eprintln!("criuz: {e}; retry with: criuz gpu resume {}", pid_list(&self.ours)),
+                Err(e) => crate::say!("criuz: {e}; retry with: criuz gpu resume {}", pid_list(&self.ours)),
             }
         }
     }

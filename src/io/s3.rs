@@ -303,7 +303,7 @@ impl Upload {
         }
         drop(s);
         if let Err(e) = sweep::abort_others(&self.store, &url) {
-            eprintln!("criuz: {url}: written; the incomplete uploads of earlier writers were not aborted: {e}");
+            crate::say!("criuz: {url}: written; the incomplete uploads of earlier writers were not aborted: {e}");
         }
         Ok(())
     }

@@ -72,7 +72,7 @@ impl PageServer {
                             _ => {
                                 // Another user's connection to our port: it could
                                 // feed pages into the archive. Not the dump's; wait on.
-                                eprintln!(
+                                crate::say!(
                                     "criuz: page server: refused a connection from {peer}, a socket of another user"
                                 );
                                 continue;

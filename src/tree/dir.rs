@@ -242,7 +242,7 @@ impl DirSink {
             let _ = std::fs::remove_dir_all(&old);
         } else {
             let keep = leftover::keep(&old).unwrap_or(old);
-            eprintln!(
+            crate::say!(
                 "criuz: {}: unpacked; entries made there during the unpack could not all be moved back, they are in {}",
                 self.target.display(),
                 keep.display()

@@ -453,9 +453,9 @@ impl CriuArgs {
     pub fn locate(&self) -> Result<criuz::criu::Criu> {
         let (c, rejected) = criuz::criu::locate(self.criu.as_deref())?;
         for r in rejected {
-            eprintln!("criuz: skipped CRIU {} (from {}): {}", r.path.display(), r.source, r.why);
+            criuz::say!("criuz: skipped CRIU {} (from {}): {}", r.path.display(), r.source, r.why);
         }
-        eprintln!("criuz: using CRIU {} at {} (from {})", c.version, c.path.display(), c.source);
+        criuz::say!("criuz: using CRIU {} at {} (from {})", c.version, c.path.display(), c.source);
         Ok(c)
     }
 }

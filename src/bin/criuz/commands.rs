@@ -173,7 +173,7 @@ fn pack(
         criuz::io::named_dir(&dir)?;
         let (entries, own) = criuz::tree::without_output(&dir, criuz::tree::scan(&dir)?, output);
         if let Some(own) = own {
-            eprintln!("note: {} is the archive being written; it is not packed", dir.join(own).display());
+            criuz::say!("note: {} is the archive being written; it is not packed", dir.join(own).display());
         }
         let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
         let out = Output::open(output, force)?;
@@ -185,7 +185,7 @@ fn pack(
     progress.finish();
     out.commit()?;
     let secs = t.elapsed().as_secs_f64();
-    eprintln!(
+    criuz::say!(
         "packed {} files: {}, {} zero pages elided, {:.2}s, {}",
         stats.files,
         print::sizes(&stats),
@@ -205,7 +205,7 @@ fn flatten(archive: &Path, output: &Path, force: bool, parents: &ParentArgs, wri
     let stats = offline::flatten(source, out.writer()?, &opts)?;
     out.commit()?;
     let (from, to, secs) = (archive.display(), output.display(), t.elapsed().as_secs_f64());
-    eprintln!("flattened {from} into {to}: {} files, {}, {secs:.2}s", stats.files, print::sizes(&stats));
+    criuz::say!("flattened {from} into {to}: {} files, {}, {secs:.2}s", stats.files, print::sizes(&stats));
     Ok(())
 }
 
@@ -228,14 +228,14 @@ fn unpack(
         drop(w);
         out.commit()?;
         let secs = t.elapsed().as_secs_f64();
-        eprintln!("unpacked {entries} entries, {} into tar {}, {secs:.2}s", human(bytes), tar.display());
+        criuz::say!("unpacked {entries} entries, {} into tar {}, {secs:.2}s", human(bytes), tar.display());
         return Ok(());
     }
     let dir = dir.expect("clap requires a directory or --tar");
     let st = offline::unpack(inp, &dir, force, &threads.options(), Progress::new("unpack", None))?;
     let secs = t.elapsed().as_secs_f64();
     let (files, bytes) = (st.files, human(st.bytes));
-    eprintln!("unpacked {files} files, {bytes} into {}, {secs:.2}s, {}", dir.display(), rate(st.bytes, secs));
+    criuz::say!("unpacked {files} files, {bytes} into {}, {secs:.2}s, {}", dir.display(), rate(st.bytes, secs));
     Ok(())
 }
 
@@ -287,7 +287,7 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     if let Restored::Placed(LazyReport { not_lazy: Some(why), .. })
     | Restored::Eager(RestoreReport { not_placed: Some(why), .. }) = &r
     {
-        eprintln!("criuz: {}: {why}", o.input);
+        criuz::say!("criuz: {}: {why}", o.input);
     }
     if json {
         print::json(&r, false)?;
@@ -308,7 +308,7 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
         // What the summary left buffered would be lost with the image.
         let _ = std::io::Write::flush(&mut std::io::stdout());
         let failed = std::process::Command::new(exe).args(["wait-tree", &root.to_string()]).exec();
-        eprintln!("criuz: waiting for the restored tree in place ({failed})");
+        criuz::say!("criuz: waiting for the restored tree in place ({failed})");
     }
     wait_tree(root)
 }
@@ -322,19 +322,19 @@ pub fn wait_tree(root: i32) -> Result<ExitCode> {
 fn capture(dir: &Path, output: &Path, force: bool, write: &ArchiveArgs, absorb: &AbsorbArgs) -> Result<()> {
     let opts = checkpoint::with_absorb(write.options()?, absorb.absorb, output);
     let capture = standalone::Capture::bind(dir)?;
-    eprintln!("criuz: waiting for criu dump --stream -D {}", dir.display());
+    criuz::say!("criuz: waiting for criu dump --stream -D {}", dir.display());
     let stats = capture.run(&location(output)?, force, &opts)?;
-    eprintln!("captured {} files: {}", stats.files, print::sizes(&stats));
+    criuz::say!("captured {} files: {}", stats.files, print::sizes(&stats));
     Ok(())
 }
 
 fn serve(dir: &Path, o: &RestoreOptions, threads: &ThreadArgs) -> Result<()> {
     let serve = standalone::Serve::bind(dir, o)?;
-    eprintln!("criuz: waiting for criu restore --stream -D {}", dir.display());
+    criuz::say!("criuz: waiting for criu restore --stream -D {}", dir.display());
     let r = serve.run(o, threads.options().threads)?;
     let (served, missing) = (r.served.len(), r.missing.len());
     let skipped = r.zero_pages_skipped;
-    eprintln!(
+    criuz::say!(
         "served {served} files ({}), {missing} not in the archive, {skipped} zero pages left out",
         human(r.bytes)
     );
@@ -346,11 +346,11 @@ fn keygen(output: &Path, force: bool) -> Result<()> {
         // The identity is standard output's; the public key goes beside it.
         let public =
             criuz::seal::keyring::write_identity_to(&mut std::io::stdout().lock(), Path::new("standard output"))?;
-        eprintln!("criuz: public key: {public}");
+        criuz::say!("criuz: public key: {public}");
         return Ok(());
     }
     let public = criuz::seal::keyring::write_identity(output, force)?;
-    eprintln!("criuz: wrote the identity to {} (keep it secret; it opens your archives)", output.display());
+    criuz::say!("criuz: wrote the identity to {} (keep it secret; it opens your archives)", output.display());
     out!("{public}");
     Ok(())
 }

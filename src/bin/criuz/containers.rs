@@ -43,7 +43,7 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
     let server = PageServer::bind(&a.listen)?;
     let addr = server.local_addr()?;
     if !addr.ip().is_loopback() {
-        eprintln!("criuz: page server on {addr}: not loopback, and the protocol has no authentication");
+        criuz::say!("criuz: page server on {addr}: not loopback, and the protocol has no authentication");
     }
     let args: Vec<String> = a
         .command
@@ -54,11 +54,11 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
                 .replace("{port}", &addr.port().to_string())
         })
         .collect();
-    eprintln!("criuz: page server on {addr}, running {}", args.join(" "));
+    criuz::say!("criuz: page server on {addr}, running {}", args.join(" "));
     let t = Instant::now();
     let output = location(&a.output)?;
     let (stats, rx) = standalone::page_server_dump(&server, &args, &a.dir, &output, a.force, &opts)?;
-    eprintln!(
+    criuz::say!(
         "received {} pages ({} protocol) and {} files: {}, {:.2}s",
         rx.pages,
         rx.protocol,
@@ -201,7 +201,7 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
             if json {
                 print::json(&r, true)?;
             } else {
-                eprintln!(
+                criuz::say!(
                     "checkpointed container {} into {} ({}): {} -> {} ({:.3} of raw), {:.2}s",
                     o.id,
                     r.output.display(),
@@ -213,7 +213,7 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
                 );
                 if let Some(c) = &r.cuda {
                     let resumed = c.resume_seconds.map_or(String::new(), |t| format!(", resumed in {t:.2}s"));
-                    eprintln!(
+                    criuz::say!(
                         "CUDA: {} process(es) suspended in {:.2}s before the container was frozen{resumed}",
                         c.record.pids.len(),
                         c.suspend_seconds
@@ -248,13 +248,13 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
             let o = RuncRestore { id, input, bundle, detach, pid_file, memory, verify_first, extra, gpu_map };
             let r = container::runc_restore(&global.runc(), &o, &threads.options(), &criu)?;
             if let Some(why) = r.not_lazy {
-                eprintln!("criuz: {}: {why}", o.input);
+                criuz::say!("criuz: {}: {why}", o.input);
             }
             if json {
                 print::json(&r, true)?;
             } else {
                 match &r.how {
-                    RestoredHow::Lazy(l) => eprintln!(
+                    RestoredHow::Lazy(l) => criuz::say!(
                         "restored container {} from {} lazily: running after {:.2}s, {} ({} pages copied in, {} faults)",
                         o.id,
                         o.input,
@@ -263,7 +263,7 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
                         l.lazy_pages,
                         l.faults
                     ),
-                    RestoredHow::Eager { unpack_seconds, bytes, .. } => eprintln!(
+                    RestoredHow::Eager { unpack_seconds, bytes, .. } => criuz::say!(
                         "restored container {} from {}: {} unpacked in {:.2}s, {:.2}s in all",
                         o.id,
                         o.input,
@@ -273,7 +273,7 @@ pub fn runc(cmd: RuncCmd) -> Result<ExitCode> {
                     ),
                 }
                 if let Some(t) = r.cuda_resume_seconds {
-                    eprintln!("CUDA: resumed in {t:.2}s after runc (restore and unlock)");
+                    criuz::say!("CUDA: resumed in {t:.2}s after runc (restore and unlock)");
                 }
             }
             // Without --detach: as the container's init ended.
@@ -341,7 +341,7 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             let t = Instant::now();
             let o = container::PodmanCheckpoint { id: &id, output: &output, force, extra: &extra, auto_ids: !no_ids };
             let s = container::podman_checkpoint(&podman, &criu, &o, &opts)?;
-            eprintln!(
+            criuz::say!(
                 "checkpointed container {id} into {}: {}, {:.2}s",
                 output.display(),
                 print::sizes(&s),
@@ -353,7 +353,7 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             let criu = criu.locate()?;
             let t = Instant::now();
             container::podman_restore(&podman, &criu, &input_location(&input)?, &extra, &threads.options())?;
-            eprintln!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
+            criuz::say!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
         }
     }
     Ok(())

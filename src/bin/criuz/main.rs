@@ -34,7 +34,7 @@ fn main() -> ExitCode {
     match done {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("criuz: {}{}", one_line(&format!("{e:#}")), remedy(&e));
+            criuz::say!("criuz: {}{}", one_line(&format!("{e:#}")), remedy(&e));
             ExitCode::from(exit_code(&e))
         }
     }

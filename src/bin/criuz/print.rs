@@ -25,7 +25,7 @@ pub(crate) use out;
 pub fn json(value: &impl serde::Serialize, to_stderr: bool) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     if to_stderr {
-        eprintln!("{text}");
+        criuz::say!("{text}");
     } else {
         out!("{text}");
     }
@@ -56,7 +56,7 @@ pub fn sizes(s: &PackStats) -> String {
 
 /// The result lines of `criuz dump`.
 pub fn dump(pid: i32, r: &DumpReport) {
-    eprintln!(
+    criuz::say!(
         "checkpointed {pid} into {}: {} -> {} ({:.3} of raw), {} zero pages elided, {:.2}s, {}",
         r.output.display(),
         human(r.raw_bytes),
@@ -72,14 +72,14 @@ pub fn dump(pid: i32, r: &DumpReport) {
             (false, Some(e)) => format!("rewriting them failed, the archive keeps them: {e}"),
             (false, None) => "kept so (an incremental, piped or S3 archive is not rewritten)".to_string(),
         };
-        eprintln!(
+        criuz::say!(
             "{} blocks were compressed with LZ4 while the absorb budget was spent (--absorb raises it); {then}",
             r.hurried_blocks
         );
     }
     if let Some(c) = &r.cuda {
         let resumed = c.resume_seconds.map_or(String::new(), |t| format!(", resumed in {t:.2}s"));
-        eprintln!(
+        criuz::say!(
             "CUDA: {} process(es) on {} suspended in {:.2}s before CRIU{resumed}",
             c.record.pids.len(),
             c.record.gpus.iter().map(|g| format!("{} ({})", g.uuid, g.name)).collect::<Vec<_>>().join(", "),
@@ -87,7 +87,7 @@ pub fn dump(pid: i32, r: &DumpReport) {
         );
     }
     if let Some(s) = &r.criu_stats {
-        eprintln!(
+        criuz::say!(
             "CRIU: frozen {:.3}s, freezing {:.3}s, memory dump {:.3}s, memory write {:.3}s, pages scanned {}, written {}",
             s.frozen_time_us as f64 / 1e6,
             s.freezing_time_us as f64 / 1e6,
@@ -186,7 +186,7 @@ pub fn restored(input: &Location, r: &Restored) {
     };
     restored_line(input, r);
     if let Some(t) = cuda {
-        eprintln!("CUDA: resumed in {t:.2}s after CRIU (restore and unlock)");
+        criuz::say!("CUDA: resumed in {t:.2}s after CRIU (restore and unlock)");
     }
 }
 
@@ -205,25 +205,31 @@ fn restored_line(input: &Location, r: &Restored) {
         Restored::Lazy(r) => {
             if let Some(pid) = r.pid {
                 let filled = lazy_filled(r);
-                eprintln!(
+                criuz::say!(
                     "restored {pid} lazily from {input}: running after {:.2}s, {filled} \
                      ({} pages restored by CRIU, {} copied in lazily, {} zero pages mapped, {} faults)",
-                    r.running_seconds, r.eager_pages, r.lazy_pages, r.zero_pages_mapped, r.faults
+                    r.running_seconds,
+                    r.eager_pages,
+                    r.lazy_pages,
+                    r.zero_pages_mapped,
+                    r.faults
                 );
             }
         }
         Restored::Placed(r) => {
             if let Some(pid) = r.pid {
-                eprintln!(
+                criuz::say!(
                     "restored {pid} from {input}: every page placed by criuz, running after {:.2}s \
                      ({} pages restored by CRIU, {} copied in)",
-                    r.running_seconds, r.eager_pages, r.lazy_pages
+                    r.running_seconds,
+                    r.eager_pages,
+                    r.lazy_pages
                 );
             }
         }
         Restored::Eager(r) => {
             if let Some(pid) = r.pid {
-                eprintln!(
+                criuz::say!(
                     "restored {pid} from {input}: {} served, {} zero pages left out, {:.2}s",
                     human(r.served_bytes),
                     r.zero_pages_skipped,
