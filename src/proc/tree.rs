@@ -792,27 +792,38 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
             if fd < 0 {
                 continue;
             }
+            // Read to its end: a thread with many children fills more than
+            // one read, and a pid cut at a read's end is carried over to the
+            // next (one read of 4 KiB once lost the children past some 680
+            // and took the cut pid's first digits for another process).
             let mut text = [0u8; 4096];
-            // SAFETY: read on the descriptor just opened writes at most
-            // `text.len()` bytes into `text`.
-            let len = unsafe { libc::read(fd, text.as_mut_ptr().cast(), text.len()) };
-            // SAFETY: `fd` is ours, closed once and not used after.
-            unsafe { libc::close(fd) };
             let mut child = 0i32;
             let mut in_number = false;
-            for &b in text[..len.max(0) as usize].iter().chain(b" ") {
-                if b.is_ascii_digit() {
-                    child = child * 10 + i32::from(b - b'0');
-                    in_number = true;
-                } else if in_number {
-                    if n < MAX_TREE && !pids[..n].contains(&child) {
-                        pids[n] = child;
-                        n += 1;
+            loop {
+                // SAFETY: read on the descriptor just opened writes at most
+                // `text.len()` bytes into `text`.
+                let len = unsafe { libc::read(fd, text.as_mut_ptr().cast(), text.len()) };
+                let end = len <= 0;
+                let last: &[u8] = if end { b" " } else { b"" };
+                for &b in text[..len.max(0) as usize].iter().chain(last) {
+                    if b.is_ascii_digit() {
+                        child = child * 10 + i32::from(b - b'0');
+                        in_number = true;
+                    } else if in_number {
+                        if n < MAX_TREE && !pids[..n].contains(&child) {
+                            pids[n] = child;
+                            n += 1;
+                        }
+                        child = 0;
+                        in_number = false;
                     }
-                    child = 0;
-                    in_number = false;
+                }
+                if end {
+                    break;
                 }
             }
+            // SAFETY: `fd` is ours, closed once and not used after.
+            unsafe { libc::close(fd) };
         }
     }
     // SAFETY: `dir` is ours, closed once and not used after.
@@ -823,6 +834,52 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pids whose parent is `pid`, from every process's stat.
+    fn children_by_stat(pid: i32) -> Vec<i32> {
+        let mut kids: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| parent_in(&s) == Some(pid)))
+            .collect();
+        kids.sort_unstable();
+        kids
+    }
+
+    /// A parent with more children than one read of its `children` file
+    /// holds (4 KiB: some 680 five-digit pids): every child is in the tree,
+    /// and no pid cut in two at the read's end (an unrelated process) is.
+    #[test]
+    fn a_tree_with_a_thousand_children_is_read_whole() {
+        const KIDS: usize = 1000;
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", &format!("i=0; while [ $i -lt {KIDS} ]; do sleep 60 & i=$((i+1)); done; wait")])
+            .spawn()
+            .unwrap();
+        let pid = sh.id() as i32;
+        let t = std::time::Instant::now();
+        let kids = loop {
+            let kids = children_by_stat(pid);
+            if kids.len() == KIDS || t.elapsed() > std::time::Duration::from_secs(30) {
+                break kids;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut found = tree_pids(&[pid]);
+        // Ended by the pids read from stat, never by `found`: a reader that
+        // got a wrong pid must not be trusted to signal it.
+        for &k in &kids {
+            // SAFETY: plain kill of this test's own shell's children.
+            unsafe { libc::kill(k, libc::SIGKILL) };
+        }
+        let _ = sh.kill();
+        let _ = sh.wait();
+        assert_eq!(kids.len(), KIDS, "the shell started its children");
+        assert_eq!(found.remove(0), pid);
+        found.sort_unstable();
+        assert_eq!(found, kids);
+    }
 
     /// How often each pace asks, counted by the pauses it takes (not by
     /// the clock): `poll_soon` asks after 0.1, 0.3 and 0.7 ms of a 1 ms
