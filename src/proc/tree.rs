@@ -8,8 +8,15 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Most processes `kill_tree` finds and kills (pids on the stack: the guard
-/// cannot allocate).
-const MAX_TREE: usize = 4096;
+/// cannot allocate). A dump of a larger tree is refused ([`too_large`]):
+/// past it, a dump would end or resume only part of the tree.
+pub(crate) const MAX_TREE: usize = 4096;
+
+/// Whether `tree` with its descendants has more processes than a dump can
+/// end or resume ([`MAX_TREE`]).
+pub(crate) fn too_large(tree: &[i32]) -> bool {
+    tree_pids(tree).len() >= MAX_TREE
+}
 
 /// Whether process `pid` exists (a positive pid with a /proc entry).
 pub(crate) fn exists(pid: i32) -> bool {
@@ -850,35 +857,49 @@ mod tests {
     /// A parent with more children than one read of its `children` file
     /// holds (4 KiB: some 680 five-digit pids): every child is in the tree,
     /// and no pid cut in two at the read's end (an unrelated process) is.
+    /// A tree past [`MAX_TREE`] is said to be too large for a dump.
     #[test]
     fn a_tree_with_a_thousand_children_is_read_whole() {
-        const KIDS: usize = 1000;
+        let (pid, kids, mut found) = with_children(1000, |pid| tree_pids(&[pid]));
+        assert_eq!(found.remove(0), pid);
+        found.sort_unstable();
+        assert_eq!(found, kids);
+        let (_, kids, (small, large)) =
+            with_children(MAX_TREE, |pid| (too_large(&[kids_of_first(pid)]), too_large(&[pid])));
+        assert_eq!(kids.len(), MAX_TREE);
+        assert!(!small && large, "a tree of {} processes is too large, one of 1 is not", MAX_TREE + 1);
+    }
+
+    fn kids_of_first(pid: i32) -> i32 {
+        children_by_stat(pid)[0]
+    }
+
+    /// Runs `look` on a shell with `n` children (sleeps), then ends them by
+    /// the pids read from stat, never by what `look` found: a reader that
+    /// got a wrong pid must not be trusted to signal it.
+    fn with_children<T>(n: usize, look: impl FnOnce(i32) -> T) -> (i32, Vec<i32>, T) {
         let mut sh = std::process::Command::new("sh")
-            .args(["-c", &format!("i=0; while [ $i -lt {KIDS} ]; do sleep 60 & i=$((i+1)); done; wait")])
+            .args(["-c", &format!("i=0; while [ $i -lt {n} ]; do sleep 60 & i=$((i+1)); done; wait")])
             .spawn()
             .unwrap();
         let pid = sh.id() as i32;
         let t = std::time::Instant::now();
         let kids = loop {
             let kids = children_by_stat(pid);
-            if kids.len() == KIDS || t.elapsed() > std::time::Duration::from_secs(30) {
+            if kids.len() == n || t.elapsed() > std::time::Duration::from_secs(60) {
                 break kids;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
-        let mut found = tree_pids(&[pid]);
-        // Ended by the pids read from stat, never by `found`: a reader that
-        // got a wrong pid must not be trusted to signal it.
+        let seen = look(pid);
         for &k in &kids {
             // SAFETY: plain kill of this test's own shell's children.
             unsafe { libc::kill(k, libc::SIGKILL) };
         }
         let _ = sh.kill();
         let _ = sh.wait();
-        assert_eq!(kids.len(), KIDS, "the shell started its children");
-        assert_eq!(found.remove(0), pid);
-        found.sort_unstable();
-        assert_eq!(found, kids);
+        assert_eq!(kids.len(), n, "the shell started its children");
+        (pid, kids, seen)
     }
 
     /// How often each pace asks, counted by the pauses it takes (not by

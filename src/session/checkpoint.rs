@@ -196,6 +196,10 @@ fn check_dumpable(pid: i32) -> Result<()> {
         _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
+        _ if tree::too_large(&[pid]) => Err(Error::Criu(format!(
+            "the tree of process {pid} has more than {} processes, more than criuz can end or resume after a dump",
+            tree::MAX_TREE - 1
+        ))),
         _ => Ok(()),
     }
 }
