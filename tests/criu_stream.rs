@@ -946,6 +946,13 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(names), "{args:?}: {err}");
     }
+    // An option CRIU does not know is CRIU's to refuse, before it opens its
+    // log: what it said on its standard error is quoted (it was "CRIU wrote
+    // no log", nothing more).
+    let out = criuz(&["dump", "-t", &pid, "-o", a, "--", "--no-such-option"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("it said: ") && err.contains("unrecognized option '--no-such-option'"), "{err}");
     assert!(!arc.exists());
     assert_eq!(w.sums(), before, "the process must run on, untouched");
     w.stop();

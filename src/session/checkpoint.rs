@@ -36,7 +36,7 @@ use crate::session::criu_run::{
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
-use crate::session::workdir::WorkDir;
+use crate::session::workdir::{criu_stderr, WorkDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -242,7 +242,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         .arg(work.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(criu_stderr(work.path()));
     // CRIU may finish before the archive does (it writes into the absorb
     // budget): a tree that is to end is left stopped, and ended only once
     // the archive is complete, so a failure after CRIU (a full disk, a

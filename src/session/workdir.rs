@@ -79,7 +79,7 @@ impl WorkDir {
     fn save_log_in(&self, name: &str, dir: &Path) -> SavedLog {
         let src = self.path().join(name);
         if !src.exists() {
-            return SavedLog::None;
+            return said_on_stderr(self.path()).map_or(SavedLog::None, SavedLog::Said);
         }
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let dest =
@@ -99,8 +99,28 @@ impl WorkDir {
     }
 }
 
+/// The file in a CRIU run's work directory that takes CRIU's standard
+/// error ([`criu_stderr`]).
+const CRIU_STDERR: &str = "criu-stderr";
+
+/// CRIU's standard error for a run whose work directory is `dir`: a file
+/// there, not criuz's own stream. CRIU writes its log only once it has read
+/// its options; what stops it before that (an option it does not know, a
+/// value it cannot read) it says on standard error, and nowhere else.
+pub(crate) fn criu_stderr(dir: &Path) -> std::process::Stdio {
+    std::fs::File::create(dir.join(CRIU_STDERR)).map_or_else(|_| std::process::Stdio::null(), Into::into)
+}
+
+/// The first line CRIU wrote to its standard error in `dir` (CRIU puts the
+/// cause first, its usage text after), if any.
+fn said_on_stderr(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(CRIU_STDERR)).ok()?;
+    text.lines().map(str::trim).find(|l| !l.is_empty()).map(|l| l.chars().take(300).collect())
+}
+
 /// Where [`WorkDir::save_log`] kept a failed run's CRIU log: shown as
-/// `CRIU log: PATH`, `CRIU log not kept: WHY`, or `CRIU wrote no log`.
+/// `CRIU log: PATH`, `CRIU log not kept: WHY`, `CRIU wrote no log` or, when
+/// it stopped before it wrote one, what it said.
 pub enum SavedLog {
     Kept(PathBuf),
     /// It could not be kept; `read_from` holds it until the work directory
@@ -109,6 +129,8 @@ pub enum SavedLog {
         read_from: PathBuf,
         why: String,
     },
+    /// No log; CRIU's first line on standard error.
+    Said(String),
     None,
 }
 
@@ -117,7 +139,7 @@ impl SavedLog {
     pub fn path(&self) -> Option<&Path> {
         match self {
             SavedLog::Kept(p) | SavedLog::NotKept { read_from: p, .. } => Some(p),
-            SavedLog::None => None,
+            SavedLog::Said(_) | SavedLog::None => None,
         }
     }
 }
@@ -127,6 +149,7 @@ impl std::fmt::Display for SavedLog {
         match self {
             SavedLog::Kept(p) => write!(f, "CRIU log: {}", p.display()),
             SavedLog::NotKept { why, .. } => write!(f, "CRIU log not kept: {why}"),
+            SavedLog::Said(line) => write!(f, "CRIU wrote no log; it said: {line}"),
             SavedLog::None => f.write_str("CRIU wrote no log"),
         }
     }
@@ -177,6 +200,12 @@ mod tests {
         assert!(kept.starts_with(&own) && kept.exists());
         assert_eq!(std::fs::metadata(&own).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(matches!(work.save_log_in("restore.log", &own), SavedLog::None));
+        // No log, but CRIU said why on its standard error: its first line.
+        drop(criu_stderr(work.path()));
+        assert!(matches!(work.save_log_in("restore.log", &own), SavedLog::None), "an empty one says nothing");
+        std::fs::write(work.path().join(CRIU_STDERR), "\ncriu: unrecognized option '--x'\n\nUsage:\n").unwrap();
+        let said = work.save_log_in("restore.log", &own);
+        assert_eq!(said.to_string(), "CRIU wrote no log; it said: criu: unrecognized option '--x'");
     }
 
     #[test]
