@@ -1736,6 +1736,53 @@ fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
     reaped(&mut w);
 }
 
+/// Under an address-space limit (`ulimit -v`, as a batch scheduler sets
+/// for a job), glibc's per-thread arenas took the space before the
+/// pipeline had any, and a dump aborted on a failed allocation (exit 134,
+/// a backtrace) at 200 MiB to 1 GiB. It now works there, sized by what is
+/// left, and a limit too small for it ends in one line, exit 1.
+#[test]
+fn a_dump_under_an_address_space_limit_works_or_fails_in_one_line() {
+    use std::os::unix::process::CommandExt;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 256, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    let pid = w.pid.to_string();
+    for mib in [60u64, 200, 400, 1024] {
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--force", "--leave-running"]);
+        let limit = mib << 20;
+        // SAFETY: setrlimit only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_AS, &r) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
+        let out = run(&mut cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if mib == 60 {
+            assert_eq!(out.status.code(), Some(1), "{mib} MiB: {err}");
+            assert!(
+                err.contains("ulimit -v") && err.lines().filter(|l| !l.contains("using CRIU")).count() == 1,
+                "{err}"
+            );
+        } else {
+            assert!(out.status.success(), "{mib} MiB: {err}");
+            ok(criuz(&["verify", arc.to_str().unwrap()]), "verify");
+        }
+        assert_eq!(w.sums(), before, "{mib} MiB");
+    }
+    w.stop();
+}
+
 /// A dump in a memory cgroup with little room left (a pod whose process
 /// fills most of its limit) sizes itself to that room, as `criu dump -D`
 /// needs none: sized by the machine's memory, the dump took the group over

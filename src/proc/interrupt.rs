@@ -156,7 +156,16 @@ pub fn end_on_panic() {
             .unwrap_or_default();
         // std's words for a thread the system would not start.
         let what = if text.starts_with("failed to spawn thread") {
-            "the system refused to start a thread (a pids limit on criuz's cgroup?)".to_string()
+            // Each thread's stack is address space; without a limit on
+            // that, a pids limit is the likelier cause.
+            match super::memory::address_space_left() {
+                Some(left) => format!(
+                    "the system refused to start a thread (criuz's address space is limited, ulimit -v, with {} \
+                     MiB left; or a pids limit on its cgroup)",
+                    left >> 20
+                ),
+                None => "the system refused to start a thread (a pids limit on criuz's cgroup?)".to_string(),
+            }
         } else {
             let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
             format!("internal error{at}: {text}")

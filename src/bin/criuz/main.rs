@@ -23,13 +23,23 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
+    // Under an address-space limit (`ulimit -v`), each of glibc's
+    // per-thread arenas reserves 64 MiB of it: a dump's dozen threads took
+    // 400 MiB before its pipeline had any, and an allocation then failed
+    // (an abort). A quarter of the space goes to arenas, at least one.
+    if let Some(left) = criuz::proc::memory::address_space_left() {
+        let arenas = (left / (256 << 20)).clamp(1, 64) as i32;
+        // SAFETY: as above: before any other thread exists.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    }
     // A Ctrl-C removes what criuz had not finished before it dies.
     criuz::proc::interrupt::install();
     // A panic (a thread the system would not start, or a bug) ends criuz
     // the same way, in one line, exit status 1.
     criuz::proc::interrupt::end_on_panic();
     let cli = args::Cli::parse();
-    let done = commands::run(cli);
+    let done =
+        criuz::proc::memory::check_address_space().map_err(anyhow::Error::from).and_then(|()| commands::run(cli));
     criuz::proc::interrupt::wait_for_interruption();
     match done {
         Ok(code) => code,
