@@ -726,6 +726,29 @@ fn an_output_that_fills_up_is_named_in_the_error() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("/dev/full: No space left on device") && err.lines().count() == 1, "{args:?}: {err}");
     }
+    // Past a file-size limit (`ulimit -f`): SIGXFSZ killed criuz mid-write
+    // (exit 153) and left its temporary file; now an error naming the file.
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let big = out_dir.join("big.czr");
+    let mut cmd = std::process::Command::new(CRIUZ);
+    cmd.args(["pack", img.to_str().unwrap(), "-o", big.to_str().unwrap()]);
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let r = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &r) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("big.czr: File too large") && err.contains("ulimit -f"), "{err}");
+    assert_eq!(std::fs::read_dir(&out_dir).unwrap().count(), 0, "nothing left behind");
 }
 
 #[test]

@@ -47,6 +47,12 @@ static FORWARD_TO: Mutex<Option<i32>> = Mutex::new(None);
 /// Best effort: where the thread or the handlers cannot be had, a signal
 /// kills criuz as before, and the next run sweeps what it left.
 pub fn install() {
+    // A write past the file-size limit (`ulimit -f`) then fails with EFBIG,
+    // reported naming the file, and what was unfinished is removed; by
+    // default SIGXFSZ killed criuz mid-write with a shell's "File size
+    // limit exceeded" and its temporary file left behind.
+    // SAFETY: sets a signal's disposition to ignored; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     // One ignored when criuz started stays ignored (`nohup`, a shell's
     // background job without job control), as it would without this.
     let taken: Vec<i32> = INTERRUPTING.into_iter().filter(|&sig| !ignored(sig)).collect();

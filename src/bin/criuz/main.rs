@@ -71,6 +71,7 @@ fn remedy(e: &anyhow::Error) -> &'static str {
     match os {
         Some(libc::EMFILE) => " (criuz and CRIU need more open files than `ulimit -n` allows: raise it)",
         Some(libc::ENFILE) => " (the system's open files limit, fs.file-max, is reached)",
+        Some(libc::EFBIG) => " (larger than the file-size limit, `ulimit -f`, or its file system allows)",
         _ => "",
     }
 }
