@@ -53,6 +53,12 @@ pub fn install() {
     // limit exceeded" and its temporary file left behind.
     // SAFETY: sets a signal's disposition to ignored; no handler runs.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // SIGCHLD ignored by whoever started criuz (and so inherited) makes
+    // the kernel reap criuz's children itself: no wait could tell how CRIU
+    // ended, and a dump failed "No child processes" with its tree left
+    // stopped. criuz waits for its children, so the default it needs.
+    // SAFETY: sets a signal's disposition to the default; no handler runs.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     // One ignored when criuz started stays ignored (`nohup`, a shell's
     // background job without job control), as it would without this.
     let taken: Vec<i32> = INTERRUPTING.into_iter().filter(|&sig| !ignored(sig)).collect();

@@ -359,7 +359,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             (written, std::fs::read(work.path().join("stats-dump")).ok())
         }
         (None, status) => {
-            let status = status.expect("joined above").map_err(|e| cannot_run(criu.path.display(), e))?;
+            let status = status.expect("joined above").map_err(|e| {
+                // How CRIU ended is not known (it ran: its wait failed); a
+                // tree it left stopped must not stay so.
+                resume();
+                cannot_run(criu.path.display(), e)
+            })?;
             if !status.success() {
                 // A CRIU that failed on its own lets the tree go running; one
                 // that was killed (the OOM killer, an operator) leaves it
