@@ -3,7 +3,7 @@
 //! corruption and every truncation of a small archive, and bad input.
 
 mod common;
-use common::{criuz, CRIUZ};
+use common::{criuz, with_rlimit, CRIUZ};
 use criuz::archive::{read_sequential, BlockSource, EntryStart, Options, Packer, SeqSink};
 use criuz::codec::{Codec, CodecConfig, Decoder, Encoder};
 use criuz::format::PAGE_SIZE;
@@ -645,7 +645,6 @@ fn a_pack_in_a_tight_memory_cgroup_fits_it() {
 /// the runtime holds open).
 #[test]
 fn an_open_files_limit_too_low_says_to_raise_it() {
-    use std::os::unix::process::CommandExt;
     let tmp = tempfile::tempdir().unwrap();
     let img = tmp.path().join("img");
     images_dir(&img);
@@ -655,18 +654,7 @@ fn an_open_files_limit_too_low_says_to_raise_it() {
     for limit in 4..16 {
         let mut cmd = std::process::Command::new(CRIUZ);
         cmd.args(["verify", arc.to_str().unwrap()]);
-        // SAFETY: between fork and exec only setrlimit(2), async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            })
-        };
-        let out = cmd.output().unwrap();
+        let out = with_rlimit(&mut cmd, libc::RLIMIT_NOFILE, limit, limit).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && err.starts_with("criuz: ") {
             failed += 1;
@@ -733,18 +721,7 @@ fn an_output_that_fills_up_is_named_in_the_error() {
     let big = out_dir.join("big.czr");
     let mut cmd = std::process::Command::new(CRIUZ);
     cmd.args(["pack", img.to_str().unwrap(), "-o", big.to_str().unwrap()]);
-    // SAFETY: setrlimit only, between fork and exec.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let r = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &r) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        })
-    };
-    let out = cmd.output().unwrap();
+    let out = with_rlimit(&mut cmd, libc::RLIMIT_FSIZE, 4096, libc::RLIM_INFINITY).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("big.czr: File too large") && err.contains("ulimit -f"), "{err}");

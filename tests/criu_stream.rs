@@ -1762,7 +1762,6 @@ fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
 /// left, and a limit too small for it ends in one line, exit 1.
 #[test]
 fn a_dump_under_an_address_space_limit_works_or_fails_in_one_line() {
-    use std::os::unix::process::CommandExt;
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let mut w = Workload::start(Spec { mib: 256, pattern: "random", ..Default::default() });
@@ -1773,19 +1772,7 @@ fn a_dump_under_an_address_space_limit_works_or_fails_in_one_line() {
     for mib in [60u64, 200, 400, 1024] {
         let mut cmd = Command::new(CRIUZ);
         cmd.args(["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--force", "--leave-running"]);
-        let limit = mib << 20;
-        // SAFETY: setrlimit only, between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
-                if libc::setrlimit(libc::RLIMIT_AS, &r) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            })
-        };
-        let out = run(&mut cmd);
+        let out = run(with_rlimit(&mut cmd, libc::RLIMIT_AS, mib << 20, mib << 20));
         let err = String::from_utf8_lossy(&out.stderr);
         if mib == 60 {
             assert_eq!(out.status.code(), Some(1), "{mib} MiB: {err}");

@@ -291,6 +291,22 @@ pub fn log_tail(p: &Path) -> String {
     s.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
+/// Sets `resource` (an `RLIMIT_*`) of the process `cmd` starts to `soft`
+/// (`hard`), between fork and exec, as `ulimit` would.
+pub fn with_rlimit(cmd: &mut Command, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> &mut Command {
+    // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+            if libc::setrlimit(resource, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 pub fn criuz(args: &[&str]) -> std::process::Output {
     run(Command::new(CRIUZ).args(args))
 }
