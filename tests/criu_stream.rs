@@ -958,6 +958,32 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
     w.stop();
 }
 
+/// A pid file that names an archive (a variable mixed up: `--pidfile
+/// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
+/// ran, and `criuz runc restore --pid-file` deleted it before runc began:
+/// the only copy of the checkpoint, lost. Both are refused first.
+#[test]
+fn a_pid_file_never_replaces_an_archive() {
+    let Some(_criu) = criu() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("inventory.img"), b"x").unwrap();
+    let arc = tmp.path().join("a.czr");
+    ok(criuz(&["pack", src.to_str().unwrap(), "-o", arc.to_str().unwrap()]), "pack");
+    let a = arc.to_str().unwrap();
+    for args in [
+        vec!["restore", "-d", a, "--pidfile", a],
+        vec!["runc", "restore", "--input", a, "--pid-file", a, "--bundle", src.to_str().unwrap(), "c"],
+    ] {
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("is a criuz archive, which the pid would replace"), "{args:?}: {err}");
+        ok(criuz(&["verify", a]), "the archive is intact");
+    }
+}
+
 /// An archive is binary: `-o -` on a terminal is refused before CRIU runs
 /// (the dump would end its process with the archive scrolled past on the
 /// screen), and `-i -` on a terminal is refused, not waited on.

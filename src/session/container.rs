@@ -451,6 +451,11 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     if let Some(b) = &o.bundle {
         crate::io::named_dir(b).map_err(|e| e.context("--bundle"))?;
     }
+    // Removed before runc runs (runc writes it anew): an archive there, the
+    // one being restored, was deleted.
+    if let Some(p) = o.pid_file.as_deref().filter(|p| crate::session::restore::is_archive_file(p)) {
+        return Err(crate::session::restore::pidfile_is_archive("--pid-file", p));
+    }
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;

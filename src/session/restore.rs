@@ -75,6 +75,22 @@ impl Restored {
 
 /// Restores the tree of `o.input` as `how` says; `archive.threads` decode
 /// a streamed restore's blocks, or fill a placed one.
+/// Whether `path` is a regular file (not through a link: a pidfile's rename
+/// replaces the link) that starts as a criuz archive does: never one to
+/// replace with a pid.
+pub(crate) fn is_archive_file(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; crate::format::MAGIC.len()];
+    std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file())
+        && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
+        && head == crate::format::MAGIC
+}
+
+/// The refusal of a pid file `option` that names an archive.
+pub(crate) fn pidfile_is_archive(option: &str, path: &std::path::Path) -> crate::Error {
+    crate::Error::Usage(format!("{option} {}: is a criuz archive, which the pid would replace", path.display()))
+}
+
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
     let started = Instant::now();
     options::check_extra(&o.extra, options::Action::Restore)?;
@@ -84,6 +100,11 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
     if let Some(p) = &o.pidfile {
         if p.is_dir() {
             return Err(crate::Error::Usage(format!("--pidfile {}: is a directory", p.display())));
+        }
+        // The pid replaces what is there: an archive there (this restore's
+        // own, a parent, another checkpoint) would be lost for a pid.
+        if is_archive_file(p) {
+            return Err(pidfile_is_archive("--pidfile", p));
         }
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if !dir.is_dir() {
