@@ -961,7 +961,8 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:
-/// the only copy of the checkpoint, lost. Both are refused first.
+/// the only copy of the checkpoint, lost. Both are refused first, as is
+/// any file that holds more than a pid (an age identity, say).
 #[test]
 fn a_pid_file_never_replaces_an_archive() {
     let Some(_criu) = criu() else { return };
@@ -979,9 +980,14 @@ fn a_pid_file_never_replaces_an_archive() {
         let out = criuz(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains("is a criuz archive, which the pid would replace"), "{args:?}: {err}");
+        assert!(err.contains("holds a criuz archive, which the pid would replace"), "{args:?}: {err}");
         ok(criuz(&["verify", a]), "the archive is intact");
     }
+    let key = tmp.path().join("key.txt");
+    std::fs::write(&key, "AGE-SECRET-KEY-1X\n").unwrap();
+    let out = criuz(&["restore", "-d", a, "--pidfile", key.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), "AGE-SECRET-KEY-1X\n");
 }
 
 /// An archive is binary: `-o -` on a terminal is refused before CRIU runs

@@ -453,8 +453,10 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     // Removed before runc runs (runc writes it anew): an archive there, the
     // one being restored, was deleted.
-    if let Some(p) = o.pid_file.as_deref().filter(|p| crate::session::restore::is_archive_file(p)) {
-        return Err(crate::session::restore::pidfile_is_archive("--pid-file", p));
+    if let Some(p) = &o.pid_file {
+        if let Some(what) = crate::session::restore::not_a_pid_file(p) {
+            return Err(crate::session::restore::refused_pid_file("--pid-file", p, what));
+        }
     }
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;

@@ -75,20 +75,29 @@ impl Restored {
 
 /// Restores the tree of `o.input` as `how` says; `archive.threads` decode
 /// a streamed restore's blocks, or fill a placed one.
-/// Whether `path` is a regular file (not through a link: a pidfile's rename
-/// replaces the link) that starts as a criuz archive does: never one to
-/// replace with a pid.
-pub(crate) fn is_archive_file(path: &std::path::Path) -> bool {
+/// What is in the file `path` names, if it is more than a pid: a pid file
+/// is replaced by its rename (so a link there is not followed), and what
+/// was there is lost. An archive there (the restore's own, a parent), an
+/// age identity, any file of data: never worth a pid.
+pub(crate) fn not_a_pid_file(path: &std::path::Path) -> Option<&'static str> {
     use std::io::Read;
-    let mut head = [0u8; crate::format::MAGIC.len()];
-    std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file())
-        && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
-        && head == crate::format::MAGIC
+    if !std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file()) {
+        return None;
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(path).and_then(|f| f.take(64).read_to_end(&mut head)).ok()?;
+    if head.starts_with(&crate::format::MAGIC) {
+        Some("a criuz archive")
+    } else if head.iter().all(|b| b.is_ascii_digit() || b.is_ascii_whitespace()) {
+        None
+    } else {
+        Some("something other than a pid")
+    }
 }
 
-/// The refusal of a pid file `option` that names an archive.
-pub(crate) fn pidfile_is_archive(option: &str, path: &std::path::Path) -> crate::Error {
-    crate::Error::Usage(format!("{option} {}: is a criuz archive, which the pid would replace", path.display()))
+/// The refusal of a pid file `option` that names a file holding `what`.
+pub(crate) fn refused_pid_file(option: &str, path: &std::path::Path, what: &str) -> crate::Error {
+    crate::Error::Usage(format!("{option} {}: holds {what}, which the pid would replace", path.display()))
 }
 
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
@@ -103,8 +112,8 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
         }
         // The pid replaces what is there: an archive there (this restore's
         // own, a parent, another checkpoint) would be lost for a pid.
-        if is_archive_file(p) {
-            return Err(pidfile_is_archive("--pidfile", p));
+        if let Some(what) = not_a_pid_file(p) {
+            return Err(refused_pid_file("--pidfile", p, what));
         }
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if !dir.is_dir() {
