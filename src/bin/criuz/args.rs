@@ -241,7 +241,7 @@ pub enum Cmd {
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
-        /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive); a FILE that cannot be written fails the restore and kills the tree
+        /// Write the restored pid to FILE once the tree runs (with --lazy: while its pages still arrive); a FILE that cannot be written fails the restore and kills the tree; one that holds more than a pid (an archive, a key) is refused before anything runs
         #[arg(long, value_name = "FILE")]
         pidfile: Option<PathBuf>,
         /// Restore CUDA state dumped from GPU OLD onto GPU NEW (UUIDs as
