@@ -454,11 +454,15 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     // A placed or lazy restore needs no socket path CRIU must connect by
     // (it connects by the name, from the work directory): the long $TMPDIR
     // does for them.
-    // (The archive named without -i, as inspect takes it.)
-    for fill in ["--fill=place", "--lazy"] {
+    // (The archive named without -i, as inspect takes it.) A relative
+    // $TMPDIR too: CRIU works from its work directory, so every restore
+    // failed "Can't write pidfile" there.
+    std::fs::create_dir(tmp.path().join("rel")).unwrap();
+    for (fill, tmpdir) in [("--fill=place", &long_tmp), ("--lazy", &long_tmp), ("--fill=stream", &"rel".into())] {
         let out = Command::new(CRIUZ)
             .args(["restore", "-d", arc.to_str().unwrap(), fill])
-            .env("TMPDIR", &long_tmp)
+            .env("TMPDIR", tmpdir)
+            .current_dir(tmp.path())
             .output()
             .unwrap();
         assert!(out.status.success(), "{fill}: {}", String::from_utf8_lossy(&out.stderr));

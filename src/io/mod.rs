@@ -82,9 +82,21 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// object and makes CRIU's work directories: one set to no directory is a
 /// usage error that says so, not a bare "No such file or directory".
 pub fn temp_dir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir();
+    let dir = temp_root();
     named_dir(&dir).map_err(|e| e.context("$TMPDIR"))?;
     Ok(dir)
+}
+
+/// `$TMPDIR` (or `/tmp`) as an absolute path, whether or not it is there.
+/// CRIU works from its work directory made there, so a relative `$TMPDIR`
+/// named every path given to CRIU from the wrong place (every restore
+/// failed "Can't write pidfile").
+pub fn temp_root() -> PathBuf {
+    let dir = std::env::temp_dir();
+    match std::env::current_dir() {
+        Ok(cwd) if dir.is_relative() => cwd.join(dir),
+        _ => dir,
+    }
 }
 
 /// Bytes shared between a reader and the pipe they are handed to: kept

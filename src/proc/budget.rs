@@ -67,7 +67,7 @@ pub(crate) fn runtime_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) => PathBuf::from(d).join("criuz"),
         // SAFETY: as above.
-        None => std::env::temp_dir().join(format!("criuz-{}", unsafe { libc::geteuid() })),
+        None => crate::io::temp_root().join(format!("criuz-{}", unsafe { libc::geteuid() })),
     }
 }
 

@@ -25,7 +25,7 @@ pub fn log_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     let name = if euid == 0 { "criuz-logs".to_string() } else { format!("criuz-logs-{euid}") };
-    std::env::temp_dir().join(name)
+    crate::io::temp_root().join(name)
 }
 
 /// A private work directory (0700), held while it lives and removed on
