@@ -706,11 +706,43 @@ fn collect_tree(tree: &[i32], pids: &mut [i32; MAX_TREE]) -> usize {
     }
     let mut i = 0;
     while i < n {
+        // A thread id (a restored tree's pids hold every thread's, as CRIU
+        // must have them free) stands for its process: its `task` directory
+        // is its whole group's, so walking each thread walked the group once
+        // per thread (a 300-thread process: 90,000 opens, 0.8 s before a
+        // lazy restore's tree ran). The group is walked once, from its
+        // leader.
         // SAFETY: only system calls on stack buffers we own.
-        n = unsafe { add_children(pids[i], pids, n) };
+        match unsafe { leader_of(pids[i]) } {
+            Some(leader) if leader != pids[i] => {
+                if n < MAX_TREE && !pids[..n].contains(&leader) {
+                    pids[n] = leader;
+                    n += 1;
+                }
+            }
+            // SAFETY: as above.
+            _ => n = unsafe { add_children(pids[i], pids, n) },
+        }
         i += 1;
     }
     n
+}
+
+/// The thread group (process) `tid` belongs to, from /proc/TID/status
+/// (`None` if it is gone).
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn leader_of(tid: i32) -> Option<i32> {
+    let mut buf = [0u8; 512];
+    // SAFETY: read_proc only opens, reads and closes on our stack buffer.
+    let text = unsafe { read_proc(tid, b"/status", &mut buf) };
+    const KEY: &[u8] = b"\nTgid:\t";
+    let at = text.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let digits = text[at..].iter().take_while(|b| b.is_ascii_digit());
+    let (value, count) =
+        digits.fold((0i32, 0), |(v, c), &d| (v.wrapping_mul(10).wrapping_add(i32::from(d - b'0')), c + 1));
+    (count > 0).then_some(value)
 }
 
 /// A piece of a /proc path: text, or a number written in decimal.
