@@ -17,9 +17,10 @@ use workload::{Running, Tools};
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all but shared]: zero,mixed,random,text,elf,bf16,gpu-image
-    /// (memory patterns), redis,jvm,python (applications); shared (text in shared anonymous
-    /// memory, which CRIU restores itself)
+    /// Workloads, comma separated [default: all but shared and threaded]:
+    /// zero,mixed,random,text,elf,bf16,gpu-image (memory patterns), forked (a parent and three
+    /// forked children), redis,jvm,python (applications); shared (text in shared anonymous
+    /// memory, which CRIU restores itself), threaded (mixed in one process of 256 threads)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat
@@ -403,7 +404,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let need = match w.as_str() {
             "redis" => Some("redis-server"),
             "jvm" => Some("java"),
-            p if (workload::PATTERNS.contains(&p) || p == "shared") && !workload_bin.is_file() => {
+            p if (workload::PATTERNS.contains(&p) || workload::ON_REQUEST.contains(&p)) && !workload_bin.is_file() => {
                 unavailable.push((w.clone(), format!("{} not found", workload_bin.display())));
                 None
             }

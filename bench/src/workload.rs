@@ -31,8 +31,13 @@ pub const TREES: &[&str] = &["forked"];
 const FORKED_CHILDREN: usize = 3;
 
 /// Run only when named: `shared` (the `text` pattern in shared anonymous
-/// memory, which CRIU restores itself, from the images criuz writes first).
-pub const ON_REQUEST: &[&str] = &["shared"];
+/// memory, which CRIU restores itself, from the images criuz writes first),
+/// and `threaded` (the `mixed` pattern in one process of
+/// [`THREADED_THREADS`] threads, as a server's thread pools make one: an
+/// inference server's OpenMP, CUDA and tokenizer threads; each thread's
+/// stack is a mapping of its own).
+pub const ON_REQUEST: &[&str] = &["shared", "threaded"];
+const THREADED_THREADS: usize = 256;
 
 /// The workloads a run does by default.
 pub fn all() -> Vec<&'static str> {
@@ -183,12 +188,18 @@ impl Running {
         let ready = dir.join("ready");
         let mut run = Running { pid: 0, dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
         match name {
-            p if PATTERNS.contains(&p) || TREES.contains(&p) || p == "shared" => {
+            p if PATTERNS.contains(&p) || TREES.contains(&p) || ON_REQUEST.contains(&p) => {
                 let mut cmd = Command::new(&tools.workload_bin);
                 cmd.arg("--dir").arg(dir);
                 let children = match p {
                     "shared" => {
                         cmd.args(["--mib", &mib.to_string(), "--pattern", "text", "--shared", "1"]);
+                        0
+                    }
+                    "threaded" => {
+                        let threads = THREADED_THREADS.to_string();
+                        cmd.args(["--mib", &mib.to_string(), "--pattern", "mixed", "--mode", "threads"]);
+                        cmd.args(["--threads", &threads]);
                         0
                     }
                     "forked" => {

@@ -177,14 +177,27 @@ pub trait BlockSource: Send + Sync {
 
     /// A whole file, decoded and checked (for small files such as metadata).
     fn read_file(&self, entry: &FileEntry) -> Result<Vec<u8>> {
-        let (mut dec, mut all, mut out) = (Decoder::new(), Vec::new(), Vec::new());
-        let mut i = 0;
-        while let Some(b) = self.block(entry.file_id, i)? {
-            b.decode(&mut dec, &mut out)?;
-            all.extend_from_slice(&out);
-            i += 1;
+        thread_local! {
+            /// One decoder per thread: a restore reads a metadata file per
+            /// thread of the tree (`core-TID.img`), and a fresh zstd context
+            /// each time was 4% of a 256-thread restore's own time.
+            static DECODER: std::cell::RefCell<Decoder> = std::cell::RefCell::new(Decoder::new());
         }
-        Ok(all)
+        let read = |dec: &mut Decoder| {
+            let (mut all, mut out) = (Vec::new(), Vec::new());
+            let mut i = 0;
+            while let Some(b) = self.block(entry.file_id, i)? {
+                b.decode(dec, &mut out)?;
+                all.extend_from_slice(&out);
+                i += 1;
+            }
+            Ok(all)
+        };
+        // A read within a read (through a parent) gets a decoder of its own.
+        DECODER.with(|d| match d.try_borrow_mut() {
+            Ok(mut dec) => read(&mut dec),
+            Err(_) => read(&mut Decoder::new()),
+        })
     }
 }
 
