@@ -54,6 +54,10 @@ pub fn scan(root: &Path) -> Result<Vec<Entry>> {
 /// directory it packs replaces that file: packing the old one would put a
 /// stale copy of the archive inside itself (tar skips its own archive too).
 pub fn without_output(root: &Path, entries: Vec<Entry>, output: &Path) -> (Vec<Entry>, Option<String>) {
+    // `-` is standard output, not a file of that name.
+    if output == Path::new("-") {
+        return (entries, None);
+    }
     let Ok(own) = std::fs::symlink_metadata(output) else { return (entries, None) };
     let is_output = |e: &Entry| {
         e.kind != FileKind::Dir
