@@ -760,6 +760,9 @@ fn inputs_that_are_not_there_are_usage_errors_naming_them() {
         // A file where unpack's directory is to be, or above it.
         (vec!["unpack", a, "-d", a], a),
         (vec!["unpack", a, "-d", &below_file], a),
+        // A CRIU named that is not there, or is a directory (was exit 1).
+        (vec!["restore", "-d", a, "--criu", m], m),
+        (vec!["restore", "-d", a, "--criu", d], d),
     ];
     for (args, named) in cases {
         let out = criuz(&args);

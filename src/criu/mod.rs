@@ -133,7 +133,16 @@ fn unblock_kerndat_cache(dir: &Path) {
 }
 
 fn find(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
-    let explicit_err = |r: Rejected| Error::Criu(format!("CRIU from {} ({}): {}", r.source, r.path.display(), r.why));
+    // A named CRIU that is not there, or not a file, is a wrong name (exit
+    // 2), as any other input is; one that runs and is no CRIU >= 4 fails.
+    let explicit_err = |r: Rejected| {
+        let text = format!("CRIU from {} ({}): {}", r.source, r.path.display(), r.why);
+        if r.path.is_file() {
+            Error::Criu(text)
+        } else {
+            Error::Usage(text)
+        }
+    };
     if let Some(p) = explicit {
         return judge(p, "--criu").map(|c| (c, vec![])).map_err(explicit_err);
     }
