@@ -190,7 +190,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 10] = [
+const HINTS: [(&[&str], &str); 11] = [
     (
         &["Some file locks are hold by dumping tasks"],
         "the tree holds file locks: dump and restore with -- --file-locks",
@@ -215,6 +215,11 @@ const HINTS: [(&[&str], &str); 10] = [
     ),
     (&["Found dangling tty"], "a process attached to a terminal: dump and restore with --shell-job"),
     (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
+    (
+        &["has bad size", "expect"],
+        "a file the tree had open or mapped is not as it was at the dump (changed or replaced since: an upgraded \
+         binary or library?); put it back as it was to restore",
+    ),
     (
         &["Unable to reserve mem"],
         "CRIU could not reserve the restored process's memory: the restore runs under an address-space limit \
@@ -274,6 +279,7 @@ mod tests {
             ("Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x of 2101248 size, increase limit", "-- --ghost-limit"),
             ("Error (criu/sk-unix.c:874): External socket is used. Consider using --ext-unix-sk option.", "-- --ext-unix-sk"),
             ("Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 29543 (Operation not permitted)", "detach the tracer"),
+            (" 20432: Error (criu/files-reg.c:2175): File tmp/app has bad size 82343424 (expect 82499456)", "changed or replaced since"),
             (" 20432: Error (criu/mem.c:1363): Unable to reserve memory (541536256 bytes): Cannot allocate memory", "ulimit -v"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
