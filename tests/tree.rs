@@ -135,6 +135,24 @@ fn an_archive_written_into_the_tree_it_packs_is_not_packed_into_itself() {
     assert_eq!(before, listing(&out), "the tree as it was before any archive was in it");
 }
 
+/// Past the files an unpack syncs one by one, the rest are synced by one
+/// syncfs before the publish: a tree of many files comes back whole.
+#[test]
+fn a_tree_of_many_files_comes_back_whole() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, out, arc) = (t.path().join("src"), t.path().join("out"), t.path().join("a.czr"));
+    for d in 0..3 {
+        let dir = src.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..200 {
+            std::fs::write(dir.join(format!("f{i}")), format!("{d}/{i}").repeat(i)).unwrap();
+        }
+    }
+    ok(criuz(&["pack", p(&src), "-o", p(&arc)]), "pack");
+    ok(criuz(&["unpack", p(&arc), "-d", p(&out)]), "unpack");
+    assert_eq!(listing(&src), listing(&out));
+}
+
 #[test]
 fn tar_streams_in_and_out() {
     let t = tempfile::tempdir().unwrap();

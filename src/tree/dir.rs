@@ -38,6 +38,15 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Files an unpack makes durable one by one (an fsync each, as each ends);
+/// past them, one `syncfs` of the staging directory's file system covers the
+/// rest before the publish. An fsync per file is a journal commit each:
+/// 50,000 small files took 11.5-12.8 s on this VM's ext4 (0.7 s on tmpfs,
+/// 1.6 s for tar without any sync), 2.4-2.8 s with the syncfs, in either
+/// order, side by side (by hand, `/usr/bin/time`). A CRIU images directory has fewer files, and keeps the
+/// fsyncs, which wait for nothing but its own data.
+const SYNCED_ONE_BY_ONE: usize = 256;
+
 enum Open {
     File(BufWriter<File>),
     Link(Vec<u8>),
@@ -69,6 +78,9 @@ pub struct DirSink {
     /// Directories this sink made: a nested entry goes only into one.
     dirs: std::collections::HashSet<String>,
     bytes: u64,
+    /// Files synced one by one as they ended; past [`SYNCED_ONE_BY_ONE`],
+    /// the rest are synced by one syncfs before the publish.
+    synced: usize,
     pub progress: Progress,
     /// The outermost directory of the target's path that this sink made
     /// (`None`: the target was there): removed, with what it made below
@@ -149,6 +161,7 @@ impl DirSink {
             entries: Vec::new(),
             dirs: Default::default(),
             bytes: 0,
+            synced: 0,
             progress,
             made,
             published: false,
@@ -165,6 +178,18 @@ impl DirSink {
         // Files and links first, then directories deepest first: setting a
         // directory's mtime must come after everything created in it.
         let mut dirs = Vec::new();
+        // Every file's data durable before anything is published: those
+        // past the ones synced as they ended, by one syncfs.
+        if self.synced > SYNCED_ONE_BY_ONE {
+            let synced = File::open(&self.staging).and_then(|d| {
+                // SAFETY: syncfs on a descriptor we own.
+                match unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+            synced.at(&self.staging)?;
+        }
         for e in &self.entries {
             let path = self.staging.join(&e.name);
             match (e.kind, e.meta) {
@@ -441,7 +466,10 @@ impl SeqSink for DirSink {
         match p.open.take() {
             Some(Open::File(w)) => {
                 let f = w.into_inner().map_err(|e| Error::file(&path, e.into_error()))?;
-                f.sync_all().at(&path)?;
+                if self.synced < SYNCED_ONE_BY_ONE {
+                    f.sync_all().at(&path)?;
+                }
+                self.synced += 1;
             }
             Some(Open::Link(target)) => {
                 if target.is_empty() || target.contains(&0) {
