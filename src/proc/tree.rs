@@ -26,8 +26,8 @@ pub(crate) fn exists(pid: i32) -> bool {
 /// The process (thread group) that thread `pid` belongs to: `pid` itself
 /// for a process; None if it is gone.
 pub(crate) fn thread_group(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+    // SAFETY: leader_of only opens, reads and closes on stack memory.
+    (pid > 0).then(|| unsafe { leader_of(pid) }).flatten()
 }
 
 /// The process that holds a pid now.
@@ -506,14 +506,24 @@ unsafe fn state(pid: i32) -> Option<u8> {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn traced(pid: i32) -> bool {
-    let mut buf = [0u8; 4096];
+    // SAFETY: status_number only opens, reads and closes on stack memory.
+    unsafe { status_number(pid, b"\nTracerPid:\t") }.is_some_and(|tracer| tracer != 0)
+}
+
+/// The number after `key` in /proc/PID/status (`None` if it is gone or
+/// does not say). `PID` may be a thread's id: its own line then.
+///
+/// # Safety
+/// Async-signal-safe; no preconditions.
+unsafe fn status_number(pid: i32, key: &[u8]) -> Option<i32> {
+    let mut buf = [0u8; 1024];
     // SAFETY: read_proc only opens, reads and closes on our stack buffer.
     let text = unsafe { read_proc(pid, b"/status", &mut buf) };
-    const KEY: &[u8] = b"TracerPid:\t";
-    match text.windows(KEY.len()).position(|w| w == KEY) {
-        Some(at) => text.get(at + KEY.len()).is_some_and(|&c| c != b'0'),
-        None => false,
-    }
+    let at = text.windows(key.len()).position(|w| w == key)? + key.len();
+    let digits = text[at..].iter().take_while(|b| b.is_ascii_digit());
+    let (value, count) =
+        digits.fold((0i32, 0), |(v, c), &d| (v.wrapping_mul(10).wrapping_add(i32::from(d - b'0')), c + 1));
+    (count > 0).then_some(value)
 }
 
 /// Whether CRIU left the processes of `tree` (and descendants) not in
@@ -667,11 +677,9 @@ pub(crate) fn resume_dumped(root: i32, stopped_before: &[i32]) {
 pub(crate) fn traced_thread(tree: &[i32]) -> Option<(i32, i32)> {
     for pid in tree_pids(tree) {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
-        for task in tasks.flatten() {
-            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
-            let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok());
-            if let Some(tracer) = tracer.filter(|&t: &i32| t != 0) {
-                let tid = task.file_name().to_str().and_then(|t| t.parse().ok()).unwrap_or(pid);
+        for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok()) {
+            // SAFETY: status_number only opens, reads and closes on stack memory.
+            if let Some(tracer) = unsafe { status_number(tid, b"\nTracerPid:\t") }.filter(|&t| t != 0) {
                 return Some((tid, tracer));
             }
         }
@@ -734,15 +742,8 @@ fn collect_tree(tree: &[i32], pids: &mut [i32; MAX_TREE]) -> usize {
 /// # Safety
 /// Async-signal-safe; no preconditions.
 unsafe fn leader_of(tid: i32) -> Option<i32> {
-    let mut buf = [0u8; 512];
-    // SAFETY: read_proc only opens, reads and closes on our stack buffer.
-    let text = unsafe { read_proc(tid, b"/status", &mut buf) };
-    const KEY: &[u8] = b"\nTgid:\t";
-    let at = text.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    let digits = text[at..].iter().take_while(|b| b.is_ascii_digit());
-    let (value, count) =
-        digits.fold((0i32, 0), |(v, c), &d| (v.wrapping_mul(10).wrapping_add(i32::from(d - b'0')), c + 1));
-    (count > 0).then_some(value)
+    // SAFETY: status_number only opens, reads and closes on stack memory.
+    unsafe { status_number(tid, b"\nTgid:\t") }
 }
 
 /// A piece of a /proc path: text, or a number written in decimal.
