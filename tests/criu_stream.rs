@@ -962,6 +962,55 @@ fn criu_options_that_criuz_sets_are_refused_after_the_double_dash() {
     w.stop();
 }
 
+/// Run by a user other than root, CRIU stops before its log with "CRIU
+/// needs to have the CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE
+/// capability", written to its standard output, which criuz threw away:
+/// the dump said "CRIU wrote no log" and nothing more. And where CRIU is
+/// not found (setup builds it into root's cache), the user is told that it
+/// must run as root.
+#[test]
+fn a_user_without_criu_s_rights_is_told_what_it_needs() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let theirs = tmp.path().join("criu");
+    std::fs::copy(&criu, &theirs).unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let as_nobody = |args: &[&str]| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", CRIUZ]).args(args);
+        cmd.env("HOME", tmp.path()).env("PATH", "/usr/bin:/bin").env_remove("CRIUZ_CRIU");
+        let out = run(&mut cmd);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (a, c) = (arc.to_str().unwrap(), theirs.to_str().unwrap());
+    for verb in [vec!["dump", "-t", "1", "-o", a], vec!["restore", "-d", "-i", a]] {
+        if verb[0] == "restore" {
+            // An archive of their own to restore (refused by CRIU's rights
+            // before any pid matters).
+            let mut w = Workload::start(Spec::default());
+            let mine = tmp.path().join("mine.czr");
+            let out = criuz(&["dump", "-t", &w.pid.to_string(), "-o", mine.to_str().unwrap(), "--leave-running"]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o644)).unwrap();
+            std::fs::rename(&mine, &arc).unwrap();
+            w.stop();
+        }
+        let (code, err) = as_nobody(&[&verb[..], &["--criu", c]].concat());
+        assert_eq!(code, Some(1), "{verb:?}: {err}");
+        assert!(
+            err.contains(
+                "it said: CRIU needs to have the CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE capability: setcap"
+            ),
+            "{verb:?}: {err}"
+        );
+        let (code, err) = as_nobody(&verb);
+        assert_eq!(code, Some(1), "{verb:?}: {err}");
+        assert!(err.contains("no usable CRIU") && err.contains("as root"), "{verb:?}: {err}");
+    }
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

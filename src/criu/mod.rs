@@ -170,6 +170,12 @@ fn find(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
     for r in &rejected {
         msg.push_str(&format!("; skipped {} from {}: {}", r.path.display(), r.source, r.why));
     }
+    // setup.sh builds CRIU into root's cache, which another user neither
+    // finds nor could run as it must.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        msg.push_str("; criuz runs CRIU, which dumps and restores as root (or, with `-- --unprivileged`, holding CAP_CHECKPOINT_RESTORE)");
+    }
     Err(Error::Criu(msg))
 }
 

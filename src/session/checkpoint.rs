@@ -36,7 +36,7 @@ use crate::session::criu_run::{
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
-use crate::session::workdir::{criu_stderr, WorkDir};
+use crate::session::workdir::{criu_output, WorkDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -234,6 +234,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
     let stop = AtomicBool::new(false);
 
+    let (stdout, stderr) = criu_output(work.path());
     let mut cmd = Command::new(&criu.path);
     cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
         .arg(work.path())
@@ -241,8 +242,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         .arg("-W")
         .arg(work.path())
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(criu_stderr(work.path()));
+        .stdout(stdout)
+        .stderr(stderr);
     // CRIU may finish before the archive does (it writes into the absorb
     // budget): a tree that is to end is left stopped, and ended only once
     // the archive is complete, so a failure after CRIU (a full disk, a

@@ -13,7 +13,7 @@ use crate::io::unfinished::Unfinished;
 use crate::io::Location;
 use crate::proc::tree;
 use crate::progress::Meter;
-use crate::session::workdir::{criu_stderr, SavedLog};
+use crate::session::workdir::{criu_output, SavedLog};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -237,7 +237,8 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
     let tree_takes_streams =
         !o.detach && (o.shell_job || given.is_set("shell-job") || given.value("inherit-fd").is_some());
     if !tree_takes_streams {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(criu_stderr(dir));
+        let (stdout, stderr) = criu_output(dir);
+        cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     }
     if o.shell_job {
         cmd.arg("--shell-job");

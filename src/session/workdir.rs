@@ -100,22 +100,41 @@ impl WorkDir {
 }
 
 /// The file in a CRIU run's work directory that takes CRIU's standard
-/// error ([`criu_stderr`]).
-const CRIU_STDERR: &str = "criu-stderr";
+/// output and error ([`criu_output`]).
+const CRIU_OUTPUT: &str = "criu-output";
 
-/// CRIU's standard error for a run whose work directory is `dir`: a file
-/// there, not criuz's own stream. CRIU writes its log only once it has read
-/// its options; what stops it before that (an option it does not know, a
-/// value it cannot read) it says on standard error, and nowhere else.
-pub(crate) fn criu_stderr(dir: &Path) -> std::process::Stdio {
-    std::fs::File::create(dir.join(CRIU_STDERR)).map_or_else(|_| std::process::Stdio::null(), Into::into)
+/// CRIU's standard output and error for a run whose work directory is
+/// `dir`: one file there, not criuz's own streams. CRIU writes its log only
+/// once it has read its options and checked its rights; what stops it
+/// before that (an option it does not know, a capability it lacks) it says
+/// on standard error or, for the capability, standard output, and nowhere
+/// else.
+pub(crate) fn criu_output(dir: &Path) -> (std::process::Stdio, std::process::Stdio) {
+    use std::process::Stdio;
+    match std::fs::File::create(dir.join(CRIU_OUTPUT)) {
+        // One open file for both: they share its offset, so neither
+        // overwrites what the other wrote.
+        Ok(file) => match file.try_clone() {
+            Ok(second) => (file.into(), second.into()),
+            Err(_) => (Stdio::null(), file.into()),
+        },
+        Err(_) => (Stdio::null(), Stdio::null()),
+    }
 }
 
-/// The first line CRIU wrote to its standard error in `dir` (CRIU puts the
-/// cause first, its usage text after), if any.
+/// The first line CRIU wrote to its standard streams in `dir` (CRIU puts
+/// the cause first, its usage text after), if any; with the line after it
+/// when it ends in a colon ("needs the capability:" then the command that
+/// grants it).
 fn said_on_stderr(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(CRIU_STDERR)).ok()?;
-    text.lines().map(str::trim).find(|l| !l.is_empty()).map(|l| l.chars().take(300).collect())
+    let text = std::fs::read_to_string(dir.join(CRIU_OUTPUT)).ok()?;
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next()?;
+    let said = match lines.next() {
+        Some(next) if first.ends_with(':') => format!("{first} {next}"),
+        _ => first.to_string(),
+    };
+    Some(said.chars().take(300).collect())
 }
 
 /// Where [`WorkDir::save_log`] kept a failed run's CRIU log: shown as
@@ -201,11 +220,20 @@ mod tests {
         assert_eq!(std::fs::metadata(&own).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(matches!(work.save_log_in("restore.log", &own), SavedLog::None));
         // No log, but CRIU said why on its standard error: its first line.
-        drop(criu_stderr(work.path()));
+        drop(criu_output(work.path()));
         assert!(matches!(work.save_log_in("restore.log", &own), SavedLog::None), "an empty one says nothing");
-        std::fs::write(work.path().join(CRIU_STDERR), "\ncriu: unrecognized option '--x'\n\nUsage:\n").unwrap();
+        std::fs::write(work.path().join(CRIU_OUTPUT), "\ncriu: unrecognized option '--x'\n\nUsage:\n").unwrap();
         let said = work.save_log_in("restore.log", &own);
         assert_eq!(said.to_string(), "CRIU wrote no log; it said: criu: unrecognized option '--x'");
+        // A line that ends in a colon is said with the one after it.
+        let needs = "CRIU needs to have the CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE capability: \n\
+                     setcap cap_checkpoint_restore+eip /x/criu\n";
+        std::fs::write(work.path().join(CRIU_OUTPUT), needs).unwrap();
+        assert_eq!(
+            work.save_log_in("lazy.log", &own).to_string(),
+            "CRIU wrote no log; it said: CRIU needs to have the CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE \
+             capability: setcap cap_checkpoint_restore+eip /x/criu"
+        );
     }
 
     #[test]
