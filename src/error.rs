@@ -180,6 +180,17 @@ impl Error {
         Error::Context { context: context.into(), inner: Box::new(self) }
     }
 
+    /// Wraps the error with the archive it came from (`label`), unless it
+    /// names a file of its own: a sink's output that exists already or
+    /// could not be written is not the archive's fault, and "ARCHIVE: DIR/x:
+    /// already exists" read as if the archive were.
+    pub fn from_archive(self, label: impl Into<String>) -> Self {
+        match self.root() {
+            Error::File { .. } | Error::Exists(_) => self,
+            _ => self.context(label),
+        }
+    }
+
     /// The innermost error behind any contexts.
     pub fn root(&self) -> &Error {
         match self {

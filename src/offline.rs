@@ -152,15 +152,15 @@ impl Reading {
     /// Decodes every file into `sink`.
     pub fn decode(self, opts: &Options, sink: &mut dyn SeqSink) -> Result<()> {
         match self {
-            Reading::Stream(label, r) => read_sequential(r, opts, sink).map(drop).map_err(|e| e.context(label)),
+            Reading::Stream(label, r) => read_sequential(r, opts, sink).map(drop).map_err(|e| e.from_archive(label)),
             Reading::ParentInVain(label, r) => {
                 let mut nothing = CountSink { files: 0, bytes: 0, progress: Progress::hidden() };
-                read_sequential(r, opts, &mut nothing).map_err(|e| e.context(label.clone()))?;
+                read_sequential(r, opts, &mut nothing).map_err(|e| e.from_archive(label.clone()))?;
                 Err(Error::Usage(format!("{label}: has no parents, but --parent was given")))
             }
             Reading::Source(a) => {
                 let label = a.label().to_string();
-                read_source(a, opts, sink).map(drop).map_err(|e| e.context(label))
+                read_source(a, opts, sink).map(drop).map_err(|e| e.from_archive(label))
             }
         }
     }

@@ -299,8 +299,15 @@ pub enum Cmd {
     Unpack {
         /// Archive to read ("-" for stdin)
         archive: PathBuf,
-        /// Directory to unpack into (created if missing)
-        #[arg(short = 'd', long = "dir", required_unless_present = "tar", conflicts_with = "tar")]
+        /// Directory to unpack into (created if missing; the alias is
+        /// CRIU's own name for an images directory)
+        #[arg(
+            short = 'd',
+            long = "dir",
+            visible_short_alias = 'D',
+            required_unless_present = "tar",
+            conflicts_with = "tar"
+        )]
         dir: Option<PathBuf>,
         /// Write a tar stream instead ("-" for stdout), e.g. for podman
         /// container restore --import
