@@ -1011,6 +1011,83 @@ fn a_user_without_criu_s_rights_is_told_what_it_needs() {
     }
 }
 
+/// A process started in a pid namespace of its own (`unshare -pf`, a
+/// sandbox) was dumped and ended, and its restore then failed: "pid 1 of
+/// the checkpointed tree is in use by process_api", the archive's pids
+/// (numbered in that namespace) taken for pids here, where criuz also
+/// ends and resumes a restored tree by them. criuz takes no pid namespaces
+/// (containers go through runc): the dump is refused before anything
+/// ends, and such an archive's restore says how to restore it, which is
+/// then done as it says.
+#[test]
+fn a_pid_namespace_of_its_own_is_refused_before_anything_ends() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    become_subreaper();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("wl");
+    std::fs::create_dir(&dir).unwrap();
+    let mut unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--", WORKLOAD, "--dir", dir.to_str().unwrap(), "--mib", "8"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("workload ready", Duration::from_secs(60), || dir.join("ready").exists());
+    assert_eq!(std::fs::read_to_string(dir.join("ready")).unwrap().trim(), "1", "pid 1 in its namespace");
+    let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+    let pid: i32 = std::fs::read_to_string(children).unwrap().trim().parse().unwrap();
+    let sum = || {
+        let _ = std::fs::remove_file(dir.join("sum-root"));
+        // SAFETY: signalling our own workload.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+        wait_for("checksum", Duration::from_secs(30), || dir.join("sum-root").exists());
+        let line = std::fs::read_to_string(dir.join("sum-root")).unwrap();
+        line.split_whitespace().next().unwrap().to_string()
+    };
+    let before = sum();
+    let arc = tmp.path().join("ns.czr");
+    let (a, p) = (arc.to_str().unwrap(), pid.to_string());
+    let out = criuz(&["dump", "-t", &p, "-o", a]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("process {pid} is the init of its own pid namespace")), "{err}");
+    assert!(!arc.exists());
+    assert_ne!(process_state(pid), Some('T'));
+    assert_eq!(sum(), before, "the process runs on, untouched");
+
+    // An archive of it all the same (CRIU's images, packed): refused by
+    // name, and restored as the refusal says.
+    let images = tmp.path().join("images");
+    criu_dump(&criu, pid, &images, &[]);
+    unshare.wait().unwrap();
+    assert!(criuz(&["pack", images.to_str().unwrap(), "-o", a]).status.success());
+    let out = criuz(&["restore", "-d", a]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("its tree was the init of its own pid namespace") && err.contains("criuz unpack"), "{err}");
+    let unpacked = tmp.path().join("unpacked");
+    assert!(criuz(&["unpack", a, "-d", unpacked.to_str().unwrap()]).status.success());
+    let pidfile = tmp.path().join("restored.pid");
+    let out = run(Command::new(&criu)
+        .args(["restore", "-d", "-D"])
+        .arg(&unpacked)
+        .args(["-o", "restore.log", "--pidfile"])
+        .arg(&pidfile));
+    assert!(out.status.success(), "{}", log_tail(&unpacked.join("restore.log")));
+    let restored: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let _ = std::fs::remove_file(dir.join("sum-root"));
+    // SAFETY: the process this test restored.
+    assert_eq!(unsafe { libc::kill(restored, libc::SIGUSR1) }, 0);
+    wait_for("checksum", Duration::from_secs(30), || dir.join("sum-root").exists());
+    let after = std::fs::read_to_string(dir.join("sum-root")).unwrap();
+    assert_eq!(after.split_whitespace().next().unwrap(), before, "the restored memory differs");
+    // SAFETY: as above; the namespace ends with its init.
+    unsafe { libc::kill(restored, libc::SIGKILL) };
+    reap_zombies();
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

@@ -33,6 +33,7 @@ use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread, publish_pidfile,
     restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions, PIDFILE_FAILED,
+    PID_NAMESPACE_REFUSED,
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
@@ -196,6 +197,10 @@ fn check_dumpable(pid: i32) -> Result<()> {
         _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
+        _ if tree::pid_namespace_init(pid) => Err(Error::Criu(format!(
+            "process {pid} is the init of its own pid namespace (pid 1 in it): {PID_NAMESPACE_REFUSED}; \
+             checkpoint it with criu dump -D DIR and criuz pack DIR, restore it with criuz unpack and criu restore -D"
+        ))),
         _ if tree::too_large(&[pid]) => Err(Error::Criu(format!(
             "the tree of process {pid} has more than {} processes, more than criuz can end or resume after a dump",
             tree::MAX_TREE - 1

@@ -114,6 +114,17 @@ pub(crate) fn ids_by_default(root: i32, holds_cuda: bool) -> bool {
     dedups_within(pids.len(), shared, anon)
 }
 
+/// Why criuz neither dumps nor restores a tree that is a pid namespace of
+/// its own (its root is pid 1 in it). CRIU restores such a tree in a new
+/// namespace, where the archive's pids are numbered; criuz keeps, ends and
+/// resumes a restored tree by its pids here, which it would learn only
+/// once CRIU had forked it: a criuz that died before would leave the tree
+/// half restored for good, and the archive's pids, taken as pids here,
+/// would name other processes.
+pub(crate) const PID_NAMESPACE_REFUSED: &str =
+    "criuz restores a tree by its pids in this namespace, so it takes no pid namespaces (containers go through runc \
+     or podman)";
+
 /// CRIU restores every process and thread under its old id; one still in use
 /// (often the dumped process itself, not yet reaped by its parent) would make
 /// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids;
@@ -129,6 +140,13 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
         return Err(Error::Mismatch(format!("{}: pstree.img holds no CRIU process tree", source.label())));
     };
     let pids: Vec<i32> = pids.into_iter().map(|p| p as i32).collect();
+    if pids.first() == Some(&1) {
+        return Err(Error::Criu(format!(
+            "cannot restore {}: its tree was the init of its own pid namespace (pid 1): {PID_NAMESPACE_REFUSED}; \
+             restore it with criuz unpack ARCHIVE -d DIR, then criu restore -D DIR",
+            source.label()
+        )));
+    }
     // A tree dumped just before is killed but may still be on its way out.
     tree::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {
