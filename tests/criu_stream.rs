@@ -275,6 +275,47 @@ fn private_file_and_shared_mappings_keep_every_zero_page() {
     roundtrip(Spec { extra_maps: true, mode: "tree", children: 2, ..Default::default() }, &["--codec", "zstd"], &[]);
 }
 
+/// Placing a restore's memory writes CRIU's images, and the memory CRIU
+/// restores itself, to `$TMPDIR` first; the stream writes none of it. With
+/// no room there, a default restore failed "No space left on device" where
+/// the stream would have worked: it streams now, saying why, and a placed
+/// restore asked for says where `$TMPDIR` points.
+#[test]
+fn a_tmpdir_without_room_streams_a_default_restore() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    // 512 KiB of shared and private file mappings that CRIU restores itself.
+    let mut w = Workload::start(Spec { extra_maps: true, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let tiny = tmp.path().join("tiny");
+    std::fs::create_dir(&tiny).unwrap();
+    run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"]).arg(&tiny));
+    let restore_in_tiny = |extra: &[&str]| {
+        let mut args = vec!["restore", "-d", arc.to_str().unwrap(), "--json"];
+        args.extend_from_slice(extra);
+        run(Command::new(CRIUZ).args(&args).env("TMPDIR", &tiny))
+    };
+    let out = restore_in_tiny(&["--fill", "place"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let left = std::fs::read_dir(&tiny).unwrap().count();
+    let streamed = restore_in_tiny(&[]);
+    let _ = Command::new("umount").arg(&tiny).status();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("criuz works in $TMPDIR, {}", tiny.display())), "{err}");
+    assert_eq!(left, 0, "the failed restore's work directory is gone");
+    let said = String::from_utf8_lossy(&streamed.stderr);
+    assert!(streamed.status.success(), "{said}");
+    let report: serde_json::Value = serde_json::from_slice(&streamed.stdout).unwrap();
+    assert_eq!(report["fill"], "stream", "{report}");
+    assert!(report["not_placed"].as_str().is_some_and(|w| w.contains("$TMPDIR has no room")), "{report}");
+    assert_eq!(w.sums(), before, "the restored memory differs");
+    w.stop();
+}
+
 /// A 4 MiB tmpfs mounted at `dir`/small: an archive of a few MiB does not
 /// fit (a dump that fails after CRIU). The caller unmounts it.
 fn small_fs(dir: &Path) -> std::path::PathBuf {

@@ -99,6 +99,24 @@ pub fn temp_root() -> PathBuf {
     }
 }
 
+/// Bytes free for an unprivileged file in `dir` (`None` if unknown): work
+/// that cannot fit fails, or goes another way, before it starts, not when
+/// the disk fills.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and `st` is written by statvfs before
+    // it is read, only when it returns 0.
+    let st = unsafe {
+        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Bytes shared between a reader and the pipe they are handed to: kept
 /// alive (and unchanged) until the other side has read them.
 pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;

@@ -186,6 +186,9 @@ pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
     pub eager_bytes: u64,
     pub placed_bytes: u64,
+    /// What the work directory takes: `eager_bytes` and every image that
+    /// holds no pages.
+    pub written_bytes: u64,
 }
 
 /// The archive's `Placement`; `None` where criuz cannot place the memory: a
@@ -202,6 +205,7 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             pagemaps.insert(f.name.clone(), lazy);
         }
     }
+    let images: u64 = source.index().files.iter().filter(|f| f.kind == FileKind::Plain).map(|f| f.raw_size).sum();
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
     let mut eager_bytes = 0;
     let mut placed_bytes = 0;
@@ -217,7 +221,8 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             None => eager_bytes += f.raw_size,
         }
     }
-    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes }))
+    let written_bytes = eager_bytes.saturating_add(images);
+    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, written_bytes }))
 }
 
 /// Whether the archive's tree has several processes and some of their

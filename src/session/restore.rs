@@ -24,7 +24,8 @@
 //! private file mappings: placing writes those to `$TMPDIR` first), or
 //! more than criuz would place: a copy into `$TMPDIR` that CRIU then reads
 //! costs more than the stream's one pipe (200 MiB of shared memory on 2
-//! cores: placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md).
+//! cores: placed 0.28-0.32 s, streamed 0.22-0.25 s, docs/BENCHMARKS.md),
+//! or where `$TMPDIR` has no room for what placing writes there.
 
 use crate::archive::{BlockSource, Options};
 use crate::criu::{options, uffd, Criu};
@@ -154,7 +155,11 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
             let plan = lazy::plan_placement(&*source)?;
             let holds_cuda = source.find(crate::cuda::RECORD_FILE).is_some();
             let sizes = plan.as_ref().map(|p| (p.eager_bytes, p.placed_bytes));
-            let not_placed = why_not_placed(sizes, holds_cuda, || lazy::shares_pages(&*source));
+            let not_placed = why_not_placed(sizes, holds_cuda, || lazy::shares_pages(&*source)).or_else(|| {
+                let written = plan.as_ref().map_or(0, |p| p.written_bytes);
+                let free = crate::io::free_bytes(&crate::io::temp_root());
+                free.is_some_and(|free| free < written.saturating_add(TMPDIR_SPARE)).then_some(NO_ROOM)
+            });
             match (plan, not_placed) {
                 (Some(plan), None) => placed(source, Some(plan)),
                 _ => checkpoint::restore_opened(o, source, started, archive, criu)
@@ -188,6 +193,13 @@ const SHARED_PAGES: &str = "its processes share pages, which CRIU's stream keeps
                             (--fill place is faster, and gives each process a copy of its own)";
 const MOSTLY_EAGER: &str = "CRIU would restore much of its memory itself (shared memory, private file mappings): \
                             streamed through CRIU";
+
+const NO_ROOM: &str = "$TMPDIR has no room for the images placing writes there first (CRIU's, and the memory \
+                       CRIU restores itself): streamed through CRIU";
+
+/// Room left in `$TMPDIR` beyond a placed restore's images before a default
+/// restore streams instead: CRIU's log and the pidfile go there too.
+const TMPDIR_SPARE: u64 = 4 << 20;
 
 /// The most an archive placed by default may leave CRIU to restore itself
 /// (shared memory, private file mappings), which is written to `$TMPDIR`

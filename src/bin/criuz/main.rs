@@ -66,13 +66,22 @@ fn one_line(text: &str) -> String {
 }
 
 /// What to do, where an error's cause is a limit of the user's to raise.
-fn remedy(e: &anyhow::Error) -> &'static str {
-    let os = e.chain().find_map(|c| c.downcast_ref::<criuz::Error>()).and_then(criuz::Error::raw_os_error);
-    match os {
-        Some(libc::EMFILE) => " (criuz and CRIU need more open files than `ulimit -n` allows: raise it)",
-        Some(libc::ENFILE) => " (the system's open files limit, fs.file-max, is reached)",
-        Some(libc::EFBIG) => " (larger than the file-size limit, `ulimit -f`, or its file system allows)",
-        _ => "",
+fn remedy(e: &anyhow::Error) -> String {
+    let err = e.chain().find_map(|c| c.downcast_ref::<criuz::Error>());
+    match err.and_then(criuz::Error::raw_os_error) {
+        Some(libc::EMFILE) => " (criuz and CRIU need more open files than `ulimit -n` allows: raise it)".into(),
+        Some(libc::ENFILE) => " (the system's open files limit, fs.file-max, is reached)".into(),
+        Some(libc::EFBIG) => " (larger than the file-size limit, `ulimit -f`, or its file system allows)".into(),
+        // A work directory's file: the user's outputs are named as such,
+        // and the fix for this one is where $TMPDIR points.
+        Some(libc::ENOSPC | libc::EDQUOT) => match err.map(criuz::Error::root) {
+            Some(criuz::Error::File { path, .. }) if path.starts_with(criuz::io::temp_root()) => format!(
+                " (criuz works in $TMPDIR, {}: point TMPDIR at a file system with room)",
+                criuz::io::temp_root().display()
+            ),
+            _ => String::new(),
+        },
+        _ => String::new(),
     }
 }
 

@@ -14,7 +14,6 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use tokio::task::JoinHandle;
@@ -79,7 +78,7 @@ impl Download {
         })?;
         let dir = crate::io::temp_dir()?;
         let (size, etag) = (meta.size, meta.e_tag);
-        if let Some(free) = free_bytes(&dir).filter(|&free| free < size) {
+        if let Some(free) = crate::io::free_bytes(&dir).filter(|&free| free < size) {
             let why = format!("no room for {url} ({size} bytes, {free} free); set TMPDIR to a larger file system");
             return Err(Error::file(&dir, io::Error::new(io::ErrorKind::StorageFull, why)));
         }
@@ -156,23 +155,6 @@ impl RecordStore for Download {
         self.wait_for(offset, end)?;
         FileExt::read_exact_at(&self.file, buf, offset)
     }
-}
-
-/// Bytes free for an unprivileged file in `dir` (`None` if unknown): a
-/// download that cannot fit fails before it starts, not when the disk fills.
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is NUL-terminated and `st` is written by statvfs before
-    // it is read, only when it returns 0.
-    let st = unsafe {
-        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
-            return None;
-        }
-        st.assume_init()
-    };
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The first `len` bytes of an object, by one ranged GET.
