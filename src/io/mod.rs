@@ -99,6 +99,26 @@ pub fn temp_root() -> PathBuf {
     }
 }
 
+/// The name of criuz's own file beside the user's `name` (its staging
+/// file, say): `.NAME.criuz-WHAT`, then at most `tail` more bytes (a pid).
+/// A name too long for that within a file name's 255 bytes keeps its head
+/// and gains a hash of the whole: a 250-byte name, which the file system
+/// takes, was refused as "File name too long" for its staging file's.
+pub fn name_beside(name: &std::ffi::OsStr, what: &str, tail: usize) -> String {
+    const NAME_MAX: usize = 255;
+    let name = name.to_string_lossy();
+    let fixed = ".".len() + ".criuz-".len() + what.len() + tail;
+    if name.len() + fixed <= NAME_MAX {
+        return format!(".{name}.criuz-{what}");
+    }
+    let hash = format!("~{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    let mut head = NAME_MAX - fixed - hash.len();
+    while !name.is_char_boundary(head) {
+        head -= 1;
+    }
+    format!(".{}{hash}.criuz-{what}", &name[..head])
+}
+
 /// Bytes free for an unprivileged file in `dir` (`None` if unknown): work
 /// that cannot fit fails, or goes another way, before it starts, not when
 /// the disk fills.
@@ -153,17 +173,18 @@ impl AtomicFile {
         // A mistyped directory is the user's to fix (exit 2), found before a
         // dump freezes anything. (`unpack -d` and `keygen` make theirs first.)
         named_dir(dir).map_err(|e| e.context(target.display().to_string()))?;
-        let name = name.to_string_lossy();
-        let prefix = format!(".{name}.criuz-tmp-");
+        // Room for a pid of up to 10 digits.
+        let prefix = name_beside(name, "tmp-", 10);
         leftover::remove_abandoned(dir, &prefix);
         // A writer killed before its staging file got its held name.
-        leftover::remove_abandoned(dir, &format!(".{name}.criuz-new-"));
+        let new_prefix = name_beside(name, "new-", 10);
+        leftover::remove_abandoned(dir, &new_prefix);
         let tmp = dir.join(format!("{prefix}{}", std::process::id()));
         if tmp.symlink_metadata().is_ok() {
             // Held: another writer of this target in this very process.
             return Err(Error::Exists(tmp));
         }
-        let staging = dir.join(format!(".{name}.criuz-new-{}", std::process::id()));
+        let staging = dir.join(format!("{new_prefix}{}", std::process::id()));
         // Registered as it is made: an interruption removes it.
         let (file, unfinished) = unfinished::Unfinished::made(|| {
             // Another writer of this target sweeps unheld staging files (above).
@@ -495,6 +516,26 @@ mod tests {
         assert!(!stale.exists(), "a dead writer's temporary file is removed");
         assert!(live.exists() && other.exists(), "a live writer's, and another target's, are not");
         drop(out);
+    }
+
+    /// Any name the file system takes can be written: the staging file's
+    /// name beside it keeps within 255 bytes, and names that share a long
+    /// head still get names of their own.
+    #[test]
+    fn a_name_up_to_the_longest_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        for (len, c) in [(200, "a"), (250, "b"), (255, "c"), (254, "\u{e9}")] {
+            let name = c.repeat(len / c.len());
+            let target = dir.path().join(&name);
+            let mut out = AtomicFile::create(&target, false).unwrap();
+            out.file.as_mut().unwrap().write_all(name.as_bytes()).unwrap();
+            out.commit().unwrap();
+            assert_eq!(std::fs::read(&target).unwrap(), name.as_bytes());
+        }
+        let near = |tail: &str| std::ffi::OsString::from(format!("{}{tail}", "d".repeat(250)));
+        let (x, y) = (name_beside(&near("x"), "tmp-", 10), name_beside(&near("y"), "tmp-", 10));
+        assert!(x != y && x.len() <= 255 - 10 && y.len() <= 255 - 10, "{x} {y}");
+        assert_eq!(name_beside(std::ffi::OsStr::new("a.czr"), "tmp-", 10), ".a.czr.criuz-tmp-");
     }
 
     /// `-o /dev/null --force` as root replaced the device node with the

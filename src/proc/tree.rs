@@ -159,8 +159,7 @@ pub(crate) fn note_restored_pidfile(pidfile: Option<&std::path::Path>) {
 /// for. Written beside it and renamed, as the restore's own publish does.
 pub(crate) fn write_running_pidfile(root: i32) -> Option<std::io::Result<std::path::PathBuf>> {
     let to = RESTORED_PIDFILE.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
-    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = to.with_file_name(format!(".{name}.criuz-interrupted"));
+    let tmp = to.with_file_name(crate::io::name_beside(to.file_name().unwrap_or_default(), "interrupted", 0));
     let written = std::fs::write(&tmp, format!("{root}\n")).and_then(|()| std::fs::rename(&tmp, &to));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -216,8 +216,7 @@ pub(crate) const PIDFILE_FAILED: &str = "cannot write --pidfile, restored tree k
 pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
     let Some(to) = to else { return Ok(()) };
     let pid = std::fs::read_to_string(ours).at(ours)?;
-    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = to.with_file_name(format!(".{name}.criuz-tmp"));
+    let tmp = to.with_file_name(crate::io::name_beside(to.file_name().unwrap_or_default(), "tmp", 0));
     // Errors name the user's path: the temporary name means nothing to them.
     let ((), unfinished) =
         Unfinished::made(|| std::fs::write(&tmp, format!("{}\n", pid.trim())).map(|()| ((), tmp.clone()))).at(to)?;
