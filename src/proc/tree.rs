@@ -686,11 +686,14 @@ pub(crate) fn traced_thread(tree: &[i32]) -> Option<(i32, i32)> {
     None
 }
 
-/// Whether `pid` is the init of a pid namespace below criuz's own (its
-/// `NSpid` in /proc/PID/status ends in 1 after its pid here). CRIU dumps
-/// such a tree with its namespace and restores it in a new one, its pids
-/// numbered inside it: pids that mean nothing here.
+/// Whether `pid` is the init of a pid namespace: criuz's own (pid 1), or
+/// one below it (its `NSpid` in /proc/PID/status ends in 1 after its pid
+/// here). CRIU dumps such a tree with its namespace and restores it in a
+/// new one, its pids numbered inside it: pids that mean nothing here.
 pub(crate) fn pid_namespace_init(pid: i32) -> bool {
+    if pid == 1 {
+        return true;
+    }
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
     status.lines().find_map(|l| l.strip_prefix("NSpid:")).is_some_and(|ids| {
         let ids: Vec<&str> = ids.split_whitespace().collect();
