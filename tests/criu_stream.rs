@@ -1132,6 +1132,37 @@ fn a_pid_namespace_of_its_own_is_refused_before_anything_ends() {
     reap_zombies();
 }
 
+/// CRIU works from its work directory, so a relative path given to it
+/// after `--` named a file there: `-- --action-script ./hook.sh` failed the
+/// dump "Pre dump script failed". Such paths are made absolute from where
+/// criuz runs, as the user meant them.
+#[test]
+fn a_relative_action_script_runs_on_dump_and_restore() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let said = tmp.path().join("actions");
+    let hook = tmp.path().join("hook.sh");
+    std::fs::write(&hook, format!("#!/bin/sh\necho \"$CRTOOLS_SCRIPT_ACTION\" >> {}\n", said.display())).unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let in_tmp = |args: &[&str]| {
+        let out = run(Command::new(CRIUZ).args(args).current_dir(tmp.path()));
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let pid = w.pid.to_string();
+    in_tmp(&["dump", "-t", &pid, "-o", "a.czr", "--", "--action-script", "./hook.sh"]);
+    w.reap_original();
+    in_tmp(&["restore", "-d", "a.czr", "--", "--action=hook.sh"]);
+    assert_eq!(w.sums(), before, "the restored memory differs");
+    let actions = std::fs::read_to_string(&said).unwrap();
+    for action in ["pre-dump", "post-dump", "pre-restore", "post-restore"] {
+        assert!(actions.lines().any(|l| l == action), "{action} not run: {actions}");
+    }
+    w.stop();
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

@@ -156,6 +156,9 @@ struct Given {
     negated: bool,
     value: Option<String>,
     written: String,
+    /// Where the value is: its word's index in the command line, and the
+    /// byte it starts at in that word.
+    value_at: Option<(usize, usize)>,
 }
 
 /// The long option `word` (without `--` and `=value`) names: an exact
@@ -193,46 +196,88 @@ fn parse(args: &[String]) -> Vec<Given> {
 fn parse_words(args: &[String]) -> (Vec<Given>, Vec<&String>) {
     let mut out = Vec::new();
     let mut plain = Vec::new();
-    let mut words = args.iter();
-    while let Some(word) = words.next() {
+    let mut i = 0;
+    // The word after `at`, as an option's value.
+    let next = |at: usize| args.get(at + 1).map(|w| (w.clone(), (at + 1, 0)));
+    while let Some(word) = args.get(i) {
+        let mut skip = 0;
         if word == "--" {
-            plain.extend(words);
+            plain.extend(&args[i + 1..]);
             break;
         }
         if let Some(long) = word.strip_prefix("--") {
             let (name, attached) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
+                Some((n, v)) => (n, Some((v.to_string(), (i, word.len() - v.len())))),
                 None => (long, None),
             };
-            let Some((name, takes, negated)) = long_option(name) else { continue };
-            let value = match (takes, attached) {
-                (Takes::Value, None) => words.next().cloned(),
-                (_, attached) => attached,
-            };
-            out.push(Given { name, negated, value, written: word.clone() });
+            if let Some((name, takes, negated)) = long_option(name) {
+                let value = match (takes, attached) {
+                    (Takes::Value, None) => next(i),
+                    (_, attached) => attached,
+                };
+                skip = usize::from(value.as_ref().is_some_and(|(_, (at, _))| *at > i));
+                let (value, value_at) = value.map_or((None, None), |(v, at)| (Some(v), Some(at)));
+                out.push(Given { name, negated, value, written: word.clone(), value_at });
+            }
         } else if let Some(cluster) = word.strip_prefix('-').filter(|c| !c.is_empty()) {
             for (at, c) in cluster.char_indices() {
                 let Some(&(_, name)) = SHORT.iter().find(|(s, _)| *s == c) else { break };
                 let takes = LONG.iter().find(|(n, ..)| *n == name).map_or(Takes::Nothing, |o| o.1);
-                let rest = &cluster[at + c.len_utf8()..];
+                let rest_at = at + c.len_utf8();
+                let rest = &cluster[rest_at..];
                 let written = format!("-{c}");
                 if takes == Takes::Nothing {
-                    out.push(Given { name, negated: false, value: None, written });
+                    out.push(Given { name, negated: false, value: None, written, value_at: None });
                     continue;
                 }
                 let value = match (takes, rest.is_empty()) {
-                    (Takes::Value, true) => words.next().cloned(),
+                    (Takes::Value, true) => next(i),
                     (Takes::MaybeValue, true) => None,
-                    _ => Some(rest.to_string()),
+                    _ => Some((rest.to_string(), (i, 1 + rest_at))),
                 };
-                out.push(Given { name, negated: false, value, written });
+                skip = usize::from(value.as_ref().is_some_and(|(_, (at, _))| *at > i));
+                let (value, value_at) = value.map_or((None, None), |(v, at)| (Some(v), Some(at)));
+                out.push(Given { name, negated: false, value, written, value_at });
                 break;
             }
         } else {
             plain.push(word);
         }
+        i += 1 + skip;
     }
     (out, plain)
+}
+
+/// CRIU options whose value is a path on this machine. CRIU reads them
+/// after it has moved into its work directory (criuz's, private), where a
+/// relative one names nothing: `-- --action-script ./hook.sh` failed the
+/// dump "Pre dump script failed".
+const PATH_VALUED: &[&str] = &[
+    "action-script",
+    "root",
+    "libdir",
+    "cgroup-props-file",
+    "tls-cacert",
+    "tls-cacrl",
+    "tls-cert",
+    "tls-key",
+    "irmap-scan-path",
+];
+
+/// `extra` (the user's CRIU options) with each relative path of
+/// [`PATH_VALUED`] made absolute from `cwd`, criuz's own directory, where
+/// the user meant it.
+pub fn anchored(extra: &[String], cwd: &Path) -> Vec<String> {
+    let mut out = extra.to_vec();
+    for g in parse(extra).into_iter().filter(|g| PATH_VALUED.contains(&g.name)) {
+        let (Some(value), Some((word, at))) = (g.value, g.value_at) else { continue };
+        if value.is_empty() || Path::new(&value).is_absolute() {
+            continue;
+        }
+        let absolute = cwd.join(&value).to_string_lossy().into_owned();
+        out[word] = format!("{}{absolute}", &extra[word][..at]);
+    }
+    out
 }
 
 /// The action of a CRIU command line (`dump`, `restore`, ...: its first
@@ -397,6 +442,22 @@ mod tests {
         );
         // Ambiguous abbreviations and unknown options are CRIU's to report.
         assert_eq!(names("--no-re --t --bogus"), vec![]);
+    }
+
+    #[test]
+    fn relative_paths_are_made_absolute_where_criu_would_read_them_elsewhere() {
+        let cwd = Path::new("/home/u");
+        let line = "--action-script ./a.sh --action=b.sh -r root -Lplugins -jr r2 -v4 --tls-key /abs/k \
+                    --external file[x]:y --inherit-fd fd[1]:rel -D dir dump";
+        let got = anchored(&words(line), cwd).join(" ");
+        assert_eq!(
+            got,
+            "--action-script /home/u/./a.sh --action=/home/u/b.sh -r /home/u/root -L/home/u/plugins -jr /home/u/r2 \
+             -v4 --tls-key /abs/k --external file[x]:y --inherit-fd fd[1]:rel -D dir dump"
+        );
+        // An option's value that looks like an option is its value still.
+        assert_eq!(anchored(&words("--action-script -D"), cwd), words("--action-script /home/u/-D"));
+        assert_eq!(anchored(&words("-- --root x"), cwd), words("-- --root x"));
     }
 
     #[test]

@@ -267,7 +267,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     if let Some(h) = &hook {
         cmd.arg("--action-script").arg(h.script());
     }
-    cmd.args(&o.extra);
+    cmd.args(options::anchored(&o.extra, &std::env::current_dir().unwrap_or_default()));
 
     let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
     // Resumes the tree should criuz die while CRIU leaves it stopped; not

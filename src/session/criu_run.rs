@@ -5,7 +5,7 @@
 //! before a restore.
 
 use crate::archive::{BlockSource, ParentSearch};
-use crate::criu::options::CriuOptions;
+use crate::criu::options::{self, CriuOptions};
 use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
@@ -260,7 +260,7 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
     if o.shell_job {
         cmd.arg("--shell-job");
     }
-    cmd.args(&o.extra);
+    cmd.args(options::anchored(&o.extra, &std::env::current_dir().unwrap_or_default()));
     // Unless the user injects a fault of their own.
     if let (Some(fault), None) = (criu.no_breakpoints_fault(), std::env::var_os("CRIU_FAULT")) {
         cmd.env("CRIU_FAULT", fault);
