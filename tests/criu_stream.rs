@@ -2026,6 +2026,48 @@ fn a_dump_under_an_address_space_limit_works_or_fails_in_one_line() {
     w.stop();
 }
 
+/// A restore in a memory cgroup whose limit the tree's memory exceeds (a
+/// pod sized for less than the checkpoint) had the restored process
+/// OOM-killed as its pages came in, and criuz with it: exit 137, not a
+/// word. It is refused before CRIU runs, naming the limit, whichever way
+/// the memory would come back.
+#[test]
+fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let group = LimitGroup::new("memory");
+    group.limit("memory.limit_in_bytes", "memory.max", 48 << 20);
+    let swap_limit = ["memory.memsw.limit_in_bytes", "memory.swap.max"].iter().find(|f| group.dir.join(f).exists());
+    match swap_limit {
+        // v1 bounds memory and swap together, v2 swap alone.
+        Some(f) => {
+            std::fs::write(group.dir.join(f), if f.contains("memsw") { 48 << 20 } else { 0 }.to_string()).unwrap()
+        }
+        None if std::fs::read_to_string("/proc/meminfo").unwrap().contains("SwapTotal:              0 kB") => {}
+        None => return eprintln!("SKIP: swap here, and no swap limit for the group"),
+    }
+    let mut w = Workload::start(Spec { mib: 96, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    for fill in [&[][..], &["--fill", "stream"], &["--lazy"]] {
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["restore", "-d", arc.to_str().unwrap()]).args(fill);
+        group.join_on_exec(&mut cmd);
+        let out = run(&mut cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{fill:?}: {err}");
+        assert!(err.contains("of memory, more than the limit of memory cgroup"), "{fill:?}: {err}");
+        assert_eq!(group.oom_kills(), 0, "{fill:?}: {err}");
+        assert!(!w.alive(), "{fill:?}: nothing restored");
+    }
+    ok(criuz(&["restore", "-d", arc.to_str().unwrap()]), "restore outside the group");
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
 /// A dump in a memory cgroup with little room left (a pod whose process
 /// fills most of its limit) sizes itself to that room, as `criu dump -D`
 /// needs none: sized by the machine's memory, the dump took the group over

@@ -80,6 +80,31 @@ pub fn total() -> u64 {
     groups().iter().filter_map(|g| g.limit()).fold(machine, u64::min)
 }
 
+/// The most memory processes started here could ever hold, swap included,
+/// and what sets it: the machine's memory and swap, or a memory cgroup
+/// above criuz whose limit (with the swap it may use) is lower. A process
+/// tree larger than that is OOM-killed as it comes back, whatever else
+/// runs; one below it may still be, where others use the room.
+pub fn ceiling() -> (u64, String) {
+    let swap = meminfo("SwapTotal:").unwrap_or(0);
+    let machine = meminfo("MemTotal:").unwrap_or(u64::MAX).saturating_add(swap);
+    let mut least = (machine, "this machine's memory and swap".to_string());
+    for g in groups() {
+        let Some(limit) = g.limit() else { continue };
+        // What the group may swap: v1 bounds memory and swap together
+        // where it accounts swap; v2 bounds swap alone.
+        let with_swap = if g.v2 {
+            limit.saturating_add(g.read("memory.swap.max").map_or(swap, |s| s.min(swap)))
+        } else {
+            g.read("memory.memsw.limit_in_bytes").unwrap_or_else(|| limit.saturating_add(swap))
+        };
+        if with_swap < least.0 {
+            least = (with_swap, format!("the limit of memory cgroup {}", g.dir.display()));
+        }
+    }
+    least
+}
+
 fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;

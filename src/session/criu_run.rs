@@ -9,9 +9,10 @@ use crate::criu::options::{self, CriuOptions};
 use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
+use crate::format::FileKind;
 use crate::io::unfinished::Unfinished;
 use crate::io::Location;
-use crate::proc::tree;
+use crate::proc::{memory, tree};
 use crate::progress::Meter;
 use crate::session::workdir::{criu_output, SavedLog};
 use std::os::unix::process::CommandExt;
@@ -166,6 +167,37 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
         }
     }
     Ok(pids)
+}
+
+/// Refuses the restore of a tree whose memory cannot fit where it would
+/// run ([`memory::ceiling`]: the machine's memory and swap, or a memory
+/// cgroup's limit): it was OOM-killed as its pages came in, and criuz with
+/// it, exit 137 and not a word. A tree whose processes share pages is let
+/// through (CRIU keeps them shared: it needs less than its processes hold
+/// apiece).
+pub(crate) fn check_memory_room(source: &dyn BlockSource) -> Result<()> {
+    if crate::session::lazy::shares_pages(source) {
+        return Ok(());
+    }
+    let top_pages = source.index().files.iter().filter(|f| f.kind == FileKind::Pages && !f.name.contains('/'));
+    let mut pages = 0u64;
+    for f in top_pages {
+        for (header, _) in (0..).map_while(|i| source.block_header(f.file_id, i)) {
+            pages += header.pages().saturating_sub(header.zero_pages()) as u64;
+        }
+    }
+    let needs = pages.saturating_mul(crate::format::PAGE_SIZE as u64);
+    let (ceiling, what) = memory::ceiling();
+    if needs > ceiling {
+        return Err(Error::Criu(format!(
+            "cannot restore {}: its tree holds {} MiB of memory, more than {what} allows ({} MiB): it would be \
+             OOM-killed as it came back",
+            source.label(),
+            needs >> 20,
+            ceiling >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// The CUDA resume a restore of `source` needs, checked before CRIU starts

@@ -49,8 +49,8 @@ use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda,
-    RestoreOptions, PIDFILE_FAILED,
+    cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command,
+    resume_cuda, RestoreOptions, PIDFILE_FAILED,
 };
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
@@ -903,6 +903,7 @@ fn restore_through_pager(
     threads: usize,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
+    check_memory_room(&*archive)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
