@@ -1163,6 +1163,50 @@ fn a_relative_action_script_runs_on_dump_and_restore() {
     w.stop();
 }
 
+/// Two restores of one checkpoint at once (a retry started while the first
+/// still ran): both find the pids free, one's CRIU takes them, and the
+/// other's fails "Can't fork ... File exists". That one's cleanup waited
+/// for the tree's pids to be free and, after a second, killed what held
+/// them: the tree the first restore had just reported restored. A failed
+/// restore now waits for and kills only what it restored itself.
+#[test]
+fn two_restores_of_one_checkpoint_at_once_leave_the_winner_running() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    for fill in ["stream", "place", "stream"] {
+        let start = || {
+            Command::new(CRIUZ)
+                .args(["restore", "-d", arc.to_str().unwrap(), "--fill", fill])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (start(), start());
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let said = format!("{}{}", String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
+        assert_eq!(u8::from(a.status.success()) + u8::from(b.status.success()), 1, "{fill}: one restore wins: {said}");
+        // The loser's cleanup, had it been let, killed after a second.
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(w.alive(), "{fill}: the restored tree was killed: {said}");
+        assert_eq!(w.sums(), before, "{fill}");
+        // SAFETY: the workload this test restored.
+        unsafe { libc::kill(w.pid, libc::SIGKILL) };
+        wait_for("the restored workload to end", Duration::from_secs(20), || {
+            reap_zombies();
+            !w.alive()
+        });
+    }
+    w.stop();
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

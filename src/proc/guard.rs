@@ -44,8 +44,8 @@
 use crate::criu::scm;
 use crate::error::{Error, Result};
 use crate::proc::tree::{
-    describe_end, end_aborted_tree, holder_of, kill_tree, left_stopped, signal_tree_except, tree_pids, wait_ended,
-    wait_untraced,
+    describe_end, end_aborted_tree, held_by_ours, holder_of, kill_tree, left_stopped, signal_tree_except, tree_pids,
+    wait_ended, wait_untraced,
 };
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -93,7 +93,9 @@ impl Victim {
     /// a missing page.
     pub fn kill(&self) {
         match self {
-            Victim::Tree(pids) => kill_tree(pids),
+            // Only what this criuz restored (`held_by_ours`): a pid of the
+            // tree may be another's by now.
+            Victim::Tree(pids) => kill_tree(&held_by_ours(pids)),
             Victim::Cgroup(c) => {
                 if let Some(path) = c.get() {
                     let _ = std::fs::write(path, b"1");

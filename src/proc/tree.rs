@@ -343,12 +343,12 @@ pub(crate) fn end_aborted_tree(pids: &[i32]) -> Vec<(i32, i32)> {
         if unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) } == *p {
             ended.push((*p, status));
         }
-        exists(*p)
+        exists(*p) && held_by_ours(std::slice::from_ref(p)).len() == 1
     };
     let t = Instant::now();
     while pids.iter().fold(false, |any, p| taken(p) | any) {
         if t.elapsed() > std::time::Duration::from_secs(1) {
-            kill_tree(pids);
+            kill_tree(&held_by_ours(pids));
         }
         if t.elapsed() > std::time::Duration::from_secs(5) {
             break;
@@ -621,6 +621,19 @@ pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
         }
     }
     false
+}
+
+/// The pids of `pids` that a process this criuz restored holds: one that
+/// descends from it (CRIU forks the tree below criuz, the subreaper of
+/// what CRIU leaves). A pid held by anything else went to another process
+/// meanwhile (the tree of another restore of the same checkpoint, which
+/// made this one's CRIU fail "Can't fork", or a pid reused): not criuz's
+/// to wait for, nor to kill. A failed restore killed the tree of the
+/// restore that had won, which reported success.
+pub(crate) fn held_by_ours(pids: &[i32]) -> Vec<i32> {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    pids.iter().copied().filter(|&p| p > 0 && descends_from(p as u32, me)).collect()
 }
 
 /// SIGKILLs every pid of a restored tree and every descendant they have
