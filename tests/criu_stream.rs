@@ -1207,6 +1207,39 @@ fn two_restores_of_one_checkpoint_at_once_leave_the_winner_running() {
     w.stop();
 }
 
+/// CRIU needs an open-files limit above the highest descriptor a restored
+/// process had, and inherits criuz's. Started, as shells and service
+/// managers start it, at a soft 1024 under a higher hard limit, a restore
+/// of a process that had used descriptor 3000 failed "Can't chose
+/// service_fd_base". criuz raises its soft limit to the hard one first;
+/// where the hard limit is too low as well, the failure says so.
+#[test]
+fn a_process_of_many_descriptors_restores_under_a_low_soft_limit() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { high_fd: Some(3000), ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let restore_under = |soft, hard| {
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["restore", "-d", arc.to_str().unwrap()]);
+        run(with_rlimit(&mut cmd, libc::RLIMIT_NOFILE, soft, hard))
+    };
+    let out = restore_under(1024, 1024);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("raise the hard limit"), "{err}");
+    let out = restore_under(1024, 4096);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "the restored memory differs");
+    let fd = std::fs::read_link(format!("/proc/{}/fd/3000", w.pid)).unwrap();
+    assert_eq!(fd, Path::new("/dev/null"), "its descriptor comes back");
+    w.stop();
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

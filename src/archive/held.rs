@@ -43,19 +43,9 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 fn most_held() -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     *MOST.get_or_init(|| {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit/setrlimit on a struct we own.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-                return 0;
-            }
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, ..lim };
-            if lim.rlim_cur < lim.rlim_max && libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
-        }
-        let spare = SPARE_FDS.min(lim.rlim_cur / 4);
-        usize::try_from(lim.rlim_cur.saturating_sub(spare) / 2).unwrap_or(usize::MAX)
+        let limit = crate::io::open_files_limit();
+        let spare = SPARE_FDS.min(limit / 4);
+        usize::try_from(limit.saturating_sub(spare) / 2).unwrap_or(usize::MAX)
     })
 }
 

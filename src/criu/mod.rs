@@ -196,7 +196,12 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 11] = [
+const HINTS: [(&[&str], &str); 12] = [
+    (
+        &["Can't chose service_fd_base"],
+        "the tree had more files open than CRIU may open under criuz's open-files limit (`ulimit -n`, whose hard \
+         limit criuz raises its own to): raise the hard limit and restore again",
+    ),
     (
         &["Some file locks are hold by dumping tasks"],
         "the tree holds file locks: dump and restore with -- --file-locks",

@@ -119,6 +119,31 @@ pub fn name_beside(name: &std::ffi::OsStr, what: &str, tail: usize) -> String {
     format!(".{}{hash}.criuz-{what}", &name[..head])
 }
 
+/// The open-files limit, its soft limit raised to the hard one first (once
+/// per process; later calls return what the first found). Shells and
+/// service managers start processes at a soft 1024 under a far higher hard
+/// limit: CRIU, which inherits criuz's, then failed to restore a process
+/// that had used more descriptors ("Can't chose service_fd_base"), and a
+/// dump held fewer pipes than it could. The restored tree gets its own
+/// limits back from its images.
+pub fn open_files_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit on a struct we own.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return 0;
+            }
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, ..lim };
+            if lim.rlim_cur < lim.rlim_max && libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        lim.rlim_cur
+    })
+}
+
 /// Bytes free for an unprivileged file in `dir` (`None` if unknown): work
 /// that cannot fit fails, or goes another way, before it starts, not when
 /// the disk fills.

@@ -71,6 +71,9 @@ pub struct Spec<'a> {
     /// A cgroup the workload starts in (its memory charged there from the
     /// first page).
     pub group: Option<&'a LimitGroup>,
+    /// A descriptor this high held open (/dev/null), the open-files limit
+    /// raised for it: a process that has used many descriptors.
+    pub high_fd: Option<i32>,
 }
 
 impl Default for Spec<'_> {
@@ -87,6 +90,7 @@ impl Default for Spec<'_> {
             same_children: false,
             env: &[],
             group: None,
+            high_fd: None,
         }
     }
 }
@@ -134,6 +138,23 @@ impl Workload {
         cmd.envs(spec.env.iter().copied());
         if let Some(group) = spec.group {
             group.join_on_exec(&mut cmd);
+        }
+        if let Some(fd) = spec.high_fd {
+            use std::os::unix::process::CommandExt;
+            let limit = fd as u64 + 64;
+            with_rlimit(&mut cmd, libc::RLIMIT_NOFILE, limit, limit);
+            // SAFETY: between fork and exec only open(2), dup2(2) and
+            // close(2), which are async-signal-safe, on a constant path.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+                    if null < 0 || libc::dup2(null, fd) != fd {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(null);
+                    Ok(())
+                });
+            }
         }
         let child = cmd.spawn().expect("start workload");
         let ready = dir.path().join("ready");

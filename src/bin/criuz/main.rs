@@ -32,6 +32,8 @@ fn main() -> ExitCode {
         // SAFETY: as above: before any other thread exists.
         unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
     }
+    // Before any CRIU is started: it inherits the limit.
+    criuz::io::open_files_limit();
     // A Ctrl-C removes what criuz had not finished before it dies.
     criuz::proc::interrupt::install();
     // A panic (a thread the system would not start, or a bug) ends criuz
