@@ -1240,6 +1240,52 @@ fn a_process_of_many_descriptors_restores_under_a_low_soft_limit() {
     w.stop();
 }
 
+/// Private huge-page memory (`MAP_HUGETLB`: a JVM's large pages, DPDK)
+/// CRIU restores in its restorer, reading the pages image at random,
+/// which its image stream cannot do: a streamed restore failed "Can't read
+/// pages data (-29)", and so did every default restore that streams (from
+/// S3, with `--keep-zero-pages`). The default now places such a tree
+/// whatever else would stream it, and `--fill stream` is refused by name.
+#[test]
+fn private_huge_pages_are_placed_never_streamed() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let reserved = Path::new("/proc/sys/vm/nr_hugepages");
+    let had: u64 = std::fs::read_to_string(reserved).unwrap().trim().parse().unwrap();
+    std::fs::write(reserved, (had + 8).to_string()).unwrap();
+    struct Give(u64);
+    impl Drop for Give {
+        fn drop(&mut self) {
+            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", self.0.to_string());
+        }
+    }
+    let _give = Give(had);
+    let now: u64 = std::fs::read_to_string(reserved).unwrap().trim().parse().unwrap();
+    assert!(now >= had + 8, "could reserve only {now} huge pages");
+    let mut w = Workload::start(Spec { huge_mib: 8, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let out = criuz(&["restore", "-d", arc.to_str().unwrap(), "--fill", "stream"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("private huge-page memory (MAP_HUGETLB)"), "{err}");
+    for extra in [&[][..], &["--keep-zero-pages"], &["--lazy"]] {
+        let report = restore(&arc, extra);
+        assert_ne!(report["fill"], "stream", "{extra:?}: {report}");
+        assert_eq!(w.sums(), before, "{extra:?}: the restored memory differs");
+        // SAFETY: the workload this test restored.
+        unsafe { libc::kill(w.pid, libc::SIGKILL) };
+        wait_for("the restored workload to end", Duration::from_secs(20), || {
+            reap_zombies();
+            !w.alive()
+        });
+    }
+    w.stop();
+}
+
 /// A pid file that names an archive (a variable mixed up: `--pidfile
 /// $ARCHIVE`) replaced the restore's own archive with a pid once the tree
 /// ran, and `criuz runc restore --pid-file` deleted it before runc began:

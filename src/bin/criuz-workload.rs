@@ -49,13 +49,15 @@ struct Args {
     /// Tree mode: every child writes the same bytes (workers that rebuilt the
     /// same data: identical pages that are not shared copy-on-write).
     same_children: bool,
+    /// MiB of private huge-page memory (MAP_HUGETLB), in the checksum too.
+    huge_mib: usize,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] [--shared 1] \
-         [--tcp-peer HOST:PORT] [--same-children 1]"
+         [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N]"
     );
     std::process::exit(2)
 }
@@ -73,6 +75,7 @@ fn parse_args() -> Args {
         shared: false,
         tcp_peer: None,
         same_children: false,
+        huge_mib: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -89,6 +92,7 @@ fn parse_args() -> Args {
             "--shared" => a.shared = v == "1",
             "--tcp-peer" => a.tcp_peer = Some(v),
             "--same-children" => a.same_children = v == "1",
+            "--huge-mib" => a.huge_mib = v.parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
@@ -489,6 +493,22 @@ fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
     }
 }
 
+/// `len` bytes of private huge-page memory (the system's huge pages, which
+/// must be reserved: vm.nr_hugepages), filled with random bytes.
+fn huge_pages(len: usize) -> (usize, usize) {
+    // SAFETY: a fresh anonymous mapping of our own, written within `len`.
+    unsafe {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        if p == libc::MAP_FAILED {
+            eprintln!("criuz-workload: huge pages: {}", std::io::Error::last_os_error());
+            std::process::exit(1)
+        }
+        fill_random(std::slice::from_raw_parts_mut(p as *mut u8, len), &mut Rng(17));
+        (p as usize, len)
+    }
+}
+
 fn report(buf: &[u8], file_fd: Option<i32>) -> String {
     let mut h = Xxh3::new();
     h.update(buf);
@@ -710,9 +730,14 @@ fn main() {
     let set = block_signals();
     let bytes = a.mib << 20;
     let buf = alloc(bytes, a.shared);
+    let mut extra = Vec::new();
     if a.extra_maps {
-        let _ = EXTRA.set(extra_maps(&a.dir));
+        extra.extend(extra_maps(&a.dir));
     }
+    if a.huge_mib > 0 {
+        extra.push(huge_pages(a.huge_mib << 20));
+    }
+    let _ = EXTRA.set(extra);
 
     if let Some(peer) = &a.tcp_peer {
         let s = std::net::TcpStream::connect(peer.as_str()).unwrap_or_else(|e| {

@@ -376,6 +376,21 @@ fn anon_vmas(mm: &[u8], not: u32) -> Option<Vec<(u64, u64)>> {
     Some(anon)
 }
 
+/// Whether a process (mm-<pid>.img) has private memory of huge pages
+/// (`MAP_HUGETLB` without `MAP_SHARED`). CRIU restores such memory in its
+/// restorer, reading the pages image at random (`preadv`), which its image
+/// stream cannot do: a streamed restore of it fails "Can't read pages data
+/// (-29)" (criu/pie/restorer.c, v4.2). `None` if the image is not as
+/// expected.
+pub fn private_huge_pages(mm: &[u8]) -> Option<bool> {
+    let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    Some(mm.vmas.iter().any(|v| {
+        v.status & VMA_AREA_REGULAR != 0
+            && v.flags & libc::MAP_HUGETLB as u32 != 0
+            && v.flags & libc::MAP_SHARED as u32 == 0
+    }))
+}
+
 fn in_ranges(sorted: &[(u64, u64)], addr: u64) -> bool {
     let i = sorted.partition_point(|&(s, _)| s <= addr);
     i > 0 && addr < sorted[i - 1].1

@@ -28,12 +28,13 @@
 //! or where `$TMPDIR` has no room for what placing writes there.
 
 use crate::archive::{BlockSource, Options};
-use crate::criu::{options, uffd, Criu};
+use crate::criu::{images, options, uffd, Criu};
 use crate::error::Result;
 use crate::io::Location;
 use crate::session::checkpoint::{self, RestoreReport};
 use crate::session::criu_run::RestoreOptions;
 use crate::session::lazy::{self, LazyReport};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// How a restore went.
@@ -131,8 +132,22 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
     let placed = |source, planned| {
         lazy::restore_placed(o, source, started, criu, archive.threads, planned).map(Restored::Placed)
     };
+    let streamed = |source: Arc<crate::archive::Archive>, not_placed| {
+        checkpoint::restore_opened(o, source, started, archive, criu)
+            .map(|r| Restored::Eager(RestoreReport { not_placed, ..r }))
+    };
     match how {
-        How::Stream => checkpoint::restore(o, archive, criu).map(Restored::Eager),
+        How::Stream => {
+            let source = checkpoint::open_for_restore(o)?;
+            if let Some(pid) = private_huge_pages(&*source)? {
+                return Err(crate::Error::Usage(format!(
+                    "--fill stream: process {pid} of {} has private huge-page memory (MAP_HUGETLB), which CRIU's \
+                     image stream cannot restore: restore it placed (--fill place, the default)",
+                    source.label()
+                )));
+            }
+            streamed(source, None)
+        }
         How::Placed => placed(checkpoint::open_for_restore(o)?, None),
         How::Lazy => {
             let source = checkpoint::open_for_restore(o)?;
@@ -149,9 +164,25 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
                 lazy::restore_lazy(o, source, started, criu, archive.threads).map(Restored::Lazy)
             }
         }
-        How::Auto if !placing_suits(o) => checkpoint::restore(o, archive, criu).map(Restored::Eager),
         How::Auto => {
             let source = checkpoint::open_for_restore(o)?;
+            // What CRIU's stream cannot restore is placed, whatever else
+            // would stream it.
+            let huge = private_huge_pages(&*source)?;
+            if let Some(pid) = huge.as_ref().filter(|_| !uffd::lazy_restore_available()) {
+                return Err(crate::Error::Criu(format!(
+                    "cannot restore {}: process {pid} has private huge-page memory (MAP_HUGETLB), which CRIU's image \
+                     stream cannot restore, and this kernel has no userfaultfd for criuz to place it: criuz unpack \
+                     it, then criu restore -D",
+                    source.label()
+                )));
+            }
+            if huge.is_some() {
+                return placed(source, None);
+            }
+            if !placing_suits(o) {
+                return streamed(source, None);
+            }
             let plan = lazy::plan_placement(&*source)?;
             let holds_cuda = source.find(crate::cuda::RECORD_FILE).is_some();
             let sizes = plan.as_ref().map(|p| (p.eager_bytes, p.placed_bytes));
@@ -162,11 +193,23 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
             });
             match (plan, not_placed) {
                 (Some(plan), None) => placed(source, Some(plan)),
-                _ => checkpoint::restore_opened(o, source, started, archive, criu)
-                    .map(|r| Restored::Eager(RestoreReport { not_placed, ..r })),
+                _ => streamed(source, not_placed),
             }
         }
     }
+}
+
+/// The first process of the archive with private huge-page memory, which
+/// CRIU's stream cannot restore (`images::private_huge_pages`).
+fn private_huge_pages(source: &dyn BlockSource) -> Result<Option<String>> {
+    let top = |f: &&crate::format::FileEntry| !f.name.contains('/');
+    for f in source.index().files.iter().filter(top) {
+        let Some(pid) = f.name.strip_prefix("mm-").and_then(|n| n.strip_suffix(".img")) else { continue };
+        if images::private_huge_pages(&source.read_file(f)?) == Some(true) {
+            return Ok(Some(pid.to_string()));
+        }
+    }
+    Ok(None)
 }
 
 /// Why a default restore streams (`None`: it places), given the bytes CRIU

@@ -74,6 +74,8 @@ pub struct Spec<'a> {
     /// A descriptor this high held open (/dev/null), the open-files limit
     /// raised for it: a process that has used many descriptors.
     pub high_fd: Option<i32>,
+    /// MiB of private huge-page memory (reserve the pages first).
+    pub huge_mib: usize,
 }
 
 impl Default for Spec<'_> {
@@ -91,6 +93,7 @@ impl Default for Spec<'_> {
             env: &[],
             group: None,
             high_fd: None,
+            huge_mib: 0,
         }
     }
 }
@@ -138,6 +141,9 @@ impl Workload {
         cmd.envs(spec.env.iter().copied());
         if let Some(group) = spec.group {
             group.join_on_exec(&mut cmd);
+        }
+        if spec.huge_mib > 0 {
+            cmd.args(["--huge-mib", &spec.huge_mib.to_string()]);
         }
         if let Some(fd) = spec.high_fd {
             use std::os::unix::process::CommandExt;
