@@ -196,7 +196,15 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 12] = [
+const HINTS: [(&[&str], &str); 13] = [
+    (
+        // The kernel refuses to pass an io_uring descriptor over a socket
+        // (EINVAL), and CRIU's parasite hands the tree's descriptors over
+        // one: the log says only "send_fds failed (-22)".
+        &["send_fds failed (-22)"],
+        "CRIU could not take a descriptor of the tree: an io_uring instance, most likely, which CRIU cannot \
+         checkpoint (Node.js 20 and later open one unless started with UV_USE_IO_URING=0)",
+    ),
     (
         &["Can't chose service_fd_base"],
         "the tree had more files open than CRIU may open under criuz's open-files limit (`ulimit -n`, whose hard \
@@ -292,6 +300,8 @@ mod tests {
             ("Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 29543 (Operation not permitted)", "detach the tracer"),
             (" 20432: Error (criu/files-reg.c:2175): File tmp/app has bad size 82343424 (expect 82499456)", "changed or replaced since"),
             (" 20432: Error (criu/mem.c:1363): Unable to reserve memory (541536256 bytes): Cannot allocate memory", "ulimit -v"),
+            ("pie: 12047: Error (criu/pie/parasite.c:588): send_fds failed (-22)", "io_uring"),
+            (" 27862: Error (criu/servicefd.c:282): sfd: Can't chose service_fd_base: 1024 15038", "raise the hard limit"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
