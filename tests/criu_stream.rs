@@ -1199,10 +1199,7 @@ fn two_restores_of_one_checkpoint_at_once_leave_the_winner_running() {
         assert_eq!(w.sums(), before, "{fill}");
         // SAFETY: the workload this test restored.
         unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        wait_for("the restored workload to end", Duration::from_secs(20), || {
-            reap_zombies();
-            !w.alive()
-        });
+        w.reap_original();
     }
     w.stop();
 }
@@ -1278,10 +1275,7 @@ fn private_huge_pages_are_placed_never_streamed() {
         assert_eq!(w.sums(), before, "{extra:?}: the restored memory differs");
         // SAFETY: the workload this test restored.
         unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        wait_for("the restored workload to end", Duration::from_secs(20), || {
-            reap_zombies();
-            !w.alive()
-        });
+        w.reap_original();
     }
     w.stop();
 }
