@@ -94,8 +94,10 @@ impl Victim {
     pub fn kill(&self) {
         match self {
             // Only what this criuz restored (`held_by_ours`): a pid of the
-            // tree may be another's by now.
-            Victim::Tree(pids) => kill_tree(&held_by_ours(pids)),
+            // tree may be another's by now. A lazy or placed tree stays
+            // below criuz until it is whole (CRIU exits before criuz lets
+            // go of it), so no root is needed to know it.
+            Victim::Tree(pids) => kill_tree(&held_by_ours(pids, None)),
             Victim::Cgroup(c) => {
                 if let Some(path) = c.get() {
                     let _ = std::fs::write(path, b"1");
@@ -142,7 +144,7 @@ impl Victim {
     pub fn wait_gone(&self) -> String {
         match self {
             Victim::Tree(pids) => {
-                let ended = end_aborted_tree(pids);
+                let ended = end_aborted_tree(pids, None);
                 let said: Vec<String> = ended.iter().map(|(p, st)| format!("pid {p} {}", describe_end(*st))).collect();
                 said.join(", ")
             }

@@ -334,7 +334,11 @@ fn children_of(pid: i32) -> Vec<i32> {
 /// pids are free" then holds when criuz returns, so a restore retried at
 /// once can have them. Returns how those criuz reaped ended (pid, wait
 /// status): a tree that was killed, not one that crashed on a page.
-pub(crate) fn end_aborted_tree(pids: &[i32]) -> Vec<(i32, i32)> {
+/// `root`: the root of the tree this restore's CRIU restored, from its
+/// pidfile, where it wrote one: a tree let go of (`let_go_of_restored_tree`)
+/// before CRIU exited went to init, no longer below criuz, and is still
+/// this restore's to end.
+pub(crate) fn end_aborted_tree(pids: &[i32], root: Option<i32>) -> Vec<(i32, i32)> {
     let mut ended = Vec::new();
     let mut taken = |p: &i32| {
         let mut status = 0;
@@ -343,12 +347,12 @@ pub(crate) fn end_aborted_tree(pids: &[i32]) -> Vec<(i32, i32)> {
         if unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) } == *p {
             ended.push((*p, status));
         }
-        exists(*p) && held_by_ours(std::slice::from_ref(p)).len() == 1
+        exists(*p) && held_by_ours(std::slice::from_ref(p), root).len() == 1
     };
     let t = Instant::now();
     while pids.iter().fold(false, |any, p| taken(p) | any) {
         if t.elapsed() > std::time::Duration::from_secs(1) {
-            kill_tree(&held_by_ours(pids));
+            kill_tree(&held_by_ours(pids, root));
         }
         if t.elapsed() > std::time::Duration::from_secs(5) {
             break;
@@ -629,11 +633,14 @@ pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
 /// meanwhile (the tree of another restore of the same checkpoint, which
 /// made this one's CRIU fail "Can't fork", or a pid reused): not criuz's
 /// to wait for, nor to kill. A failed restore killed the tree of the
-/// restore that had won, which reported success.
-pub(crate) fn held_by_ours(pids: &[i32]) -> Vec<i32> {
+/// restore that had won, which reported success. `root`: the restored
+/// tree's root where this restore's CRIU named it (its pidfile): what
+/// descends from it is this restore's too, wherever it was reparented.
+pub(crate) fn held_by_ours(pids: &[i32], root: Option<i32>) -> Vec<i32> {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
-    pids.iter().copied().filter(|&p| p > 0 && descends_from(p as u32, me)).collect()
+    let ours = |p: i32| descends_from(p as u32, me) || root.is_some_and(|r| r > 1 && descends_from(p as u32, r as u32));
+    pids.iter().copied().filter(|&p| p > 0 && ours(p)).collect()
 }
 
 /// SIGKILLs every pid of a restored tree and every descendant they have

@@ -556,7 +556,10 @@ pub fn restore_opened(
     let failed = |e: Error| {
         // Whatever CRIU left of the tree is killed and reaped before the
         // guard goes, so no half-restored process waits forever.
-        let _ = end_aborted_tree(&tree);
+        // The root CRIU named, if it got that far: let go of as soon as
+        // the pidfile came, the tree may have gone to init as CRIU exited.
+        let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
+        let _ = end_aborted_tree(&tree, root);
         guard.release();
         tree::end_orphans();
         e
