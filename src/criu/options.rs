@@ -161,6 +161,19 @@ struct Given {
     value_at: Option<(usize, usize)>,
 }
 
+impl Given {
+    /// `value`: its text and where it is (word, byte).
+    fn new(name: &'static str, negated: bool, written: String, value: Option<(String, (usize, usize))>) -> Self {
+        let (value, value_at) = value.map_or((None, None), |(v, at)| (Some(v), Some(at)));
+        Given { name, negated, value, written, value_at }
+    }
+
+    /// How many words after word `i` (where the option is) its value took.
+    fn skips(&self, i: usize) -> usize {
+        usize::from(self.value_at.is_some_and(|(word, _)| word > i))
+    }
+}
+
 /// The long option `word` (without `--` and `=value`) names: an exact
 /// name, else the one name it abbreviates, as getopt resolves it.
 fn long_option(word: &str) -> Option<(&'static str, Takes, bool)> {
@@ -215,9 +228,9 @@ fn parse_words(args: &[String]) -> (Vec<Given>, Vec<&String>) {
                     (Takes::Value, None) => next(i),
                     (_, attached) => attached,
                 };
-                skip = usize::from(value.as_ref().is_some_and(|(_, (at, _))| *at > i));
-                let (value, value_at) = value.map_or((None, None), |(v, at)| (Some(v), Some(at)));
-                out.push(Given { name, negated, value, written: word.clone(), value_at });
+                let g = Given::new(name, negated, word.clone(), value);
+                skip = g.skips(i);
+                out.push(g);
             }
         } else if let Some(cluster) = word.strip_prefix('-').filter(|c| !c.is_empty()) {
             for (at, c) in cluster.char_indices() {
@@ -227,7 +240,7 @@ fn parse_words(args: &[String]) -> (Vec<Given>, Vec<&String>) {
                 let rest = &cluster[rest_at..];
                 let written = format!("-{c}");
                 if takes == Takes::Nothing {
-                    out.push(Given { name, negated: false, value: None, written, value_at: None });
+                    out.push(Given::new(name, false, written, None));
                     continue;
                 }
                 let value = match (takes, rest.is_empty()) {
@@ -235,9 +248,9 @@ fn parse_words(args: &[String]) -> (Vec<Given>, Vec<&String>) {
                     (Takes::MaybeValue, true) => None,
                     _ => Some((rest.to_string(), (i, 1 + rest_at))),
                 };
-                skip = usize::from(value.as_ref().is_some_and(|(_, (at, _))| *at > i));
-                let (value, value_at) = value.map_or((None, None), |(v, at)| (Some(v), Some(at)));
-                out.push(Given { name, negated: false, value, written, value_at });
+                let g = Given::new(name, false, written, value);
+                skip = g.skips(i);
+                out.push(g);
                 break;
             }
         } else {
@@ -265,9 +278,14 @@ const PATH_VALUED: &[&str] = &[
 ];
 
 /// `extra` (the user's CRIU options) with each relative path of
-/// [`PATH_VALUED`] made absolute from `cwd`, criuz's own directory, where
-/// the user meant it.
-pub fn anchored(extra: &[String], cwd: &Path) -> Vec<String> {
+/// [`PATH_VALUED`] made absolute from criuz's own directory, where the user
+/// meant it.
+pub fn anchored(extra: &[String]) -> Vec<String> {
+    anchored_in(extra, &std::env::current_dir().unwrap_or_default())
+}
+
+/// [`anchored`], from `cwd`.
+fn anchored_in(extra: &[String], cwd: &Path) -> Vec<String> {
     let mut out = extra.to_vec();
     for g in parse(extra).into_iter().filter(|g| PATH_VALUED.contains(&g.name)) {
         let (Some(value), Some((word, at))) = (g.value, g.value_at) else { continue };
@@ -449,15 +467,15 @@ mod tests {
         let cwd = Path::new("/home/u");
         let line = "--action-script ./a.sh --action=b.sh -r root -Lplugins -jr r2 -v4 --tls-key /abs/k \
                     --external file[x]:y --inherit-fd fd[1]:rel -D dir dump";
-        let got = anchored(&words(line), cwd).join(" ");
+        let got = anchored_in(&words(line), cwd).join(" ");
         assert_eq!(
             got,
             "--action-script /home/u/./a.sh --action=/home/u/b.sh -r /home/u/root -L/home/u/plugins -jr /home/u/r2 \
              -v4 --tls-key /abs/k --external file[x]:y --inherit-fd fd[1]:rel -D dir dump"
         );
         // An option's value that looks like an option is its value still.
-        assert_eq!(anchored(&words("--action-script -D"), cwd), words("--action-script /home/u/-D"));
-        assert_eq!(anchored(&words("-- --root x"), cwd), words("-- --root x"));
+        assert_eq!(anchored_in(&words("--action-script -D"), cwd), words("--action-script /home/u/-D"));
+        assert_eq!(anchored_in(&words("-- --root x"), cwd), words("-- --root x"));
     }
 
     #[test]

@@ -347,7 +347,7 @@ pub(crate) fn end_aborted_tree(pids: &[i32], root: Option<i32>) -> Vec<(i32, i32
         if unsafe { libc::waitpid(*p, &mut status, libc::WNOHANG) } == *p {
             ended.push((*p, status));
         }
-        exists(*p) && held_by_ours(std::slice::from_ref(p), root).len() == 1
+        exists(*p) && is_ours(*p, root)
     };
     let t = Instant::now();
     while pids.iter().fold(false, |any, p| taken(p) | any) {
@@ -637,10 +637,15 @@ pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
 /// tree's root where this restore's CRIU named it (its pidfile): what
 /// descends from it is this restore's too, wherever it was reparented.
 pub(crate) fn held_by_ours(pids: &[i32], root: Option<i32>) -> Vec<i32> {
+    pids.iter().copied().filter(|&p| is_ours(p, root)).collect()
+}
+
+/// Whether the process `pid` is one this criuz restored (see
+/// [`held_by_ours`]).
+fn is_ours(pid: i32, root: Option<i32>) -> bool {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
-    let ours = |p: i32| descends_from(p as u32, me) || root.is_some_and(|r| r > 1 && descends_from(p as u32, r as u32));
-    pids.iter().copied().filter(|&p| p > 0 && ours(p)).collect()
+    pid > 0 && (descends_from(pid as u32, me) || root.is_some_and(|r| r > 1 && descends_from(pid as u32, r as u32)))
 }
 
 /// SIGKILLs every pid of a restored tree and every descendant they have

@@ -267,7 +267,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     if let Some(h) = &hook {
         cmd.arg("--action-script").arg(h.script());
     }
-    cmd.args(options::anchored(&o.extra, &std::env::current_dir().unwrap_or_default()));
+    cmd.args(options::anchored(&o.extra));
 
     let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
     // Resumes the tree should criuz die while CRIU leaves it stopped; not
@@ -463,13 +463,6 @@ pub struct RestoreReport {
     /// Why a default restore streamed where it would otherwise place.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_placed: Option<&'static str>,
-}
-
-/// Restores from an archive through CRIU's stream mode.
-pub fn restore(o: &RestoreOptions, archive: &Options, criu: &Criu) -> Result<RestoreReport> {
-    let started = Instant::now();
-    let source = open_for_restore(o)?;
-    restore_opened(o, source, started, archive, criu)
 }
 
 /// Opens a restore's archive. Missing or foreign parents are found here,

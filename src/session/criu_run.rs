@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-/// A restore from an archive, streamed (`checkpoint::restore`) or lazy
+/// A restore from an archive, streamed (`checkpoint::restore_opened`) or lazy
 /// (`lazy::restore_lazy`).
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
@@ -292,7 +292,7 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
     if o.shell_job {
         cmd.arg("--shell-job");
     }
-    cmd.args(options::anchored(&o.extra, &std::env::current_dir().unwrap_or_default()));
+    cmd.args(options::anchored(&o.extra));
     // Unless the user injects a fault of their own.
     if let (Some(fault), None) = (criu.no_breakpoints_fault(), std::env::var_os("CRIU_FAULT")) {
         cmd.env("CRIU_FAULT", fault);

@@ -1,7 +1,7 @@
 //! `criuz restore`: eagerly with criuz placing the memory itself
 //! (`lazy::restore_placed`: the tree held stopped until every page is in,
 //! copied on every core), eagerly through CRIU's stream
-//! (`checkpoint::restore`), or lazily with criuz as CRIU's lazy-pages daemon
+//! (`checkpoint::restore_opened`), or lazily with criuz as CRIU's lazy-pages daemon
 //! (`lazy::restore_lazy`), as the options ask. One call for the command
 //! line, one report. An archive holding CUDA processes is placed even when
 //! a lazy restore is asked for: their resume reads all their memory at once.

@@ -79,7 +79,7 @@ impl WorkDir {
     fn save_log_in(&self, name: &str, dir: &Path) -> SavedLog {
         let src = self.path().join(name);
         if !src.exists() {
-            return said_on_stderr(self.path()).map_or(SavedLog::None, SavedLog::Said);
+            return said_on_output(self.path()).map_or(SavedLog::None, SavedLog::Said);
         }
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let dest =
@@ -126,7 +126,7 @@ pub(crate) fn criu_output(dir: &Path) -> (std::process::Stdio, std::process::Std
 /// the cause first, its usage text after), if any; with the line after it
 /// when it ends in a colon ("needs the capability:" then the command that
 /// grants it).
-fn said_on_stderr(dir: &Path) -> Option<String> {
+fn said_on_output(dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(dir.join(CRIU_OUTPUT)).ok()?;
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next()?;

@@ -43,8 +43,9 @@ use std::path::{Path, PathBuf};
 /// rest before the publish. An fsync per file is a journal commit each:
 /// 50,000 small files took 11.5-12.8 s on this VM's ext4 (0.7 s on tmpfs,
 /// 1.6 s for tar without any sync), 2.4-2.8 s with the syncfs, in either
-/// order, side by side (by hand, `/usr/bin/time`). A CRIU images directory has fewer files, and keeps the
-/// fsyncs, which wait for nothing but its own data.
+/// order, side by side (by hand, `/usr/bin/time`). A CRIU images directory
+/// has fewer files, and keeps the fsyncs, which wait for nothing but its
+/// own data.
 const SYNCED_ONE_BY_ONE: usize = 256;
 
 enum Open {
