@@ -1430,8 +1430,8 @@ fn an_odd_inheritance_stops_neither_a_dump_nor_a_restore() {
     w.stop();
 }
 
-/// `-t` naming a thread (CRIU aborts on an assertion) or a zombie is
-/// refused before CRIU runs, naming what to give instead.
+/// `-t` naming a thread (CRIU aborts on an assertion), a zombie or criuz's
+/// own shell is refused before CRIU runs, naming what to give instead.
 #[test]
 fn a_dump_of_a_thread_or_a_zombie_is_refused_by_name() {
     let Some(_criu) = criu() else { return };
@@ -1486,6 +1486,15 @@ fn a_dump_of_a_thread_or_a_zombie_is_refused_by_name() {
     child.wait().unwrap();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("process {pid} has exited")), "{err}");
+    assert!(!arc.exists());
+    // The shell criuz runs in (`-t $$`): its tree holds criuz and CRIU,
+    // and CRIU's refusal read as a tracing failure ("another process
+    // traces it"). The `; exit` keeps sh from exec-ing criuz.
+    let out =
+        Command::new("sh").args(["-c", &format!("{CRIUZ} dump -t $$ -o {}; exit $?", arc.display())]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is criuz or an ancestor of it") && !err.contains("CRIU could not trace"), "{err}");
     assert!(!arc.exists());
 }
 

@@ -187,7 +187,8 @@ fn join_criu(criu_run: &mut Option<CriuThread>) -> std::io::Result<std::process:
 }
 
 /// A process that CRIU could dump: one that exists, is a process (CRIU
-/// given a thread's id aborts on an assertion) and has not exited.
+/// given a thread's id aborts on an assertion), has not exited, and has no
+/// criuz in its tree.
 fn check_dumpable(pid: i32) -> Result<()> {
     match tree::thread_group(pid) {
         None => Err(Error::Usage(format!("process {pid} does not exist"))),
@@ -197,6 +198,12 @@ fn check_dumpable(pid: i32) -> Result<()> {
         _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
+        // CRIU refuses to seize itself, and its log reads as a tracing
+        // failure: the shell that runs criuz (`-t $$`) is the usual case.
+        _ if tree::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
+            "process {pid} is criuz or an ancestor of it (the shell criuz runs in?), so its tree holds criuz and CRIU: \
+             dump it from a process outside that tree"
+        ))),
         _ if tree::pid_namespace_init(pid) => Err(Error::Criu(format!(
             "process {pid} is the init of its own pid namespace (pid 1 in it): {PID_NAMESPACE_REFUSED}; \
              checkpoint it with criu dump -D DIR and criuz pack DIR, restore it with criuz unpack and criu restore -D"
