@@ -149,6 +149,25 @@ impl Reading {
         Ok(Reading::Stream(at.label(), at.reader()?))
     }
 
+    /// [`new`](Self::new) for a tar: an archive that is no stream (a file,
+    /// an object) is read through its index, file by file with each size
+    /// known before its bytes, so each goes straight out after its header;
+    /// read as a stream, every file is spooled to `$TMPDIR` first (a tar
+    /// header needs the size), as much again as the memory it holds.
+    pub fn for_tar(at: &Location, o: &OpenOptions) -> Result<Reading> {
+        if at.is_stream() {
+            // Where its files will be spooled, checked before it is read.
+            crate::io::temp_dir()?;
+            return Reading::new(at, o);
+        }
+        let header = at.head(HEADER_LEN).and_then(|head| Header::decode(head[..].try_into().ok()?).ok());
+        let parent_in_vain = header.as_ref().is_some_and(|h| h.flags & FLAG_PARENT == 0) && !o.search.files.is_empty();
+        if header.is_none() || parent_in_vain {
+            return Reading::new(at, o);
+        }
+        Ok(Reading::Source(crate::archive::open(at, o)?))
+    }
+
     /// Decodes every file into `sink`.
     pub fn decode(self, opts: &Options, sink: &mut dyn SeqSink) -> Result<()> {
         match self {

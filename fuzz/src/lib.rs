@@ -8,15 +8,16 @@
 //! so that the damage passes every checksum a naive reader would look at.
 //!
 //! Every case runs through each reader entry point: `verify` (sequential
-//! decode), `inspect`, `unpack` (every 16th case), the random-access block
-//! source that restore and serve read through (`archive::open`), the pipe
-//! path (spooled to a file, then opened), and the index-first open of a
-//! restore from an object (`Proof::Behind`: every file read, then the proof
-//! waited for, as a restore does before CRIU can finish). The oracle:
+//! decode), `inspect`, `unpack` into a directory and as a tar (every 16th
+//! case), the random-access block source that restore and serve read
+//! through (`archive::open`), the pipe path (spooled to a file, then
+//! opened), and the index-first open of a restore from an object
+//! (`Proof::Behind`: every file read, then the proof waited for, as a
+//! restore does before CRIU can finish). The oracle:
 //! - no reader panics or hangs;
 //! - the readers agree: the block sources (walked, piped, index-first)
-//!   accept exactly what `verify` accepts and yield the same files; `inspect`
-//!   accepts whatever `verify` accepts;
+//!   accept exactly what `verify` accepts and yield the same files, as do
+//!   both unpacks; `inspect` accepts whatever `verify` accepts;
 //! - unless the E records and the index were rebuilt too (a consistent,
 //!   different archive that only authentication could tell apart), a mutant
 //!   is either rejected, with an archive-kind error, or decodes to exactly
@@ -50,6 +51,8 @@ pub struct Outcome {
     /// `verify`'s check of page ids against the pages (version 2).
     pub page_ids: Result<(), Kind>,
     pub unpack: Option<Result<Files, Kind>>,
+    /// `unpack --tar`, read back (with `unpack`).
+    pub tar: Option<Result<Files, Kind>>,
 }
 
 #[derive(Default)]
@@ -123,7 +126,7 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     let inspect = criuz::offline::inspect(bytes).map(drop).map_err(kind);
     let page_ids =
         open(&memory(), &OpenOptions::default()).and_then(|a| criuz::archive::ids::check_page_ids(&a)).map_err(kind);
-    let unpack = unpack.then(|| {
+    let unpack_dir = unpack.then(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("out");
         let r = reading()
@@ -141,7 +144,32 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
             }
         }
     });
-    Outcome { verify, source, piped, indexed, inspect, page_ids, unpack }
+    let tar = unpack.then(|| {
+        reading()
+            .and_then(|inp| criuz::offline::unpack_tar(inp, Vec::new(), &opts))
+            .map(|(_, _, out)| read_tar(&out))
+            .map_err(kind)
+    });
+    Outcome { verify, source, piped, indexed, inspect, page_ids, unpack: unpack_dir, tar }
+}
+
+/// What `unpack --tar` wrote, as [`read_tree`] reads a directory.
+fn read_tar(bytes: &[u8]) -> Files {
+    let mut files = Files::new();
+    for e in tar::Archive::new(bytes).entries().expect("tar written") {
+        let mut e = e.expect("tar entry");
+        let name = e.path().expect("path").to_string_lossy().trim_end_matches('/').to_string();
+        let data = match e.header().entry_type() {
+            tar::EntryType::Symlink => e.link_name_bytes().expect("target").into_owned(),
+            _ => {
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data).expect("tar data");
+                data
+            }
+        };
+        assert!(files.insert(name.clone(), data).is_none(), "{name} twice in the tar");
+    }
+    files
 }
 
 /// What an unpack wrote, as the readers see entries: a file's bytes, a
@@ -187,6 +215,11 @@ pub fn judge(o: &Outcome, original: Option<&Files>) -> Result<(), String> {
     if let Some(u) = &o.unpack {
         if !same(u, &o.verify) {
             return Err(format!("unpack and verify disagree: {:?} vs {:?}", brief(u), brief(&o.verify)));
+        }
+    }
+    if let Some(t) = &o.tar {
+        if !same(t, &o.verify) {
+            return Err(format!("unpack --tar and verify disagree: {:?} vs {:?}", brief(t), brief(&o.verify)));
         }
     }
     if o.verify.is_ok() && o.inspect.is_err() {
@@ -239,6 +272,30 @@ fn pack(files: &[(&str, Vec<u8>)], opts: &Options, dedup: Option<Arc<criuz::arch
     bytes
 }
 
+/// [`pack`] with every file begun before any ends, each written in two
+/// halves: the first halves in order, then the second halves.
+fn pack_interleaved(files: &[(&str, Vec<u8>)], opts: &Options) -> Vec<u8> {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let packer = Packer::start(SharedVec(buf.clone()), opts, None).expect("packer");
+    let mut sinks: Vec<_> = files
+        .iter()
+        .map(|(name, data)| {
+            let mut sink = packer.begin_file(name).expect("begin");
+            sink.write(&data[..data.len() / 2]).expect("write");
+            sink
+        })
+        .collect();
+    for ((_, data), sink) in files.iter().zip(&mut sinks) {
+        sink.write(&data[data.len() / 2..]).expect("write");
+    }
+    for sink in sinks {
+        sink.finish().expect("finish");
+    }
+    packer.finish().expect("pack");
+    let bytes = buf.lock().unwrap().clone();
+    bytes
+}
+
 /// Seed archives made in memory: CRIU-like images in several block sizes
 /// and codecs, with zero pages, raw and compressed blocks, empty files; with
 /// page ids and pages shared between files (version 2); with 16-bit words
@@ -281,6 +338,9 @@ pub fn synthetic_seeds() -> Vec<Seed> {
         seeds.push(Seed { bytes: pack(&files, &opts(block, codec, false), None), parent: None });
     }
     seeds.push(Seed { bytes: pack(&files, &opts(8192, Codec::Lz4, true), None), parent: None });
+    // Files written at once, as a dump writes its pages images alongside
+    // the others: their blocks interleave in the archive.
+    seeds.push(Seed { bytes: pack_interleaved(&files, &opts(4096, Codec::Lz4, false)), parent: None });
     // A child: some pages rewritten, some moved, the rest as in the parent.
     let parent = pack(&files, &opts(16384, Codec::Zstd, true), None);
     let dir = tempfile::tempdir().expect("temp dir");

@@ -668,7 +668,7 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     let work = work_dir("criuz-podman-")?;
     let tar = work.path().join("checkpoint.tar");
     let out = Output::open(&tar, false)?;
-    let inp = Reading::new(input, &OpenOptions::default())?;
+    let inp = Reading::for_tar(input, &OpenOptions::default())?;
     offline::unpack_tar(inp, out.writer()?, opts)?;
     out.commit()?;
     let status = podman_command(podman, criu, &work)?

@@ -10,9 +10,9 @@
 
 use super::Entry;
 use crate::archive::{EntryStart, Packer, SeqSink};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::format::{check_entry_name, parent_path, EntryMeta, FileKind, MAX_LINK_TARGET};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Seek, Write};
 use std::path::Component;
 
@@ -140,12 +140,21 @@ pub fn pack_tar(
 }
 
 /// A [`SeqSink`] writing a tree archive (or a plain one: files 0600) as an
-/// uncompressed tar stream. Headers need sizes: what the index gives, or a
-/// file is spooled to an unlinked temporary file first (an archive read
-/// as a stream learns sizes at each file's end).
+/// uncompressed tar stream. A tar entry's bytes follow its header, which
+/// needs the size, while an archive's files may interleave (a dump writes
+/// its pages image alongside the others). One file at a time whose size the
+/// index gives goes straight out; any other is spooled to an unlinked
+/// temporary file and goes out at its end, or once the file going straight
+/// out has ended. An archive read as a stream learns sizes only at each
+/// file's end, so everything it holds is spooled.
 pub struct TarSink<W: Write> {
     out: tar::Builder<W>,
-    current: Option<Current>,
+    /// Files begun and not ended, by file id.
+    open: HashMap<u32, Current>,
+    /// The file whose header is out and whose bytes go straight out.
+    direct: Option<u32>,
+    /// Ended while another went straight out: written after it, in order.
+    waiting: Vec<Current>,
     pub entries: usize,
     pub bytes: u64,
 }
@@ -161,11 +170,15 @@ struct Current {
 impl<W: Write> TarSink<W> {
     pub fn new(out: W) -> Self {
         let out = tar::Builder::new(out);
-        TarSink { out, current: None, entries: 0, bytes: 0 }
+        TarSink { out, open: HashMap::new(), direct: None, waiting: Vec::new(), entries: 0, bytes: 0 }
     }
 
     /// Writes the end-of-archive blocks; returns the output.
-    pub fn finish(self) -> Result<W> {
+    pub fn finish(mut self) -> Result<W> {
+        if let Some(cur) = self.open.values().next() {
+            return Err(Error::corrupt(0, format!("{}: not ended", cur.entry.path)));
+        }
+        self.write_waiting()?;
         self.out.into_inner().map_err(Error::Io)
     }
 
@@ -184,57 +197,14 @@ impl<W: Write> TarSink<W> {
         h.set_gid(0);
         h
     }
-}
 
-impl<W: Write> SeqSink for TarSink<W> {
-    fn begin(&mut self, s: &EntryStart) -> Result<()> {
-        check_entry_name(s.name, s.meta.is_some())
-            .map_err(|why| Error::corrupt(0, format!("refusing archive entry {:?}: {why}", s.name)))?;
-        let meta = s.meta.unwrap_or(EntryMeta { mode: 0o600, mtime: 0, mtime_nsec: 0 });
-        let entry = Entry { path: s.name.to_string(), kind: s.kind, meta, size: s.size.unwrap_or(0) };
-        let mut cur = Current { entry, written: 0, spool: None, link: Vec::new() };
-        match (s.kind, s.size) {
+    /// Writes an ended entry that did not go straight out.
+    fn write_whole(&mut self, mut cur: Current) -> Result<()> {
+        match (cur.entry.kind, cur.spool.take()) {
             (FileKind::Dir, _) => {
                 let mut h = Self::header(&cur.entry);
-                self.out.append_data(&mut h, format!("{}/", s.name), std::io::empty())?;
+                self.out.append_data(&mut h, format!("{}/", cur.entry.path), std::io::empty())?;
             }
-            (FileKind::Symlink, _) => {}
-            (_, Some(_)) => {
-                // The header goes out now and the bytes follow as they are
-                // decoded: `append_data` with an empty reader writes exactly
-                // the header, and `end` pads the data to 512 bytes.
-                let mut h = Self::header(&cur.entry);
-                self.out.append_data(&mut h, s.name, std::io::empty())?;
-            }
-            (_, None) => cur.spool = Some(tempfile::tempfile()?),
-        }
-        self.current = Some(cur);
-        Ok(())
-    }
-
-    fn data(&mut self, _file_id: u32, data: &[u8]) -> Result<()> {
-        let cur = self.current.as_mut().ok_or_else(|| Error::corrupt(0, "data outside a file"))?;
-        match (cur.entry.kind, cur.spool.as_mut()) {
-            (FileKind::Symlink, _) => cur.link.extend_from_slice(data),
-            (FileKind::Dir, _) => return Err(Error::corrupt(0, format!("{}: data for a directory", cur.entry.path))),
-            (_, Some(f)) => f.write_all(data)?,
-            (_, None) => {
-                cur.written += data.len() as u64;
-                if cur.written > cur.entry.size {
-                    return Err(Error::corrupt(0, format!("{}: more bytes than its index says", cur.entry.path)));
-                }
-                self.out.get_mut().write_all(data)?;
-            }
-        }
-        self.bytes += data.len() as u64;
-        Ok(())
-    }
-
-    fn end(&mut self, _file_id: u32, raw_size: u64) -> Result<()> {
-        let mut cur = self.current.take().ok_or_else(|| Error::corrupt(0, "end outside a file"))?;
-        cur.entry.size = raw_size;
-        match (cur.entry.kind, cur.spool.take()) {
-            (FileKind::Dir, _) => {}
             (FileKind::Symlink, _) => {
                 if cur.link.is_empty() || cur.link.contains(&0) {
                     return Err(Error::corrupt(0, format!("link {}: empty target or NUL in it", cur.entry.path)));
@@ -248,17 +218,152 @@ impl<W: Write> SeqSink for TarSink<W> {
                 let mut h = Self::header(&cur.entry);
                 self.out.append_data(&mut h, &cur.entry.path, f)?;
             }
-            (_, None) => {
-                if cur.written != raw_size {
-                    return Err(Error::corrupt(0, format!("{}: not the size its index says", cur.entry.path)));
-                }
-                let pad = (512 - raw_size % 512) % 512;
-                self.out.get_mut().write_all(&[0u8; 512][..pad as usize])?;
-            }
+            // Only the file going straight out has no spool, and `end` writes it.
+            (_, None) => return Err(Error::corrupt(0, format!("{}: its bytes were not kept", cur.entry.path))),
         }
         self.entries += 1;
         Ok(())
     }
+
+    fn write_waiting(&mut self) -> Result<()> {
+        for cur in std::mem::take(&mut self.waiting) {
+            self.write_whole(cur)?;
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write> SeqSink for TarSink<W> {
+    fn begin(&mut self, s: &EntryStart) -> Result<()> {
+        check_entry_name(s.name, s.meta.is_some())
+            .map_err(|why| Error::corrupt(0, format!("refusing archive entry {:?}: {why}", s.name)))?;
+        let meta = s.meta.unwrap_or(EntryMeta { mode: 0o600, mtime: 0, mtime_nsec: 0 });
+        let entry = Entry { path: s.name.to_string(), kind: s.kind, meta, size: s.size.unwrap_or(0) };
+        let mut cur = Current { entry, written: 0, spool: None, link: Vec::new() };
+        match (s.kind, s.size) {
+            (FileKind::Dir | FileKind::Symlink, _) => {}
+            (_, Some(_)) if self.direct.is_none() => {
+                // The header goes out now and the bytes follow as they are
+                // decoded: `append_data` with an empty reader writes exactly
+                // the header, and `end` pads the data to 512 bytes.
+                let mut h = Self::header(&cur.entry);
+                self.out.append_data(&mut h, s.name, std::io::empty())?;
+                self.direct = Some(s.file_id);
+            }
+            _ => {
+                // Named by its directory, `$TMPDIR`, so a full one is told
+                // as such, not blamed on the archive.
+                let dir = crate::io::temp_dir()?;
+                cur.spool = Some(tempfile::tempfile_in(&dir).at(&dir)?);
+            }
+        }
+        if self.open.insert(s.file_id, cur).is_some() {
+            return Err(Error::corrupt(0, format!("{}: file id {} begun twice", s.name, s.file_id)));
+        }
+        Ok(())
+    }
+
+    fn data(&mut self, file_id: u32, data: &[u8]) -> Result<()> {
+        let cur = self.open.get_mut(&file_id).ok_or_else(|| Error::corrupt(0, "data outside a file"))?;
+        match (cur.entry.kind, cur.spool.as_mut()) {
+            (FileKind::Symlink, _) => cur.link.extend_from_slice(data),
+            (FileKind::Dir, _) => return Err(Error::corrupt(0, format!("{}: data for a directory", cur.entry.path))),
+            (_, Some(f)) => f.write_all(data).at(crate::io::temp_root())?,
+            // Only the file going straight out has no spool.
+            (_, None) => {
+                cur.written += data.len() as u64;
+                if cur.written > cur.entry.size {
+                    return Err(Error::corrupt(0, format!("{}: more bytes than its index says", cur.entry.path)));
+                }
+                self.out.get_mut().write_all(data)?;
+            }
+        }
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn end(&mut self, file_id: u32, raw_size: u64) -> Result<()> {
+        let mut cur = self.open.remove(&file_id).ok_or_else(|| Error::corrupt(0, "end outside a file"))?;
+        if self.direct == Some(file_id) {
+            if cur.written != raw_size {
+                return Err(Error::corrupt(0, format!("{}: not the size its index says", cur.entry.path)));
+            }
+            let pad = (512 - raw_size % 512) % 512;
+            self.out.get_mut().write_all(&[0u8; 512][..pad as usize])?;
+            self.direct = None;
+            self.entries += 1;
+            return self.write_waiting();
+        }
+        cur.entry.size = raw_size;
+        if self.direct.is_some() {
+            self.waiting.push(cur);
+            return Ok(());
+        }
+        self.write_whole(cur)
+    }
 }
 
 use std::os::unix::ffi::OsStrExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(file_id: u32, name: &str, size: Option<u64>) -> EntryStart<'_> {
+        EntryStart { file_id, name, kind: FileKind::for_name(name), meta: None, size }
+    }
+
+    /// A dump's files interleave (its pages image is written alongside the
+    /// others): each must come out whole, as one entry, with its own bytes.
+    #[test]
+    fn interleaved_files_come_out_whole() {
+        for sized in [false, true] {
+            let size = |n: usize| sized.then_some(n as u64);
+            let pages: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+            let mut sink = TarSink::new(Vec::new());
+            sink.begin(&start(0, "pages-1.img", size(pages.len()))).unwrap();
+            sink.data(0, &pages[..1000]).unwrap();
+            sink.begin(&start(1, "pagemap-7.img", size(6))).unwrap();
+            sink.data(1, b"map").unwrap();
+            sink.data(0, &pages[1000..]).unwrap();
+            sink.begin(&start(2, "core-7.img", size(4))).unwrap();
+            sink.data(2, b"core").unwrap();
+            sink.end(2, 4).unwrap();
+            sink.data(1, b"ped").unwrap();
+            sink.end(1, 6).unwrap();
+            sink.end(0, pages.len() as u64).unwrap();
+            sink.begin(&start(3, "inventory.img", size(3))).unwrap();
+            sink.data(3, b"inv").unwrap();
+            sink.end(3, 3).unwrap();
+            assert_eq!(sink.entries, 4);
+            let tar = sink.finish().unwrap();
+            let mut got = Vec::new();
+            for e in tar::Archive::new(&tar[..]).entries().unwrap() {
+                let mut e = e.unwrap();
+                let name = e.path().unwrap().to_str().unwrap().to_string();
+                let mut bytes = Vec::new();
+                e.read_to_end(&mut bytes).unwrap();
+                got.push((name, bytes));
+            }
+            let want = |n: &str| got.iter().find(|(name, _)| name == n).map(|(_, b)| b.clone());
+            assert_eq!(got.len(), 4, "sized {sized}: {:?}", got.iter().map(|g| &g.0).collect::<Vec<_>>());
+            assert_eq!(want("pages-1.img").unwrap(), pages);
+            assert_eq!(want("pagemap-7.img").unwrap(), b"mapped");
+            assert_eq!(want("core-7.img").unwrap(), b"core");
+            assert_eq!(want("inventory.img").unwrap(), b"inv");
+        }
+    }
+
+    /// A file begun twice, or one never ended, is damage, not a tar with a
+    /// file missing.
+    #[test]
+    fn a_file_begun_twice_or_never_ended_is_refused() {
+        let mut sink = TarSink::new(Vec::new());
+        sink.begin(&start(0, "a.img", None)).unwrap();
+        assert!(matches!(sink.begin(&start(0, "b.img", None)), Err(Error::Corrupt { .. })));
+        let mut sink = TarSink::new(Vec::new());
+        sink.begin(&start(0, "a.img", Some(1))).unwrap();
+        sink.data(0, b"x").unwrap();
+        assert!(matches!(sink.finish(), Err(Error::Corrupt { .. })));
+    }
+}

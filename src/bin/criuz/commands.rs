@@ -220,9 +220,10 @@ fn unpack(
 ) -> Result<()> {
     keys.load()?;
     let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
-    let inp = Reading::new(&input_location(archive)?, &how)?;
+    let at = input_location(archive)?;
     let t = Instant::now();
     if let Some(tar) = tar {
+        let inp = Reading::for_tar(&at, &how)?;
         let out = Output::open(&tar, force)?;
         let (entries, bytes, w) = offline::unpack_tar(inp, out.writer()?, &threads.options())?;
         drop(w);
@@ -232,6 +233,7 @@ fn unpack(
         return Ok(());
     }
     let dir = dir.expect("clap requires a directory or --tar");
+    let inp = Reading::new(&at, &how)?;
     let st = offline::unpack(inp, &dir, force, &threads.options(), Progress::new("unpack", None))?;
     let secs = t.elapsed().as_secs_f64();
     let (files, bytes) = (st.files, human(st.bytes));
