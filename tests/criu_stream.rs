@@ -1344,11 +1344,12 @@ fn archives_are_neither_written_to_nor_read_from_a_terminal() {
 }
 
 /// A process on a terminal round-trips as a shell job: dumped with
-/// `--shell-job`, restored in the foreground with `--shell-job` on a
-/// terminal (script(1)'s), where CRIU gets criuz's standard streams for the
-/// tree to take; the process answers with its own checksum, unchanged.
+/// `--shell-job`, restored with `--shell-job` on a terminal (script(1)'s),
+/// in the foreground and then detached, where CRIU gets criuz's standard
+/// streams for the tree to take; the process answers with its own
+/// checksum, unchanged.
 #[test]
-fn a_shell_job_restored_in_the_foreground_takes_the_terminal() {
+fn a_shell_job_restored_in_the_foreground_or_detached_takes_the_terminal() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
@@ -1367,6 +1368,11 @@ R=$!
 until [ -s {t}/pid ] || ! kill -0 $R 2>/dev/null; do sleep 0.05; done
 sum
 kill $P 2>/dev/null; wait $R; echo "restore $?"
+while [ -e /proc/$P ]; do sleep 0.05; done
+{CRIUZ} restore -d -i {t}/a.czr --shell-job </dev/tty; echo "detached $?"
+sum
+case "$(readlink /proc/$P/fd/1)" in /dev/tty|/dev/pts/*) echo "on the terminal";; esac
+kill $P
 "#
     );
     let file = tmp.path().join("job.sh");
@@ -1375,11 +1381,41 @@ kill $P 2>/dev/null; wait $R; echo "restore $?"
     let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     let sums: Vec<&str> = said.lines().filter(|l| l.starts_with("sum sum=")).collect();
-    assert_eq!(sums.len(), 2, "a checksum before and after: {said}");
-    assert_eq!(sums[0], sums[1], "the restored process's memory differs: {said}");
+    assert_eq!(sums.len(), 3, "a checksum before and after each restore: {said}");
+    assert!(sums[0] == sums[1] && sums[0] == sums[2], "the restored process's memory differs: {said}");
     assert!(said.lines().any(|l| l == "dump 0"), "{said}");
     // The workload ends on SIGTERM with status 0; criuz exits as it did.
     assert!(said.lines().any(|l| l == "restore 0"), "{said}");
+    // Detached, CRIU was given no terminal: "Don't have tty to inherit
+    // session from".
+    assert!(said.lines().any(|l| l == "detached 0") && said.contains("on the terminal"), "{said}");
+}
+
+/// `-- --inherit-fd` on a detached restore: the tree takes what criuz was
+/// given, here a pipe as standard output in place of the /dev/null the
+/// workload had. Detached, CRIU was given its own output file instead, and
+/// the tree wrote into that (deleted) file.
+#[test]
+fn a_detached_restore_hands_the_tree_what_inherit_fd_names() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 8, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("x.czr");
+    ok(criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]), "dump");
+    w.reap_original();
+    let (read, write) = criuz::io::pipe().unwrap();
+    let ours = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&write))).unwrap();
+    let out = run(Command::new(CRIUZ)
+        .args(["restore", "-d", arc.to_str().unwrap(), "--", "--inherit-fd", "fd[1]:dev/null"])
+        .stdout(Stdio::from(write)));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    let theirs = std::fs::read_link(format!("/proc/{}/fd/1", w.pid)).unwrap();
+    assert_eq!(theirs, ours, "the restored tree's standard output is not the pipe given to criuz");
+    drop(read);
+    w.stop();
 }
 
 /// What criuz may inherit from whoever starts it: a standard error nobody

@@ -264,8 +264,9 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
 /// the user's options; the restored pid goes to `pidfile`. CRIU returns
 /// once the tree runs, with or without -d: without, the root is made
 /// criuz's own child (`--restore-sibling`), for criuz to wait for
-/// (`proc::foreground`), and CRIU gets criuz's standard streams where the
-/// tree takes them (a `--shell-job` tree its terminal, `--inherit-fd`).
+/// (`proc::foreground`). CRIU gets criuz's standard streams where the tree
+/// takes them (a `--shell-job` tree its terminal, `--inherit-fd`), with or
+/// without -d.
 pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
@@ -283,8 +284,10 @@ pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: 
     // criuz sweeps it) kept a pipe out of criuz open: whoever read criuz's
     // output never saw its end.
     let given = CriuOptions::read(&o.extra);
-    let tree_takes_streams =
-        !o.detach && (o.shell_job || given.is_set("shell-job") || given.value("inherit-fd").is_some());
+    // With -d too: a detached `--shell-job` restore failed "Don't have tty
+    // to inherit session from", and `--inherit-fd fd[1]:...` gave the tree
+    // CRIU's output file.
+    let tree_takes_streams = o.shell_job || given.is_set("shell-job") || given.value("inherit-fd").is_some();
     if !tree_takes_streams {
         let (stdout, stderr) = criu_output(dir);
         cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
