@@ -1418,6 +1418,46 @@ fn a_detached_restore_hands_the_tree_what_inherit_fd_names() {
     w.stop();
 }
 
+/// A process writing to a pipe that a process outside its tree reads
+/// (`app | logger`): CRIU dumps it, and restored it finds nobody reading.
+/// The dump says so and how to hand the restore a pipe of one's own; the
+/// restore done that way writes to the pipe given.
+#[test]
+fn a_pipe_to_outside_the_tree_is_told_and_can_be_handed_over() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let (read, write) = criuz::io::pipe().unwrap();
+    let mut w = Workload::start(Spec { mib: 8, stdout: Some(&write), ..Default::default() });
+    drop(write);
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("x.czr");
+    let out = ok(criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]), "dump");
+    w.reap_original();
+    let said = String::from_utf8_lossy(&out.stderr);
+    let link = |fd: &std::os::fd::OwnedFd| {
+        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd))).unwrap()
+    };
+    let key = format!("fd[1]:{}", link(&read).display());
+    let warned = format!(
+        "warning: process {} (criuz-workload) writes to a pipe (its fd 1) that process {}",
+        w.pid,
+        std::process::id()
+    );
+    assert!(said.contains(&warned) && said.contains(&format!("--inherit-fd '{key}'")), "{said}");
+    drop(read);
+    let (new_read, new_write) = criuz::io::pipe().unwrap();
+    let ours = link(&new_write);
+    let out = run(Command::new(CRIUZ)
+        .args(["restore", "-d", arc.to_str().unwrap(), "--", "--inherit-fd", &key])
+        .stdout(Stdio::from(new_write)));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(w.sums(), before, "restored memory differs");
+    assert_eq!(std::fs::read_link(format!("/proc/{}/fd/1", w.pid)).unwrap(), ours);
+    drop(new_read);
+    w.stop();
+}
+
 /// What criuz may inherit from whoever starts it: a standard error nobody
 /// reads (a supervisor's log pipe closed), and SIGCHLD ignored (the kernel
 /// then reaps criuz's children itself). A dump and a restore do their work

@@ -6,7 +6,8 @@
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
 //! TCP_CORK taken off through pidfd_getfd); `memory` is what memory criuz
-//! may count on (the machine's, or its memory cgroup's); `budget` is the
+//! may count on (the machine's, or its memory cgroup's); `pipes` finds the
+//! pipes a tree shares with processes outside it; `budget` is the
 //! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
 //! dump at a time checkpoint a tree; `interrupt` turns a
 //! Ctrl-C into a clean end (what criuz had not finished is removed);
@@ -28,5 +29,6 @@ pub mod foreground;
 pub mod guard;
 pub mod interrupt;
 pub mod memory;
+pub mod pipes;
 pub mod socket;
 pub mod tree;

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
 use crate::proc::tree::{self, end_aborted_tree};
-use crate::proc::{budget, claim};
+use crate::proc::{budget, claim, pipes};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
@@ -216,6 +216,19 @@ fn check_dumpable(pid: i32) -> Result<()> {
     }
 }
 
+/// Says which pipes of the tree lead to processes outside it (see
+/// `proc::pipes`): the checkpoint is made all the same, as CRIU makes it.
+fn warn_of_outside_pipes(pid: i32) {
+    const SAID: usize = 4;
+    let ends = pipes::ends_outside(&[pid]);
+    for end in ends.iter().take(SAID) {
+        crate::say!("criuz: warning: {end}");
+    }
+    if ends.len() > SAID {
+        crate::say!("criuz: warning: and {} more such pipes", ends.len() - SAID);
+    }
+}
+
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
@@ -231,6 +244,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             name.trim()
         )));
     }
+    warn_of_outside_pipes(o.pid);
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;

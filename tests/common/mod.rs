@@ -76,6 +76,8 @@ pub struct Spec<'a> {
     pub high_fd: Option<i32>,
     /// MiB of private huge-page memory (reserve the pages first).
     pub huge_mib: usize,
+    /// Standard output (else /dev/null).
+    pub stdout: Option<&'a std::os::fd::OwnedFd>,
 }
 
 impl Default for Spec<'_> {
@@ -94,6 +96,7 @@ impl Default for Spec<'_> {
             group: None,
             high_fd: None,
             huge_mib: 0,
+            stdout: None,
         }
     }
 }
@@ -137,6 +140,9 @@ impl Workload {
         }
         if spec.open_file {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
+        }
+        if let Some(fd) = spec.stdout {
+            cmd.stdout(Stdio::from(fd.try_clone().unwrap()));
         }
         cmd.envs(spec.env.iter().copied());
         if let Some(group) = spec.group {

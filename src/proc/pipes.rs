@@ -1,0 +1,193 @@
+//! Pipes a tree shares with processes outside it. CRIU restores a pipe from
+//! the ends the tree held: one whose other end only an outside process
+//! held (`app | logger`, `producer | app`) comes back with nobody there, so
+//! the restored writer dies of SIGPIPE at its next write, and a reader sees
+//! end of input. CRIU dumps such a tree without a word. criuz says so
+//! before it dumps, so that the user can dump the whole pipeline or hand
+//! the restore a pipe of their own (`--inherit-fd`).
+//!
+//! Trade-off: finding the other end reads the descriptor links of every
+//! process on the machine, a few milliseconds per thousand descriptors; it
+//! is done only where the tree holds a pipe by one end, and before CRIU
+//! freezes anything. A process criuz cannot read is passed over: this is a
+//! warning, never a refusal.
+
+use crate::proc::tree::tree_pids;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+/// A pipe the tree holds by one end whose other end a process outside it
+/// holds.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OutsideEnd {
+    /// The process of the tree, its descriptor and its name.
+    pub pid: i32,
+    pub fd: i32,
+    pub comm: String,
+    /// The tree writes to the pipe (else it reads from it).
+    pub writes: bool,
+    /// The pipe's inode, CRIU's key for it (`pipe:[INODE]`).
+    pub inode: u64,
+    /// The outside process holding the other end, and its name.
+    pub other: i32,
+    pub other_comm: String,
+}
+
+impl fmt::Display for OutsideEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (pid, comm, fd, other, other_comm) = (self.pid, &self.comm, self.fd, self.other, &self.other_comm);
+        let key = format!("-- --inherit-fd 'fd[{fd}]:pipe:[{}]'", self.inode);
+        if self.writes {
+            write!(
+                f,
+                "process {pid} ({comm}) writes to a pipe (its fd {fd}) that process {other} ({other_comm}) reads, \
+                 outside the tree: restored, it finds nobody reading there, and its next write there kills it \
+                 (SIGPIPE). Dump the whole pipeline, or restore with {key} and criuz's fd {fd} the pipe to write to"
+            )
+        } else {
+            write!(
+                f,
+                "process {pid} ({comm}) reads a pipe (its fd {fd}) that process {other} ({other_comm}) writes, \
+                 outside the tree: restored, it reads end of input there. Dump the whole pipeline, or restore with \
+                 {key} and criuz's fd {fd} the pipe to read"
+            )
+        }
+    }
+}
+
+/// One end of a pipe as a process holds it.
+#[derive(Clone, Copy)]
+struct Held {
+    pid: i32,
+    fd: i32,
+    reads: bool,
+    writes: bool,
+}
+
+/// The pipes of `tree` (its root and all it forked) whose other end only
+/// processes outside it hold, one report per pipe.
+pub fn ends_outside(tree: &[i32]) -> Vec<OutsideEnd> {
+    let members: HashSet<i32> = tree_pids(tree).into_iter().collect();
+    // Per pipe, what the tree holds of it.
+    let mut inside: HashMap<u64, (bool, bool, Held)> = HashMap::new();
+    for &pid in &members {
+        for (inode, held) in pipe_ends(pid) {
+            let e = inside.entry(inode).or_insert((false, false, held));
+            e.0 |= held.reads;
+            e.1 |= held.writes;
+        }
+    }
+    inside.retain(|_, (reads, writes, _)| reads != writes);
+    if inside.is_empty() {
+        return Vec::new();
+    }
+    let me = std::process::id() as i32;
+    let mut found: Vec<OutsideEnd> = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return found };
+    for pid in procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        if pid == me || members.contains(&pid) {
+            continue;
+        }
+        for (inode, held) in pipe_ends(pid) {
+            let Some((_, tree_writes, ours)) = inside.get(&inode) else { continue };
+            let other_side = if *tree_writes { held.reads } else { held.writes };
+            if other_side && !found.iter().any(|f| f.inode == inode) {
+                found.push(OutsideEnd {
+                    pid: ours.pid,
+                    fd: ours.fd,
+                    comm: comm_of(ours.pid),
+                    writes: *tree_writes,
+                    inode,
+                    other: held.pid,
+                    other_comm: comm_of(held.pid),
+                });
+            }
+        }
+    }
+    found.sort_by_key(|f| (f.pid, f.fd));
+    found
+}
+
+/// The pipe ends process `pid` holds: (inode, how). A process gone or not
+/// readable holds none here.
+fn pipe_ends(pid: i32) -> Vec<(u64, Held)> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    let mut ends = Vec::new();
+    for e in fds.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(link) = std::fs::read_link(e.path()) else { continue };
+        let Some(inode) = link.to_str().and_then(pipe_inode) else { continue };
+        let Some(mode) = access_mode(pid, fd) else { continue };
+        let (reads, writes) = match mode {
+            libc::O_RDONLY => (true, false),
+            libc::O_WRONLY => (false, true),
+            _ => (true, true),
+        };
+        ends.push((inode, Held { pid, fd, reads, writes }));
+    }
+    ends
+}
+
+/// The inode of a `pipe:[N]` descriptor link.
+fn pipe_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("pipe:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The access mode (O_ACCMODE bits) of descriptor `fd` of `pid`, from its
+/// fdinfo's octal `flags`.
+fn access_mode(pid: i32, fd: i32) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim();
+    Some(i32::from_str_radix(flags, 8).ok()? & libc::O_ACCMODE)
+}
+
+fn comm_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    #[test]
+    fn a_pipe_link_names_its_inode() {
+        assert_eq!(pipe_inode("pipe:[21709259]"), Some(21709259));
+        assert_eq!(pipe_inode("socket:[5]"), None);
+        assert_eq!(pipe_inode("/tmp/pipe:[5]"), None);
+    }
+
+    /// A child writing to a pipe another process reads is reported with
+    /// its end, and one holding both ends of its own pipe is not. (What the
+    /// children inherit besides, from whoever runs the tests, may be
+    /// reported too.)
+    #[test]
+    fn a_pipe_read_outside_the_tree_is_found() {
+        let sleeper = || {
+            let mut c = Command::new("sleep");
+            c.arg("30").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            c
+        };
+        let (read, write) = crate::io::pipe().unwrap();
+        let inode = |fd: &std::os::fd::OwnedFd| {
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd))).unwrap();
+            pipe_inode(link.to_str().unwrap()).unwrap()
+        };
+        let ino = inode(&read);
+        let mut child = sleeper().stdout(Stdio::from(write)).spawn().unwrap();
+        let mut reader = sleeper().stdin(Stdio::from(read)).spawn().unwrap();
+        let pid = child.id() as i32;
+        let found = ends_outside(&[pid]);
+        let _ = (child.kill(), reader.kill(), child.wait(), reader.wait());
+        let f = found.iter().find(|f| f.inode == ino).unwrap_or_else(|| panic!("{found:?}"));
+        assert!(f.writes && f.pid == pid && f.fd == 1 && f.other == reader.id() as i32, "{f:?}");
+        assert!(f.to_string().contains("kills it (SIGPIPE)") && f.to_string().contains("fd[1]:pipe:["), "{f}");
+        // Both ends in the tree: nothing to say of that pipe.
+        let (r, w) = crate::io::pipe().unwrap();
+        let ino = inode(&r);
+        let mut both = sleeper().stdin(Stdio::from(r)).stdout(Stdio::from(w)).spawn().unwrap();
+        let found = ends_outside(&[both.id() as i32]);
+        let _ = (both.kill(), both.wait());
+        assert!(!found.iter().any(|f| f.inode == ino), "{found:?}");
+    }
+}
