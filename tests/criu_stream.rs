@@ -1033,9 +1033,11 @@ fn a_user_without_criu_s_rights_is_told_what_it_needs() {
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (a, c) = (arc.to_str().unwrap(), theirs.to_str().unwrap());
-    // A process of root's: CRIU refuses for want of rights before any target matters.
-    let me = std::process::id().to_string();
-    for verb in [vec!["dump", "-t", &me, "-o", a], vec!["restore", "-d", "-i", a]] {
+    // A process of root's (not criuz's ancestor, which is refused first):
+    // CRIU refuses for want of rights before any target matters.
+    let mut roots = Command::new("sleep").arg("60").stdout(Stdio::null()).spawn().unwrap();
+    let target = roots.id().to_string();
+    for verb in [vec!["dump", "-t", &target, "-o", a], vec!["restore", "-d", "-i", a]] {
         if verb[0] == "restore" {
             // An archive of their own to restore (refused by CRIU's rights
             // before any pid matters).
@@ -1059,6 +1061,7 @@ fn a_user_without_criu_s_rights_is_told_what_it_needs() {
         assert_eq!(code, Some(1), "{verb:?}: {err}");
         assert!(err.contains("no usable CRIU") && err.contains("as root"), "{verb:?}: {err}");
     }
+    let _ = (roots.kill(), roots.wait());
 }
 
 /// A process started in a pid namespace of its own (`unshare -pf`, a
