@@ -44,8 +44,8 @@
 use crate::criu::scm;
 use crate::error::{Error, Result};
 use crate::proc::tree::{
-    describe_end, end_aborted_tree, held_by_ours, holder_of, kill_tree, left_stopped, signal_tree_except, tree_pids,
-    wait_ended, wait_untraced,
+    describe_end, end_aborted_tree, held_by_ours, holder_of, kill_tree, left_stopped, restored_root,
+    signal_tree_except, tree_pids, wait_ended, wait_untraced,
 };
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -95,9 +95,11 @@ impl Victim {
         match self {
             // Only what this criuz restored (`held_by_ours`): a pid of the
             // tree may be another's by now. A lazy or placed tree stays
-            // below criuz until it is whole (CRIU exits before criuz lets
-            // go of it), so no root is needed to know it.
-            Victim::Tree(pids) => kill_tree(&held_by_ours(pids, None)),
+            // below criuz until it is whole; once it is, criuz lets go of
+            // it, and the tree may go to init as CRIU exits: its root,
+            // noted then, still names it (a CUDA resume or a --pidfile that
+            // failed after that killed nothing, 1 run in 15).
+            Victim::Tree(pids) => kill_tree(&held_by_ours(pids, restored_root())),
             Victim::Cgroup(c) => {
                 if let Some(path) = c.get() {
                     let _ = std::fs::write(path, b"1");
@@ -144,7 +146,7 @@ impl Victim {
     pub fn wait_gone(&self) -> String {
         match self {
             Victim::Tree(pids) => {
-                let ended = end_aborted_tree(pids, None);
+                let ended = end_aborted_tree(pids, restored_root());
                 let said: Vec<String> = ended.iter().map(|(p, st)| format!("pid {p} {}", describe_end(*st))).collect();
                 said.join(", ")
             }

@@ -167,6 +167,13 @@ pub(crate) fn write_running_pidfile(root: i32) -> Option<std::io::Result<std::pa
     Some(written.map(|()| to))
 }
 
+/// The root of the tree this criuz restored whole and let go of, if any:
+/// what descends from it is this restore's to end, wherever it went.
+pub(crate) fn restored_root() -> Option<i32> {
+    let root = RESTORED_ROOT.load(std::sync::atomic::Ordering::Relaxed);
+    (root > 0).then_some(root)
+}
+
 /// The root of the tree this criuz restored whole, while it runs.
 pub(crate) fn restored_root_running() -> Option<i32> {
     let root = RESTORED_ROOT.load(std::sync::atomic::Ordering::Relaxed);
