@@ -196,7 +196,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 13] = [
+const HINTS: [(&[&str], &str); 17] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -233,6 +233,24 @@ const HINTS: [(&[&str], &str); 13] = [
         "the checkpoint holds established TCP connections: restore with -- --tcp-established",
     ),
     (&["Found dangling tty"], "a process attached to a terminal: dump and restore with --shell-job"),
+    (
+        &["Can't bind inet socket", "Address already in use"],
+        "an address the tree had bound (a listening port) is taken by another process (ss -ltnp names it): free \
+         it and restore again",
+    ),
+    (
+        &["without correspond master peer"],
+        "the tree was on a terminal (dumped with --shell-job): restore it with --shell-job, from a terminal",
+    ),
+    (
+        &["Don't have tty to inherit session from"],
+        "the tree was on a terminal: restore it with --shell-job from a terminal (criuz's standard input)",
+    ),
+    (
+        &["SysVIPC shmem map", "doesn't live in IPC ns"],
+        "the tree maps SysV shared memory, which CRIU checkpoints only in an IPC namespace of the tree's own: \
+         start it under unshare --ipc",
+    ),
     (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
     (
         &["has bad size", "expect"],
@@ -302,6 +320,10 @@ mod tests {
             (" 20432: Error (criu/mem.c:1363): Unable to reserve memory (541536256 bytes): Cannot allocate memory", "ulimit -v"),
             ("pie: 12047: Error (criu/pie/parasite.c:588): send_fds failed (-22)", "io_uring"),
             (" 27862: Error (criu/servicefd.c:282): sfd: Can't chose service_fd_base: 1024 15038", "raise the hard limit"),
+            ("  2133: Error (criu/tty.c:1010): tty: Don't have tty to inherit session from, aborting", "from a terminal"),
+            (" 11053: Error (criu/tty.c:410): tty: Found slave peer index 0 without correspond master peer", "restore it with --shell-job"),
+            (" 11535: Error (criu/sk-inet.c:1059): inet: Can't bind inet socket (id 26): Address already in use", "ss -ltnp"),
+            ("Error (criu/cr-dump.c:478): Task 29081 with SysVIPC shmem map @7f32d0600000 doesn't live in IPC ns", "unshare --ipc"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
