@@ -1408,17 +1408,34 @@ fn a_detached_restore_hands_the_tree_what_inherit_fd_names() {
     let arc = tmp.path().join("x.czr");
     ok(criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]), "dump");
     w.reap_original();
+    restore_onto_a_new_pipe(&mut w, &arc, "fd[1]:dev/null", &before);
+    w.stop();
+}
+
+/// Restores `arc` detached with `-- --inherit-fd KEY`, criuz's standard
+/// output a new pipe, and checks that the restored process has the memory
+/// it had (`before`) and that pipe as its standard output.
+fn restore_onto_a_new_pipe(
+    w: &mut Workload,
+    arc: &Path,
+    key: &str,
+    before: &std::collections::BTreeMap<String, String>,
+) {
     let (read, write) = criuz::io::pipe().unwrap();
-    let ours = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&write))).unwrap();
+    let ours = fd_link(&write);
     let out = run(Command::new(CRIUZ)
-        .args(["restore", "-d", arc.to_str().unwrap(), "--", "--inherit-fd", "fd[1]:dev/null"])
+        .args(["restore", "-d", arc.to_str().unwrap(), "--", "--inherit-fd", key])
         .stdout(Stdio::from(write)));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(w.sums(), before, "restored memory differs");
+    assert_eq!(&w.sums(), before, "restored memory differs");
     let theirs = std::fs::read_link(format!("/proc/{}/fd/1", w.pid)).unwrap();
     assert_eq!(theirs, ours, "the restored tree's standard output is not the pipe given to criuz");
     drop(read);
-    w.stop();
+}
+
+/// What descriptor `fd` of this process names (`pipe:[N]`).
+fn fd_link(fd: &std::os::fd::OwnedFd) -> PathBuf {
+    std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd))).unwrap()
 }
 
 /// A process writing to a pipe that a process outside its tree reads
@@ -1438,10 +1455,7 @@ fn a_pipe_to_outside_the_tree_is_told_and_can_be_handed_over() {
     let out = ok(criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]), "dump");
     w.reap_original();
     let said = String::from_utf8_lossy(&out.stderr);
-    let link = |fd: &std::os::fd::OwnedFd| {
-        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd))).unwrap()
-    };
-    let key = format!("fd[1]:{}", link(&read).display());
+    let key = format!("fd[1]:{}", fd_link(&read).display());
     let warned = format!(
         "warning: process {} (criuz-workload) writes to a pipe (its fd 1) that process {}",
         w.pid,
@@ -1449,15 +1463,7 @@ fn a_pipe_to_outside_the_tree_is_told_and_can_be_handed_over() {
     );
     assert!(said.contains(&warned) && said.contains(&format!("--inherit-fd '{key}'")), "{said}");
     drop(read);
-    let (new_read, new_write) = criuz::io::pipe().unwrap();
-    let ours = link(&new_write);
-    let out = run(Command::new(CRIUZ)
-        .args(["restore", "-d", arc.to_str().unwrap(), "--", "--inherit-fd", &key])
-        .stdout(Stdio::from(new_write)));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(w.sums(), before, "restored memory differs");
-    assert_eq!(std::fs::read_link(format!("/proc/{}/fd/1", w.pid)).unwrap(), ours);
-    drop(new_read);
+    restore_onto_a_new_pipe(&mut w, &arc, &key, &before);
     w.stop();
 }
 
