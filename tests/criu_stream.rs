@@ -454,9 +454,7 @@ fn leave_running_then_restore_after_kill() {
     dump(&w, &arc, &["--leave-running"]);
     assert!(w.alive(), "--leave-running must keep the process");
     assert_eq!(w.sums(), before);
-    // SAFETY: our own workload.
-    unsafe { libc::kill(w.pid, libc::SIGKILL) };
-    w.reap_original();
+    w.kill_and_reap();
     restore(&arc, &[]);
     assert_eq!(w.sums(), before);
     w.stop();
@@ -508,9 +506,7 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
             .unwrap();
         assert!(out.status.success(), "{fill}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(w.sums(), before, "{fill}");
-        // SAFETY: our own restored workload.
-        unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        w.reap_original();
+        w.kill_and_reap();
     }
     // Through a pipe (`cat a.czr | criuz restore -i -`), or, `from_file`,
     // redirected from the archive (`< a.czr`). A piped archive is spooled to
@@ -568,9 +564,7 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let (st, err) = run_stdin(&[], false);
     assert!(st.success(), "{err}");
     assert_eq!(w.sums(), before);
-    // SAFETY: our own restored workload.
-    unsafe { libc::kill(w.pid, libc::SIGKILL) };
-    w.reap_original();
+    w.kill_and_reap();
     // Redirected from the file, it is read in place: no spool, no cap.
     let (st, err) = run_stdin(&["--pipe-buffer", "64K"], true);
     assert!(st.success(), "{err}");
@@ -624,9 +618,7 @@ fn an_archive_goes_through_named_pipes_both_ways() {
         restore(&fifo, how);
         fed.join().unwrap();
         assert_eq!(w.sums(), before, "{how:?}: the restored memory differs");
-        // SAFETY: our own restored workload.
-        unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        w.reap_original();
+        w.kill_and_reap();
     }
 }
 
@@ -1206,9 +1198,7 @@ fn two_restores_of_one_checkpoint_at_once_leave_the_winner_running() {
         std::thread::sleep(Duration::from_millis(1500));
         assert!(w.alive(), "{fill}: the restored tree was killed: {said}");
         assert_eq!(w.sums(), before, "{fill}");
-        // SAFETY: the workload this test restored.
-        unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        w.reap_original();
+        w.kill_and_reap();
     }
     w.stop();
 }
@@ -1282,9 +1272,7 @@ fn private_huge_pages_are_placed_never_streamed() {
         let report = restore(&arc, extra);
         assert_ne!(report["fill"], "stream", "{extra:?}: {report}");
         assert_eq!(w.sums(), before, "{extra:?}: the restored memory differs");
-        // SAFETY: the workload this test restored.
-        unsafe { libc::kill(w.pid, libc::SIGKILL) };
-        w.reap_original();
+        w.kill_and_reap();
     }
     w.stop();
 }

@@ -44,6 +44,15 @@ pub struct FileEntry {
     pub table: Vec<TableEntry>,
 }
 
+impl FileEntry {
+    /// Whether this is one of CRIU's images: a file at the top of the
+    /// archive (a tree archive, runc's checkpoint, keeps its own files
+    /// beside them, and nothing CRIU reads below).
+    pub fn is_criu_image(&self) -> bool {
+        !self.name.contains('/')
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Index {
     pub files: Vec<FileEntry>,

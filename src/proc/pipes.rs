@@ -12,7 +12,7 @@
 //! freezes anything. A process criuz cannot read is passed over: this is a
 //! warning, never a refusal.
 
-use crate::proc::tree::tree_pids;
+use crate::proc::tree::{holder_of, tree_pids};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -142,7 +142,7 @@ fn access_mode(pid: i32, fd: i32) -> Option<i32> {
 }
 
 fn comm_of(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default()
+    holder_of(pid).map_or_else(|| "?".to_string(), |h| h.comm)
 }
 
 #[cfg(test)]

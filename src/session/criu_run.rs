@@ -179,7 +179,7 @@ pub(crate) fn check_memory_room(source: &dyn BlockSource) -> Result<()> {
     if crate::session::lazy::shares_pages(source) {
         return Ok(());
     }
-    let top_pages = source.index().files.iter().filter(|f| f.kind == FileKind::Pages && !f.name.contains('/'));
+    let top_pages = source.index().files.iter().filter(|f| f.kind == FileKind::Pages && f.is_criu_image());
     let mut pages = 0u64;
     for f in top_pages {
         for (header, _) in (0..).map_while(|i| source.block_header(f.file_id, i)) {

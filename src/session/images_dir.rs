@@ -84,7 +84,7 @@ impl SeqSink for Skipping<'_> {
 /// left out.
 pub fn write_images(archive: Arc<Archive>, dir: &Path, opts: &Options) -> Result<(UnpackStats, u64)> {
     let mut rewrites = HashMap::new();
-    for f in archive.index().files.iter().filter(|f| !f.name.contains('/')) {
+    for f in archive.index().files.iter().filter(|f| f.is_criu_image()) {
         let Some(pid) = images::process_pagemap_pid(&f.name) else { continue };
         let pagemap = archive.read_file(f)?;
         if let Some(plan) = zero_plan(&*archive, pid, &pagemap, 1)? {

@@ -43,7 +43,7 @@ use crate::codec::Decoder;
 use crate::criu::images::{self, PageRun};
 use crate::criu::{uffd, Criu};
 use crate::error::{Error, IoContext, Result, ResultContext};
-use crate::format::{check_entry_name, BlockCodec, FileEntry, FileKind, PAGE_SIZE};
+use crate::format::{check_entry_name, BlockCodec, FileKind, PAGE_SIZE};
 use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
@@ -195,9 +195,8 @@ pub(crate) struct Placement {
 /// process's pagemap is not one it can rewrite for a lazy restore (what CRIU
 /// writes; not, say, a pagemap of pages CRIU compressed itself).
 pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placement>> {
-    let top = |f: &&FileEntry| !f.name.contains('/');
     let mut pagemaps = HashMap::new();
-    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain).filter(top) {
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let Some(lazy) = lazy_pagemap(source, pid, &source.read_file(f)?, HELD_MIN_ZERO_RUN)? else {
                 return Ok(None);
@@ -209,7 +208,7 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
     let mut eager_bytes = 0;
     let mut placed_bytes = 0;
-    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(|f| f.is_criu_image()) {
         let bytes = |l: &LazyPagemap, lazy: bool| -> u64 {
             l.runs.iter().filter(|(r, _)| r.lazy == lazy).map(|(r, _)| r.nr.saturating_mul(PAGE_SIZE as u64)).sum()
         };
@@ -231,8 +230,7 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
 /// were) and a restore through userfaultfd copies into each of them. Reads
 /// the index only (block headers, no payload).
 pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
-    let top = |f: &&FileEntry| !f.name.contains('/');
-    let files = || source.index().files.iter().filter(top);
+    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
     let processes = files().filter(|f| f.kind == FileKind::Plain && images::process_pagemap_pid(&f.name).is_some());
     processes.count() > 1
         && files()
@@ -286,10 +284,7 @@ fn materialize(
     let files = &source.index().files;
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
     let mut zero_pages = 0;
-    // CRIU's images are the top-level files (of a tree: runc's checkpoint
-    // keeps its own files beside them, nothing CRIU reads below).
-    let top = |f: &&FileEntry| !f.name.contains('/');
-    for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(top) {
+    for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
@@ -309,7 +304,7 @@ fn materialize(
     }
     let mut processes = HashMap::new();
     let mut eager = 0;
-    for f in files.iter().filter(|f| f.kind == FileKind::Pages).filter(top) {
+    for f in files.iter().filter(|f| f.kind == FileKind::Pages).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let path = dir.join(&f.name);
         let out = std::fs::File::create(&path).at(&path)?;

@@ -202,8 +202,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
 /// The first process of the archive with private huge-page memory, which
 /// CRIU's stream cannot restore (`images::private_huge_pages`).
 fn private_huge_pages(source: &dyn BlockSource) -> Result<Option<String>> {
-    let top = |f: &&crate::format::FileEntry| !f.name.contains('/');
-    for f in source.index().files.iter().filter(top) {
+    for f in source.index().files.iter().filter(|f| f.is_criu_image()) {
         let Some(pid) = f.name.strip_prefix("mm-").and_then(|n| n.strip_suffix(".img")) else { continue };
         if images::private_huge_pages(&source.read_file(f)?) == Some(true) {
             return Ok(Some(pid.to_string()));

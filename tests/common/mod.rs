@@ -227,6 +227,14 @@ impl Workload {
         });
     }
 
+    /// Kills the workload's root (a restored one too) and waits until its
+    /// pids are free again.
+    pub fn kill_and_reap(&mut self) {
+        // SAFETY: signalling our own workload.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        self.reap_original();
+    }
+
     pub fn alive(&self) -> bool {
         process_state(self.pid).is_some_and(|s| s != 'Z')
     }
