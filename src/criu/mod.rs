@@ -196,7 +196,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 17] = [
+const HINTS: [(&[&str], &str); 18] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -250,6 +250,14 @@ const HINTS: [(&[&str], &str); 17] = [
         &["SysVIPC shmem map", "doesn't live in IPC ns"],
         "the tree maps SysV shared memory, which CRIU checkpoints only in an IPC namespace of the tree's own: \
          start it under unshare --ipc",
+    ),
+    (
+        // Reading another user's limits (prlimit) takes CAP_SYS_RESOURCE,
+        // which a container or a service manager may drop even for root.
+        &["Can't get rlimit", "Operation not permitted"],
+        "CRIU could not read the resource limits of a process that runs as another user: that takes \
+         CAP_SYS_RESOURCE, which criuz runs without here (dropped by a container or a service manager); run it \
+         with CAP_SYS_RESOURCE",
     ),
     (&["has uprobes vma"], "the process has uprobes: dump and restore with -- --allow-uprobes"),
     (
@@ -324,6 +332,7 @@ mod tests {
             (" 11053: Error (criu/tty.c:410): tty: Found slave peer index 0 without correspond master peer", "restore it with --shell-job"),
             (" 11535: Error (criu/sk-inet.c:1059): inet: Can't bind inet socket (id 26): Address already in use", "ss -ltnp"),
             ("Error (criu/cr-dump.c:478): Task 29081 with SysVIPC shmem map @7f32d0600000 doesn't live in IPC ns", "unshare --ipc"),
+            ("Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted", "CAP_SYS_RESOURCE"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
