@@ -460,6 +460,60 @@ fn leave_running_then_restore_after_kill() {
     w.stop();
 }
 
+/// CRIU restores every process under its old pid, so a restore is refused
+/// by name while one is taken. The kernel frees a pid only once no process
+/// names it as its session or process group: a restored session leader
+/// killed while a child it forked lives on leaves its pid with no /proc
+/// entry, yet taken. That restore failed in CRIU ("Can't fork for PID:
+/// File exists") and was told to try again once the pid was free, which it
+/// would never be. It is now refused before CRIU runs, naming the process
+/// that keeps the pid, and runs once that process has ended.
+#[test]
+fn a_pid_in_use_or_still_naming_a_session_is_refused_by_name() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec::default());
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &["--leave-running"]);
+    let refused = |what: &str| {
+        let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(!err.contains("criu restore failed"), "{what}: refused only by CRIU: {err}");
+        err
+    };
+    let err = refused("the dumped process still running");
+    let in_use = format!("pid {} of the checkpointed tree is in use by criuz-workload (running)", w.pid);
+    assert!(err.contains(&in_use), "{err}");
+    w.kill_and_reap();
+    restore(&arc, &[]);
+
+    // The restored root (a session leader) forks a child, then is killed.
+    let late_pid = w.dir.path().join("late-pid");
+    std::fs::write(w.dir.path().join("rewrite"), "fork").unwrap();
+    // SAFETY: signalling our own workload.
+    assert_eq!(unsafe { libc::kill(w.pid, libc::SIGUSR2) }, 0);
+    wait_for("the restored root's fork", Duration::from_secs(30), || late_pid.exists());
+    let late: i32 = std::fs::read_to_string(&late_pid).unwrap().trim().parse().unwrap();
+    w.kill_and_reap();
+    let err = refused("the killed root's session held by its child");
+    let named =
+        format!("pid {} of the checkpointed tree is still the session of process {late} (criuz-workload)", w.pid);
+    assert!(err.contains(&named), "{err}");
+
+    // SAFETY: killing the workload's own child, then reaping it (re-parented
+    // to this test, a subreaper).
+    unsafe {
+        libc::kill(late, libc::SIGKILL);
+        libc::waitpid(late, std::ptr::null_mut(), 0);
+    }
+    restore(&arc, &[]);
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
 #[test]
 fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     let Some(_criu) = criu() else { return };

@@ -278,7 +278,8 @@ const HINTS: [(&[&str], &str); 18] = [
     (
         &["Can't fork for", "File exists"],
         "a pid of the tree was taken while CRIU restored it (another restore of this checkpoint, or a new \
-         process): restore again once it is free",
+         process), or a process that outlived the tree still has it as its session (ps -eo pid,sid,comm names \
+         it): restore again once it is free",
     ),
 ];
 

@@ -127,8 +127,10 @@ pub(crate) const PID_NAMESPACE_REFUSED: &str =
      or podman)";
 
 /// CRIU restores every process and thread under its old id; one still in use
-/// (often the dumped process itself, not yet reaped by its parent) would make
-/// CRIU fail with "Can't fork for PID: File exists". Returns the tree's pids;
+/// (often the dumped process itself, not yet reaped by its parent), or still
+/// named as a session or process group by a process that outlived its
+/// holder, would make CRIU fail with "Can't fork for PID: File exists".
+/// Returns the tree's pids;
 /// an archive that holds no process tree is refused before CRIU runs.
 pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     let Some(entry) = source.find("pstree.img") else {
@@ -165,6 +167,16 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
                  a dumped process keeps its pid until its parent reaps it"
             )));
         }
+    }
+    tree::wait_unnamed(&pids, EXIT_WAIT);
+    if let Some(tree::Naming { pid, by, as_what, holder }) = tree::named_elsewhere(&pids) {
+        let zombie = if holder.zombie { ", a zombie not reaped yet" } else { "" };
+        return Err(Error::Criu(format!(
+            "cannot restore: pid {pid} of the checkpointed tree is still the {as_what} of process {by} ({}{zombie}), \
+             which outlived the process that had the pid (a child it forked?): the pid is not free until that \
+             process ends; end it and restore again",
+            holder.comm
+        )));
     }
     Ok(pids)
 }
