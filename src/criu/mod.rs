@@ -179,7 +179,15 @@ fn find(explicit: Option<&Path>) -> Result<(Criu, Vec<Rejected>)> {
     Err(Error::Criu(msg))
 }
 
-/// The last lines of a CRIU log that say what went wrong.
+/// CRIU's errors that only say that it failed, or that the failure ended
+/// a process: what caused it was logged before them.
+const AFTERMATH: [&str; 4] =
+    ["Restoring FAILED", "Dumping FAILED", "exited, status=", "Killing processes because of failure"];
+
+/// At most `max` lines of a CRIU log that say what went wrong: its first
+/// error, where the cause is (a file a restore could not open: "Can't open
+/// file PATH: No such file or directory", three errors before the end),
+/// and the last ones, leaving out those that only report the failure.
 pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     // CRIU logs its failure to raise its own descriptor limit as an error
@@ -189,14 +197,24 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
         .filter(|l| (l.contains("Error") || l.contains("rror (")) && !l.contains("Can't setup RLIMIT_NOFILE"))
         .map(String::from)
         .collect();
-    let lines: Vec<String> = if errs.is_empty() { text.lines().map(String::from).collect() } else { errs };
-    lines[lines.len().saturating_sub(max)..].to_vec()
+    let causes: Vec<String> = errs.iter().filter(|l| !AFTERMATH.iter().any(|a| l.contains(a))).cloned().collect();
+    let lines = match (causes.is_empty(), errs.is_empty()) {
+        (false, _) => causes,
+        (true, false) => errs,
+        (true, true) => text.lines().map(String::from).collect(),
+    };
+    if lines.len() <= max || max < 2 {
+        return lines[lines.len().saturating_sub(max)..].to_vec();
+    }
+    let mut kept = vec![lines[0].clone()];
+    kept.extend_from_slice(&lines[lines.len() - (max - 1)..]);
+    kept
 }
 
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 18] = [
+const HINTS: [(&[&str], &str); 19] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -266,6 +284,11 @@ const HINTS: [(&[&str], &str); 18] = [
          binary or library?); put it back as it was to restore",
     ),
     (
+        &["Can't open file", "No such file or directory"],
+        "a file the tree had open is no longer where it was (CRIU opens each again by its path, written from /): \
+         put it back and restore again",
+    ),
+    (
         &["Unable to reserve mem"],
         "CRIU could not reserve the restored process's memory: the restore runs under an address-space limit \
          (ulimit -v) or with less memory than the process had",
@@ -309,9 +332,24 @@ mod tests {
                     Error (criu/cr-restore.c:2331): Restoring FAILED.\n";
         std::fs::write(&log, text).unwrap();
         let errors = super::log_errors(&log, 3);
-        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("Connected TCP socket in image"), "{errors:?}");
         assert!(super::log_hint(&log).is_some_and(|h| h.contains("restore with -- --tcp-established")));
+        // The cause comes first, three errors before the end.
+        let text = " 21121: Error (criu/files-reg.c:2353): Can't open file tmp/w/held.dat on restore: No such file or directory\n\
+                    \x20 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory\n\
+                    \x20 21121: Error (criu/files.c:1221): Unable to open fd=3 id=0x8\n\
+                    \x20 21121: Error (criu/files.c:1221): Unable to open fd=4 id=0x9\n\
+                    Error (criu/cr-restore.c:1265): 21121 exited, status=1\n\
+                    Error (criu/cr-restore.c:2331): Restoring FAILED.\n";
+        std::fs::write(&log, text).unwrap();
+        let errors = super::log_errors(&log, 3);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].contains("held.dat on restore: No such file"), "{errors:?}");
+        assert!(errors[2].contains("fd=4"), "{errors:?}");
+        // A log of nothing but the failure says that much.
+        std::fs::write(&log, "Error (criu/cr-restore.c:2331): Restoring FAILED.\n").unwrap();
+        assert_eq!(super::log_errors(&log, 3), vec!["Error (criu/cr-restore.c:2331): Restoring FAILED.".to_string()]);
         std::fs::write(&log, "Error (criu/cr-restore.c:1237): Can't fork for 32281: File exists\n").unwrap();
         assert!(super::log_hint(&log).is_some_and(|h| h.contains("another restore of this checkpoint")));
         std::fs::write(
@@ -334,6 +372,7 @@ mod tests {
             (" 11535: Error (criu/sk-inet.c:1059): inet: Can't bind inet socket (id 26): Address already in use", "ss -ltnp"),
             ("Error (criu/cr-dump.c:478): Task 29081 with SysVIPC shmem map @7f32d0600000 doesn't live in IPC ns", "unshare --ipc"),
             ("Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted", "CAP_SYS_RESOURCE"),
+            (" 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory", "put it back"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
