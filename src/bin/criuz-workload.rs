@@ -41,6 +41,8 @@ struct Args {
     threads: usize,
     dir: PathBuf,
     open_file: Option<PathBuf>,
+    /// Hold a POSIX write lock on all of `open_file`.
+    lock_file: bool,
     extra_maps: bool,
     /// The memory is shared anonymous memory (CRIU restores it itself, from
     /// its own pages image) instead of private.
@@ -56,7 +58,7 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
-         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--extra-maps 1] [--shared 1] \
+         [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--lock-file 1] [--extra-maps 1] [--shared 1] \
          [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N]"
     );
     std::process::exit(2)
@@ -71,6 +73,7 @@ fn parse_args() -> Args {
         threads: 4,
         dir: PathBuf::new(),
         open_file: None,
+        lock_file: false,
         extra_maps: false,
         shared: false,
         tcp_peer: None,
@@ -88,6 +91,7 @@ fn parse_args() -> Args {
             "--threads" => a.threads = v.parse().unwrap_or_else(|_| usage()),
             "--dir" => a.dir = v.into(),
             "--open-file" => a.open_file = Some(v.into()),
+            "--lock-file" => a.lock_file = v == "1",
             "--extra-maps" => a.extra_maps = v == "1",
             "--shared" => a.shared = v == "1",
             "--tcp-peer" => a.tcp_peer = Some(v),
@@ -759,6 +763,15 @@ fn main() {
             fill_text(&mut content, &mut Rng(7));
             libc::write(fd, content.as_ptr() as *const _, content.len());
             libc::lseek(fd, 12345, libc::SEEK_SET);
+            if a.lock_file {
+                let mut whole: libc::flock = std::mem::zeroed();
+                whole.l_type = libc::F_WRLCK as _;
+                whole.l_whence = libc::SEEK_SET as _;
+                if libc::fcntl(fd, libc::F_SETLK, &whole) != 0 {
+                    eprintln!("criuz-workload: cannot lock {}", p.display());
+                    std::process::exit(1)
+                }
+            }
             fd
         }
     });

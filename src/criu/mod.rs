@@ -230,7 +230,7 @@ const HINTS: [(&[&str], &str); 19] = [
     ),
     (
         &["Some file locks are hold by dumping tasks"],
-        "the tree holds file locks: dump and restore with -- --file-locks",
+        "the tree holds file locks: dump with -- --file-locks (criuz restores such a checkpoint with its locks)",
     ),
     (
         &["Can't dump ghost file", "increase limit"],
@@ -359,7 +359,7 @@ mod tests {
         .unwrap();
         assert_eq!(super::log_hint(&log), None);
         for (logged, says) in [
-            ("Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can try --file-locks to dump them.", "-- --file-locks"),
+            ("Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can try --file-locks to dump them.", "dump with -- --file-locks"),
             ("Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x of 2101248 size, increase limit", "-- --ghost-limit"),
             ("Error (criu/sk-unix.c:874): External socket is used. Consider using --ext-unix-sk option.", "-- --ext-unix-sk"),
             ("Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 29543 (Operation not permitted)", "detach the tracer"),

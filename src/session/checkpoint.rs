@@ -531,7 +531,7 @@ pub fn restore_opened(
         skip_zero_pages: !o.keep_zero_pages,
     };
 
-    let mut cmd = restore_command(criu, o, "--stream", work.path(), &pidfile);
+    let mut cmd = restore_command(criu, o, &*source, "--stream", work.path(), &pidfile);
 
     // Should criuz die mid-restore, its CRIU dies with it (`restore_command`)
     // and the half-restored tree would wait forever for a CRIU that is gone:

@@ -272,16 +272,40 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
         .at(to)
 }
 
+/// Bytes of a CRIU image that holds no entry: its two magic numbers.
+const EMPTY_IMAGE_BYTES: u64 = 8;
+
+/// Whether the checkpoint holds file locks (entries in `filelocks.img`,
+/// which CRIU writes for a dump given `--file-locks`). CRIU restores them
+/// only if told `--file-locks` again; without it, it restores the tree
+/// without its locks and without a word (found by hand: an SQLite process
+/// holding its database locked came back holding no lock, free for another
+/// process to write the database under it).
+pub(crate) fn holds_file_locks(source: &dyn BlockSource) -> bool {
+    source.find("filelocks.img").is_some_and(|f| f.raw_size > EMPTY_IMAGE_BYTES)
+}
+
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
-/// the user's options; the restored pid goes to `pidfile`. CRIU returns
+/// the user's options, and `--file-locks` where `source` holds file locks
+/// ([`holds_file_locks`]); the restored pid goes to `pidfile`. CRIU returns
 /// once the tree runs, with or without -d: without, the root is made
 /// criuz's own child (`--restore-sibling`), for criuz to wait for
 /// (`proc::foreground`). CRIU gets criuz's standard streams where the tree
 /// takes them (a `--shell-job` tree its terminal, `--inherit-fd`), with or
 /// without -d.
-pub(crate) fn restore_command(criu: &Criu, o: &RestoreOptions, mode: &str, dir: &Path, pidfile: &Path) -> Command {
+pub(crate) fn restore_command(
+    criu: &Criu,
+    o: &RestoreOptions,
+    source: &dyn BlockSource,
+    mode: &str,
+    dir: &Path,
+    pidfile: &Path,
+) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    if holds_file_locks(source) {
+        cmd.arg("--file-locks");
+    }
     // Where the log goes, whatever CRIU's config files say.
     cmd.arg("-W").arg(dir);
     cmd.arg("--restore-detached");

@@ -904,7 +904,7 @@ fn restore_through_pager(
     let source: Arc<dyn BlockSource> = archive;
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");
-    let mut cmd = restore_command(criu, o, "--lazy-pages", work.path(), &pidfile);
+    let mut cmd = restore_command(criu, o, &*source, "--lazy-pages", work.path(), &pidfile);
     // Held until every page is in (placed), or until the walks behind have
     // proven the archive (lazy).
     cmd.arg("--leave-stopped");

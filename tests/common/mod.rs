@@ -59,6 +59,8 @@ pub struct Spec<'a> {
     pub mode: &'a str,
     pub children: usize,
     pub open_file: bool,
+    /// Hold a POSIX write lock on all of the open file.
+    pub lock_file: bool,
     pub extra_maps: bool,
     /// The memory is shared anonymous memory instead of private.
     pub shared: bool,
@@ -88,6 +90,7 @@ impl Default for Spec<'_> {
             mode: "single",
             children: 2,
             open_file: false,
+            lock_file: false,
             extra_maps: false,
             shared: false,
             tcp_peer: None,
@@ -140,6 +143,9 @@ impl Workload {
         }
         if spec.open_file {
             cmd.args(["--open-file", dir.path().join("held-open.dat").to_str().unwrap()]);
+        }
+        if spec.lock_file {
+            cmd.args(["--lock-file", "1"]);
         }
         if let Some(fd) = spec.stdout {
             cmd.stdout(Stdio::from(fd.try_clone().unwrap()));
