@@ -244,7 +244,8 @@ const HINTS: [(&[&str], &str); 19] = [
     ),
     (
         &["Connected TCP socket, consider using --tcp-established"],
-        "the process has established TCP connections: dump and restore with -- --tcp-established",
+        "the process has established TCP connections: dump with -- --tcp-established (criuz restores such a \
+         checkpoint with its connections)",
     ),
     (
         &["Connected TCP socket in image"],

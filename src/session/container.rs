@@ -46,7 +46,9 @@ use crate::offline::{self, Reading};
 use crate::proc::claim;
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, holds_file_locks, ids_by_default, run_criu};
+use crate::session::criu_run::{
+    cannot_run, criu_failure, cuda_plan, holds_file_locks, holds_tcp_connections, ids_by_default, run_criu,
+};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
@@ -461,7 +463,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
-    let file_locks = holds_file_locks(&*archive);
+    let held = ToldAgain { file_locks: holds_file_locks(&*archive), tcp_connections: holds_tcp_connections(&*archive) };
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     let (lazy, not_lazy) = match o.memory {
         Memory::Eager => (false, None),
@@ -496,7 +498,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
     if lazy {
         cmd.arg("--lazy-pages");
-        runc_restore_args(&mut cmd, o, &pid_file, file_locks);
+        runc_restore_args(&mut cmd, o, &pid_file, held);
         let victim = Victim::Cgroup(OnceLock::new());
         let lazy = LazyRestore {
             source: archive,
@@ -535,7 +537,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
-    runc_restore_args(&mut cmd, o, &pid_file, file_locks);
+    runc_restore_args(&mut cmd, o, &pid_file, held);
     let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
     let exit_status = ended(status);
     if !status.success() && exit_status.is_none() {
@@ -561,15 +563,28 @@ const CUDA_NOT_LAZY: &str =
 /// Why a lazy-by-default restore was eager.
 const NO_USERFAULTFD: &str = "this kernel gives no userfaultfd for a lazy restore: restored eagerly";
 
-/// runc restore's options: the user's, and `--file-locks` where the
-/// checkpoint holds file locks, which runc's CRIU, as CRIU itself, would
-/// otherwise drop without a word (`criu_run::holds_file_locks`).
-fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path, file_locks: bool) {
+/// What a checkpoint holds that CRIU restores only when told again.
+#[derive(Clone, Copy)]
+struct ToldAgain {
+    file_locks: bool,
+    tcp_connections: bool,
+}
+
+/// runc restore's options: the user's, and `--file-locks` and
+/// `--tcp-established` where the checkpoint holds file locks or
+/// connections, which runc's CRIU, as CRIU itself, would otherwise drop
+/// without a word or fail on (`criu_run::holds_file_locks`,
+/// `holds_tcp_connections`).
+fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path, held: ToldAgain) {
     if let Some(b) = &o.bundle {
         cmd.arg("--bundle").arg(b);
     }
-    if file_locks && !o.extra.iter().any(|a| a == "--file-locks") {
+    let given = |flag: &str| o.extra.iter().any(|a| a == flag);
+    if held.file_locks && !given("--file-locks") {
         cmd.arg("--file-locks");
+    }
+    if held.tcp_connections && !given("--tcp-established") {
+        cmd.arg("--tcp-established");
     }
     if o.detach {
         cmd.arg("--detach");

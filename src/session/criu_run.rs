@@ -285,9 +285,19 @@ pub(crate) fn holds_file_locks(source: &dyn BlockSource) -> bool {
     source.find("filelocks.img").is_some_and(|f| f.raw_size > EMPTY_IMAGE_BYTES)
 }
 
+/// Whether the checkpoint holds established TCP connections (a
+/// `tcp-stream-*.img` per connection, which CRIU writes for a dump given
+/// `--tcp-established`). CRIU restores such a checkpoint only when told
+/// `--tcp-established` again (or `--tcp-close`, to restore them closed),
+/// and fails otherwise: what the dump was asked for, the restore does.
+pub(crate) fn holds_tcp_connections(source: &dyn BlockSource) -> bool {
+    source.index().files.iter().any(|f| f.is_criu_image() && f.name.starts_with("tcp-stream-"))
+}
+
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
-/// the user's options, and `--file-locks` where `source` holds file locks
-/// ([`holds_file_locks`]); the restored pid goes to `pidfile`. CRIU returns
+/// the user's options, and `--file-locks` and `--tcp-established` where
+/// `source` holds file locks or connections ([`holds_file_locks`],
+/// [`holds_tcp_connections`]); the restored pid goes to `pidfile`. CRIU returns
 /// once the tree runs, with or without -d: without, the root is made
 /// criuz's own child (`--restore-sibling`), for criuz to wait for
 /// (`proc::foreground`). CRIU gets criuz's standard streams where the tree
@@ -303,8 +313,12 @@ pub(crate) fn restore_command(
 ) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
+    let given = CriuOptions::read(&o.extra);
     if holds_file_locks(source) {
         cmd.arg("--file-locks");
+    }
+    if holds_tcp_connections(source) && !given.is_set("tcp-established") && !given.is_set("tcp-close") {
+        cmd.arg("--tcp-established");
     }
     // Where the log goes, whatever CRIU's config files say.
     cmd.arg("-W").arg(dir);
@@ -319,7 +333,6 @@ pub(crate) fn restore_command(
     // start (its kernel probe, stopped under its ptrace, until the next
     // criuz sweeps it) kept a pipe out of criuz open: whoever read criuz's
     // output never saw its end.
-    let given = CriuOptions::read(&o.extra);
     // With -d too: a detached `--shell-job` restore failed "Don't have tty
     // to inherit session from", and `--inherit-fd fd[1]:...` gave the tree
     // CRIU's output file.
