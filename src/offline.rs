@@ -18,6 +18,7 @@ use crate::io::Location;
 use crate::progress::Progress;
 pub use crate::tree::dir::UnpackStats;
 use crate::tree::{self, dir::DirSink};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -198,12 +199,49 @@ pub fn unpack(inp: Reading, dir: &Path, force: bool, opts: &Options, progress: P
 /// restore --import`); returns (entries, bytes). The caller publishes `out`
 /// only on success: a tar cut short must not look whole.
 pub fn unpack_tar<W: Write>(inp: Reading, out: W, opts: &Options) -> Result<(usize, u64, W)> {
-    let mut sink = tree::tar::TarSink::new(out);
+    unpack_tar_noting(inp, out, opts, &mut |_, _| {})
+}
+
+/// [`unpack_tar`], telling `note` each file's name and size as it ends
+/// (what a podman checkpoint holds, learnt as it is unpacked).
+pub fn unpack_tar_noting<W: Write>(
+    inp: Reading,
+    out: W,
+    opts: &Options,
+    note: &mut dyn FnMut(&str, u64),
+) -> Result<(usize, u64, W)> {
+    let mut sink = Noting { inner: tree::tar::TarSink::new(out), names: HashMap::new(), note };
     inp.decode(opts, &mut sink)?;
+    let sink = sink.inner;
     let (entries, bytes) = (sink.entries, sink.bytes);
     let mut out = sink.finish()?;
     out.flush()?;
     Ok((entries, bytes, out))
+}
+
+/// A sink that tells each file's name and size as it ends, then passes it on.
+struct Noting<'a, S> {
+    inner: S,
+    names: HashMap<u32, String>,
+    note: &'a mut dyn FnMut(&str, u64),
+}
+
+impl<S: SeqSink> SeqSink for Noting<'_, S> {
+    fn begin(&mut self, e: &EntryStart) -> Result<()> {
+        if e.kind.is_file() {
+            self.names.insert(e.file_id, e.name.to_string());
+        }
+        self.inner.begin(e)
+    }
+    fn data(&mut self, file_id: u32, data: &[u8]) -> Result<()> {
+        self.inner.data(file_id, data)
+    }
+    fn end(&mut self, file_id: u32, raw_size: u64) -> Result<()> {
+        if let Some(name) = self.names.remove(&file_id) {
+            (self.note)(&name, raw_size);
+        }
+        self.inner.end(file_id, raw_size)
+    }
 }
 
 struct CountSink {

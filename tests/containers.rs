@@ -264,8 +264,10 @@ impl Runc {
         self.criuz_with(args, &[])
     }
     fn criuz_with(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+        // runc's root before the options after `--`, which go to runc.
+        let (head, extra) = args.split_at(args.iter().position(|a| *a == "--").unwrap_or(args.len()));
         let mut c = Command::new(CRIUZ);
-        c.args(["runc"]).args(args).args(["--root", p(self.root.path())]);
+        c.args(["runc"]).args(head).args(["--root", p(self.root.path())]).args(extra);
         c.envs(env.iter().copied());
         c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         c.output().unwrap()
@@ -345,12 +347,18 @@ fn runc_containers_round_trip_by_both_routes() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let r = Runc::bundle(t.path(), "criuz-test", MIB, "mixed");
+    // Holding a database's lock: checkpointed with runc's --file-locks, and
+    // restored with it unasked (runc's CRIU dropped it without a word).
+    let locked = ["--open-file", "/wl/held.dat", "--lock-file", "1"];
+    let r = Runc::bundle_with(t.path(), "criuz-test", &[&["--mib", MIB, "--pattern", "mixed"][..], &locked].concat());
     r.start(&criu);
     let before = r.sum();
+    let held = r.wl().join("held.dat");
+    assert!(lock_holder(&held).is_some(), "the container's init holds no lock on {held:?}");
     for via in ["follow", "page-server"] {
         let arc = t.path().join(format!("{via}.czr"));
-        let out = r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--via", via, "--criu", p(&criu)]);
+        let out =
+            r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--via", via, "--criu", p(&criu), "--", "--file-locks"]);
         ok(out, &format!("criuz runc checkpoint --via {via}"));
         let state = r.cmd().args(["state", &r.id]).output().unwrap();
         assert!(!state.status.success(), "the checkpointed container is gone");
@@ -365,13 +373,14 @@ fn runc_containers_round_trip_by_both_routes() {
         let report: serde_json::Value = serde_json::from_slice(json).unwrap();
         assert!(report[how].is_object(), "restored {how}: {report}");
         assert_eq!(r.sum(), before, "memory after a restore ({how}) of a {via} checkpoint");
+        assert!(lock_holder(&held).is_some(), "restored ({how}), the container's init holds no lock on {held:?}");
     }
     // Encrypted with a passphrase: the wrong one restores nothing (exit 3,
     // no container, lazily or not), the right one restores it intact.
     let (pass, bad, enc) = (t.path().join("pass"), t.path().join("bad"), t.path().join("sealed.czr"));
     std::fs::write(&pass, "correct horse battery staple\n").unwrap();
     std::fs::write(&bad, "incorrect horse\n").unwrap();
-    let sealed = ["-o", p(&enc), "--passphrase-file", p(&pass), "--criu", p(&criu)];
+    let sealed = ["-o", p(&enc), "--passphrase-file", p(&pass), "--criu", p(&criu), "--", "--file-locks"];
     ok(r.criuz(&[&["checkpoint", &r.id][..], &sealed[..]].concat()), "criuz runc checkpoint (sealed)");
     for lazy in ["--eager", "--lazy"] {
         let out = r.restore(&enc, &[lazy, "--passphrase-file", p(&bad)], &criu);
@@ -383,8 +392,10 @@ fn runc_containers_round_trip_by_both_routes() {
     assert_eq!(r.sum(), before, "memory after a restore of a sealed checkpoint");
     // A damaged archive restores nothing: the container stays absent.
     let arc = t.path().join("follow.czr");
-    ok(r.criuz(&["checkpoint", &r.id, "-o", p(&t.path().join("last.czr")), "--criu", p(&criu)]), "checkpoint");
-    let mut bytes = std::fs::read(t.path().join("last.czr")).unwrap();
+    let last_arc = t.path().join("last.czr");
+    let last = ["checkpoint", &r.id, "-o", p(&last_arc), "--criu", p(&criu), "--", "--file-locks"];
+    ok(r.criuz(&last), "checkpoint");
+    let mut bytes = std::fs::read(&last_arc).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&arc, &bytes).unwrap();
@@ -649,14 +660,23 @@ fn podman_export_and_import_keep_memory_and_root_filesystem_changes() {
                 "tree",
                 "--children",
                 "2",
+                // A database's lock: checkpointed with -- --file-locks, and
+                // restored with it unasked.
+                "--open-file",
+                "/wl/held.dat",
+                "--lock-file",
+                "1",
             ])
             .stdout(Stdio::null()),
     );
     wait_for("the container's workload", Duration::from_secs(60), || pm.wl.path().join("ready").exists());
     run_ok(Podman::cmd().args(["exec", &pm.name, "/bin/sh", "-c", "echo changed > /root/newfile && rm /etc/group"]));
     let before = pm.sums();
+    let held = pm.wl.path().join("held.dat");
+    assert!(lock_holder(&held).is_some(), "the container's process holds no lock on {held:?}");
     let arc = t.path().join("podman.czr");
-    ok(criuz(&["podman", "checkpoint", &pm.name, "-o", p(&arc), "--criu", p(&criu)]), "criuz podman checkpoint");
+    let checkpoint = ["podman", "checkpoint", &pm.name, "-o", p(&arc), "--criu", p(&criu), "--", "--file-locks"];
+    ok(criuz(&checkpoint), "criuz podman checkpoint");
     let inspect = ok(criuz(&["inspect", "--json", p(&arc)]), "inspect");
     let listing = String::from_utf8_lossy(&inspect.stdout);
     // Its processes share most of their memory (forked children): page
@@ -671,6 +691,7 @@ fn podman_export_and_import_keep_memory_and_root_filesystem_changes() {
     run_ok(Podman::cmd().args(["rm", "-f", &pm.name]).stdout(Stdio::null()));
     ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore");
     assert_eq!(pm.sums(), before, "every process's memory after podman import");
+    assert!(lock_holder(&held).is_some(), "the restored container holds no lock on {held:?}");
     let new = run_ok(Podman::cmd().args(["exec", &pm.name, "cat", "/root/newfile"]));
     assert_eq!(String::from_utf8_lossy(&new.stdout).trim(), "changed");
     let gone = Podman::cmd().args(["exec", &pm.name, "ls", "/etc/group"]).output().unwrap();

@@ -456,23 +456,13 @@ fn process_with_an_open_regular_file() {
 /// them: the restored process holds its lock, which no other may take.
 #[test]
 fn a_file_lock_the_tree_held_is_held_again_after_the_restore() {
-    let holder = |path: &Path| -> Option<i32> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-        // SAFETY: F_GETLK on a descriptor we own, into a zeroed flock struct.
-        let mut probe: libc::flock = unsafe { std::mem::zeroed() };
-        probe.l_type = libc::F_WRLCK as _;
-        probe.l_whence = libc::SEEK_SET as _;
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETLK, &mut probe) }, 0);
-        (i32::from(probe.l_type) != libc::F_UNLCK).then_some(probe.l_pid)
-    };
     roundtrip_then(
         Spec { open_file: true, lock_file: true, ..Default::default() },
         &["--", "--file-locks"],
         &[],
         |w| {
             let path = w.dir.path().join("held-open.dat");
-            assert_eq!(holder(&path), Some(w.pid), "the restored process holds no lock on {path:?}");
+            assert_eq!(lock_holder(&path), Some(w.pid), "the restored process holds no lock on {path:?}");
         },
     );
 }

@@ -214,7 +214,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 19] = [
+const HINTS: [(&[&str], &str); 20] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -241,6 +241,11 @@ const HINTS: [(&[&str], &str); 19] = [
         &["External socket is used"],
         "the tree is connected to a unix socket outside it: dump with -- --ext-unix-sk (a datagram socket with a \
          named peer only; close a stream connection first)",
+    ),
+    (
+        &["External socket found in image"],
+        "the checkpoint holds a unix socket connected outside the tree (dumped with -- --ext-unix-sk): restore \
+         with -- --ext-unix-sk",
     ),
     (
         &["Connected TCP socket, consider using --tcp-established"],
@@ -373,6 +378,7 @@ mod tests {
             (" 11535: Error (criu/sk-inet.c:1059): inet: Can't bind inet socket (id 26): Address already in use", "ss -ltnp"),
             ("Error (criu/cr-dump.c:478): Task 29081 with SysVIPC shmem map @7f32d0600000 doesn't live in IPC ns", "unshare --ipc"),
             ("Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted", "CAP_SYS_RESOURCE"),
+            ("  7: Error (criu/sk-unix.c:1912): unix: External socket found in image. Consider using the --ext-unix-sk option to allow restoring it.", "restore with -- --ext-unix-sk"),
             (" 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory", "put it back"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();

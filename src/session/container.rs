@@ -46,9 +46,7 @@ use crate::offline::{self, Reading};
 use crate::proc::claim;
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::progress::Progress;
-use crate::session::criu_run::{
-    cannot_run, criu_failure, cuda_plan, holds_file_locks, holds_tcp_connections, ids_by_default, run_criu,
-};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu, ToldAgain};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
@@ -463,7 +461,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
-    let held = ToldAgain { file_locks: holds_file_locks(&*archive), tcp_connections: holds_tcp_connections(&*archive) };
+    let held = ToldAgain::of(&*archive);
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     let (lazy, not_lazy) = match o.memory {
         Memory::Eager => (false, None),
@@ -563,18 +561,8 @@ const CUDA_NOT_LAZY: &str =
 /// Why a lazy-by-default restore was eager.
 const NO_USERFAULTFD: &str = "this kernel gives no userfaultfd for a lazy restore: restored eagerly";
 
-/// What a checkpoint holds that CRIU restores only when told again.
-#[derive(Clone, Copy)]
-struct ToldAgain {
-    file_locks: bool,
-    tcp_connections: bool,
-}
-
-/// runc restore's options: the user's, and `--file-locks` and
-/// `--tcp-established` where the checkpoint holds file locks or
-/// connections, which runc's CRIU, as CRIU itself, would otherwise drop
-/// without a word or fail on (`criu_run::holds_file_locks`,
-/// `holds_tcp_connections`).
+/// runc restore's options: the user's, and what the checkpoint holds that
+/// runc's CRIU must be told again ([`ToldAgain`]).
 fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path, held: ToldAgain) {
     if let Some(b) = &o.bundle {
         cmd.arg("--bundle").arg(b);
@@ -691,15 +679,24 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     let tar = work.path().join("checkpoint.tar");
     let out = Output::open(&tar, false)?;
     let inp = Reading::for_tar(input, &OpenOptions::default())?;
-    offline::unpack_tar(inp, out.writer()?, opts)?;
+    let mut held = ToldAgain::default();
+    let mut note = |name: &str, size: u64| {
+        if let Some(image) = name.strip_prefix("checkpoint/").filter(|n| !n.contains('/')) {
+            held.note(image, size);
+        }
+    };
+    offline::unpack_tar_noting(inp, out.writer()?, opts, &mut note)?;
     out.commit()?;
-    let status = podman_command(podman, criu, &work)?
-        .args(["container", "restore", "--import"])
-        .arg(&tar)
-        .args(extra)
-        .stdin(Stdio::null())
-        .status()
-        .map_err(|e| cannot_run(podman.display(), e))?;
+    let given = |flag: &str| extra.iter().any(|a| a == flag);
+    let mut cmd = podman_command(podman, criu, &work)?;
+    cmd.args(["container", "restore", "--import"]).arg(&tar);
+    if held.file_locks && !given("--file-locks") {
+        cmd.arg("--file-locks");
+    }
+    if held.tcp_connections && !given("--tcp-established") {
+        cmd.arg("--tcp-established");
+    }
+    let status = cmd.args(extra).stdin(Stdio::null()).status().map_err(|e| cannot_run(podman.display(), e))?;
     if !status.success() {
         return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
     }

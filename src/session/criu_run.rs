@@ -275,29 +275,40 @@ pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
 /// Bytes of a CRIU image that holds no entry: its two magic numbers.
 const EMPTY_IMAGE_BYTES: u64 = 8;
 
-/// Whether the checkpoint holds file locks (entries in `filelocks.img`,
-/// which CRIU writes for a dump given `--file-locks`). CRIU restores them
-/// only if told `--file-locks` again; without it, it restores the tree
-/// without its locks and without a word (found by hand: an SQLite process
-/// holding its database locked came back holding no lock, free for another
-/// process to write the database under it).
-pub(crate) fn holds_file_locks(source: &dyn BlockSource) -> bool {
-    source.find("filelocks.img").is_some_and(|f| f.raw_size > EMPTY_IMAGE_BYTES)
+/// What a checkpoint holds that CRIU restores only when told so again, as
+/// the dump was: file locks (entries in `filelocks.img`, written for a dump
+/// given `--file-locks`) and established TCP connections (a
+/// `tcp-stream-*.img` each, for `--tcp-established`). Told nothing, CRIU
+/// restores the tree without its locks and without a word (found by hand:
+/// an SQLite process holding its database locked came back holding no
+/// lock, and another process wrote the database under it), and fails on
+/// the connections. What the dump was asked for, the restore does.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub(crate) struct ToldAgain {
+    pub file_locks: bool,
+    pub tcp_connections: bool,
 }
 
-/// Whether the checkpoint holds established TCP connections (a
-/// `tcp-stream-*.img` per connection, which CRIU writes for a dump given
-/// `--tcp-established`). CRIU restores such a checkpoint only when told
-/// `--tcp-established` again (or `--tcp-close`, to restore them closed),
-/// and fails otherwise: what the dump was asked for, the restore does.
-pub(crate) fn holds_tcp_connections(source: &dyn BlockSource) -> bool {
-    source.index().files.iter().any(|f| f.is_criu_image() && f.name.starts_with("tcp-stream-"))
+impl ToldAgain {
+    /// What the CRIU images of `source` hold.
+    pub(crate) fn of(source: &dyn BlockSource) -> ToldAgain {
+        let mut held = ToldAgain::default();
+        for f in source.index().files.iter().filter(|f| f.is_criu_image()) {
+            held.note(&f.name, f.raw_size);
+        }
+        held
+    }
+
+    /// Notes CRIU's image `name`, of `size` bytes.
+    pub(crate) fn note(&mut self, name: &str, size: u64) {
+        self.file_locks |= name == "filelocks.img" && size > EMPTY_IMAGE_BYTES;
+        self.tcp_connections |= name.starts_with("tcp-stream-");
+    }
 }
 
 /// `criu restore` in `mode` (`--stream`, `--lazy-pages`) from `dir`, with
-/// the user's options, and `--file-locks` and `--tcp-established` where
-/// `source` holds file locks or connections ([`holds_file_locks`],
-/// [`holds_tcp_connections`]); the restored pid goes to `pidfile`. CRIU returns
+/// the user's options, and what `source` holds that CRIU must be told again
+/// ([`ToldAgain`]); the restored pid goes to `pidfile`. CRIU returns
 /// once the tree runs, with or without -d: without, the root is made
 /// criuz's own child (`--restore-sibling`), for criuz to wait for
 /// (`proc::foreground`). CRIU gets criuz's standard streams where the tree
@@ -314,10 +325,11 @@ pub(crate) fn restore_command(
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
     let given = CriuOptions::read(&o.extra);
-    if holds_file_locks(source) {
+    let held = ToldAgain::of(source);
+    if held.file_locks {
         cmd.arg("--file-locks");
     }
-    if holds_tcp_connections(source) && !given.is_set("tcp-established") && !given.is_set("tcp-close") {
+    if held.tcp_connections && !given.is_set("tcp-established") && !given.is_set("tcp-close") {
         cmd.arg("--tcp-established");
     }
     // Where the log goes, whatever CRIU's config files say.

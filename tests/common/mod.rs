@@ -496,3 +496,16 @@ impl Drop for LimitGroup {
         }
     }
 }
+
+/// The process holding a POSIX lock on `path` that a write lock of ours
+/// would conflict with (F_GETLK), if any.
+pub fn lock_holder(path: &Path) -> Option<i32> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    // SAFETY: a zeroed flock struct is a valid value.
+    let mut probe: libc::flock = unsafe { std::mem::zeroed() };
+    probe.l_type = libc::F_WRLCK as _;
+    probe.l_whence = libc::SEEK_SET as _;
+    // SAFETY: F_GETLK on a descriptor we own, into `probe`.
+    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETLK, &mut probe) }, 0);
+    (i32::from(probe.l_type) != libc::F_UNLCK).then_some(probe.l_pid)
+}
