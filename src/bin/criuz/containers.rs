@@ -54,7 +54,9 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
                 .replace("{port}", &addr.port().to_string())
         })
         .collect();
-    criuz::say!("criuz: page server on {addr}, running {}", args.join(" "));
+    // Said before the dump's own checks (its images directory, its output),
+    // which may still refuse it: what it is to run, not that it runs.
+    criuz::say!("criuz: page server on {addr}, for the dump {}", args.join(" "));
     let t = Instant::now();
     let output = location(&a.output)?;
     let (stats, rx) = standalone::page_server_dump(&server, &args, &a.dir, &output, a.force, &opts)?;
