@@ -312,6 +312,17 @@ const HINTS: [(&[&str], &str); 20] = [
     ),
 ];
 
+/// The pid CRIU could not fork a process of the tree with, for it was
+/// taken ("Can't fork for PID: File exists").
+pub fn log_pid_taken(log: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| {
+        let (_, rest) = l.split_once("Can't fork for ")?;
+        let (pid, why) = rest.split_once(':')?;
+        why.contains("File exists").then(|| pid.trim().parse().ok()).flatten()
+    })
+}
+
 /// What to do about the failure CRIU's `log` records, where criuz knows.
 pub fn log_hint(log: &Path) -> Option<&'static str> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -358,12 +369,14 @@ mod tests {
         assert_eq!(super::log_errors(&log, 3), vec!["Error (criu/cr-restore.c:2331): Restoring FAILED.".to_string()]);
         std::fs::write(&log, "Error (criu/cr-restore.c:1237): Can't fork for 32281: File exists\n").unwrap();
         assert!(super::log_hint(&log).is_some_and(|h| h.contains("another restore of this checkpoint")));
+        assert_eq!(super::log_pid_taken(&log), Some(32281));
         std::fs::write(
             &log,
             "Error (criu/cr-restore.c:1237): Can't fork for 32281: Resource temporarily unavailable\n",
         )
         .unwrap();
         assert_eq!(super::log_hint(&log), None);
+        assert_eq!(super::log_pid_taken(&log), None);
         for (logged, says) in [
             ("Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can try --file-locks to dump them.", "dump with -- --file-locks"),
             ("Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x of 2101248 size, increase limit", "-- --ghost-limit"),

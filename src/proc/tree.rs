@@ -81,7 +81,8 @@ pub(crate) struct Naming {
 /// every process's stat costs about 30 µs a process (4,000 processes: 120
 /// ms on 2 cores): only where one of `pids` names a process group, which
 /// `kill(-pid, 0)` says at once. A session whose members all left its
-/// leader's group goes unseen (CRIU's failure names the pid then).
+/// leader's group goes unseen ([`namer_among`] finds it once CRIU's failure
+/// names the pid).
 pub(crate) fn named_elsewhere(pids: &[i32]) -> Option<Naming> {
     let group_named = |p: i32| {
         // SAFETY: signal 0 to a process group checks that it exists, nothing more.
@@ -91,6 +92,13 @@ pub(crate) fn named_elsewhere(pids: &[i32]) -> Option<Naming> {
     if !pids.iter().any(|&p| group_named(p)) {
         return None;
     }
+    namer_among(pids)
+}
+
+/// [`named_elsewhere`] without its shortcut: a walk of every process, for
+/// a pid CRIU could not have (a session all of whose members left its
+/// leader's process group is found so too).
+pub(crate) fn namer_among(pids: &[i32]) -> Option<Naming> {
     let entries = std::fs::read_dir("/proc").ok()?;
     entries.flatten().find_map(|e| {
         let by: i32 = e.file_name().to_str()?.parse().ok()?;
@@ -988,6 +996,48 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
 
 #[cfg(test)]
 mod tests {
+    /// A session leader forks a child into a process group of its own and
+    /// exits: its pid has no process and no group, yet the session keeps
+    /// it taken. The shortcut misses it; the walk names the child.
+    #[test]
+    fn a_session_kept_by_a_process_of_another_group_is_named() {
+        let (read, write) = crate::io::pipe().unwrap();
+        let (r, w) = (std::os::fd::AsRawFd::as_raw_fd(&read), std::os::fd::AsRawFd::as_raw_fd(&write));
+        // SAFETY: the children call only async-signal-safe functions
+        // (setsid, fork, setpgid, write, pause, _exit) before they end.
+        let leader = unsafe { libc::fork() };
+        if leader == 0 {
+            // SAFETY: as above, in the forked children only.
+            unsafe {
+                libc::setsid();
+                let member = libc::fork();
+                if member == 0 {
+                    libc::setpgid(0, 0);
+                    libc::write(w, b"!".as_ptr().cast(), 1);
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::_exit(0);
+            }
+        }
+        let mut byte = 0u8;
+        // SAFETY: reads one byte into `byte`, then reaps our own child.
+        unsafe {
+            assert_eq!(libc::read(r, (&mut byte as *mut u8).cast(), 1), 1);
+            libc::waitpid(leader, std::ptr::null_mut(), 0);
+        }
+        let found = super::namer_among(&[leader]);
+        let missed = super::named_elsewhere(&[leader]);
+        if let Some(n) = &found {
+            // SAFETY: the member this test forked.
+            unsafe { libc::kill(n.by, libc::SIGKILL) };
+        }
+        let n = found.expect("the session's member");
+        assert_eq!((n.pid, n.as_what), (leader, "session"));
+        assert!(missed.is_none(), "no process group is named by the leader's pid");
+    }
+
     use super::*;
 
     /// The pids whose parent is `pid`, from every process's stat.

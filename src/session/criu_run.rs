@@ -49,13 +49,30 @@ pub struct RestoreOptions {
     pub gpu_map: Vec<(String, String)>,
 }
 
+/// Why a pid a process group or session still names is not free.
+fn still_named(n: &tree::Naming) -> String {
+    let zombie = if n.holder.zombie { ", a zombie not reaped yet" } else { "" };
+    format!(
+        "pid {} of the checkpointed tree is still the {} of process {} ({}{zombie}), which outlived the process \
+         that had the pid (a child it forked?): the pid is not free until that process ends; end it and restore \
+         again",
+        n.pid, n.as_what, n.by, n.holder.comm
+    )
+}
+
 /// CRIU (or runc, podman: `what`) exited with `status`; its log is kept as
 /// `log`, and its last errors go into the message.
 pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &SavedLog) -> Error {
     let Some(path) = log.path() else { return Error::Criu(format!("{what} failed ({status}); {log}")) };
     let errs = criu::log_errors(path, 3).join(" | ");
     let errs = if errs.is_empty() { errs } else { format!("; {errs}") };
-    let hint = criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default();
+    // A pid CRIU could not have: named by the process keeping it, where a
+    // session keeps it that the check before CRIU could not see.
+    let kept = criu::log_pid_taken(path).and_then(|pid| tree::namer_among(&[pid]));
+    let hint = match kept {
+        Some(n) => format!(" ({})", still_named(&n)),
+        None => criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default(),
+    };
     let log = match log {
         SavedLog::Kept(path) => format!("log: {}", path.display()),
         not_kept => not_kept.to_string(),
@@ -169,14 +186,8 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
         }
     }
     tree::wait_unnamed(&pids, EXIT_WAIT);
-    if let Some(tree::Naming { pid, by, as_what, holder }) = tree::named_elsewhere(&pids) {
-        let zombie = if holder.zombie { ", a zombie not reaped yet" } else { "" };
-        return Err(Error::Criu(format!(
-            "cannot restore: pid {pid} of the checkpointed tree is still the {as_what} of process {by} ({}{zombie}), \
-             which outlived the process that had the pid (a child it forked?): the pid is not free until that \
-             process ends; end it and restore again",
-            holder.comm
-        )));
+    if let Some(n) = tree::named_elsewhere(&pids) {
+        return Err(Error::Criu(format!("cannot restore: {}", still_named(&n))));
     }
     Ok(pids)
 }
