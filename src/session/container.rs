@@ -567,13 +567,7 @@ fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path, held: 
     if let Some(b) = &o.bundle {
         cmd.arg("--bundle").arg(b);
     }
-    let given = |flag: &str| o.extra.iter().any(|a| a == flag);
-    if held.file_locks && !given("--file-locks") {
-        cmd.arg("--file-locks");
-    }
-    if held.tcp_connections && !given("--tcp-established") {
-        cmd.arg("--tcp-established");
-    }
+    cmd.args(held.options(|option| o.extra.iter().any(|a| a == option)));
     if o.detach {
         cmd.arg("--detach");
     }
@@ -687,15 +681,9 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     };
     offline::unpack_tar_noting(inp, out.writer()?, opts, &mut note)?;
     out.commit()?;
-    let given = |flag: &str| extra.iter().any(|a| a == flag);
     let mut cmd = podman_command(podman, criu, &work)?;
     cmd.args(["container", "restore", "--import"]).arg(&tar);
-    if held.file_locks && !given("--file-locks") {
-        cmd.arg("--file-locks");
-    }
-    if held.tcp_connections && !given("--tcp-established") {
-        cmd.arg("--tcp-established");
-    }
+    cmd.args(held.options(|option| extra.iter().any(|a| a == option)));
     let status = cmd.args(extra).stdin(Stdio::null()).status().map_err(|e| cannot_run(podman.display(), e))?;
     if !status.success() {
         return Err(Error::Criu(format!("podman container restore --import failed ({status})")));

@@ -310,6 +310,16 @@ impl ToldAgain {
         held
     }
 
+    /// The options that say so, the same to CRIU, runc and podman, but for
+    /// those `given` says were given.
+    pub(crate) fn options(&self, given: impl Fn(&str) -> bool) -> Vec<&'static str> {
+        [(self.file_locks, "--file-locks"), (self.tcp_connections, "--tcp-established")]
+            .into_iter()
+            .filter(|&(held, option)| held && !given(option))
+            .map(|(_, option)| option)
+            .collect()
+    }
+
     /// Notes CRIU's image `name`, of `size` bytes.
     pub(crate) fn note(&mut self, name: &str, size: u64) {
         self.file_locks |= name == "filelocks.img" && size > EMPTY_IMAGE_BYTES;
@@ -336,13 +346,11 @@ pub(crate) fn restore_command(
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
     let given = CriuOptions::read(&o.extra);
-    let held = ToldAgain::of(source);
-    if held.file_locks {
-        cmd.arg("--file-locks");
-    }
-    if held.tcp_connections && !given.is_set("tcp-established") && !given.is_set("tcp-close") {
-        cmd.arg("--tcp-established");
-    }
+    // `--tcp-close` asks for the connections closed instead.
+    let told = |option: &str| {
+        given.is_set(option.trim_start_matches("--")) || (option == "--tcp-established" && given.is_set("tcp-close"))
+    };
+    cmd.args(ToldAgain::of(source).options(told));
     // Where the log goes, whatever CRIU's config files say.
     cmd.arg("-W").arg(dir);
     cmd.arg("--restore-detached");
