@@ -214,7 +214,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 20] = [
+const HINTS: [(&[&str], &str); 21] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -251,6 +251,12 @@ const HINTS: [(&[&str], &str); 20] = [
         &["Connected TCP socket, consider using --tcp-established"],
         "the process has established TCP connections: dump with -- --tcp-established (criuz restores such a \
          checkpoint with its connections)",
+    ),
+    (
+        &["In-flight connections can be ignored"],
+        "a listening socket of the tree holds connections it has not accepted yet: dump with -- \
+         --skip-in-flight (those connections are dropped: their clients see them reset), or dump once they are \
+         accepted",
     ),
     (
         &["Connected TCP socket in image"],
@@ -393,6 +399,7 @@ mod tests {
             ("Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted", "CAP_SYS_RESOURCE"),
             ("  7: Error (criu/sk-unix.c:1912): unix: External socket found in image. Consider using the --ext-unix-sk option to allow restoring it.", "restore with -- --ext-unix-sk"),
             (" 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory", "put it back"),
+            ("Error (criu/sk-inet.c:186): inet: In-flight connections can be ignored with the --skip-in-flight option.", "-- --skip-in-flight"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
