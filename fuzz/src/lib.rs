@@ -90,9 +90,14 @@ pub fn run_readers(bytes: &[u8], parent: Option<&Path>, unpack: bool) -> Outcome
     // does not hold (its key id rewritten, its seal recomputed): the fuzzer
     // holds its seeds' chain keys and no identity, and a user with the
     // identity is told of damage (the key unwrapped is not the one named).
-    let names_unheld_key = bytes.len() >= HEADER_LEN + 24
-        && bytes[10] & criuz::format::FLAG_SEALED as u8 != 0
-        && !criuz::seal::keyring::holds(bytes[HEADER_LEN + 8..HEADER_LEN + 24].try_into().expect("16 bytes"));
+    // The same holds for a damaged parent of an intact child.
+    let names_unheld = |b: &[u8]| {
+        b.len() >= HEADER_LEN + 24
+            && b[10] & criuz::format::FLAG_SEALED as u8 != 0
+            && !criuz::seal::keyring::holds(b[HEADER_LEN + 8..HEADER_LEN + 24].try_into().expect("16 bytes"))
+    };
+    let names_unheld_key =
+        names_unheld(bytes) || parent.and_then(|p| std::fs::read(p).ok()).is_some_and(|b| names_unheld(&b));
     let kind = |e: criuz::Error| match e.root() {
         criuz::Error::NotFound(_) => Kind::Archive,
         criuz::Error::KeyNeeded(_) if names_unheld_key => Kind::Archive,

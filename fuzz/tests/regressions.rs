@@ -108,3 +108,25 @@ fn a_key_record_naming_another_key_is_rejected() {
     judge(&o, None).unwrap();
     assert!(o.verify.is_err() && o.source.is_err(), "an archive naming another key was read");
 }
+
+/// The same, in the parent of an intact encrypted child (seed 5451, case
+/// 34061 of a 30-minute run, session 54: the oracle looked at the child's
+/// K record alone and called the parent's "give the identity" a usage
+/// error on damage).
+#[test]
+fn a_parent_whose_key_record_names_another_key_is_rejected() {
+    let seeds = synthetic_seeds();
+    let sealed = seeds
+        .iter()
+        .find(|s| s.parent.is_some() && s.bytes[10] & criuz::format::FLAG_SEALED as u8 != 0)
+        .expect("an encrypted incremental seed");
+    let mut parent = sealed.parent.clone().expect("parent");
+    parent[64 + 8] ^= 0x01;
+    reseal(&mut parent, Reseal::Seals);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("parent.czr");
+    std::fs::write(&path, &parent).unwrap();
+    let o = run_readers(&sealed.bytes, Some(&path), true);
+    judge(&o, None).unwrap();
+    assert!(o.verify.is_err() && o.source.is_err(), "a child was read through a parent naming another key");
+}
