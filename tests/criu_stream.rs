@@ -899,6 +899,13 @@ fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     assert!(err.contains("process 99999999 does not exist"), "{err}");
     assert!(!arc.exists());
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no temporary archive may be left");
+    // A kernel thread was blamed on a tracer (CRIU cannot interrupt it).
+    let kthreadd = (1..100).find(|&p| comm_of(p) == "kthreadd").expect("kthreadd among the first pids");
+    let out = criuz(&["dump", "-t", &kthreadd.to_string(), "-o", arc.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "a kernel thread is a usage error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("process {kthreadd} (kthreadd) is a kernel thread")), "{err}");
+    assert!(!arc.exists());
 }
 
 fn comm_of(pid: i32) -> String {

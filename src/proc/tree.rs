@@ -30,6 +30,18 @@ pub(crate) fn thread_group(pid: i32) -> Option<i32> {
     (pid > 0).then(|| unsafe { leader_of(pid) }).flatten()
 }
 
+/// Whether `pid` is a kernel thread (PF_KTHREAD in /proc/PID/stat's
+/// flags): it has no user memory, and CRIU's attempt to trace it reads as
+/// a tracing failure.
+pub(crate) fn kernel_thread(pid: i32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // After the command's closing paren: state, ppid, pgrp, session, tty,
+    // tpgid, flags.
+    let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok());
+    flags.is_some_and(|f| f & PF_KTHREAD != 0)
+}
+
 /// The process that holds a pid now.
 pub struct Holder {
     /// Its command name ("?" where /proc/PID/stat does not say).

@@ -187,8 +187,8 @@ fn join_criu(criu_run: &mut Option<CriuThread>) -> std::io::Result<std::process:
 }
 
 /// A process that CRIU could dump: one that exists, is a process (CRIU
-/// given a thread's id aborts on an assertion), has not exited, and has no
-/// criuz in its tree.
+/// given a thread's id aborts on an assertion), has not exited, is no
+/// kernel thread, and has no criuz in its tree.
 fn check_dumpable(pid: i32) -> Result<()> {
     match tree::thread_group(pid) {
         None => Err(Error::Usage(format!("process {pid} does not exist"))),
@@ -198,6 +198,10 @@ fn check_dumpable(pid: i32) -> Result<()> {
         _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
+        _ if tree::kernel_thread(pid) => Err(Error::Usage(format!(
+            "process {pid} ({}) is a kernel thread: CRIU checkpoints user processes only",
+            tree::holder_of(pid).map_or_else(|| "?".to_string(), |h| h.comm)
+        ))),
         // CRIU refuses to seize itself, and its log reads as a tracing
         // failure: the shell that runs criuz (`-t $$`) is the usual case.
         _ if tree::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
