@@ -428,6 +428,9 @@ fn owned(name: &str, action: Action) -> Option<&'static str> {
         ("restore-detached" | "daemon", Restore) => "use criuz restore -d",
         ("restore-sibling", Restore) => "criuz sets it (to wait for the restored tree)",
         ("leave-stopped", Restore) => "not with criuz restore (the restored tree runs; a tree dumped stopped stays stopped)",
+        // CRIU would exec a command in its place after the restore, taking
+        // its words from CRIU's command line after `--`, which has none.
+        ("exec-cmd", _) => "criuz waits for the restored tree itself (without -d, criuz stays with it as its parent)",
         _ => return None,
     })
 }
@@ -497,6 +500,7 @@ mod tests {
         assert!(check_extra(&words("--tcp-established --ext-unix-sk -v4 --action-script -D"), Action::Dump).is_ok());
         assert!(check_extra(&words("--leave-running --shell-job"), Action::Restore).is_ok());
         assert!(check_extra(&words("--pidfile /p"), Action::Dump).is_ok());
+        assert!(refused("--exec-cmd", Action::Restore).contains("criuz waits for the restored tree itself"));
     }
 
     #[test]
