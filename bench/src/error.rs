@@ -10,6 +10,10 @@ pub enum Error {
     /// A bench step failed or a restored workload did not check out.
     #[error("{0}")]
     Invalid(String),
+    /// The command line asks for what cannot be run (exit 2, as criuz's own
+    /// usage errors).
+    #[error("{0}")]
+    Usage(String),
     #[error("{}: {err}", path.display())]
     File { path: PathBuf, err: io::Error },
     #[error("{0}")]
@@ -21,6 +25,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The exit status for this error: 2 for a usage error, else 1.
+    pub fn exit_code(&self) -> i32 {
+        if matches!(self, Error::Usage(_)) {
+            2
+        } else {
+            1
+        }
+    }
+
     pub fn file(path: impl Into<PathBuf>, err: io::Error) -> Self {
         Error::File { path: path.into(), err }
     }

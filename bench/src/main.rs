@@ -175,7 +175,7 @@ impl Plan {
         for w in a.workloads.clone().unwrap_or_else(|| workload::all().iter().map(|s| s.to_string()).collect()) {
             let w = w.trim().to_string();
             if !workload::known().contains(&w.as_str()) {
-                return Err(Error::Invalid(format!("unknown workload {w:?} (known: {})", workload::known().join(","))));
+                return Err(Error::Usage(format!("unknown workload {w:?} (known: {})", workload::known().join(","))));
             }
             if !workloads.contains(&w) {
                 workloads.push(w);
@@ -188,7 +188,7 @@ impl Plan {
                 for c in list {
                     let cfg = Config::parse(c.trim()).ok_or_else(|| {
                         let known: Vec<&str> = Config::every().map(|c| c.name()).collect();
-                        Error::Invalid(format!("unknown configuration {c:?} (known: {})", known.join(",")))
+                        Error::Usage(format!("unknown configuration {c:?} (known: {})", known.join(",")))
                     })?;
                     if !configs.contains(&cfg) {
                         configs.push(cfg);
@@ -199,7 +199,7 @@ impl Plan {
         let mib = a.size.unwrap_or(if a.quick { 32 } else { 1024 });
         let runs = a.runs.unwrap_or(if a.quick { 1 } else { 3 });
         if mib == 0 || runs == 0 || workloads.is_empty() || configs.is_empty() {
-            return Err(Error::Invalid("nothing to run: size, runs, workloads and configs must be non-empty".into()));
+            return Err(Error::Usage("nothing to run: size, runs, workloads and configs must be non-empty".into()));
         }
         Ok(Plan { workloads, configs, mib, runs })
     }
@@ -540,7 +540,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 .collect(),
         };
         if codecs.is_empty() {
-            return Err(Error::Invalid("--lazy measures criuz-lz4 and criuz-zstd; --configs names neither".into()));
+            return Err(Error::Usage("--lazy measures criuz-lz4 and criuz-zstd; --configs names neither".into()));
         }
         let mut rows = Vec::new();
         for w in &plan.workloads {
@@ -704,7 +704,7 @@ fn main() {
     let args = <BenchArgs as clap::Parser>::parse();
     if let Err(e) = run(&args) {
         eprintln!("criuz-bench: {e}");
-        std::process::exit(1);
+        std::process::exit(e.exit_code());
     }
 }
 
@@ -737,6 +737,16 @@ mod tests {
         assert_eq!(parse_rate("64k"), Ok(64_000));
         assert!(parse_rate("fast").is_err());
         assert!(parse_rate("0").is_err());
+    }
+
+    #[test]
+    fn a_plan_that_names_nothing_runnable_is_a_usage_error() {
+        let parse = |args: &[&str]| <BenchArgs as clap::Parser>::parse_from(["criuz-bench"].iter().chain(args));
+        for args in [&["--workloads", "mixd"][..], &["--configs", "criuz-lz5"], &["--runs", "0"]] {
+            let e = Plan::of(&parse(args)).err().unwrap_or_else(|| panic!("{args:?} was planned"));
+            assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
+        }
+        assert!(Plan::of(&parse(&["--workloads", "mixed", "--configs", "criu-dir"])).is_ok());
     }
 
     #[test]

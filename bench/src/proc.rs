@@ -52,7 +52,7 @@ pub fn pin_to_cpus(n: usize) -> Result<Vec<usize>> {
     let allowed: Vec<usize> =
         (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
     if n == 0 || n > allowed.len() {
-        return Err(Error::Invalid(format!("--cpus {n}: this run may use {} CPUs", allowed.len())));
+        return Err(Error::Usage(format!("--cpus {n}: this run may use {} CPUs", allowed.len())));
     }
     // SAFETY: as above, an empty set filled with valid CPU indexes.
     let mut pinned: libc::cpu_set_t = unsafe { std::mem::zeroed() };

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("criuz-faults: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(e.exit_code() as u8);
         }
     };
     print!("{}", criuz_bench::faults::table(&report));

@@ -98,11 +98,27 @@ pub fn run(plan: &Plan) -> Result<Report> {
             .map(|n| {
                 ROUTES.iter().copied().find(|r| r.name() == n).ok_or_else(|| {
                     let all: Vec<&str> = ROUTES.iter().map(|r| r.name()).collect();
-                    Error::Invalid(format!("unknown path {n} (one of {})", all.join(", ")))
+                    Error::Usage(format!("unknown path {n} (one of {})", all.join(", ")))
                 })
             })
             .collect::<Result<_>>()?
     };
+    // Before the clean runs, which take minutes.
+    if let Some(k) = plan.kinds.iter().find(|k| !inject::FAULTS.iter().any(|f| f.name() == k.as_str())) {
+        let all: Vec<&str> = inject::FAULTS.iter().map(|f| f.name()).collect();
+        return Err(Error::Usage(format!("unknown fault {k} (one of {})", all.join(", "))));
+    }
+    let wanted = |f: &Fault| plan.kinds.is_empty() || plan.kinds.iter().any(|k| k == f.name());
+    // Interleaved by route (each route's first fault, then each one's
+    // second, ...), so that a short campaign strikes every route.
+    let per_route: Vec<Vec<(Route, Fault)>> =
+        routes.iter().map(|&r| r.faults().iter().filter(|f| wanted(f)).map(|&f| (r, f)).collect()).collect();
+    let deepest = per_route.iter().map(Vec::len).max().unwrap_or(0);
+    let combos: Vec<(Route, Fault)> =
+        (0..deepest).flat_map(|j| per_route.iter().filter_map(move |faults| faults.get(j).copied())).collect();
+    if combos.is_empty() {
+        return Err(Error::Usage(format!("no path of those chosen takes the faults {}", plan.kinds.join(", "))));
+    }
     let (criu, _) = criuz::criu::locate(plan.criu.as_deref())?;
     proc::become_subreaper()?;
     let work = tempfile::Builder::new().prefix("criuz-faults-").tempdir_in("/var/tmp")?;
@@ -122,21 +138,6 @@ pub fn run(plan: &Plan) -> Result<Report> {
         eprintln!("faults: {}: clean run", r.name());
         let f = ctx.trial(r, None)?;
         record(&mut ctx, &places, r, None, f, &mut rows, &mut violations);
-    }
-    if let Some(k) = plan.kinds.iter().find(|k| !inject::FAULTS.iter().any(|f| f.name() == k.as_str())) {
-        let all: Vec<&str> = inject::FAULTS.iter().map(|f| f.name()).collect();
-        return Err(Error::Invalid(format!("unknown fault {k} (one of {})", all.join(", "))));
-    }
-    let wanted = |f: &Fault| plan.kinds.is_empty() || plan.kinds.iter().any(|k| k == f.name());
-    // Interleaved by route (each route's first fault, then each one's
-    // second, ...), so that a short campaign strikes every route.
-    let per_route: Vec<Vec<(Route, Fault)>> =
-        routes.iter().map(|&r| r.faults().iter().filter(|f| wanted(f)).map(|&f| (r, f)).collect()).collect();
-    let deepest = per_route.iter().map(Vec::len).max().unwrap_or(0);
-    let combos: Vec<(Route, Fault)> =
-        (0..deepest).flat_map(|j| per_route.iter().filter_map(move |faults| faults.get(j).copied())).collect();
-    if combos.is_empty() {
-        return Err(Error::Invalid(format!("no path of those chosen takes the faults {}", plan.kinds.join(", "))));
     }
     let mut injected = 0;
     let mut k = 0;
