@@ -318,6 +318,14 @@ const HINTS: [(&[&str], &str); 21] = [
     ),
 ];
 
+/// The pid of the process CRIU could not stop to dump it ("Unable to
+/// interrupt task: PID (...)"): one that ended meanwhile, or one traced
+/// by another process.
+pub fn log_uninterrupted(log: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| l.split_once("Unable to interrupt task: ")?.1.split_once(' ')?.0.parse().ok())
+}
+
 /// The pid CRIU could not fork a process of the tree with, for it was
 /// taken ("Can't fork for PID: File exists").
 pub fn log_pid_taken(log: &Path) -> Option<i32> {
@@ -376,6 +384,12 @@ mod tests {
         std::fs::write(&log, "Error (criu/cr-restore.c:1237): Can't fork for 32281: File exists\n").unwrap();
         assert!(super::log_hint(&log).is_some_and(|h| h.contains("another restore of this checkpoint")));
         assert_eq!(super::log_pid_taken(&log), Some(32281));
+        std::fs::write(
+            &log,
+            "Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 23098 (No such process)\n",
+        )
+        .unwrap();
+        assert_eq!(super::log_uninterrupted(&log), Some(23098));
         std::fs::write(
             &log,
             "Error (criu/cr-restore.c:1237): Can't fork for 32281: Resource temporarily unavailable\n",

@@ -36,10 +36,7 @@ pub(crate) fn thread_group(pid: i32) -> Option<i32> {
 pub(crate) fn kernel_thread(pid: i32) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // After the command's closing paren: state, ppid, pgrp, session, tty,
-    // tpgid, flags.
-    let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok());
-    flags.is_some_and(|f| f & PF_KTHREAD != 0)
+    flags_in(&stat).is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
 /// The process that holds a pid now.
@@ -158,8 +155,14 @@ const PF_EXITING: u64 = 0x4;
 /// Whether the /proc/PID/stat text `stat` is a task's that has begun to
 /// exit (its flags, the ninth field, carry PF_EXITING).
 fn is_exiting(stat: &str) -> bool {
-    let flags = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(6)?.parse::<u64>().ok());
-    flags.is_some_and(|f| f & PF_EXITING != 0)
+    flags_in(stat).is_some_and(|f| f & PF_EXITING != 0)
+}
+
+/// The kernel's flags of the process a /proc/PID/stat text describes (after
+/// the command's closing paren: state, ppid, pgrp, session, tty, tpgid,
+/// flags).
+fn flags_in(stat: &str) -> Option<u64> {
+    stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(6)?.parse().ok())
 }
 
 /// Waits, at most `limit`, until none of `pids` is on its way out (each

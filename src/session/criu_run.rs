@@ -69,9 +69,16 @@ pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &S
     // A pid CRIU could not have: named by the process keeping it, where a
     // session keeps it that the check before CRIU could not see.
     let kept = criu::log_pid_taken(path).and_then(|pid| tree::namer_among(&[pid]));
-    let hint = match kept {
-        Some(n) => format!(" ({})", still_named(&n)),
-        None => criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default(),
+    // A process CRIU could not stop that has ended since (or is ending)
+    // was not traced by another: it exited while CRIU seized the tree.
+    let ended = criu::log_uninterrupted(path).filter(|&pid| tree::holder_of(pid).is_none_or(|h| h.exiting || h.zombie));
+    let hint = match (kept, ended) {
+        (Some(n), _) => format!(" ({})", still_named(&n)),
+        (None, Some(pid)) => format!(
+            " (process {pid} of the tree ended while CRIU was stopping it: nothing was dumped; dump again if the \
+             tree still runs)"
+        ),
+        (None, None) => criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default(),
     };
     let log = match log {
         SavedLog::Kept(path) => format!("log: {}", path.display()),
