@@ -214,7 +214,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 21] = [
+const HINTS: [(&[&str], &str); 22] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -275,6 +275,11 @@ const HINTS: [(&[&str], &str); 21] = [
     (
         &["Don't have tty to inherit session from"],
         "the tree was on a terminal: restore it with --shell-job from a terminal (criuz's standard input)",
+    ),
+    (
+        &["Can't lookup mount=", "for fd="],
+        "the tree has a file open on a file system CRIU does not find among its mounts: a POSIX message queue \
+         (mq_open; CRIU cannot checkpoint those) or a file from another mount namespace; close it before the dump",
     ),
     (
         &["SysVIPC shmem map", "doesn't live in IPC ns"],
@@ -414,6 +419,7 @@ mod tests {
             ("  7: Error (criu/sk-unix.c:1912): unix: External socket found in image. Consider using the --ext-unix-sk option to allow restoring it.", "restore with -- --ext-unix-sk"),
             (" 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory", "put it back"),
             ("Error (criu/sk-inet.c:186): inet: In-flight connections can be ignored with the --skip-in-flight option.", "-- --skip-in-flight"),
+            ("Error (criu/files-reg.c:1790): Can't lookup mount=21 for fd=3 path=/p54q", "POSIX message queue"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
