@@ -214,7 +214,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 22] = [
+const HINTS: [(&[&str], &str); 24] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -278,8 +278,18 @@ const HINTS: [(&[&str], &str); 22] = [
     ),
     (
         &["Can't lookup mount=", "for fd="],
-        "the tree has a file open on a file system CRIU does not find among its mounts: a POSIX message queue \
-         (mq_open; CRIU cannot checkpoint those) or a file from another mount namespace; close it before the dump",
+        "the tree has a file open on a file system CRIU does not find among its mounts, which it cannot \
+         checkpoint: an internal one (a POSIX message queue from mq_open, memfd_secret memory) or one of another \
+         mount namespace; close it before the dump",
+    ),
+    (
+        &["Can't dump file", "of that type"],
+        "the tree holds a kind of file CRIU cannot checkpoint (its kind in brackets: a userfaultfd, a perf event, \
+         ...): close it before the dump",
+    ),
+    (
+        &["Unknown socket collected"],
+        "the tree holds a socket of a family CRIU cannot checkpoint (40 is AF_VSOCK): close it before the dump",
     ),
     (
         &["SysVIPC shmem map", "doesn't live in IPC ns"],
@@ -420,6 +430,9 @@ mod tests {
             (" 21121: Error (criu/files-reg.c:2267): Can't open file tmp/w/held.dat: No such file or directory", "put it back"),
             ("Error (criu/sk-inet.c:186): inet: In-flight connections can be ignored with the --skip-in-flight option.", "-- --skip-in-flight"),
             ("Error (criu/files-reg.c:1790): Can't lookup mount=21 for fd=3 path=/p54q", "POSIX message queue"),
+            ("Error (criu/files-reg.c:1790): Can't lookup mount=15 for fd=3 path=/secretmem (deleted)", "memfd_secret"),
+            ("Error (criu/files-ext.c:94): Can't dump file 3 of that type [600] (anon anon_inode:[perf_event])", "a kind of file CRIU cannot checkpoint"),
+            ("Error (criu/sockets.c:767): sockets: BUG! Unknown socket collected (family 40)", "AF_VSOCK"),
         ] {
             std::fs::write(&log, format!("{logged}\n")).unwrap();
             assert!(super::log_hint(&log).is_some_and(|h| h.contains(says)), "{logged}");
