@@ -95,15 +95,8 @@ fn the_seeds_hold_byte_planes_blocks() {
 /// process, so only a case made here names a key that is not this one's.
 #[test]
 fn a_key_record_naming_another_key_is_rejected() {
-    let seeds = synthetic_seeds();
-    let sealed = seeds
-        .iter()
-        .find(|s| s.parent.is_none() && s.bytes[10] & criuz::format::FLAG_SEALED as u8 != 0)
-        .expect("an encrypted full seed");
-    let mut case = sealed.bytes.clone();
-    // The key id: bytes 8..24 of the K record, right after the 64-byte header.
-    case[64 + 8] ^= 0x01;
-    reseal(&mut case, Reseal::Seals);
+    let sealed = encrypted_seed(false);
+    let case = naming_another_key(&sealed.bytes);
     let o = run_readers(&case, None, true);
     judge(&o, None).unwrap();
     assert!(o.verify.is_err() && o.source.is_err(), "an archive naming another key was read");
@@ -115,18 +108,29 @@ fn a_key_record_naming_another_key_is_rejected() {
 /// error on damage).
 #[test]
 fn a_parent_whose_key_record_names_another_key_is_rejected() {
-    let seeds = synthetic_seeds();
-    let sealed = seeds
-        .iter()
-        .find(|s| s.parent.is_some() && s.bytes[10] & criuz::format::FLAG_SEALED as u8 != 0)
-        .expect("an encrypted incremental seed");
-    let mut parent = sealed.parent.clone().expect("parent");
-    parent[64 + 8] ^= 0x01;
-    reseal(&mut parent, Reseal::Seals);
+    let sealed = encrypted_seed(true);
+    let parent = naming_another_key(sealed.parent.as_deref().expect("parent"));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("parent.czr");
     std::fs::write(&path, &parent).unwrap();
     let o = run_readers(&sealed.bytes, Some(&path), true);
     judge(&o, None).unwrap();
     assert!(o.verify.is_err() && o.source.is_err(), "a child was read through a parent naming another key");
+}
+
+/// An encrypted synthetic seed, incremental (with its parent) or full.
+fn encrypted_seed(incremental: bool) -> criuz_fuzz::Seed {
+    synthetic_seeds()
+        .into_iter()
+        .find(|s| s.parent.is_some() == incremental && s.bytes[10] & criuz::format::FLAG_SEALED as u8 != 0)
+        .expect("an encrypted seed of that kind")
+}
+
+/// `archive` with its K record naming another key, its seals recomputed.
+fn naming_another_key(archive: &[u8]) -> Vec<u8> {
+    let mut case = archive.to_vec();
+    // The key id: bytes 8..24 of the K record, right after the 64-byte header.
+    case[64 + 8] ^= 0x01;
+    reseal(&mut case, Reseal::Seals);
+    case
 }
