@@ -30,15 +30,6 @@ pub(crate) fn thread_group(pid: i32) -> Option<i32> {
     (pid > 0).then(|| unsafe { leader_of(pid) }).flatten()
 }
 
-/// Whether `pid` is a kernel thread (PF_KTHREAD in /proc/PID/stat's
-/// flags): it has no user memory, and CRIU's attempt to trace it reads as
-/// a tracing failure.
-pub(crate) fn kernel_thread(pid: i32) -> bool {
-    const PF_KTHREAD: u64 = 0x0020_0000;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    flags_in(&stat).is_some_and(|f| f & PF_KTHREAD != 0)
-}
-
 /// The process that holds a pid now.
 pub struct Holder {
     /// Its command name ("?" where /proc/PID/stat does not say).
@@ -50,6 +41,9 @@ pub struct Holder {
     pub exiting: bool,
     /// Its parent's pid (0 where /proc/PID/stat does not say).
     pub parent: i32,
+    /// A kernel thread: no user memory to checkpoint, and CRIU's attempt to
+    /// trace it reads as a tracing failure.
+    pub kernel_thread: bool,
 }
 
 /// What holds `pid` now, if anything (from /proc/PID/stat).
@@ -66,6 +60,7 @@ fn holder_in(stat: &str) -> Holder {
         zombie: is_zombie(stat),
         exiting: is_exiting(stat),
         parent: parent_in(stat).unwrap_or(0),
+        kernel_thread: flags_in(stat).is_some_and(|f| f & PF_KTHREAD != 0),
     }
 }
 
@@ -151,6 +146,8 @@ fn is_zombie(stat: &str) -> bool {
 /// The kernel's PF_EXITING task flag (include/linux/sched.h): set once a
 /// task has begun to exit.
 const PF_EXITING: u64 = 0x4;
+/// The kernel's PF_KTHREAD task flag: a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Whether the /proc/PID/stat text `stat` is a task's that has begun to
 /// exit (its flags, the ninth field, carry PF_EXITING).

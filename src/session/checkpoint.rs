@@ -198,9 +198,9 @@ fn check_dumpable(pid: i32) -> Result<()> {
         _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
-        _ if tree::kernel_thread(pid) => Err(Error::Usage(format!(
+        _ if let Some(h) = tree::holder_of(pid).filter(|h| h.kernel_thread) => Err(Error::Usage(format!(
             "process {pid} ({}) is a kernel thread: CRIU checkpoints user processes only",
-            tree::holder_of(pid).map_or_else(|| "?".to_string(), |h| h.comm)
+            h.comm
         ))),
         // CRIU refuses to seize itself, and its log reads as a tracing
         // failure: the shell that runs criuz (`-t $$`) is the usual case.

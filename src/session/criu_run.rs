@@ -177,7 +177,7 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     // A tree dumped just before is killed but may still be on its way out.
     tree::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {
-        if let Some(tree::Holder { comm, zombie, exiting, parent }) = tree::holder_of(pid) {
+        if let Some(tree::Holder { comm, zombie, exiting, parent, .. }) = tree::holder_of(pid) {
             let why = if zombie {
                 let by = tree::holder_of(parent).map_or(String::new(), |p| format!(", {}", p.comm));
                 format!("a zombie its parent (pid {parent}{by}) has not reaped yet")
@@ -318,9 +318,11 @@ impl ToldAgain {
     }
 
     /// The options that say so, the same to CRIU, runc and podman, but for
-    /// those `given` says were given.
+    /// those `given` says were given (`--tcp-close`, CRIU's, asks for the
+    /// connections closed instead).
     pub(crate) fn options(&self, given: impl Fn(&str) -> bool) -> Vec<&'static str> {
-        [(self.file_locks, "--file-locks"), (self.tcp_connections, "--tcp-established")]
+        let closed = given("--tcp-close");
+        [(self.file_locks, "--file-locks"), (self.tcp_connections && !closed, "--tcp-established")]
             .into_iter()
             .filter(|&(held, option)| held && !given(option))
             .map(|(_, option)| option)
@@ -353,11 +355,7 @@ pub(crate) fn restore_command(
     let mut cmd = Command::new(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
     let given = CriuOptions::read(&o.extra);
-    // `--tcp-close` asks for the connections closed instead.
-    let told = |option: &str| {
-        given.is_set(option.trim_start_matches("--")) || (option == "--tcp-established" && given.is_set("tcp-close"))
-    };
-    cmd.args(ToldAgain::of(source).options(told));
+    cmd.args(ToldAgain::of(source).options(|option| given.is_set(option.trim_start_matches("--"))));
     // Where the log goes, whatever CRIU's config files say.
     cmd.arg("-W").arg(dir);
     cmd.arg("--restore-detached");
@@ -510,6 +508,18 @@ fn die_with_criuz(cmd: &mut Command) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_checkpoint_holds_is_told_again_unless_given() {
+        let mut held = ToldAgain::default();
+        held.note("filelocks.img", 8);
+        held.note("tcp-stream-7.img", 40);
+        assert_eq!(held.options(|_| false), vec!["--tcp-established"], "an empty filelocks.img holds no lock");
+        held.note("filelocks.img", 30);
+        assert_eq!(held.options(|_| false), vec!["--file-locks", "--tcp-established"]);
+        assert_eq!(held.options(|o| o == "--file-locks"), vec!["--tcp-established"]);
+        assert_eq!(held.options(|o| o == "--tcp-close"), vec!["--file-locks"], "closed instead");
+    }
 
     #[test]
     fn only_a_tree_that_shares_much_of_its_memory_dedups() {
