@@ -267,8 +267,10 @@ static CUresult step(const char *call, int pid, int from, int to, const char *ex
     if (!is_cuda(pid)) r = OPERATING_SYSTEM;
     else if (failing(call)) r = UNKNOWN;
     else if (get_state(pid) != from) r = INVALID_VALUE;
-    else set_state(pid, to);
+    /* Logged before the state changes: whoever sees the new state (a test
+     * waiting for it) finds the call in the log too. */
     logf_(call, pid, extra, r);
+    if (r == OK) set_state(pid, to);
     return r;
 }
 
