@@ -15,6 +15,7 @@ pub mod gpu;
 pub mod incremental;
 pub mod lazy;
 pub mod load;
+pub mod output;
 pub mod plot;
 pub mod proc;
 pub mod report;

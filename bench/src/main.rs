@@ -7,7 +7,9 @@
 
 use config::{Config, Env, Place};
 use criuz_bench::error::{Error, Result};
-use criuz_bench::{aead, codecs, config, containers, gpu, incremental, lazy, load, plot, proc, report, s3, workload};
+use criuz_bench::{
+    aead, codecs, config, containers, gpu, incremental, lazy, load, output, plot, proc, report, s3, workload,
+};
 use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Sample, Settings};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -215,7 +217,7 @@ fn write_table_json(path: Option<&Path>, machine: &Machine, plan: &Plan, rows: s
         d.extend(r);
     }
     let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-    std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))
+    output::write(path, &(text + "\n"))
 }
 
 /// Removes a directory when the run ends, however it ends.
@@ -348,6 +350,9 @@ fn human(b: u64) -> String {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    for path in [&args.json, &args.plot].into_iter().flatten() {
+        output::check(path)?;
+    }
     if let Some(n) = args.cpus {
         // Before any thread or child: they all inherit the mask.
         let pinned = proc::pin_to_cpus(n)?;
@@ -358,8 +363,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         print!("{}", aead::table(&rows));
         if let Some(path) = &args.json {
             let doc = serde_json::json!({ "aead": rows });
-            std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
-                .map_err(|e| Error::file(path, e))?;
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
+            output::write(path, &(text + "\n"))?;
         }
         return Ok(());
     }
@@ -680,7 +685,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     eprintln!("bench: finished in {:.0}s", started.elapsed().as_secs_f64());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-        std::fs::write(path, text + "\n").map_err(|e| Error::file(path, e))?;
+        output::write(path, &(text + "\n"))?;
         eprintln!("bench: wrote {}", path.display());
     }
     if let Some(path) = &args.plot {

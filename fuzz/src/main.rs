@@ -59,7 +59,7 @@ fn main() {
     if !args.replay.is_empty() {
         let mut bad = 0;
         for f in &args.replay {
-            let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let bytes = std::fs::read(f).unwrap_or_else(|e| refuse(f, e, 2));
             let parent = parent_of(f);
             if let Err(why) = check_case(&bytes, parent.as_deref(), None) {
                 eprintln!("{}: {why}", f.display());
@@ -70,6 +70,14 @@ fn main() {
         std::process::exit(i32::from(bad > 0));
     }
     std::process::exit(fuzz(&args));
+}
+
+/// A file given on the command line that cannot be read, or the crashes
+/// directory that cannot be made: one line naming it, and `status` (2: the
+/// command line named what is not there; 1: the run could not proceed).
+fn refuse(path: &Path, e: std::io::Error, status: i32) -> ! {
+    eprintln!("criuz-fuzz: {}: {e}", path.display());
+    std::process::exit(status)
 }
 
 /// `X.parent.czr` beside `X.czr`, if there is one.
@@ -93,11 +101,11 @@ fn check_case(bytes: &[u8], parent: Option<&Path>, original: Option<&Files>) -> 
 fn fuzz(args: &Args) -> i32 {
     let mut seeds = synthetic_seeds();
     for dir in &args.corpus {
-        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| refuse(dir, e, 2)).flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "czr") && !p.to_string_lossy().ends_with(".parent.czr") {
                 let parent_path = parent_of(&p);
-                let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                let bytes = std::fs::read(&p).unwrap_or_else(|e| refuse(&p, e, 2));
                 // A seed is mutated from a good archive: one the readers refuse
                 // as it is would be judged against nothing.
                 if let Err(k) = run_readers(&bytes, parent_path.as_deref(), false).verify {
@@ -108,7 +116,7 @@ fn fuzz(args: &Args) -> i32 {
                     );
                     return 2;
                 }
-                let parent = parent_path.map(|pp| std::fs::read(pp).expect("parent seed"));
+                let parent = parent_path.map(|pp| std::fs::read(&pp).unwrap_or_else(|e| refuse(&pp, e, 2)));
                 seeds.push(Seed { bytes, parent });
             }
         }
@@ -134,11 +142,17 @@ fn fuzz(args: &Args) -> i32 {
             // Every reader, both unpacks too, must agree on each seed as it
             // is: the mutants run the unpacks on one case in sixteen.
             let outcome = run_readers(&s.bytes, p.as_deref(), true);
-            judge(&outcome, None).unwrap_or_else(|why| panic!("the readers fail a seed archive as it is: {why}"));
-            outcome.verify.unwrap_or_else(|k| panic!("a seed archive does not verify: {k:?}"))
+            // A finding before any mutation: the readers disagree on a good
+            // archive (the corpus seeds were checked to verify above).
+            judge(&outcome, None).and(outcome.verify.map_err(|k| format!("it does not verify ({k:?})"))).unwrap_or_else(
+                |why| {
+                    eprintln!("criuz-fuzz: FAILED on a seed archive as it is: {why}");
+                    std::process::exit(1)
+                },
+            )
         })
         .collect();
-    std::fs::create_dir_all(&args.crashes).expect("crashes dir");
+    std::fs::create_dir_all(&args.crashes).unwrap_or_else(|e| refuse(&args.crashes, e, 1));
     let current: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
     // The number of the case running now (0: none).
     let running = Arc::new(AtomicU64::new(0));

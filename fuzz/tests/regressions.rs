@@ -134,3 +134,28 @@ fn naming_another_key(archive: &[u8]) -> Vec<u8> {
     reseal(&mut case, Reseal::Seals);
     case
 }
+
+#[test]
+fn a_corpus_or_case_that_is_not_there_is_named_in_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no-corpus");
+    let crashes = d.path().join("crashes");
+    let run = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_criuz-fuzz")).args(args).output().unwrap()
+    };
+    for out in [
+        run(&[
+            "--seconds".as_ref(),
+            "1".as_ref(),
+            "--corpus".as_ref(),
+            missing.as_ref(),
+            "--crashes".as_ref(),
+            crashes.as_ref(),
+        ]),
+        run(&["--replay".as_ref(), missing.as_ref()]),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim(), format!("criuz-fuzz: {}: No such file or directory (os error 2)", missing.display()));
+    }
+}

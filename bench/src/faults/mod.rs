@@ -104,6 +104,9 @@ pub fn run(plan: &Plan) -> Result<Report> {
             .collect::<Result<_>>()?
     };
     // Before the clean runs, which take minutes.
+    if let Some(path) = &plan.json {
+        crate::output::check(path)?;
+    }
     if let Some(k) = plan.kinds.iter().find(|k| !inject::FAULTS.iter().any(|f| f.name() == k.as_str())) {
         let all: Vec<&str> = inject::FAULTS.iter().map(|f| f.name()).collect();
         return Err(Error::Usage(format!("unknown fault {k} (one of {})", all.join(", "))));
@@ -282,5 +285,5 @@ pub fn table(r: &Report) -> String {
 /// Writes the report as JSON.
 pub fn write_json(r: &Report, path: &Path) -> Result<()> {
     let text = serde_json::to_string_pretty(r).map_err(|e| Error::Invalid(e.to_string()))?;
-    std::fs::write(path, text).map_err(|e| Error::file(path, e))
+    crate::output::write(path, &(text + "\n"))
 }
