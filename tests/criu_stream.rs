@@ -606,6 +606,19 @@ fn archive_from_pipe_restores_and_pipe_buffer_cap_is_enforced() {
     assert_eq!(st.code(), Some(2), "{err}");
     assert!(err.contains("$TMPDIR") && err.contains("no-tmp: no such directory"), "{err}");
     assert!(!w.alive(), "a failed restore must not leave the process running");
+    // A read-only one is told as such, piped or not, before anything is
+    // made there (it named a staging directory of criuz's own).
+    let ro = tmp.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mounted = run(Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(&ro));
+    assert!(mounted.status.success(), "mount a read-only tmpfs: {}", String::from_utf8_lossy(&mounted.stderr));
+    let told = [false, true].map(|from_file| run_stdin(&[&format!("TMPDIR={}", ro.display())], from_file));
+    let _ = Command::new("umount").arg(&ro).status();
+    for (st, err) in told {
+        assert_eq!(st.code(), Some(2), "{err}");
+        assert_eq!(err.lines().last(), Some(&*format!("criuz: $TMPDIR: {}: Read-only file system (os error 30): criuz makes its work files there; set TMPDIR to a writable directory", ro.display())), "{err}");
+        assert!(!w.alive(), "a failed restore must not leave the process running");
+    }
     // A $TMPDIR too small for the spool says so, and what to do.
     let small = small_fs(tmp.path());
     let mut child = Command::new(CRIUZ)

@@ -19,7 +19,7 @@
 //! memory beats holding the archive in RAM.
 
 use super::{s3, Output, RecordStore};
-use crate::error::{Error, IoContext, Result, ResultContext};
+use crate::error::{Error, IoContext, Result};
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -240,7 +240,7 @@ impl Location {
         Ok(match self {
             Location::Stdio | Location::Stream(_) => match self.file_behind()? {
                 Some(file) => Box::new(file),
-                None => Box::new(spool(self.reader()?, spool_cap).context(|| self.label())?),
+                None => Box::new(spool(self.reader()?, spool_cap).map_err(|e| e.from_archive(self.label()))?),
             },
             Location::File(p) => Box::new(File::open(p).at(p)?),
             Location::Object(u) => Box::new(s3::Download::start(u)?),

@@ -83,8 +83,25 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// usage error that says so, not a bare "No such file or directory".
 pub fn temp_dir() -> Result<PathBuf> {
     let dir = temp_root();
-    named_dir(&dir).map_err(|e| e.context("$TMPDIR"))?;
+    named_dir(&dir).and_then(|()| writable_dir(&dir)).map_err(Error::in_tmpdir)?;
     Ok(dir)
+}
+
+/// A directory criuz must make files in (a read-only mount, one without
+/// write permission): a usage error that says what to change, before
+/// anything else is done, not a staging name of criuz's own in an I/O error.
+fn writable_dir(dir: &Path) -> Result<()> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::Usage(format!("{}: a path with a NUL byte", dir.display())))?;
+    // SAFETY: c is a NUL-terminated path that lives across the call.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(Error::Usage(format!(
+        "{}: {e}: criuz makes its work files there; set TMPDIR to a writable directory",
+        dir.display()
+    )))
 }
 
 /// `$TMPDIR` (or `/tmp`) as an absolute path, whether or not it is there.
