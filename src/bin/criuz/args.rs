@@ -156,7 +156,7 @@ pub enum Cmd {
     /// Checkpoint a process tree into an archive (runs criu dump --stream)
     Dump {
         /// Root of the process tree
-        #[arg(short = 't', long = "tree")]
+        #[arg(short = 't', long = "tree", value_parser = clap::value_parser!(i32).range(1..))]
         pid: i32,
         /// Archive to write ("-" for stdout)
         #[arg(short = 'o', long)]
