@@ -416,7 +416,7 @@ fn foreign_files_and_unknown_versions_are_clear_errors() {
             b"hello, this is not an archive at all, not even close....................".to_vec(),
             "not a criuz archive",
         ),
-        ("empty", Vec::new(), "truncated"),
+        ("empty", Vec::new(), "empty (0 bytes): not a criuz archive"),
         (
             "tar",
             {

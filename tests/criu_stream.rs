@@ -716,6 +716,24 @@ fn a_stream_that_is_no_archive_is_refused_before_it_is_spooled() {
         assert_eq!(out.status.code(), Some(3), "{err}");
         assert!(err.contains("not a criuz archive") && !err.contains("--pipe-buffer"), "{err}");
     }
+    // Nothing at all (a pipe whose writer failed, an empty file) is said
+    // to be empty, not a truncated archive.
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty.czr");
+    File::create(&empty).unwrap();
+    let empty = empty.to_str().unwrap();
+    for (args, label) in
+        [(&["restore", "-d", "-i", "/dev/null"][..], "/dev/null"), (&["restore", "-d", "-i", empty, "--lazy"], empty)]
+    {
+        let out = criuz(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert_eq!(
+            err.lines().last(),
+            Some(&*format!("criuz: {label}: empty (0 bytes): not a criuz archive")),
+            "{err}"
+        );
+    }
 }
 
 /// capture + plain `criu dump --stream`, then unpack + plain `criu restore -D`.

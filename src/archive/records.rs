@@ -295,6 +295,11 @@ impl<I: Input> SeqReader<I> {
     fn open(mut inp: I, unlock: Unlock) -> Result<Self> {
         let mut b = [0u8; HEADER_LEN];
         let got = inp.read_full(&mut b)?;
+        if got == 0 {
+            // Nothing arrived (a pipe whose writer failed, an empty file):
+            // no archive at all, rather than a damaged one.
+            return Err(Error::Mismatch("empty (0 bytes): not a criuz archive".into()));
+        }
         if got < HEADER_LEN {
             if got >= 8 && b[0..8] != MAGIC || got < 8 && b[..got] != MAGIC[..got] {
                 return Err(Error::corrupt(0, "not a criuz archive (bad magic)"));
