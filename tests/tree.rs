@@ -156,6 +156,39 @@ fn a_tree_of_many_files_comes_back_whole() {
     assert_eq!(listing(&src), listing(&out));
 }
 
+/// A sparse file comes back with its bytes, holes where it had them (an
+/// unpack wrote every zero: a 64 MiB hole took 64 MiB of disk), from a
+/// file and from a pipe; a whole zero page of data becomes a hole too.
+#[test]
+fn a_sparse_file_comes_back_sparse() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, arc) = (t.path().join("src"), t.path().join("a.czr"));
+    std::fs::create_dir(&src).unwrap();
+    let sparse = src.join("sparse");
+    let f = std::fs::File::create(&sparse).unwrap();
+    use std::os::unix::fs::FileExt;
+    // A hole, data, a hole, a page of written zeros, data, a hole to the end.
+    f.write_all_at(b"middle", 32 << 20).unwrap();
+    f.write_all_at(&[0; 4096], 48 << 20).unwrap();
+    f.write_all_at(&[7; 5000], (48 << 20) + 4096).unwrap();
+    f.set_len(96 << 20).unwrap();
+    drop(f);
+    ok(criuz(&["pack", p(&src), "-o", p(&arc)]), "pack");
+    for (name, piped) in [("out", false), ("out2", true)] {
+        let out = t.path().join(name);
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["unpack", if piped { "-" } else { p(&arc) }, "-d", p(&out)]);
+        if piped {
+            cmd.stdin(std::fs::File::open(&arc).unwrap());
+        }
+        ok(cmd.output().unwrap(), "unpack");
+        let back = out.join("sparse");
+        assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&sparse).unwrap(), "{name}");
+        let disk = std::fs::metadata(&back).unwrap().blocks() * 512;
+        assert!(disk <= 64 << 10, "{name}: 96 MiB with 13 KiB of data took {disk} bytes of disk");
+    }
+}
+
 #[test]
 fn tar_streams_in_and_out() {
     let t = tempfile::tempdir().unwrap();

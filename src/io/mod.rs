@@ -23,6 +23,7 @@ pub mod leftover;
 mod location;
 pub mod read_ahead;
 pub mod s3;
+pub mod sparse;
 mod store;
 pub mod unfinished;
 
