@@ -1,8 +1,8 @@
-//! A file written front to back in which every whole page of zeros
-//! (4 KiB, aligned in the file) is left a hole, as `cp --sparse=auto` and
-//! `tar -S` leave them: an unpacked process's zero pages (a dump elides
-//! them; CRIU reads them back from the images) and a packed sparse file
-//! cost no disk. A hole reads as zeros, so the bytes are the same. Runs of
+//! A file written front to back in which every run of 16 or more whole
+//! pages of zeros (4 KiB, aligned in the file) is left a hole, as
+//! `cp --sparse=auto` and `tar -S` leave them: an unpacked process's zero
+//! memory (a dump elides it; CRIU reads it back from the images) and a
+//! packed sparse file cost no disk. A hole reads as zeros, so the bytes are the same. Runs of
 //! data pages go to the file as one write each, so whole decoded blocks
 //! still pass the buffer by.
 
@@ -55,20 +55,35 @@ impl SparseFile {
     }
 }
 
+/// Zero pages in a row that make a hole; shorter runs are written. A hole
+/// for every zero page made an unpack of 1 GiB of mixed memory (its zero
+/// pages scattered) a seek and a write per page: 1.3-1.7 s instead of
+/// 0.6-0.8 s. With runs of 16, side by side against writing every byte
+/// (medians, caches dropped, by hand): mixed 0.64 s instead of 0.61 s (the
+/// pages looked at for zeros), 1 GiB of zero memory 0.09 s and 276 KiB of
+/// disk instead of 0.68 s and 1 GiB.
+const MIN_HOLE_PAGES: usize = 16;
+
 /// `data`, landing at file offset `offset`, split into the bytes before its
-/// first whole aligned zero page and the number of zero bytes (whole pages)
-/// that follow them.
+/// first run of [`MIN_HOLE_PAGES`] or more whole aligned zero pages, and the
+/// length of that run (0: none, all of `data` is to be written).
 fn split_at_zero_pages(data: &[u8], offset: u64) -> (&[u8], usize) {
-    let to_boundary = ((PAGE - offset % PAGE) % PAGE) as usize;
-    let mut kept = to_boundary.min(data.len());
-    let pages = |from: usize| data[from..].chunks_exact(PAGE_SIZE);
-    kept += pages(kept).take_while(|p| !is_zero_page(p)).count() * PAGE_SIZE;
-    let zeros = pages(kept).take_while(|p| is_zero_page(p)).count() * PAGE_SIZE;
-    if zeros == 0 {
-        // No whole zero page: the rest (a short tail included) is data.
-        return (data, 0);
+    let mut at = (((PAGE - offset % PAGE) % PAGE) as usize).min(data.len());
+    let mut run = None;
+    loop {
+        let page = data.get(at..at + PAGE_SIZE);
+        match (page.is_some_and(is_zero_page), run) {
+            (true, None) => run = Some(at),
+            (true, Some(_)) => {}
+            (false, Some(start)) if at - start >= MIN_HOLE_PAGES * PAGE_SIZE => return (&data[..start], at - start),
+            (false, Some(_)) => run = None,
+            (false, None) => {}
+        }
+        if page.is_none() {
+            return (data, 0);
+        }
+        at += PAGE_SIZE;
     }
-    (&data[..kept], zeros)
 }
 
 #[cfg(test)]
@@ -105,6 +120,8 @@ mod tests {
             vec![vec![0; 100], page(0), vec![7; 10], [page(0), page(0)].concat(), vec![0; 5]],
             vec![[vec![3; 4000], page(0), page(0), vec![0; 96]].concat(), page(0)],
             vec![vec![], page(0), vec![]],
+            vec![[page(1), vec![0; 20 * PAGE_SIZE], page(2)].concat(), vec![0; 17 * PAGE_SIZE]],
+            vec![vec![4; 100], vec![0; 40 * PAGE_SIZE], vec![0; 3], vec![5; 3]],
         ];
         for pieces in cases {
             let all = pieces.concat();
@@ -119,10 +136,17 @@ mod tests {
     }
 
     #[test]
-    fn a_page_is_zero_only_when_aligned_in_the_file() {
-        // 100 bytes in, a page of zeros spans two file pages: data.
-        assert_eq!(split_at_zero_pages(&page(0), 100), (&page(0)[..], 0));
-        let d = [vec![5; 10], page(0), page(0)].concat();
-        assert_eq!(split_at_zero_pages(&d, PAGE - 10), (&d[..10], 2 * PAGE_SIZE));
+    fn a_hole_is_a_long_enough_run_of_aligned_zero_pages() {
+        let run = vec![0; MIN_HOLE_PAGES * PAGE_SIZE];
+        // 100 bytes in, the pages of zeros span file pages: data.
+        assert_eq!(split_at_zero_pages(&run, 100), (&run[..], 0));
+        let d = [vec![5; 10], run.clone(), page(0), page(1)].concat();
+        assert_eq!(split_at_zero_pages(&d, PAGE - 10), (&d[..10], run.len() + PAGE_SIZE));
+        // One page short: written.
+        let d = [page(1), vec![0; (MIN_HOLE_PAGES - 1) * PAGE_SIZE], page(1)].concat();
+        assert_eq!(split_at_zero_pages(&d, 0), (&d[..], 0));
+        // At the end of what came.
+        let d = [page(1), run.clone()].concat();
+        assert_eq!(split_at_zero_pages(&d, 0), (&d[..PAGE_SIZE], run.len()));
     }
 }
