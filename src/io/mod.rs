@@ -94,8 +94,10 @@ pub fn temp_dir() -> Result<PathBuf> {
 fn writable_dir(dir: &Path) -> Result<()> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Usage(format!("{}: a path with a NUL byte", dir.display())))?;
+    // As the effective user, who makes the files (plain access(2) asks
+    // for the real one).
     // SAFETY: c is a NUL-terminated path that lives across the call.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0 {
+    if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK | libc::X_OK, libc::AT_EACCESS) } == 0 {
         return Ok(());
     }
     let e = std::io::Error::last_os_error();
