@@ -9,7 +9,8 @@
 //! may count on (the machine's, or its memory cgroup's); `pipes` finds the
 //! pipes a tree shares with processes outside it; `budget` is the
 //! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
-//! dump at a time checkpoint a tree; `interrupt` turns a
+//! dump at a time checkpoint a tree; `arriving` tells a tree whose lazy
+//! restore is still copying its memory in; `interrupt` turns a
 //! Ctrl-C into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
 //! its end on.
@@ -22,6 +23,7 @@
 //! sound. Nothing here knows about archives or sessions: `proc` imports
 //! only `error`, `criu::scm`, `io::leftover` and `io::unfinished`.
 
+pub mod arriving;
 pub mod budget;
 pub mod cgroup;
 pub mod claim;

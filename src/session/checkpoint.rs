@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
 use crate::proc::tree::{self, end_aborted_tree};
-use crate::proc::{budget, claim, pipes};
+use crate::proc::{arriving, budget, claim, pipes};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
@@ -248,6 +248,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             name.trim()
         )));
     }
+    arriving::refuse_while_arriving(o.pid)?;
     warn_of_outside_pipes(o.pid);
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();

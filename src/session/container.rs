@@ -43,8 +43,8 @@ use crate::cuda::{self, CudaDumpReport, CudaRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
-use crate::proc::claim;
 use crate::proc::guard::{wait_guarded, Guard, Victim};
+use crate::proc::{arriving, claim};
 use crate::progress::Progress;
 use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu, ToldAgain};
 use crate::session::follow::follow_pages;
@@ -188,6 +188,9 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
     let init = runc.init_pid(criu, &o.id);
     // One checkpoint of its processes at a time, as for `criuz dump`.
     let _claim = init.as_ref().ok().map(|&pid| claim::claim_tree(pid)).transpose()?;
+    if let Ok(pid) = init {
+        arriving::refuse_while_arriving(pid)?;
+    }
     let suspended = match (o.no_gpu, &init) {
         (false, Ok(pid)) => cuda::suspend_tree(*pid)?,
         _ => None,

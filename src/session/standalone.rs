@@ -11,7 +11,7 @@ use crate::criu::streamer::{self, Listener};
 use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
-use crate::proc::{claim, tree};
+use crate::proc::{arriving, claim, tree};
 use crate::session::criu_run::{join_criu_thread, run_criu_told};
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::receive::{self, PageServer, ReceiveReport};
@@ -115,6 +115,9 @@ pub fn page_server_dump(
     images_dir(dir)?;
     let held = held_tree(program, args);
     let _claim = held.map(|h| claim::claim_tree(h.pid)).transpose()?;
+    if let Some(h) = held {
+        arriving::refuse_while_arriving(h.pid)?;
+    }
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
