@@ -644,7 +644,13 @@ fn a_tree_still_being_restored_lazily_is_not_dumped() {
         }
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(err.contains(&format!("process {} of the tree is still being restored lazily", w.pid)), "{err}");
+        assert!(
+            err.contains(&format!(
+                "process {} of the tree has memory still arriving through a userfaultfd held outside it",
+                w.pid
+            )),
+            "{err}"
+        );
         assert!(!again.exists(), "no archive of the tree mid-fill");
         assert!(restored.status.success(), "the lazy restore: {}", String::from_utf8_lossy(&restored.stderr));
         assert_eq!(w.sums(), before, "the tree runs on, intact");

@@ -9,48 +9,57 @@
 //!
 //! The registration shows only in `/proc/PID/smaps` (`VmFlags: um`),
 //! which walks the page tables (about 20 ms a resident GiB). It is read
-//! only where some process holds a userfaultfd (a scan of `/proc/*/fd`,
-//! fractions of a millisecond on a quiet machine): nearly every dump pays
-//! only the scan. A holder that criuz cannot see (in a pid namespace above
-//! it) goes unseen.
+//! only where a process outside the tree holds a userfaultfd (a scan of
+//! `/proc/*/fd`, fractions of a millisecond on a quiet machine): nearly
+//! every dump pays only the scan. A holder that criuz cannot see (in a pid
+//! namespace above it) goes unseen.
 
 use crate::error::{Error, Result};
 
 /// Refuses the tree of `root` while a process of it has memory still
-/// arriving through a userfaultfd.
+/// arriving through a userfaultfd that a process outside the tree holds.
 pub fn refuse_while_arriving(root: i32) -> Result<()> {
     match memory_arriving(&super::tree::tree_pids(&[root])) {
         None => Ok(()),
         Some(pid) => Err(Error::Criu(format!(
-            "process {pid} of the tree is still being restored lazily: CRIU would dump the pages not yet copied in \
-             as never written, and they would come back as zeros; dump it once its restore has every page in \
-             (`criuz restore --lazy` returns then)"
+            "process {pid} of the tree has memory still arriving through a userfaultfd held outside it (a lazy \
+             restore not yet done?): CRIU would dump the pages not yet copied in as never written, and they would \
+             come back as zeros; dump it once they are all in (`criuz restore --lazy` returns then)"
         ))),
     }
 }
 
-/// The first of `pids` with memory still arriving through a userfaultfd.
+/// The first of `pids` with memory still arriving through a userfaultfd
+/// held outside them. One the tree holds itself is CRIU's to refuse (it
+/// cannot checkpoint a userfaultfd, and says so).
 fn memory_arriving(pids: &[i32]) -> Option<i32> {
-    if !userfaultfd_held() {
+    if userfaultfd_holders().is_some_and(|holders| holders.iter().all(|h| pids.contains(h))) {
         return None;
     }
     pids.iter().copied().find(|&pid| registered_for_missing_pages(pid))
 }
 
-/// Whether any process criuz can see holds a userfaultfd (or one whose
-/// descriptors cannot be read: then it may).
-fn userfaultfd_held() -> bool {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return true };
-    procs.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))).any(|e| {
+/// The processes criuz can see that hold a userfaultfd; `None` where one
+/// whose descriptors cannot be read might.
+fn userfaultfd_holders() -> Option<Vec<i32>> {
+    let mut holders = Vec::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         match std::fs::read_dir(e.path().join("fd")) {
-            Ok(fds) => fds.flatten().any(|fd| {
-                std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == "anon_inode:[userfaultfd]")
-            }),
+            Ok(fds) => {
+                let is_uffd = |fd: std::fs::DirEntry| {
+                    std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:[userfaultfd]")
+                };
+                if fds.flatten().any(is_uffd) {
+                    holders.push(pid);
+                }
+            }
             // Gone meanwhile: holds nothing.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
-            Err(_) => true,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return None,
         }
-    })
+    }
+    Some(holders)
 }
 
 /// Whether a mapping of `pid` is registered for missing-page faults.
