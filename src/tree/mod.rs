@@ -114,8 +114,9 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<()> {
 
 /// The length of the hole at `at` in `f`, if the file system tells of one
 /// (SEEK_DATA): a hole is packed as zeros without reading it, as the
-/// kernel zero-fills every page read from one (a 3 GiB hole: 1.29 s to
-/// pack read, 0.39 s skipped, medians of 3 side by side by hand).
+/// kernel zero-fills every page read from one (a 3 GiB hole, side by side
+/// by hand, caches dropped: read, 0.52-7.2 s over six runs, medians 1.29
+/// and 0.52 s; skipped, 0.37-0.40 s).
 fn hole_at(f: &std::fs::File, at: u64) -> Option<u64> {
     use nix::unistd::{lseek, Whence};
     let data = match lseek(f, at as i64, Whence::SeekData) {
