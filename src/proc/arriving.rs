@@ -24,7 +24,8 @@ pub fn refuse_while_arriving(root: i32) -> Result<()> {
         Some(pid) => Err(Error::Criu(format!(
             "process {pid} of the tree has memory still arriving through a userfaultfd held outside it (a lazy \
              restore not yet done?): CRIU would dump the pages not yet copied in as never written, and they would \
-             come back as zeros; dump it once they are all in (`criuz restore --lazy` returns then)"
+             come back as zeros; dump it once they are all in (criuz's lazy restore, `restore --lazy` or `runc \
+             restore`, returns then)"
         ))),
     }
 }
