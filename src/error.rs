@@ -154,9 +154,6 @@ impl From<io::Error> for Error {
     }
 }
 
-/// The context naming `$TMPDIR` ([`Error::in_tmpdir`]).
-const TMPDIR: &str = "$TMPDIR";
-
 impl Error {
     /// Archive bytes at `offset` that are not as they must be, and why: a
     /// message, or a typed cause ([`Damage`]).
@@ -188,18 +185,10 @@ impl Error {
     /// could not be written is not the archive's fault, and "ARCHIVE: DIR/x:
     /// already exists" read as if the archive were.
     pub fn from_archive(self, label: impl Into<String>) -> Self {
-        match (&self, self.root()) {
-            (_, Error::File { .. } | Error::Exists(_)) => self,
-            (Error::Context { context, .. }, _) if context == TMPDIR => self,
+        match self.root() {
+            Error::File { .. } | Error::Exists(_) => self,
             _ => self.context(label),
         }
-    }
-
-    /// Wraps an error about `$TMPDIR` (where criuz spools and makes its
-    /// work directories) with its name, which [`from_archive`](Self::from_archive)
-    /// keeps from being blamed on the archive.
-    pub fn in_tmpdir(self) -> Self {
-        self.context(TMPDIR)
     }
 
     /// The innermost error behind any contexts.

@@ -19,7 +19,7 @@
 //! memory beats holding the archive in RAM.
 
 use super::{s3, Output, RecordStore};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, ResultContext};
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -240,7 +240,12 @@ impl Location {
         Ok(match self {
             Location::Stdio | Location::Stream(_) => match self.file_behind()? {
                 Some(file) => Box::new(file),
-                None => Box::new(spool(self.reader()?, spool_cap).map_err(|e| e.from_archive(self.label()))?),
+                None => {
+                    // Outside the archive's label: a `$TMPDIR` that cannot
+                    // take the spool is no fault of the archive.
+                    let dir = super::temp_dir()?;
+                    Box::new(spool(self.reader()?, &dir, spool_cap).context(|| self.label())?)
+                }
             },
             Location::File(p) => Box::new(File::open(p).at(p)?),
             Location::Object(u) => Box::new(s3::Download::start(u)?),
@@ -426,9 +431,8 @@ fn read_up_to(inp: &mut impl Read, buf: &mut [u8]) -> usize {
 
 /// Copies an archive arriving on a pipe into an unnamed temporary file
 /// (mode 0600, gone when closed).
-fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
-    let dir = super::temp_dir()?;
-    let mut file = tempfile::tempfile_in(&dir).at(&dir)?;
+fn spool(mut inp: impl Read, dir: &Path, cap: u64) -> Result<File> {
+    let mut file = tempfile::tempfile_in(dir).at(dir)?;
     let copied = std::io::copy(&mut (&mut inp).take(cap.saturating_add(1)), &mut file)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ENOSPC | libc::EDQUOT) => std::io::Error::new(
@@ -437,13 +441,13 @@ fn spool(mut inp: impl Read, cap: u64) -> Result<File> {
             ),
             _ => e,
         })
-        .at(&dir)?;
+        .at(dir)?;
     if copied > cap {
         return Err(Error::Usage(format!(
             "the archive is larger than --pipe-buffer ({cap} bytes); raise it, or restore from a file"
         )));
     }
-    file.flush().at(&dir)?;
+    file.flush().at(dir)?;
     Ok(file)
 }
 
@@ -541,9 +545,9 @@ mod tests {
 
     #[test]
     fn a_pipe_larger_than_its_cap_is_refused() {
-        let e = spool(&b"0123456789"[..], 4).unwrap_err();
+        let e = spool(&b"0123456789"[..], &std::env::temp_dir(), 4).unwrap_err();
         assert_eq!(e.kind(), crate::Kind::Usage);
-        let f = spool(&b"0123"[..], 4).unwrap();
+        let f = spool(&b"0123"[..], &std::env::temp_dir(), 4).unwrap();
         assert_eq!(RecordStore::size(&f), 4);
     }
 }

@@ -84,7 +84,7 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// usage error that says so, not a bare "No such file or directory".
 pub fn temp_dir() -> Result<PathBuf> {
     let dir = temp_root();
-    named_dir(&dir).and_then(|()| writable_dir(&dir)).map_err(Error::in_tmpdir)?;
+    named_dir(&dir).and_then(|()| writable_dir(&dir)).map_err(|e| e.context("$TMPDIR"))?;
     Ok(dir)
 }
 
@@ -92,19 +92,17 @@ pub fn temp_dir() -> Result<PathBuf> {
 /// write permission): a usage error that says what to change, before
 /// anything else is done, not a staging name of criuz's own in an I/O error.
 fn writable_dir(dir: &Path) -> Result<()> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::Usage(format!("{}: a path with a NUL byte", dir.display())))?;
+    use nix::unistd::{faccessat, AccessFlags};
     // As the effective user, who makes the files (plain access(2) asks
     // for the real one).
-    // SAFETY: c is a NUL-terminated path that lives across the call.
-    if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK | libc::X_OK, libc::AT_EACCESS) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    Err(Error::Usage(format!(
-        "{}: {e}: criuz makes its work files there; set TMPDIR to a writable directory",
-        dir.display()
-    )))
+    let flags = AccessFlags::W_OK | AccessFlags::X_OK;
+    faccessat(nix::fcntl::AT_FDCWD, dir, flags, nix::fcntl::AtFlags::AT_EACCESS).map_err(|e| {
+        Error::Usage(format!(
+            "{}: {}: criuz makes its work files there; set TMPDIR to a writable directory",
+            dir.display(),
+            std::io::Error::from(e)
+        ))
+    })
 }
 
 /// `$TMPDIR` (or `/tmp`) as an absolute path, whether or not it is there.

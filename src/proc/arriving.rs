@@ -44,17 +44,10 @@ fn memory_arriving(pids: &[i32]) -> Option<i32> {
 /// whose descriptors cannot be read might.
 fn userfaultfd_holders() -> Option<Vec<i32>> {
     let mut holders = Vec::new();
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        match std::fs::read_dir(e.path().join("fd")) {
-            Ok(fds) => {
-                let is_uffd = |fd: std::fs::DirEntry| {
-                    std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:[userfaultfd]")
-                };
-                if fds.flatten().any(is_uffd) {
-                    holders.push(pid);
-                }
-            }
+    for pid in super::all_pids().ok()? {
+        match super::fd_links(pid) {
+            Ok(links) if links.iter().any(|(_, t)| t.as_os_str() == "anon_inode:[userfaultfd]") => holders.push(pid),
+            Ok(_) => {}
             // Gone meanwhile: holds nothing.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(_) => return None,
@@ -63,14 +56,16 @@ fn userfaultfd_holders() -> Option<Vec<i32>> {
     Some(holders)
 }
 
-/// Whether a mapping of `pid` is registered for missing-page faults.
+/// Whether a mapping of `pid` is registered for missing-page faults. Read
+/// line by line: smaps runs to tens of megabytes for a process of many
+/// mappings.
 fn registered_for_missing_pages(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps")).is_ok_and(|smaps| {
-        smaps
-            .lines()
-            .filter_map(|l| l.strip_prefix("VmFlags:"))
-            .any(|flags| flags.split_whitespace().any(|f| f == "um"))
-    })
+    use std::io::BufRead;
+    let Ok(smaps) = std::fs::File::open(format!("/proc/{pid}/smaps")) else { return false };
+    std::io::BufReader::new(smaps)
+        .lines()
+        .map_while(|l| l.ok())
+        .any(|l| l.strip_prefix("VmFlags:").is_some_and(|flags| flags.split_whitespace().any(|f| f == "um")))
 }
 
 #[cfg(test)]

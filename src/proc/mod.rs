@@ -34,3 +34,17 @@ pub mod memory;
 pub mod pipes;
 pub mod socket;
 pub mod tree;
+
+/// The processes /proc lists now (thread-group leaders).
+pub(crate) fn all_pids() -> std::io::Result<Vec<i32>> {
+    Ok(std::fs::read_dir("/proc")?.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+}
+
+/// What each descriptor of `pid` is, as its /proc link reads: (fd, target).
+/// A descriptor closed meanwhile is left out.
+pub(crate) fn fd_links(pid: i32) -> std::io::Result<Vec<(i32, std::path::PathBuf)>> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, std::fs::read_link(e.path()).ok()?)))
+        .collect())
+}

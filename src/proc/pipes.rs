@@ -82,12 +82,8 @@ pub fn ends_outside(tree: &[i32]) -> Vec<OutsideEnd> {
         return Vec::new();
     }
     let me = std::process::id() as i32;
-    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let others: Vec<i32> = procs
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != me && !members.contains(pid))
-        .collect();
+    let Ok(mut others) = super::all_pids() else { return Vec::new() };
+    others.retain(|pid| *pid != me && !members.contains(pid));
     // The walk reads a link per descriptor of every process: split over the
     // cores, and an end's access mode read only for the tree's pipes (4,000
     // processes of 5 descriptors each added 140 ms to a dump on one core and
@@ -144,14 +140,8 @@ fn pipe_ends(pid: i32) -> Vec<(u64, Held)> {
 
 /// The descriptors of `pid` that are pipes: (fd, the pipe's inode).
 fn pipe_links(pid: i32) -> Vec<(i32, u64)> {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
-    fds.flatten()
-        .filter_map(|e| {
-            let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
-            let link = std::fs::read_link(e.path()).ok()?;
-            Some((fd, pipe_inode(link.to_str()?)?))
-        })
-        .collect()
+    let links = super::fd_links(pid).unwrap_or_default();
+    links.into_iter().filter_map(|(fd, link)| Some((fd, pipe_inode(link.to_str()?)?))).collect()
 }
 
 /// How `pid` holds the pipe on its descriptor `fd` (`None` once it is gone).
