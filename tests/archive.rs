@@ -716,6 +716,19 @@ fn an_output_that_fills_up_is_named_in_the_error() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("/dev/full: No space left on device") && err.lines().count() == 1, "{args:?}: {err}");
     }
+    // A report that does not reach stdout fails its command (it said
+    // nothing, exit 0); a reader that stopped early does not.
+    for args in [vec!["inspect", arc.to_str().unwrap()], vec!["verify", arc.to_str().unwrap()]] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = Command::new(CRIUZ).args(&args).stdout(full).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err, "criuz: standard output: No space left on device (os error 28)\n", "{args:?}");
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(CRIUZ).args(&args).stdout(writer).output().unwrap();
+        assert!(out.status.success() && out.stderr.is_empty(), "{args:?} into a closed pipe: {out:?}");
+    }
     // Past a file-size limit (`ulimit -f`): SIGXFSZ killed criuz mid-write
     // (exit 153) and left its temporary file; now an error naming the file.
     let out_dir = tmp.path().join("out");

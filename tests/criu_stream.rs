@@ -438,6 +438,34 @@ fn a_tcp_dump_whose_criuz_dies_after_its_archive_is_committed_loses_nothing() {
     }
 }
 
+/// A dump's or restore's `--json` summary that cannot be written (stdout on
+/// a full disk) does not fail work that is done: the dump ended the process,
+/// the restore runs it. Both say the summary is lost and exit 0 (a report,
+/// `inspect` or `verify`, fails instead: tests/archive.rs).
+#[test]
+fn a_summary_that_cannot_be_printed_is_said_lost_and_the_work_stands() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 16, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    let pid = w.pid.to_string();
+    let to_full = |args: &[&str]| {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = Command::new(CRIUZ).args(args).stdout(full).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        let lost = "criuz: standard output: No space left on device (os error 28): the summary printed there is lost";
+        assert!(err.contains(lost), "{args:?}: {err}");
+    };
+    to_full(&["dump", "-t", &pid, "-o", arc.to_str().unwrap(), "--json"]);
+    w.reap_original();
+    to_full(&["restore", "-d", "-i", arc.to_str().unwrap(), "--json"]);
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
 #[test]
 fn multi_threaded_process() {
     roundtrip(Spec { mode: "threads", ..Default::default() }, &["-j", "1"], &[]);

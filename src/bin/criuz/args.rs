@@ -417,6 +417,14 @@ pub enum Cmd {
     },
 }
 
+impl Cmd {
+    /// Whether what the command prints on stdout is its product (a report
+    /// read from an archive or a process), not a summary of work it did.
+    pub fn reports_on_stdout(&self) -> bool {
+        matches!(self, Cmd::Inspect { .. } | Cmd::Verify { .. } | Cmd::Gpu(GpuCmd::State { .. }))
+    }
+}
+
 #[derive(Subcommand)]
 pub enum GpuCmd {
     /// Print each process's CUDA checkpoint state

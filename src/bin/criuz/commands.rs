@@ -130,8 +130,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Gpu(GpuCmd::State { pids }) => {
             for (pid, state) in criuz::cuda::states(&pids)? {
                 match state {
-                    Ok(s) => println!("{pid}: {}", serde_json::to_value(s).unwrap_or_default().as_str().unwrap_or("?")),
-                    Err(e) => println!("{pid}: not a CUDA process ({e})"),
+                    Ok(s) => out!("{pid}: {}", serde_json::to_value(s).unwrap_or_default().as_str().unwrap_or("?")),
+                    Err(e) => out!("{pid}: not a CUDA process ({e})"),
                 }
             }
         }
@@ -308,7 +308,9 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     let root = r.pid().ok_or_else(|| criuz::Error::Criu("CRIU wrote no pid for the restored tree".into()))?;
     if let Ok(exe) = std::env::current_exe() {
         // What the summary left buffered would be lost with the image.
-        let _ = std::io::Write::flush(&mut std::io::stdout());
+        if let Some(e) = print::stdout_failure() {
+            print::summary_lost(&e);
+        }
         let failed = std::process::Command::new(exe).args(["wait-tree", &root.to_string()]).exec();
         criuz::say!("criuz: waiting for the restored tree in place ({failed})");
     }

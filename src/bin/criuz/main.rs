@@ -40,8 +40,20 @@ fn main() -> ExitCode {
     // the same way, in one line, exit status 1.
     criuz::proc::interrupt::end_on_panic();
     let cli = args::Cli::parse();
+    let reports = cli.cmd.reports_on_stdout();
     let done =
         criuz::proc::memory::check_address_space().map_err(anyhow::Error::from).and_then(|()| commands::run(cli));
+    // A report that never reached its reader (`inspect F > full/disk/f`)
+    // is a failure; a dump's or restore's summary is not worth failing work
+    // that is done (the process ended, the tree running) for.
+    let done = done.and_then(|code| match print::stdout_failure() {
+        Some(e) if reports => Err(anyhow::anyhow!("standard output: {e}")),
+        Some(e) => {
+            print::summary_lost(&e);
+            Ok(code)
+        }
+        None => Ok(code),
+    });
     criuz::proc::interrupt::wait_for_interruption();
     match done {
         Ok(code) => code,

@@ -7,18 +7,49 @@ use criuz::io::Location;
 use criuz::offline;
 use criuz::session::checkpoint::DumpReport;
 use criuz::session::restore::Restored;
+use std::io::Write;
+use std::sync::Mutex;
 
-/// `println!` that stops printing quietly when stdout is closed early
-/// (`criuz inspect F | head`) instead of panicking. SIGPIPE stays ignored:
-/// criuz must see EPIPE, not die, when CRIU closes one of its pipes.
+/// `println!` that never panics: it stops printing quietly when stdout is
+/// closed early (`criuz inspect F | head`), and keeps any other failure (a
+/// full disk under `> report.json`) for [`stdout_failure`]. SIGPIPE stays
+/// ignored: criuz must see EPIPE, not die, when CRIU closes one of its pipes.
 macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write;
-        // A closed stdout (EPIPE) only means nobody reads the rest.
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
-    }};
+    ($($t:tt)*) => {
+        $crate::print::line(format_args!($($t)*))
+    };
 }
 pub(crate) use out;
+
+/// The first failure to write stdout, EPIPE aside.
+static STDOUT_FAILED: Mutex<Option<std::io::Error>> = Mutex::new(None);
+
+pub fn line(text: std::fmt::Arguments) {
+    note_stdout(writeln!(std::io::stdout().lock(), "{text}"));
+}
+
+fn note_stdout(written: std::io::Result<()>) {
+    match written {
+        // A closed pipe only means nobody reads the rest.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            STDOUT_FAILED.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        }
+        _ => {}
+    }
+}
+
+/// Flushes stdout and returns the first failure to write it, if any: a
+/// report that did not reach its reader fails its command; a summary of
+/// work done is said lost on stderr (see main).
+pub fn stdout_failure() -> Option<std::io::Error> {
+    note_stdout(std::io::stdout().flush());
+    STDOUT_FAILED.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// Says on stderr that the summary of work done did not reach stdout.
+pub fn summary_lost(e: &std::io::Error) {
+    criuz::say!("criuz: standard output: {e}: the summary printed there is lost (the work itself is done)");
+}
 
 /// Prints `value` as pretty JSON on stdout, or stderr with `to_stderr`
 /// (when stdout carries the archive).
