@@ -28,7 +28,6 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 
 /// Default bytes of block data allowed in flight.
 pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
@@ -279,7 +278,7 @@ pub struct Collector<R> {
     tokens: Receiver<()>,
     pending: BTreeMap<u64, R>,
     next: u64,
-    workers: Vec<JoinHandle<()>>,
+    workers: Vec<crate::threads::Finished>,
     ahead: Arc<Ahead>,
 }
 
@@ -409,11 +408,11 @@ where
     let init = Arc::new(init);
     let work = Arc::new(work);
     let ahead = Arc::new(Ahead::new(ahead));
-    let mut workers: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut workers: Vec<crate::threads::Finished> = Vec::new();
     for i in 0..threads.max(1) {
         let (job_rx, res_tx, init, work) = (job_rx.clone(), res_tx.clone(), init.clone(), work.clone());
         let (hold, ahead) = (hold.clone(), ahead.clone());
-        let spawned = std::thread::Builder::new().name(format!("criuz-worker-{i}")).spawn(move || {
+        let spawned = crate::threads::spawn("criuz-worker", move || {
             let free = i < hold.free;
             FREE_WORKER.with(|f| f.set(free));
             let mut state = init();

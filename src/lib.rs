@@ -55,6 +55,7 @@ pub mod proc;
 pub mod progress;
 pub mod seal;
 pub mod session;
+pub mod threads;
 pub mod tree;
 
 pub use error::{Error, Kind, Result};

@@ -175,6 +175,23 @@ pub(crate) fn wait_exits(pids: &[i32], limit: std::time::Duration) {
     wait_while_any(pids, limit, on_its_way_out);
 }
 
+/// Moves this pid namespace's allocation cursor (`ns_last_pid`) up to the
+/// highest of `pids` where it is below it, so that the tasks started while
+/// CRIU restores a tree with those pids (criuz's and CRIU's threads, any
+/// other program on the machine) get pids above them, not one of theirs
+/// that CRIU has yet to create ("Can't fork for N: File exists"). CRIU
+/// creates each process with its pid asked for (`clone3`), which the cursor
+/// does not steer. Where the cursor cannot be written (no CAP_SYS_ADMIN or
+/// CAP_CHECKPOINT_RESTORE), the restore goes on as before.
+pub(crate) fn allocate_new_pids_above(pids: &[i32]) {
+    const CURSOR: &str = "/proc/sys/kernel/ns_last_pid";
+    let Some(&highest) = pids.iter().max() else { return };
+    let now = std::fs::read_to_string(CURSOR).ok().and_then(|s| s.trim().parse::<i32>().ok());
+    if now.is_some_and(|now| now < highest) {
+        let _ = std::fs::write(CURSOR, highest.to_string());
+    }
+}
+
 /// Whether a process that holds a pid will soon let it go by itself (see
 /// [`wait_exits`]).
 fn on_its_way_out(h: &Holder) -> bool {

@@ -32,8 +32,8 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread,
-    publish_pidfile, restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions, PIDFILE_FAILED,
-    PID_NAMESPACE_REFUSED,
+    publish_pidfile, restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions, SharedPages,
+    PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
 };
 use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
@@ -522,7 +522,7 @@ pub fn restore_opened(
     criu: &Criu,
 ) -> Result<RestoreReport> {
     let tree = check_pids_free(&*source)?;
-    check_memory_room(&*source)?;
+    check_memory_room(&*source, SharedPages::KeptShared)?;
     let cuda = cuda_plan(&*source, &o.gpu_map, true)?;
     tree::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;

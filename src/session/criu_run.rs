@@ -196,17 +196,31 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     if let Some(n) = tree::named_elsewhere(&pids) {
         return Err(Error::Criu(format!("cannot restore: {}", still_named(&n))));
     }
+    tree::allocate_new_pids_above(&pids);
     Ok(pids)
+}
+
+/// How a restore brings back pages the tree's processes shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SharedPages {
+    /// CRIU restores them (streamed): shared copy-on-write, as they were.
+    KeptShared,
+    /// criuz copies them in with userfaultfd (placed or lazy), one address
+    /// space at a time: each process gets a copy of its own.
+    CopiedToEach,
 }
 
 /// Refuses the restore of a tree whose memory cannot fit where it would
 /// run ([`memory::ceiling`]: the machine's memory and swap, or a memory
 /// cgroup's limit): it was OOM-killed as its pages came in, and criuz with
 /// it, exit 137 and not a word. A tree whose processes share pages is let
-/// through (CRIU keeps them shared: it needs less than its processes hold
-/// apiece).
-pub(crate) fn check_memory_room(source: &dyn BlockSource) -> Result<()> {
-    if crate::session::lazy::shares_pages(source) {
+/// through where CRIU keeps them shared (it needs less than its processes
+/// hold apiece); placed or lazily, every process's pages count (a forked
+/// tree of 301 processes, 300 MiB each, restored lazily on 24 GiB: the
+/// OOM killer ended criuz 2 minutes in).
+pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages) -> Result<()> {
+    let shares = crate::session::lazy::shares_pages(source);
+    if shares && shared == SharedPages::KeptShared {
         return Ok(());
     }
     let top_pages = source.index().files.iter().filter(|f| f.kind == FileKind::Pages && f.is_criu_image());
@@ -218,16 +232,24 @@ pub(crate) fn check_memory_room(source: &dyn BlockSource) -> Result<()> {
     }
     let needs = pages.saturating_mul(crate::format::PAGE_SIZE as u64);
     let (ceiling, what) = memory::ceiling();
-    if needs > ceiling {
-        return Err(Error::Criu(format!(
-            "cannot restore {}: its tree holds {} MiB of memory, more than {what} allows ({} MiB): it would be \
-             OOM-killed as it came back",
-            source.label(),
-            needs >> 20,
-            ceiling >> 20
-        )));
+    if needs <= ceiling {
+        return Ok(());
     }
-    Ok(())
+    let label = source.label();
+    let (needs, ceiling) = (needs >> 20, ceiling >> 20);
+    Err(Error::Criu(if shares {
+        format!(
+            "cannot restore {label} through userfaultfd (placed or lazily): its processes would hold {needs} MiB of \
+             memory, each a copy of its own of the pages they shared, more than {what} allows ({ceiling} MiB): it \
+             would be OOM-killed as it came back; an eager restore streamed through CRIU (the default for such a \
+             tree, or `--fill stream`) keeps them shared"
+        )
+    } else {
+        format!(
+            "cannot restore {label}: its tree holds {needs} MiB of memory, more than {what} allows ({ceiling} MiB): \
+             it would be OOM-killed as it came back"
+        )
+    }))
 }
 
 /// The CUDA resume a restore of `source` needs, checked before CRIU starts

@@ -50,7 +50,7 @@ use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_run::{
     cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command,
-    resume_cuda, RestoreOptions, PIDFILE_FAILED,
+    resume_cuda, RestoreOptions, SharedPages, PIDFILE_FAILED,
 };
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
@@ -898,7 +898,7 @@ fn restore_through_pager(
     threads: usize,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
-    check_memory_room(&*archive)?;
+    check_memory_room(&*archive, SharedPages::CopiedToEach)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;

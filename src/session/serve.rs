@@ -111,22 +111,27 @@ pub fn serve(
             let (failed, bytes, source, opts) = (failed.clone(), bytes.clone(), source.clone(), opts.clone());
             let shutdown = sock.try_clone()?;
             let context = format!("{label}: {name}");
-            writers.push(std::thread::spawn(move || {
-                let mut pipe = std::fs::File::from(fd);
-                let r = match whole {
-                    Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
-                    None => stream_pages(source, &entry, pipe, opts, plan),
-                };
-                match r {
-                    Ok(n) => {
-                        bytes.fetch_add(n, Ordering::Relaxed);
+            // One writer a file CRIU opens, on a thread used again
+            // (`threads`: a new one would take a pid the tree may need).
+            writers.push(
+                crate::threads::spawn("criuz-serve", move || {
+                    let mut pipe = std::fs::File::from(fd);
+                    let r = match whole {
+                        Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
+                        None => stream_pages(source, &entry, pipe, opts, plan),
+                    };
+                    match r {
+                        Ok(n) => {
+                            bytes.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            let _ = shutdown.shutdown(std::net::Shutdown::Both);
+                            failed.lock().unwrap().get_or_insert(e.context(context));
+                        }
                     }
-                    Err(e) => {
-                        let _ = shutdown.shutdown(std::net::Shutdown::Both);
-                        failed.lock().unwrap().get_or_insert(e.context(context));
-                    }
-                }
-            }));
+                })
+                .map_err(|e| Error::thread_not_started("image writer", e))?,
+            );
         }
         Ok(())
     })();
@@ -229,13 +234,14 @@ fn stream_pages(
         });
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    std::thread::spawn(move || {
+    crate::threads::spawn("criuz-serve", move || {
         for i in 0..n {
             if stop2.load(Ordering::Relaxed) || sub.submit(i).is_err() {
                 break;
             }
         }
-    });
+    })
+    .map_err(|e| Error::thread_not_started("page decoding", e))?;
     let mut out = SplicePipe::new(pipe);
     // Ready chunks are gathered up to a pipe's worth and handed over together
     // (see `SplicePipe`); the writer waits for the next one only when none is
