@@ -137,6 +137,42 @@ pub fn name_beside(name: &std::ffi::OsStr, what: &str, tail: usize) -> String {
     format!(".{}{hash}.criuz-{what}", &name[..head])
 }
 
+/// Replaces the user's small file `target` (a pid file, a lazy restore's
+/// working-set record) with `bytes`, whole or not at all: written to
+/// criuz's own file beside it (`.NAME.criuz-tmp-PID`), made anew
+/// (`O_EXCL`), then renamed over `target`, which replaces a link there
+/// rather than following it. Written with an ordinary open, a link left
+/// under the temporary name by anyone who may write the directory had
+/// root's criuz write over the file it pointed to.
+pub fn replace_small_file(target: &Path, mode: u32, bytes: &[u8]) -> Result<()> {
+    let name = target.file_name().unwrap_or_default();
+    let tmp = target.with_file_name(format!("{}{}", name_beside(name, "tmp-", 10), std::process::id()));
+    let create = || OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp);
+    // Errors name the user's path: the temporary name means nothing to them.
+    let ((), unfinished) = unfinished::Unfinished::made(|| -> std::io::Result<((), PathBuf)> {
+        let mut file = match create() {
+            // A link, or what a criuz of this pid killed before its rename
+            // left: removed (a link itself, not what it points to).
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&tmp)?;
+                create()?
+            }
+            made => made?,
+        };
+        file.write_all(bytes).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        Ok(((), tmp.clone()))
+    })
+    .at(target)?;
+    unfinished
+        .publish(|| std::fs::rename(&tmp, target))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .at(target)
+}
+
 /// The open-files limit, its soft limit raised to the hard one first (once
 /// per process; later calls return what the first found). Shells and
 /// service managers start processes at a soft 1024 under a far higher hard
@@ -541,6 +577,31 @@ pub(crate) fn make_node(path: &Path, mode: libc::mode_t, dev: libc::dev_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Links left at the temporary name and at the target by someone who may
+    /// write the directory are replaced, never written through (found by
+    /// hand: root's restore wrote its pid and working-set record over the
+    /// file such links pointed to).
+    #[test]
+    fn a_small_file_is_replaced_never_written_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let target = dir.path().join("app.pid");
+        let tmp = dir.path().join(format!(".app.pid.criuz-tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        std::os::unix::fs::symlink(&victim, &target).unwrap();
+        replace_small_file(&target, 0o600, b"1234\n").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        let meta = std::fs::symlink_metadata(&target).unwrap();
+        assert!(meta.file_type().is_file() && meta.permissions().mode() & 0o777 == 0o600);
+        assert_eq!(std::fs::read(&target).unwrap(), b"1234\n");
+        replace_small_file(&target, 0o600, b"5678\n").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"5678\n");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "nothing left beside them: {names:?}");
+    }
 
     #[test]
     fn a_dead_writers_temporary_file_is_removed() {

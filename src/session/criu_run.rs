@@ -10,7 +10,6 @@ use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
 use crate::format::FileKind;
-use crate::io::unfinished::Unfinished;
 use crate::io::Location;
 use crate::proc::{memory, tree};
 use crate::progress::Meter;
@@ -300,16 +299,7 @@ pub(crate) const PIDFILE_FAILED: &str = "cannot write --pidfile, restored tree k
 pub(crate) fn publish_pidfile(ours: &Path, to: Option<&Path>) -> Result<()> {
     let Some(to) = to else { return Ok(()) };
     let pid = std::fs::read_to_string(ours).at(ours)?;
-    let tmp = to.with_file_name(crate::io::name_beside(to.file_name().unwrap_or_default(), "tmp", 0));
-    // Errors name the user's path: the temporary name means nothing to them.
-    let ((), unfinished) =
-        Unfinished::made(|| std::fs::write(&tmp, format!("{}\n", pid.trim())).map(|()| ((), tmp.clone()))).at(to)?;
-    unfinished
-        .publish(|| std::fs::rename(&tmp, to))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .at(to)
+    crate::io::replace_small_file(to, 0o644, format!("{}\n", pid.trim()).as_bytes())
 }
 
 /// Bytes of a CRIU image that holds no entry: its two magic numbers.

@@ -440,15 +440,7 @@ fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<(
             text.push_str(&format!("{pid} {vaddr:x}\n"));
         }
     }
-    let tmp = path.with_extension("touch.criuz-tmp");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f =
-            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).at(&tmp)?;
-        f.write_all(text.as_bytes()).at(&tmp)?;
-    }
-    std::fs::rename(&tmp, path).at(path)
+    crate::io::replace_small_file(path, 0o600, text.as_bytes())
 }
 
 /// A lazy restore ready to run: the archive, the directory CRIU reads its
