@@ -30,12 +30,20 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// ends: longer than the gaps between the images of a restore.
 pub const IDLE_FOR: Duration = Duration::from_secs(10);
 
-/// The threads waiting for a job, each by the sender that hands it one.
-static IDLE: Mutex<Vec<Sender<Job>>> = Mutex::new(Vec::new());
+/// The threads waiting for a job, each by the sender that hands it one,
+/// and the process they are threads of.
+static IDLE: Mutex<(u32, Vec<Sender<Job>>)> = Mutex::new((0, Vec::new()));
 
-fn idle() -> std::sync::MutexGuard<'static, Vec<Sender<Job>>> {
+fn idle() -> std::sync::MutexGuard<'static, (u32, Vec<Sender<Job>>)> {
     // A job runs outside the lock, so a poisoned lock holds a sound list.
-    IDLE.lock().unwrap_or_else(|p| p.into_inner())
+    let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
+    // A forked child has none of its parent's threads: a job handed to one
+    // would never run.
+    let me = std::process::id();
+    if idle.0 != me {
+        *idle = (me, Vec::new());
+    }
+    idle
 }
 
 /// A job's end, as a thread's join handle tells it.
@@ -58,7 +66,7 @@ pub fn spawn(name: &str, job: impl FnOnce() + Send + 'static) -> std::io::Result
         let _ = done.send(());
     });
     loop {
-        let Some(thread) = idle().pop() else { break };
+        let Some(thread) = idle().1.pop() else { break };
         match thread.send(job) {
             Ok(()) => return Ok(Finished(finished)),
             // That thread ended meanwhile (it was idle too long).
@@ -69,13 +77,13 @@ pub fn spawn(name: &str, job: impl FnOnce() + Send + 'static) -> std::io::Result
     std::thread::Builder::new().name(name.to_string()).spawn(move || {
         job();
         loop {
-            idle().push(hand.clone());
+            idle().1.push(hand.clone());
             match jobs.recv_timeout(IDLE_FOR) {
                 Ok(next) => next(),
                 Err(RecvTimeoutError::Timeout) => {
                     let mut waiting = idle();
-                    if let Some(i) = waiting.iter().position(|s| s.same_channel(&hand)) {
-                        waiting.swap_remove(i);
+                    if let Some(i) = waiting.1.iter().position(|s| s.same_channel(&hand)) {
+                        waiting.1.swap_remove(i);
                         return;
                     }
                     drop(waiting);
