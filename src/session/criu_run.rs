@@ -153,8 +153,10 @@ pub(crate) const PID_NAMESPACE_REFUSED: &str =
 /// (often the dumped process itself, not yet reaped by its parent), or still
 /// named as a session or process group by a process that outlived its
 /// holder, would make CRIU fail with "Can't fork for PID: File exists".
-/// Returns the tree's pids;
-/// an archive that holds no process tree is refused before CRIU runs.
+/// Returns the tree's pids, once it has moved the pid counter past them
+/// (`tree::allocate_new_pids_above`: no task started while CRIU restores
+/// takes one); an archive that holds no process tree is refused before
+/// CRIU runs.
 pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
     let Some(entry) = source.find("pstree.img") else {
         return Err(Error::Usage(format!(

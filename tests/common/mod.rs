@@ -270,6 +270,17 @@ impl Drop for Workload {
         if self.alive() {
             self.stop();
         }
+        // A test that failed with its root gone (OOM-killed, say) would
+        // leave the tree's other processes running: ended by pid, each only
+        // while it is still this workload (its command names our dir).
+        let dir = self.dir.path().as_os_str().as_encoded_bytes().to_vec();
+        for &pid in &self.pids {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.windows(dir.len()).any(|w| w == dir.as_slice()) {
+                // SAFETY: signalling a process of this workload (checked above).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
     }
 }
 
