@@ -95,6 +95,17 @@ fn an_identity_made_on_standard_output_opens_what_is_sealed_for_it() {
     ok(criuz(&["pack", s(&img), "-o", s(&arc), "--recipient", public]), "pack");
     assert_eq!(criuz(&["verify", s(&arc)]).status.code(), Some(2), "verify without the key");
     ok(criuz(&["verify", s(&arc), "--identity", s(&key)]), "verify with the key from standard output");
+    // A key file that never ends is refused after its first MiB (it was
+    // read until memory ran out).
+    for args in [["verify", s(&arc), "--identity", "/dev/zero"], ["verify", s(&arc), "--passphrase-file", "/dev/zero"]]
+    {
+        let out = criuz(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("/dev/zero: not a key or passphrase file (it holds more than 1 MiB)"), "{args:?}: {err}");
+    }
+    let out = criuz(&["pack", s(&img), "-o", s(&tmp.path().join("b.czr")), "--recipients-file", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -35,14 +35,27 @@ fn with_ring<T>(f: impl FnOnce(&mut Ring) -> T) -> T {
     f(g.get_or_insert_with(Ring::default))
 }
 
-/// Reads a secret file: it must exist, be readable, and be text (a key
-/// file given where another file was meant is a usage error naming it).
-fn read_secret(path: &Path) -> Result<String> {
+/// The most a key, passphrase or recipients file may hold (thousands of
+/// keys): more is another file given by mistake. `/dev/zero` was read until
+/// memory ran out.
+const KEY_FILE_MOST: u64 = 1 << 20;
+
+/// Reads a key, passphrase or recipients file (`what` it is to be): it must
+/// exist, be readable, be text and hold at most [`KEY_FILE_MOST`] bytes (a
+/// file given where another was meant is a usage error naming it).
+fn read_key_text(path: &Path, what: &str) -> Result<String> {
     crate::io::named_file(path)?;
     let mut bytes = Vec::new();
-    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).at(path)?;
-    String::from_utf8(bytes)
-        .map_err(|_| Error::Usage(format!("{}: not a key or passphrase file (it is not text)", path.display())))
+    std::fs::File::open(path).and_then(|f| f.take(KEY_FILE_MOST + 1).read_to_end(&mut bytes)).at(path)?;
+    if bytes.len() as u64 > KEY_FILE_MOST {
+        return Err(Error::Usage(format!("{}: not {what} (it holds more than 1 MiB)", path.display())));
+    }
+    String::from_utf8(bytes).map_err(|_| Error::Usage(format!("{}: not {what} (it is not text)", path.display())))
+}
+
+/// Reads a secret file (an identity or a passphrase).
+fn read_secret(path: &Path) -> Result<String> {
+    read_key_text(path, "a key or passphrase file")
 }
 
 /// Parses an age identity file (`AGE-SECRET-KEY-1…` lines, `#` comments).
@@ -175,8 +188,7 @@ impl Recipients {
     pub fn from_args(keys: &[String], files: &[std::path::PathBuf], passphrase: Option<&Path>) -> Result<Option<Self>> {
         let mut x25519 = keys.iter().map(|k| parse_recipient(k)).collect::<Result<Vec<_>>>()?;
         for f in files {
-            crate::io::named_file(f)?;
-            let text = std::fs::read_to_string(f).at(f)?;
+            let text = read_key_text(f, "a recipients file")?;
             let mut n = 0;
             for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
                 x25519.push(parse_recipient(line).map_err(|e| Error::Usage(format!("{}: {e}", f.display())))?);
