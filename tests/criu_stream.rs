@@ -2405,15 +2405,8 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let group = LimitGroup::new("memory");
-    group.limit("memory.limit_in_bytes", "memory.max", 48 << 20);
-    let swap_limit = ["memory.memsw.limit_in_bytes", "memory.swap.max"].iter().find(|f| group.dir.join(f).exists());
-    match swap_limit {
-        // v1 bounds memory and swap together, v2 swap alone.
-        Some(f) => {
-            std::fs::write(group.dir.join(f), if f.contains("memsw") { 48 << 20 } else { 0 }.to_string()).unwrap()
-        }
-        None if std::fs::read_to_string("/proc/meminfo").unwrap().contains("SwapTotal:              0 kB") => {}
-        None => return eprintln!("SKIP: swap here, and no swap limit for the group"),
+    if !group.limit_memory(48 << 20) {
+        return eprintln!("SKIP: swap here, and no swap limit for the group");
     }
     let mut w = Workload::start(Spec { mib: 96, pattern: "random", ..Default::default() });
     let before = w.sums();
@@ -2421,11 +2414,15 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     let arc = tmp.path().join("a.czr");
     dump(&w, &arc, &[]);
     w.reap_original();
-    // Each restore in the group is refused, saying `why`, before anything ran.
-    let refused = |w: &Workload, fill: &[&str], why: &str| {
+    // Each restore is refused, saying `why`, before anything ran: run in
+    // the group, or (`outside`) from outside it, by a criuz whose tree CRIU
+    // puts back in the group it was dumped in.
+    let refused_from = |w: &Workload, fill: &[&str], why: &str, outside: bool| {
         let mut cmd = Command::new(CRIUZ);
         cmd.args(["restore", "-d", arc.to_str().unwrap()]).args(fill);
-        group.join_on_exec(&mut cmd);
+        if !outside {
+            group.join_on_exec(&mut cmd);
+        }
         let out = run(&mut cmd);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{fill:?}: {err}");
@@ -2433,8 +2430,9 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
         assert_eq!(group.oom_kills(), 0, "{fill:?}: {err}");
         assert!(!w.alive(), "{fill:?}: nothing restored");
     };
+    let refused = |w: &Workload, fill: &[&str], why: &str| refused_from(w, fill, why, false);
     for fill in [&[][..], &["--fill", "stream"], &["--lazy"]] {
-        refused(&w, fill, "of memory, more than the limit of memory cgroup");
+        refused(&w, fill, &format!("of memory, more than memory cgroup {} has room for", group.dir.display()));
     }
     ok(criuz(&["restore", "-d", arc.to_str().unwrap()]), "restore outside the group");
     assert_eq!(w.sums(), before);
@@ -2444,11 +2442,7 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     // the default for it, and CRIU puts the tree back in its group), not
     // where userfaultfd copies them into each process: placed or lazily,
     // its 4 processes would hold 48 MiB each, over the 160 MiB limit.
-    // (v1 bounds memory by memory and swap: that one first.)
-    if let Some(f) = swap_limit.filter(|f| f.contains("memsw")) {
-        std::fs::write(group.dir.join(f), (160u64 << 20).to_string()).unwrap();
-    }
-    group.limit("memory.limit_in_bytes", "memory.max", 160 << 20);
+    group.limit_memory(160 << 20);
     let spec =
         Spec { mib: 48, mode: "tree", children: 3, pattern: "random", group: Some(&group), ..Default::default() };
     let mut w = Workload::start(spec);
@@ -2457,6 +2451,10 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     w.reap_original();
     for fill in [&["--fill", "place"][..], &["--lazy"]] {
         refused(&w, fill, "each a copy of its own of the pages they shared");
+        // From outside the group: its root was OOM-killed, and the restore
+        // said "restored", exit 0.
+        let why = format!("more than memory cgroup {} has room for", group.dir.display());
+        refused_from(&w, fill, &why, true);
     }
     let out = ok(criuz(&["restore", "-d", arc.to_str().unwrap(), "--json"]), "restore");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -2465,6 +2463,73 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     assert!(in_group.contains(group.dir.file_name().unwrap().to_str().unwrap()), "{in_group}");
     assert_eq!(w.sums(), before);
     assert_eq!(group.oom_kills(), 0);
+    w.stop();
+}
+
+/// A tree that fits its memory cgroup's limit but not what the group's
+/// other processes leave of it is refused before anything runs, however it
+/// would fill (placed, the OOM killer killed the tree's process and then
+/// the group's other process, since the copy still held the dead tree's
+/// memory: the restore said "restored", exit 0). A process of a held tree
+/// killed as its pages come in fails the restore, and the rest of the tree
+/// goes, where it said "restored" with the process dead.
+#[test]
+fn a_tree_is_not_restored_into_a_group_without_room_nor_with_a_process_killed() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let group = LimitGroup::new("memory");
+    if !group.limit_memory(192 << 20) {
+        return eprintln!("SKIP: swap here, and no swap limit for the group");
+    }
+    let mut w = Workload::start(Spec { mib: 160, pattern: "random", group: Some(&group), ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let restore = |fill: &[&str]| run(Command::new(CRIUZ).args(["restore", "-d", arc.to_str().unwrap()]).args(fill));
+    // Another process of the group holds 64 MiB: 160 more do not fit.
+    let mut other = Workload::start(Spec { mib: 64, pattern: "random", group: Some(&group), ..Default::default() });
+    for fill in [&["--fill", "place"][..], &["--lazy"], &["--fill", "stream"]] {
+        let out = restore(fill);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{fill:?}: {err}");
+        assert!(err.contains(&format!("more than memory cgroup {} has room for", group.dir.display())), "{err}");
+        assert_eq!(group.oom_kills(), 0, "{fill:?}: {err}");
+        assert!(!w.alive() && other.alive(), "{fill:?}: nothing restored, nothing killed");
+    }
+    other.stop();
+    // Killed by a signal as its pages are placed (the tree held stopped):
+    // the restore fails, and no process of it is left.
+    let killer = {
+        let pid = w.pid;
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_secs(30) {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let field =
+                    |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).map(String::from);
+                let held = field("State:").is_some_and(|s| s.starts_with('t') || s.starts_with('T'));
+                let rss_kib: u64 = field("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+                if held && rss_kib > 16 << 10 {
+                    // SAFETY: the test's own restored workload, held stopped.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            false
+        })
+    };
+    let out = restore(&["--fill", "place"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(killer.join().unwrap(), "the held tree was seen: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("restored process {} was", w.pid)), "{err}");
+    assert!(err.contains("before the tree ran, as its memory was placed: something outside criuz killed it"), "{err}");
+    assert!(!w.alive());
+    ok(criuz(&["restore", "-d", arc.to_str().unwrap()]), "restore with room");
+    assert_eq!(w.sums(), before);
     w.stop();
 }
 

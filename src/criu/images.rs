@@ -23,6 +23,9 @@ const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
 const PSTREE_MAGIC: u32 = 0x5027_3030;
 const CORE_MAGIC: u32 = 0x5505_3847;
+const CGROUP_MAGIC: u32 = 0x5938_3330;
+/// inventory.img starts with its own magic alone (no common one).
+const INVENTORY_MAGIC: u32 = 0x5831_3116;
 /// `core_entry.march` of x86_64 (images/core.proto).
 const MARCH_X86_64: i32 = 1;
 
@@ -74,6 +77,8 @@ struct PagemapEntry {
 struct PstreeEntry {
     #[prost(uint32, required, tag = "1")]
     pid: u32,
+    #[prost(uint32, required, tag = "2")]
+    ppid: u32,
     #[prost(uint32, repeated, packed = "false", tag = "5")]
     threads: Vec<u32>,
 }
@@ -88,6 +93,13 @@ pub fn pstree_pids(img: &[u8]) -> Option<Vec<u32>> {
         pids.extend(e.threads.into_iter().filter(|&t| t != e.pid));
     }
     Some(pids)
+}
+
+/// Every process of a checkpointed tree with its parent's pid (0 for the
+/// root), parents first (pstree.img); `None` if the image is not as
+/// expected.
+pub fn pstree_parents(img: &[u8]) -> Option<Vec<(u32, u32)>> {
+    objects(img, PSTREE_MAGIC)?.into_iter().map(|obj| PstreeEntry::decode(obj).ok().map(|e| (e.pid, e.ppid))).collect()
 }
 
 /// The thread ids of process `pid` (pstree.img); `None` if the image is not
@@ -110,12 +122,22 @@ struct CoreEntry {
     thread_info: Option<ThreadInfoX86>,
     #[prost(message, optional, tag = "3")]
     tc: Option<TaskCoreEntry>,
+    #[prost(message, optional, tag = "5")]
+    thread_core: Option<ThreadCoreEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ThreadCoreEntry {
+    #[prost(uint32, optional, tag = "16")]
+    cg_set: Option<u32>,
 }
 
 #[derive(Clone, PartialEq, Message)]
 struct TaskCoreEntry {
     #[prost(uint32, optional, tag = "1")]
     task_state: Option<u32>,
+    #[prost(uint32, optional, tag = "9")]
+    cg_set: Option<u32>,
     #[prost(uint32, optional, tag = "21")]
     stop_signo: Option<u32>,
 }
@@ -146,6 +168,67 @@ struct ThreadInfoX86 {
 struct UserX86Regs {
     #[prost(uint64, optional, tag = "20")]
     sp: Option<u64>,
+}
+
+/// The cgroup set a process was dumped in (its main thread's core image:
+/// per thread since CRIU 3.x, in the task's part before; 0: none of its
+/// own, as a zombie's), to look up in cgroup.img.
+pub fn core_cg_set(core: &[u8]) -> Option<u32> {
+    let c = CoreEntry::decode(*objects(core, CORE_MAGIC)?.first()?).ok()?;
+    let per_thread = c.thread_core.and_then(|t| t.cg_set);
+    Some(per_thread.or_else(|| c.tc.and_then(|t| t.cg_set)).unwrap_or(0))
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct InventoryEntry {
+    #[prost(uint32, optional, tag = "5")]
+    root_cg_set: Option<u32>,
+}
+
+/// The cgroup set CRIU itself ran in at the dump (inventory.img): a
+/// process in that set inherits its cgroups from whatever restores it.
+pub fn inventory_root_cg_set(img: &[u8]) -> Option<u32> {
+    if u32::from_ne_bytes(img.get(0..4)?.try_into().ok()?) != INVENTORY_MAGIC {
+        return None;
+    }
+    let len = u32::from_ne_bytes(img.get(4..8)?.try_into().ok()?) as usize;
+    InventoryEntry::decode(img.get(8..8 + len)?).ok()?.root_cg_set
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CgMemberEntry {
+    #[prost(string, required, tag = "1")]
+    name: String,
+    #[prost(string, required, tag = "2")]
+    path: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CgSetEntry {
+    #[prost(uint32, required, tag = "1")]
+    id: u32,
+    #[prost(message, repeated, tag = "2")]
+    ctls: Vec<CgMemberEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CgroupEntry {
+    #[prost(message, repeated, tag = "1")]
+    sets: Vec<CgSetEntry>,
+}
+
+/// The memory cgroup of each cgroup set (cgroup.img): set id -> (its path
+/// in the memory hierarchy, whether that is cgroup v2's). A set without
+/// one is left out; `None` if the image is not as expected.
+pub fn cgroup_memory_paths(img: &[u8]) -> Option<Vec<(u32, String, bool)>> {
+    let entry = CgroupEntry::decode(*objects(img, CGROUP_MAGIC)?.first()?).ok()?;
+    let memory_of = |set: &CgSetEntry| {
+        let v1 = set.ctls.iter().find(|c| c.name.split(',').any(|n| n == "memory"));
+        // v2's one hierarchy has no controller name.
+        v1.map(|c| (c.path.clone(), false))
+            .or_else(|| set.ctls.iter().find(|c| c.name.is_empty()).map(|c| (c.path.clone(), true)))
+    };
+    Some(entry.sets.iter().filter_map(|set| memory_of(set).map(|(path, v2)| (set.id, path, v2))).collect())
 }
 
 /// The stack pointer a thread was dumped with (core-<tid>.img); x86_64

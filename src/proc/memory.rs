@@ -80,29 +80,42 @@ pub fn total() -> u64 {
     groups().iter().filter_map(|g| g.limit()).fold(machine, u64::min)
 }
 
-/// The most memory processes started here could ever hold, swap included,
-/// and what sets it: the machine's memory and swap, or a memory cgroup
-/// above criuz whose limit (with the swap it may use) is lower. A process
-/// tree larger than that is OOM-killed as it comes back, whatever else
-/// runs; one below it may still be, where others use the room.
-pub fn ceiling() -> (u64, String) {
-    let swap = meminfo("SwapTotal:").unwrap_or(0);
-    let machine = meminfo("MemTotal:").unwrap_or(u64::MAX).saturating_add(swap);
-    let mut least = (machine, "this machine's memory and swap".to_string());
-    for g in groups() {
-        let Some(limit) = g.limit() else { continue };
-        // What the group may swap: v1 bounds memory and swap together
-        // where it accounts swap; v2 bounds swap alone.
-        let with_swap = if g.v2 {
-            limit.saturating_add(g.read("memory.swap.max").map_or(swap, |s| s.min(swap)))
-        } else {
-            g.read("memory.memsw.limit_in_bytes").unwrap_or_else(|| limit.saturating_add(swap))
-        };
-        if with_swap < least.0 {
-            least = (with_swap, format!("the limit of memory cgroup {}", g.dir.display()));
+/// The memory the machine can still give: what it has available (free,
+/// and page cache it can drop) and its free swap. A tree larger than that
+/// is OOM-killed as it comes back, or another process for it.
+pub fn machine_room() -> u64 {
+    meminfo("MemAvailable:").unwrap_or(u64::MAX).saturating_add(meminfo("SwapFree:").unwrap_or(0))
+}
+
+/// Where memory is charged, for [`rooms_for`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ChargedTo {
+    /// criuz's memory cgroup (what CRIU's restored tree inherits).
+    Own,
+    /// The memory cgroup at `path` (as /proc/PID/cgroup names it) of the
+    /// v1 memory hierarchy, or of v2's (`v2`).
+    Group { path: String, v2: bool },
+}
+
+/// The memory cgroups that bound memory charged `to`, its own group first,
+/// each with the room its limit leaves (`Group::room`). A group that is not
+/// there (CRIU makes it as it restores) is bounded by those above it.
+pub fn rooms_for(to: &ChargedTo) -> Vec<(PathBuf, u64)> {
+    let groups = match to {
+        ChargedTo::Own => groups(),
+        // Read beside a crafted archive's path: nothing outside the hierarchy.
+        ChargedTo::Group { path, .. } if path.split('/').any(|c| c == "..") => Vec::new(),
+        ChargedTo::Group { path, v2 } => {
+            let named = if *v2 { format!("0::{path}\n") } else { format!("1:memory:{path}\n") };
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            let Some((mount, path, v2)) = memory_group(&named, &mounts) else { return Vec::new() };
+            let mut dir = mount.join(path.trim_start_matches('/'));
+            while !dir.is_dir() && dir.starts_with(&mount) && dir.pop() {}
+            chain(&mount, dir, v2)
         }
-    }
-    least
+    };
+    let swap = meminfo("SwapTotal:").unwrap_or(0);
+    groups.into_iter().filter_map(|g| g.room(swap).map(|room| (g.dir, room))).collect()
 }
 
 fn meminfo(field: &str) -> Option<u64> {
@@ -128,6 +141,36 @@ impl Group {
         self.read(if self.v2 { "memory.max" } else { "memory.limit_in_bytes" })
     }
 
+    /// The processes its OOM killer has killed (v1: `oom_kill` of
+    /// `memory.oom_control`; v2: of `memory.events`).
+    fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        stat_field(&std::fs::read_to_string(self.dir.join(file)).unwrap_or_default(), "oom_kill")
+    }
+
+    /// What more its processes may hold before its OOM killer kills one:
+    /// its limit, counting what it may swap (v1 bounds memory and swap
+    /// together where it accounts swap; v2 bounds swap alone), less what it
+    /// holds that cannot be dropped (all but its file cache). `None`: no
+    /// limit.
+    fn room(&self, swap: u64) -> Option<u64> {
+        let limit = self.limit()?;
+        let stat = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap_or_default();
+        let (limit, held) = if self.v2 {
+            let limit = limit.saturating_add(self.read("memory.swap.max").map_or(swap, |s| s.min(swap)));
+            let held = self.read("memory.current").unwrap_or(0) + self.read("memory.swap.current").unwrap_or(0);
+            (limit, held.saturating_sub(stat_field(&stat, "active_file") + stat_field(&stat, "inactive_file")))
+        } else {
+            let (limit, held) = match self.read("memory.memsw.limit_in_bytes") {
+                Some(memsw) => (memsw, self.read("memory.memsw.usage_in_bytes")),
+                None => (limit.saturating_add(swap), self.read("memory.usage_in_bytes")),
+            };
+            let cache = stat_field(&stat, "total_active_file") + stat_field(&stat, "total_inactive_file");
+            (limit, held.unwrap_or(0).saturating_sub(cache))
+        };
+        Some(limit.saturating_sub(held))
+    }
+
     fn headroom(&self) -> Option<u64> {
         let limit = self.limit()?;
         let used = self.read(if self.v2 { "memory.current" } else { "memory.usage_in_bytes" }).unwrap_or(0);
@@ -141,15 +184,37 @@ fn stat_field(stat: &str, name: &str) -> u64 {
     stat.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)
 }
 
+/// Process `pid`'s memory cgroup and each group above it, with the OOM
+/// kills each has counted. A process that has exited reads as being in the
+/// root group (v1): read it while it lives.
+pub fn oom_kills_of(pid: i32) -> Vec<(PathBuf, u64)> {
+    groups_of(&pid.to_string()).into_iter().map(|g| (g.oom_kills(), g.dir)).map(|(n, d)| (d, n)).collect()
+}
+
+/// The OOM kills memory cgroup `dir` has counted (0 where it cannot say).
+pub fn oom_kills_in(dir: &Path) -> u64 {
+    Group { dir: dir.to_path_buf(), v2: dir.join("memory.events").exists() }.oom_kills()
+}
+
 /// criuz's memory cgroup and every group above it, in the hierarchy that
 /// has the memory controller (v1's `memory`, else v2's).
 fn groups() -> Vec<Group> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    groups_of("self")
+}
+
+/// Process `pid`'s ("self": criuz's) memory cgroup and every group above
+/// it, its own first.
+fn groups_of(pid: &str) -> Vec<Group> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let Some((mount, path, v2)) = memory_group(&own, &mounts) else { return Vec::new() };
-    let mut dir = mount.join(path.trim_start_matches('/'));
+    chain(&mount, mount.join(path.trim_start_matches('/')), v2)
+}
+
+/// Group `dir` of the hierarchy mounted at `mount`, and each above it.
+fn chain(mount: &Path, mut dir: PathBuf, v2: bool) -> Vec<Group> {
     let mut out = Vec::new();
-    while dir.starts_with(&mount) {
+    while dir.starts_with(mount) {
         out.push(Group { dir: dir.clone(), v2 });
         if !dir.pop() {
             break;
@@ -224,6 +289,32 @@ mod tests {
         assert_eq!(memory_group("12:pids:/a\n", MOUNTS), None, "no memory line, no v2 line");
         assert_eq!(stat_field("cache 5\ntotal_inactive_file 4096\ninactive_file 1\n", "total_inactive_file"), 4096);
         assert_eq!(stat_field("inactive_file_x 3\ninactive_file 7\n", "inactive_file"), 7);
+    }
+
+    #[test]
+    fn a_groups_room_is_its_limit_less_what_it_cannot_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        let v2 = Group { dir: dir.path().to_path_buf(), v2: true };
+        put("memory.max", "max\n");
+        assert_eq!(v2.room(0), None, "no limit");
+        put("memory.max", "1000000\n");
+        put("memory.current", "700000\n");
+        put("memory.stat", "anon 400000\nactive_file 100000\ninactive_file 200000\n");
+        assert_eq!(v2.room(0), Some(600_000), "file cache can be dropped");
+        put("memory.swap.max", "50000\n");
+        put("memory.swap.current", "10000\n");
+        assert_eq!(v2.room(1 << 20), Some(640_000), "the swap it may use");
+        let v1 = Group { dir: dir.path().to_path_buf(), v2: false };
+        put("memory.limit_in_bytes", "1000000\n");
+        put("memory.usage_in_bytes", "700000\n");
+        put("memory.stat", "cache 300000\ntotal_active_file 100000\ntotal_inactive_file 200000\ntotal_shmem 0\n");
+        assert_eq!(v1.room(0), Some(600_000));
+        put("memory.memsw.limit_in_bytes", "1200000\n");
+        put("memory.memsw.usage_in_bytes", "800000\n");
+        assert_eq!(v1.room(1 << 20), Some(700_000), "memory and swap bounded together");
+        let _ = rooms_for(&ChargedTo::Own);
+        assert_eq!(rooms_for(&ChargedTo::Group { path: "/../../etc".into(), v2: false }), Vec::new());
     }
 
     #[test]

@@ -126,6 +126,30 @@ pub(crate) fn wait_unnamed(pids: &[i32], limit: std::time::Duration) {
     poll_until(limit_ms, 20, || named_elsewhere(pids).is_none_or(|n| !on_its_way_out(&n.holder)));
 }
 
+/// How process `pid`, held stopped, has ended, if it has: gone, a zombie,
+/// exiting, or with a SIGKILL pending (a stopped task takes it when it next
+/// runs: the OOM killer's kill is sent as the charge fails, and the task
+/// may not have begun to exit when that is looked at). `None` while it is
+/// alive and nothing has killed it.
+pub(crate) fn killed(pid: i32) -> Option<&'static str> {
+    let Some(holder) = holder_of(pid) else { return Some("gone") };
+    if holder.zombie || holder.exiting {
+        return Some("dead");
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Some("gone") };
+    sigkill_pending(&status).then_some("killed")
+}
+
+/// Whether a /proc/PID/status text shows a SIGKILL pending, to its thread
+/// or its whole process.
+fn sigkill_pending(status: &str) -> bool {
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:")))
+        .any(|mask| u64::from_str_radix(mask.trim(), 16).is_ok_and(|m| m & sigkill != 0))
+}
+
 /// The parent pid of a /proc/PID/stat text (the second field after the
 /// command's closing paren).
 fn parent_in(stat: &str) -> Option<i32> {
@@ -1068,6 +1092,24 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_killed_process_reads_as_killed_until_it_is_gone() {
+        let status =
+            |pnd: &str, shd: &str| format!("Name:\tx\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t0000000000000100\n");
+        assert!(!sigkill_pending(&status("0000000000000000", "0000000000004000")));
+        assert!(sigkill_pending(&status("0000000000000100", "0000000000000000")));
+        assert!(sigkill_pending(&status("0000000000000000", "0000000000000102")));
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert_eq!(killed(pid), None);
+        child.kill().unwrap();
+        // Killed, not reaped: dead (or, for an instant, SIGKILL pending).
+        crate::proc::tree::wait_exit_begun(&[pid], std::time::Duration::from_secs(5));
+        assert!(killed(pid).is_some());
+        child.wait().unwrap();
+        assert_eq!(killed(pid), Some("gone"));
+    }
 
     /// The pids whose parent is `pid`, from every process's stat.
     fn children_by_stat(pid: i32) -> Vec<i32> {

@@ -522,7 +522,7 @@ pub fn restore_opened(
     criu: &Criu,
 ) -> Result<RestoreReport> {
     let tree = check_pids_free(&*source)?;
-    check_memory_room(&*source, SharedPages::KeptShared)?;
+    check_memory_room(&*source, SharedPages::KeptShared, o)?;
     let cuda = cuda_plan(&*source, &o.gpu_map, true)?;
     tree::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;

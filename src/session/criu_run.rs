@@ -14,6 +14,7 @@ use crate::io::Location;
 use crate::proc::{memory, tree};
 use crate::progress::Meter;
 use crate::session::workdir::{criu_output, SavedLog};
+use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -212,45 +213,137 @@ pub(crate) enum SharedPages {
 }
 
 /// Refuses the restore of a tree whose memory cannot fit where it would
-/// run ([`memory::ceiling`]: the machine's memory and swap, or a memory
-/// cgroup's limit): it was OOM-killed as its pages came in, and criuz with
-/// it, exit 137 and not a word. A tree whose processes share pages is let
-/// through where CRIU keeps them shared (it needs less than its processes
-/// hold apiece); placed or lazily, every process's pages count (a forked
-/// tree of 301 processes, 300 MiB each, restored lazily on 24 GiB: the
-/// OOM killer ended criuz 2 minutes in).
-pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages) -> Result<()> {
+/// run: in what the machine has available (free, droppable cache and free
+/// swap), and in the room each memory cgroup its processes are charged to
+/// leaves, criuz's own (which CRIU's tree inherits) or those CRIU restores
+/// them into, the cgroups they were dumped in (`charged_to`). Past one, the
+/// OOM killer ends the tree as its pages come in, or criuz (exit 137 and not
+/// a word), or another process of the group (a restore from outside a pod's
+/// group into it killed the tree's root, said "restored", and a second kill
+/// took a process of the pod the tree was to rejoin). A tree whose
+/// processes share pages is let through where CRIU keeps them shared (it
+/// needs less than its processes hold apiece); placed or lazily, every
+/// process's pages count (a forked tree of 301 processes, 300 MiB each,
+/// restored lazily on 24 GiB: the OOM killer ended criuz 2 minutes in).
+/// Memory taken while the tree comes back is not foreseen: a process
+/// OOM-killed as its pages come in fails the restore (`session::pager`).
+pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages, o: &RestoreOptions) -> Result<()> {
     let shares = crate::session::lazy::shares_pages(source);
     if shares && shared == SharedPages::KeptShared {
         return Ok(());
     }
-    let top_pages = source.index().files.iter().filter(|f| f.kind == FileKind::Pages && f.is_criu_image());
-    let mut pages = 0u64;
-    for f in top_pages {
-        for (header, _) in (0..).map_while(|i| source.block_header(f.file_id, i)) {
-            pages += header.pages().saturating_sub(header.zero_pages()) as u64;
+    let needs = pages_by_process(source, o.keep_zero_pages)?;
+    let charged = charged_to(source, &o.extra)?;
+    let mut groups: Vec<(PathBuf, u64, u64)> = Vec::new();
+    let mut rooms: HashMap<&memory::ChargedTo, Vec<(PathBuf, u64)>> = HashMap::new();
+    for (pid, bytes) in &needs {
+        let to = charged.get(pid).unwrap_or(&memory::ChargedTo::Own);
+        for (dir, room) in rooms.entry(to).or_insert_with(|| memory::rooms_for(to)).iter() {
+            match groups.iter_mut().find(|(d, ..)| d == dir) {
+                Some((_, _, need)) => *need += bytes,
+                None => groups.push((dir.clone(), *room, *bytes)),
+            }
         }
     }
-    let needs = pages.saturating_mul(crate::format::PAGE_SIZE as u64);
-    let (ceiling, what) = memory::ceiling();
-    if needs <= ceiling {
+    let total = needs.iter().map(|(_, b)| b).sum();
+    let machine = (memory::machine_room(), total, "this machine has available (memory and swap)".to_string());
+    let in_groups = groups
+        .into_iter()
+        .map(|(dir, room, need)| (room, need, format!("memory cgroup {} has room for", dir.display())));
+    let Some((room, needs, what)) = std::iter::once(machine).chain(in_groups).find(|(room, need, _)| need > room)
+    else {
         return Ok(());
-    }
+    };
     let label = source.label();
-    let (needs, ceiling) = (needs >> 20, ceiling >> 20);
+    let (needs, room) = (needs >> 20, room >> 20);
     Err(Error::Criu(if shares {
         format!(
             "cannot restore {label} through userfaultfd (placed or lazily): its processes would hold {needs} MiB of \
-             memory, each a copy of its own of the pages they shared, more than {what} allows ({ceiling} MiB): it \
+             memory, each a copy of its own of the pages they shared, more than {what} ({room} MiB): it \
              would be OOM-killed as it came back; an eager restore streamed through CRIU (the default for such a \
              tree, or `--fill stream`) keeps them shared"
         )
     } else {
         format!(
-            "cannot restore {label}: its tree holds {needs} MiB of memory, more than {what} allows ({ceiling} MiB): \
-             it would be OOM-killed as it came back"
+            "cannot restore {label}: its tree holds {needs} MiB of memory, more than {what} ({room} MiB): \
+             the OOM killer would end it, or another process, as it came back"
         )
     }))
+}
+
+/// The bytes of memory each process of the tree will hold (its pages
+/// image's pages, less its zero pages unless they are kept), by pid. Pages no process's pagemap
+/// names (shared memory's) count to the root's.
+fn pages_by_process(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<Vec<(u32, u64)>> {
+    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
+    let mut owner: HashMap<String, u32> = HashMap::new();
+    for f in files().filter(|f| f.kind == FileKind::Plain) {
+        let Some(pid) = images::process_pagemap_pid(&f.name).and_then(|p| p.parse().ok()) else { continue };
+        if let Some(id) = images::pagemap_pages_id(&source.read_file(f)?) {
+            owner.insert(format!("pages-{id}.img"), pid);
+        }
+    }
+    let root = source.find("pstree.img").map(|e| source.read_file(e)).transpose()?;
+    let root = root.and_then(|p| images::pstree_pids(&p)).and_then(|p| p.first().copied()).unwrap_or(0);
+    let mut needs: Vec<(u32, u64)> = Vec::new();
+    for f in files().filter(|f| f.kind == FileKind::Pages) {
+        let pages: u64 = (0..)
+            .map_while(|i| source.block_header(f.file_id, i))
+            .map(|(h, _)| if keep_zero_pages { h.pages() } else { h.pages().saturating_sub(h.zero_pages()) } as u64)
+            .sum();
+        let pid = owner.get(&f.name).copied().unwrap_or(root);
+        let bytes = pages.saturating_mul(crate::format::PAGE_SIZE as u64);
+        match needs.iter_mut().find(|(p, _)| *p == pid) {
+            Some((_, b)) => *b += bytes,
+            None => needs.push((pid, bytes)),
+        }
+    }
+    Ok(needs)
+}
+
+/// The memory cgroup CRIU restores each process of the tree into, by pid,
+/// as it does (criu/cgroup.c, `restore_task_cgroup`): a process in its
+/// parent's cgroup set (the root: in the set CRIU itself was dumped from)
+/// stays where its parent is, criuz's group for the root; one in another
+/// set is moved into that set's groups, as they were at the dump. Where
+/// the images do not say, or `extra` changes CRIU's cgroup handling
+/// (`--cgroup-root`, `--manage-cgroups`), every process counts as criuz's.
+fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32, memory::ChargedTo>> {
+    let mut charged = HashMap::new();
+    if extra.iter().any(|a| a.starts_with("--cgroup-root") || a.starts_with("--manage-cgroups")) {
+        return Ok(charged);
+    }
+    let read = |name: &str| source.find(name).map(|f| source.read_file(f)).transpose();
+    let (Some(inventory), Some(cgroups), Some(pstree)) =
+        (read("inventory.img")?, read("cgroup.img")?, read("pstree.img")?)
+    else {
+        return Ok(charged);
+    };
+    let (Some(root_set), Some(paths), Some(tree)) = (
+        images::inventory_root_cg_set(&inventory),
+        images::cgroup_memory_paths(&cgroups),
+        images::pstree_parents(&pstree),
+    ) else {
+        return Ok(charged);
+    };
+    // Each process's set as its children see it (a zombie's 0: its parent's).
+    let mut set_of: HashMap<u32, u32> = HashMap::new();
+    for (pid, ppid) in tree {
+        let parent_set = set_of.get(&ppid).copied().unwrap_or(root_set);
+        let own = read(&format!("core-{pid}.img"))?.and_then(|c| images::core_cg_set(&c)).unwrap_or(0);
+        let set = if own == 0 { parent_set } else { own };
+        set_of.insert(pid, set);
+        let to = if set == parent_set {
+            charged.get(&ppid).cloned().unwrap_or(memory::ChargedTo::Own)
+        } else {
+            match paths.iter().find(|(id, ..)| *id == set) {
+                Some((_, path, v2)) => memory::ChargedTo::Group { path: path.clone(), v2: *v2 },
+                None => memory::ChargedTo::Own,
+            }
+        };
+        charged.insert(pid, to);
+    }
+    Ok(charged)
 }
 
 /// The CUDA resume a restore of `source` needs, checked before CRIU starts

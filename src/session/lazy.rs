@@ -643,8 +643,9 @@ impl LazyRestore<'_> {
                 if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
                     // archive opened while it still arrived must be proven
-                    // whole first (as a streamed restore's last page waits).
-                    r = self.source.proven();
+                    // whole first (as a streamed restore's last page waits),
+                    // and every process must still be there.
+                    r = self.source.proven().and_then(|()| pager.killed_while_held());
                 }
                 blocks.finish();
                 if r.is_err() {
@@ -907,7 +908,7 @@ fn restore_through_pager(
     threads: usize,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
-    check_memory_room(&*archive, SharedPages::CopiedToEach)?;
+    check_memory_room(&*archive, SharedPages::CopiedToEach, o)?;
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;

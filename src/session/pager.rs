@@ -234,6 +234,10 @@ pub(crate) struct Pager<'a> {
     /// must be a page of memory (`--keep-zero-pages`).
     zeros: ZeroPages,
     report: PagerReport,
+    /// Each process's memory cgroups (its own, those above it) and the OOM
+    /// kills they had counted when it was handed over, to tell an OOM kill
+    /// from another end.
+    oom_kills_before: HashMap<u32, Vec<(std::path::PathBuf, u64)>>,
 }
 
 /// Blocks each thread of a running tree's fill takes in one step: a fault
@@ -275,6 +279,7 @@ impl<'a> Pager<'a> {
             fill_threads,
             crew: None,
             report: PagerReport::default(),
+            oom_kills_before: HashMap::new(),
         }
     }
 
@@ -302,6 +307,7 @@ impl<'a> Pager<'a> {
             let filling = self.finished && gate_shut.is_none();
             let busy = !self.faults.is_empty() || (filling && self.spaces.iter().any(|s| !s.missing.is_empty()));
             if filling && !busy {
+                self.oom_killed_any()?;
                 self.report.resident = Some(Instant::now());
                 if self.had_working_set {
                     self.report.working_set_in.get_or_insert(Instant::now());
@@ -404,6 +410,20 @@ impl<'a> Pager<'a> {
         self.spaces.clear();
     }
 
+    /// An error if a process of the held tree was killed before it ran: a
+    /// tree let run so would say "restored" with a process missing. Nothing
+    /// in a held tree runs, so none ends by itself; the OOM killer kills
+    /// one as the copies charge its memory cgroup past its limit (one the
+    /// tree was restored into, which need not be criuz's), or something
+    /// else killed it.
+    pub(crate) fn killed_while_held(&self) -> Result<()> {
+        let killed = self.spaces.iter().find_map(|s| Some((s.pid, crate::proc::tree::killed(s.pid as i32)?)));
+        match killed {
+            Some((pid, how)) => Err(self.killed_error(pid, how, self.oom_killed(pid))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether every lazy page is in place.
     pub(crate) fn all_in(&self) -> bool {
         self.report.resident.is_some()
@@ -429,6 +449,9 @@ impl<'a> Pager<'a> {
                     }
                 }
                 self.spaces.push(Space { pid, uffd, file, missing });
+                // Read while the process lives: one that has exited reads
+                // as in the root group.
+                self.oom_kills_before.insert(pid, crate::proc::memory::oom_kills_of(pid as i32));
             }
         }
         Ok(())
@@ -587,23 +610,67 @@ impl<'a> Pager<'a> {
         let crew = Crew::Pool(self.crew.as_ref().expect("made above"));
         let filled =
             place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, self.zeros, None)?;
-        self.note_filled(&ranges, filled);
-        Ok(())
+        self.note_filled(&ranges, filled)
     }
 
-    /// The process of space `i` has ended: nothing more to copy there.
-    fn ended(&mut self, i: usize) {
+    /// The process of space `i` has ended: nothing more to copy there. A
+    /// process of a running tree may end by itself; one the OOM killer
+    /// killed as its pages came in, or any of a held tree (which runs
+    /// nothing), fails the restore.
+    fn ended(&mut self, i: usize) -> Result<()> {
+        let pid = self.spaces[i].pid;
+        let oom = self.oom_killed(pid);
+        if oom.is_some() || self.report.held_fill_started.is_some() {
+            return Err(self.killed_error(pid, "killed", oom));
+        }
         let missing = &mut self.spaces[i].missing;
         if !missing.is_empty() {
             self.report.ended_unfilled += 1;
             missing.clear();
         }
+        Ok(())
+    }
+
+    /// An error if a process of the tree has ended since it was handed
+    /// over and an OOM killer of its memory cgroups killed meanwhile: its
+    /// last pages were in when it was killed for the next process's.
+    fn oom_killed_any(&self) -> Result<()> {
+        for s in &self.spaces {
+            let Some(how) = crate::proc::tree::killed(s.pid as i32) else { continue };
+            if let Some(oom) = self.oom_killed(s.pid) {
+                return Err(self.killed_error(s.pid, how, Some(oom)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The memory cgroup of process `pid` (or one above it) whose OOM
+    /// killer has killed since the process was handed over, if one has.
+    fn oom_killed(&self, pid: u32) -> Option<&std::path::Path> {
+        let groups = self.oom_kills_before.get(&pid).map_or(&[][..], |g| &g[..]);
+        groups.iter().find(|(dir, before)| crate::proc::memory::oom_kills_in(dir) > *before).map(|(d, _)| d.as_path())
+    }
+
+    fn killed_error(&self, pid: u32, how: &str, oom: Option<&std::path::Path>) -> Error {
+        let why = match oom {
+            Some(dir) => format!(
+                "the OOM killer of memory cgroup {} killed it: the tree does not fit in that group's limit",
+                dir.display()
+            ),
+            None => "something outside criuz killed it".to_string(),
+        };
+        let when = if self.report.held_fill_started.is_some() {
+            " before the tree ran, as its memory was placed"
+        } else {
+            ", as its memory was copied in"
+        };
+        Error::Criu(format!("restored process {pid} was {how}{when}: {why}"))
     }
 
     /// Takes what a fill of `ranges` copied out of the missing ranges: all
     /// of them but what an event kept out, and every range of a space whose
     /// process has gone.
-    fn note_filled(&mut self, ranges: &[Missing], filled: place::Filled) {
+    fn note_filled(&mut self, ranges: &[Missing], filled: place::Filled) -> Result<()> {
         self.report.pages += filled.pages;
         self.report.zero_pages += filled.zero_pages;
         for r in ranges {
@@ -613,8 +680,9 @@ impl<'a> Pager<'a> {
             self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
         }
         for i in filled.gone {
-            self.ended(i);
+            self.ended(i)?;
         }
+        Ok(())
     }
 
     /// Fills every space at once, on several threads (the tree is held:
@@ -641,8 +709,7 @@ impl<'a> Pager<'a> {
             self.zeros,
             how.meter.as_deref(),
         )?;
-        self.note_filled(&ranges, filled);
-        Ok(())
+        self.note_filled(&ranges, filled)
     }
 
     fn block(&mut self, i: usize, page: u64, fill: bool) -> Result<(std::sync::Arc<Vec<u8>>, u64)> {
@@ -683,7 +750,7 @@ impl<'a> Pager<'a> {
                 Ok(Step::Changing)
             }
             CopiedAll::Gone => {
-                self.ended(i);
+                self.ended(i)?;
                 Ok(Step::Done)
             }
         }

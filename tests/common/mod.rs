@@ -468,6 +468,29 @@ impl LimitGroup {
         std::fs::write(&file, value.to_string()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     }
 
+    /// Limits a memory group to `bytes`, swap included: v1 bounds memory
+    /// and swap together (never below the memory limit: raised first,
+    /// lowered last), v2 swap alone (none). False where the group cannot
+    /// bound swap and the machine has some: the caller skips.
+    pub fn limit_memory(&self, bytes: u64) -> bool {
+        let swap = ["memory.memsw.limit_in_bytes", "memory.swap.max"].into_iter().find(|f| self.dir.join(f).exists());
+        match swap {
+            Some("memory.swap.max") => std::fs::write(self.dir.join("memory.swap.max"), "0").unwrap(),
+            Some(memsw) => {
+                let _ = std::fs::write(self.dir.join(memsw), bytes.to_string());
+                self.limit("memory.limit_in_bytes", "memory.max", bytes);
+                std::fs::write(self.dir.join(memsw), bytes.to_string()).unwrap();
+                return true;
+            }
+            None if !std::fs::read_to_string("/proc/meminfo").unwrap().contains("SwapTotal:              0 kB") => {
+                return false
+            }
+            None => {}
+        }
+        self.limit("memory.limit_in_bytes", "memory.max", bytes);
+        true
+    }
+
     /// `cmd` starts in the group.
     pub fn join_on_exec(&self, cmd: &mut Command) {
         use std::os::unix::process::CommandExt;

@@ -130,32 +130,40 @@ fn pages_criu_left_eager_for_a_page_aligned_stack_pointer_are_marked_lazy() {
 #[test]
 fn a_process_dumped_stopped_is_known_by_its_core_image() {
     let core = |task_state, stop_signo| {
-        let tc = TaskCoreEntry { task_state: Some(task_state), stop_signo };
-        image(CORE_MAGIC, &[CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: Some(tc) }.encode_to_vec()])
+        let tc = TaskCoreEntry { task_state: Some(task_state), stop_signo, cg_set: None };
+        image(
+            CORE_MAGIC,
+            &[CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: Some(tc), thread_core: None }.encode_to_vec()],
+        )
     };
     assert_eq!(core_stopped_by(&core(1, None)), None, "alive");
     assert_eq!(core_stopped_by(&core(TASK_STOPPED, Some(libc::SIGTSTP as u32))), Some(libc::SIGTSTP));
     // CRIU before stop_signo, or one it could not tell: SIGSTOP, as CRIU does.
     assert_eq!(core_stopped_by(&core(TASK_STOPPED, None)), Some(libc::SIGSTOP));
     assert_eq!(core_stopped_by(&core(TASK_STOPPED, Some(0))), Some(libc::SIGSTOP));
-    let thread = CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: None }.encode_to_vec();
+    let thread = CoreEntry { mtype: MARCH_X86_64, thread_info: None, tc: None, thread_core: None }.encode_to_vec();
     assert_eq!(core_stopped_by(&image(CORE_MAGIC, &[thread])), None, "a thread's core has no task state");
 }
 
 #[test]
 fn stack_pointers_come_from_the_threads_core_images() {
     let regs = UserX86Regs { sp: Some(0x7ffe_1234_5000) };
-    let core =
-        CoreEntry { mtype: MARCH_X86_64, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }), tc: None };
+    let core = CoreEntry {
+        mtype: MARCH_X86_64,
+        thread_info: Some(ThreadInfoX86 { gpregs: Some(regs.clone()) }),
+        tc: None,
+        thread_core: None,
+    };
     assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[core.encode_to_vec()])), Some(0x7ffe_1234_5000));
-    let other = CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }), tc: None };
+    let other =
+        CoreEntry { mtype: 3, thread_info: Some(ThreadInfoX86 { gpregs: Some(regs) }), tc: None, thread_core: None };
     assert_eq!(core_stack_pointer(&image(CORE_MAGIC, &[other.encode_to_vec()])), None, "aarch64");
     assert_eq!(core_stack_pointer(&image(MM_MAGIC, &[core.encode_to_vec()])), None, "not a core image");
     let tree = image(
         PSTREE_MAGIC,
         &[
-            PstreeEntry { pid: 7, threads: vec![7, 9] }.encode_to_vec(),
-            PstreeEntry { pid: 8, threads: vec![] }.encode_to_vec(),
+            PstreeEntry { pid: 7, ppid: 1, threads: vec![7, 9] }.encode_to_vec(),
+            PstreeEntry { pid: 8, ppid: 7, threads: vec![] }.encode_to_vec(),
         ],
     );
     assert_eq!(pstree_threads(&tree, 7), Some(vec![7, 9]));
@@ -301,4 +309,54 @@ fn zero_runs_found_a_byte_at_a_time_match_page_by_page() {
         assert_eq!(plan.skipped_pages, left_out.len() as u64, "round {round}");
         assert!((0..pages).all(|p| plan.is_skipped(p) == left_out.contains(&p)), "round {round}: pages left out");
     }
+}
+
+#[test]
+fn the_cgroups_a_tree_was_dumped_in_are_read_from_its_images() {
+    let member = |name: &str, path: &str| CgMemberEntry { name: name.into(), path: path.into() };
+    let set = |id, ctls| CgSetEntry { id, ctls };
+    let cgroups = CgroupEntry {
+        sets: vec![
+            set(1, vec![member("cpu,cpuacct", "/"), member("memory", "/"), member("", "/")]),
+            set(2, vec![member("memory", "/pod/box"), member("", "/pod/box")]),
+            set(3, vec![member("", "/v2only")]),
+            set(4, vec![member("pids", "/p")]),
+        ],
+    };
+    let paths = cgroup_memory_paths(&image(CGROUP_MAGIC, &[cgroups.encode_to_vec()])).unwrap();
+    let want = [(1, "/", false), (2, "/pod/box", false), (3, "/v2only", true)];
+    assert_eq!(paths, want.map(|(id, p, v2)| (id, p.to_string(), v2)).to_vec(), "v1's memory first, else v2's");
+    assert_eq!(cgroup_memory_paths(&image(CORE_MAGIC, &[cgroups.encode_to_vec()])), None, "not a cgroup image");
+
+    // The set is per thread since CRIU 3.x; before, the task's.
+    let core = |tc: Option<u32>, thread: Option<u32>| {
+        let c = CoreEntry {
+            mtype: MARCH_X86_64,
+            thread_info: None,
+            tc: Some(TaskCoreEntry { task_state: Some(1), stop_signo: None, cg_set: tc }),
+            thread_core: thread.map(|t| ThreadCoreEntry { cg_set: Some(t) }),
+        };
+        image(CORE_MAGIC, &[c.encode_to_vec()])
+    };
+    assert_eq!(core_cg_set(&core(Some(5), Some(2))), Some(2));
+    assert_eq!(core_cg_set(&core(Some(5), None)), Some(5));
+    assert_eq!(core_cg_set(&core(None, None)), Some(0), "a zombie's: its parent's");
+
+    // inventory.img has its own magic alone before its one object.
+    let entry = InventoryEntry { root_cg_set: Some(1) }.encode_to_vec();
+    let mut inventory = INVENTORY_MAGIC.to_ne_bytes().to_vec();
+    inventory.extend_from_slice(&(entry.len() as u32).to_ne_bytes());
+    inventory.extend_from_slice(&entry);
+    assert_eq!(inventory_root_cg_set(&inventory), Some(1));
+    assert_eq!(inventory_root_cg_set(&inventory[..inventory.len() - 1]), None, "cut short");
+    assert_eq!(inventory_root_cg_set(&image(INVENTORY_MAGIC, &[entry])), None, "a common magic first");
+
+    let tree = image(
+        PSTREE_MAGIC,
+        &[
+            PstreeEntry { pid: 7, ppid: 1, threads: vec![] }.encode_to_vec(),
+            PstreeEntry { pid: 8, ppid: 7, threads: vec![] }.encode_to_vec(),
+        ],
+    );
+    assert_eq!(pstree_parents(&tree), Some(vec![(7, 1), (8, 7)]));
 }
