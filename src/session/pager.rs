@@ -654,7 +654,7 @@ impl<'a> Pager<'a> {
     fn killed_error(&self, pid: u32, how: &str, oom: Option<&std::path::Path>) -> Error {
         let why = match oom {
             Some(dir) => format!(
-                "the OOM killer of memory cgroup {} killed it: the tree does not fit in that group's limit",
+                "the OOM killer of memory cgroup {} killed it: the group had no room left for the tree",
                 dir.display()
             ),
             None => "something outside criuz killed it".to_string(),
