@@ -306,11 +306,13 @@ fn pages_by_process(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<V
 /// parent's cgroup set (the root: in the set CRIU itself was dumped from)
 /// stays where its parent is, criuz's group for the root; one in another
 /// set is moved into that set's groups, as they were at the dump. Where
-/// the images do not say, or `extra` changes CRIU's cgroup handling
-/// (`--cgroup-root`, `--manage-cgroups`), every process counts as criuz's.
+/// the images do not say, or CRIU is told to put the tree elsewhere
+/// (`--cgroup-root`) or nowhere (`--manage-cgroups=ignore`), in `extra` or
+/// its config files, every process counts as criuz's.
 fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32, memory::ChargedTo>> {
     let mut charged = HashMap::new();
-    if extra.iter().any(|a| a.starts_with("--cgroup-root") || a.starts_with("--manage-cgroups")) {
+    let given = CriuOptions::read(extra);
+    if given.is_set("cgroup-root") || given.value("manage-cgroups") == Some("ignore") {
         return Ok(charged);
     }
     let read = |name: &str| source.find(name).map(|f| source.read_file(f)).transpose();
