@@ -2464,6 +2464,23 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     assert_eq!(w.sums(), before);
     assert_eq!(group.oom_kills(), 0);
     w.stop();
+    // A group gone at the restore is made anew by CRIU with the limit it
+    // was dumped with, which counts as the group's would (the groups above
+    // it have none).
+    wait_for("the tree gone and its group removed", Duration::from_secs(10), || {
+        reap_zombies();
+        std::fs::remove_dir(&group.dir).is_ok()
+    });
+    for fill in [&["--fill", "place"][..], &["--lazy"]] {
+        refused_from(&w, fill, &format!("more than memory cgroup {} has room for", group.dir.display()), true);
+        assert!(!group.dir.exists(), "{fill:?}: nothing made");
+    }
+    ok(criuz(&["restore", "-d", arc.to_str().unwrap()]), "restore into a group made anew");
+    let limit =
+        ["memory.limit_in_bytes", "memory.max"].iter().find_map(|f| std::fs::read_to_string(group.dir.join(f)).ok());
+    assert_eq!(limit.as_deref().map(str::trim), Some((160u64 << 20).to_string().as_str()));
+    assert_eq!(w.sums(), before);
+    w.stop();
 }
 
 /// A tree that fits its memory cgroup's limit but not what the group's

@@ -212,9 +212,87 @@ struct CgSetEntry {
 }
 
 #[derive(Clone, PartialEq, Message)]
+struct CgroupPropEntry {
+    #[prost(string, required, tag = "1")]
+    name: String,
+    #[prost(string, required, tag = "2")]
+    value: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CgroupDirEntry {
+    #[prost(string, required, tag = "1")]
+    dir_name: String,
+    #[prost(message, repeated, tag = "2")]
+    children: Vec<CgroupDirEntry>,
+    #[prost(message, repeated, tag = "3")]
+    properties: Vec<CgroupPropEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct CgControllerEntry {
+    #[prost(string, repeated, tag = "1")]
+    cnames: Vec<String>,
+    #[prost(message, repeated, tag = "2")]
+    dirs: Vec<CgroupDirEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
 struct CgroupEntry {
     #[prost(message, repeated, tag = "1")]
     sets: Vec<CgSetEntry>,
+    #[prost(message, repeated, tag = "2")]
+    controllers: Vec<CgControllerEntry>,
+}
+
+/// A memory cgroup's limits as dumped (cgroup.img), which CRIU gives the
+/// group where it makes it anew at the restore.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DumpedMemoryLimit {
+    /// Its path in the memory hierarchy (v1's, or v2's with `v2`).
+    pub path: String,
+    pub v2: bool,
+    /// `memory.limit_in_bytes` (v1) or `memory.max` (v2).
+    pub limit: u64,
+    /// `memory.memsw.limit_in_bytes` (v1: memory and swap) or
+    /// `memory.swap.max` (v2: swap alone), where dumped.
+    pub swap: Option<u64>,
+}
+
+/// Every memory cgroup with a limit among those dumped (cgroup.img's
+/// directories of the memory controller, v1's or v2's); empty where the
+/// image says none or is not as expected.
+pub fn cgroup_dumped_memory_limits(img: &[u8]) -> Vec<DumpedMemoryLimit> {
+    let Some(entry) = objects(img, CGROUP_MAGIC).and_then(|o| CgroupEntry::decode(*o.first()?).ok()) else {
+        return Vec::new();
+    };
+    fn walk(dirs: &[CgroupDirEntry], above: &str, v2: bool, out: &mut Vec<DumpedMemoryLimit>) {
+        let (limit_name, swap_name) = if v2 {
+            ("memory.max", "memory.swap.max")
+        } else {
+            ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        };
+        for d in dirs {
+            let path = format!("{above}/{}", d.dir_name.trim_matches('/'));
+            // "max" (v2) or v1's near 2^63: no limit.
+            let value = |name: &str| {
+                d.properties.iter().find(|p| p.name == name)?.value.trim().parse::<u64>().ok().filter(|&n| n < 1 << 60)
+            };
+            if let Some(limit) = value(limit_name) {
+                out.push(DumpedMemoryLimit { path: path.clone(), v2, limit, swap: value(swap_name) });
+            }
+            walk(&d.children, &path, v2, out);
+        }
+    }
+    let mut out = Vec::new();
+    for c in &entry.controllers {
+        let v1 = c.cnames.iter().any(|n| n.split(',').any(|n| n == "memory"));
+        let v2 = c.cnames.iter().all(|n| n.is_empty());
+        if v1 || v2 {
+            walk(&c.dirs, "", !v1, &mut out);
+        }
+    }
+    out
 }
 
 /// The memory cgroup of each cgroup set (cgroup.img): set id -> (its path

@@ -17,6 +17,7 @@
 //! A budget past it failed an allocation mid-dump, which aborts the process
 //! (no unwinding from an allocation failure).
 
+use crate::criu::images::DumpedMemoryLimit;
 use std::path::{Path, PathBuf};
 
 /// Bytes criuz may still take: the machine's `MemAvailable`, or less where
@@ -93,29 +94,53 @@ pub enum ChargedTo {
     /// criuz's memory cgroup (what CRIU's restored tree inherits).
     Own,
     /// The memory cgroup at `path` (as /proc/PID/cgroup names it) of the
-    /// v1 memory hierarchy, or of v2's (`v2`).
-    Group { path: String, v2: bool },
+    /// v1 memory hierarchy, or of v2's (`v2`). `made`: the limits CRIU
+    /// gives that group or those above it where it makes them anew (as
+    /// they were dumped).
+    Group { path: String, v2: bool, made: Vec<DumpedMemoryLimit> },
 }
 
 /// The memory cgroups that bound memory charged `to`, its own group first,
 /// each with the room its limit leaves (`Group::room`). A group that is not
-/// there (CRIU makes it as it restores) is bounded by those above it.
+/// there is made by CRIU as it restores, with the limit it was dumped with
+/// where it had one (`made`): all of it is room.
 pub fn rooms_for(to: &ChargedTo) -> Vec<(PathBuf, u64)> {
-    let groups = match to {
-        ChargedTo::Own => groups(),
+    let swap = meminfo("SwapTotal:").unwrap_or(0);
+    let (groups, mut rooms) = match to {
+        ChargedTo::Own => (groups(), Vec::new()),
         // Read beside a crafted archive's path: nothing outside the hierarchy.
-        ChargedTo::Group { path, .. } if path.split('/').any(|c| c == "..") => Vec::new(),
-        ChargedTo::Group { path, v2 } => {
-            let named = if *v2 { format!("0::{path}\n") } else { format!("1:memory:{path}\n") };
+        ChargedTo::Group { path, .. } if path.split('/').any(|c| c == "..") => (Vec::new(), Vec::new()),
+        ChargedTo::Group { path: dumped, v2, made } => {
+            let named = if *v2 { format!("0::{dumped}\n") } else { format!("1:memory:{dumped}\n") };
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
             let Some((mount, path, v2)) = memory_group(&named, &mounts) else { return Vec::new() };
             let mut dir = mount.join(path.trim_start_matches('/'));
-            while !dir.is_dir() && dir.starts_with(&mount) && dir.pop() {}
-            chain(&mount, dir, v2)
+            let mut dumped = dumped.trim_end_matches('/').to_string();
+            let mut anew = Vec::new();
+            while !dir.is_dir() && dir.starts_with(&mount) {
+                if let Some(m) = made.iter().find(|m| m.path == dumped && m.v2 == v2) {
+                    anew.push((dir.clone(), made_room(m, swap)));
+                }
+                dumped.truncate(dumped.rfind('/').unwrap_or(0));
+                if !dir.pop() {
+                    break;
+                }
+            }
+            (chain(&mount, dir, v2), anew)
         }
     };
-    let swap = meminfo("SwapTotal:").unwrap_or(0);
-    groups.into_iter().filter_map(|g| g.room(swap).map(|room| (g.dir, room))).collect()
+    rooms.extend(groups.into_iter().filter_map(|g| g.room(swap).map(|room| (g.dir, room))));
+    rooms
+}
+
+/// The room of a group CRIU makes anew with limit `m`: all of it, with
+/// the swap it may use (as `Group::room` counts it).
+fn made_room(m: &DumpedMemoryLimit, swap: u64) -> u64 {
+    match (m.v2, m.swap) {
+        (true, swap_max) => m.limit.saturating_add(swap_max.map_or(swap, |s| s.min(swap))),
+        (false, Some(memsw)) => memsw,
+        (false, None) => m.limit.saturating_add(swap),
+    }
 }
 
 fn meminfo(field: &str) -> Option<u64> {
@@ -314,7 +339,7 @@ mod tests {
         put("memory.memsw.usage_in_bytes", "800000\n");
         assert_eq!(v1.room(1 << 20), Some(700_000), "memory and swap bounded together");
         let _ = rooms_for(&ChargedTo::Own);
-        assert_eq!(rooms_for(&ChargedTo::Group { path: "/../../etc".into(), v2: false }), Vec::new());
+        assert_eq!(rooms_for(&ChargedTo::Group { path: "/../../etc".into(), v2: false, made: Vec::new() }), Vec::new());
     }
 
     #[test]

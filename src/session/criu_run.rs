@@ -328,6 +328,7 @@ fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32,
     ) else {
         return Ok(charged);
     };
+    let made = images::cgroup_dumped_memory_limits(&cgroups);
     // Each process's set as its children see it (a zombie's 0: its parent's).
     let mut set_of: HashMap<u32, u32> = HashMap::new();
     for (pid, ppid) in tree {
@@ -339,7 +340,7 @@ fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32,
             charged.get(&ppid).cloned().unwrap_or(memory::ChargedTo::Own)
         } else {
             match paths.iter().find(|(id, ..)| *id == set) {
-                Some((_, path, v2)) => memory::ChargedTo::Group { path: path.clone(), v2: *v2 },
+                Some((_, path, v2)) => memory::ChargedTo::Group { path: path.clone(), v2: *v2, made: made.clone() },
                 None => memory::ChargedTo::Own,
             }
         };

@@ -316,6 +316,7 @@ fn the_cgroups_a_tree_was_dumped_in_are_read_from_its_images() {
     let member = |name: &str, path: &str| CgMemberEntry { name: name.into(), path: path.into() };
     let set = |id, ctls| CgSetEntry { id, ctls };
     let cgroups = CgroupEntry {
+        controllers: vec![],
         sets: vec![
             set(1, vec![member("cpu,cpuacct", "/"), member("memory", "/"), member("", "/")]),
             set(2, vec![member("memory", "/pod/box"), member("", "/pod/box")]),
@@ -324,6 +325,7 @@ fn the_cgroups_a_tree_was_dumped_in_are_read_from_its_images() {
         ],
     };
     let paths = cgroup_memory_paths(&image(CGROUP_MAGIC, &[cgroups.encode_to_vec()])).unwrap();
+    assert!(cgroup_dumped_memory_limits(&image(CGROUP_MAGIC, &[cgroups.encode_to_vec()])).is_empty(), "no dirs");
     let want = [(1, "/", false), (2, "/pod/box", false), (3, "/v2only", true)];
     assert_eq!(paths, want.map(|(id, p, v2)| (id, p.to_string(), v2)).to_vec(), "v1's memory first, else v2's");
     assert_eq!(cgroup_memory_paths(&image(CORE_MAGIC, &[cgroups.encode_to_vec()])), None, "not a cgroup image");
@@ -359,4 +361,49 @@ fn the_cgroups_a_tree_was_dumped_in_are_read_from_its_images() {
         ],
     );
     assert_eq!(pstree_parents(&tree), Some(vec![(7, 1), (8, 7)]));
+}
+
+#[test]
+fn the_limits_of_dumped_memory_groups_are_read_from_their_directories() {
+    let prop = |name: &str, value: &str| CgroupPropEntry { name: name.into(), value: value.into() };
+    let dir = |name: &str, properties, children| CgroupDirEntry { dir_name: name.into(), children, properties };
+    let cgroups = CgroupEntry {
+        sets: vec![],
+        controllers: vec![
+            CgControllerEntry {
+                cnames: vec!["memory".into()],
+                dirs: vec![dir(
+                    "pod",
+                    vec![prop("memory.limit_in_bytes", "9223372036854771712")],
+                    vec![dir(
+                        "box",
+                        vec![
+                            prop("memory.limit_in_bytes", "167772160"),
+                            prop("memory.memsw.limit_in_bytes", "201326592"),
+                        ],
+                        vec![],
+                    )],
+                )],
+            },
+            CgControllerEntry {
+                cnames: vec!["cpu,cpuacct".into()],
+                dirs: vec![dir("c", vec![prop("memory.max", "1")], vec![])],
+            },
+            CgControllerEntry {
+                cnames: vec!["".into()],
+                dirs: vec![dir(
+                    "u",
+                    vec![prop("memory.max", "max")],
+                    vec![dir("v", vec![prop("memory.max", "4096")], vec![])],
+                )],
+            },
+        ],
+    };
+    let limits = cgroup_dumped_memory_limits(&image(CGROUP_MAGIC, &[cgroups.encode_to_vec()]));
+    let want = [
+        DumpedMemoryLimit { path: "/pod/box".into(), v2: false, limit: 167_772_160, swap: Some(201_326_592) },
+        DumpedMemoryLimit { path: "/u/v".into(), v2: true, limit: 4096, swap: None },
+    ];
+    assert_eq!(limits, want, "unlimited groups and other controllers left out");
+    assert!(cgroup_dumped_memory_limits(b"not an image").is_empty());
 }
