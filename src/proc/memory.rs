@@ -94,23 +94,21 @@ pub enum ChargedTo {
     /// criuz's memory cgroup (what CRIU's restored tree inherits).
     Own,
     /// The memory cgroup at `path` (as /proc/PID/cgroup names it) of the
-    /// v1 memory hierarchy, or of v2's (`v2`). `made`: the limits CRIU
-    /// gives that group or those above it where it makes them anew (as
-    /// they were dumped).
-    Group { path: String, v2: bool, made: Vec<DumpedMemoryLimit> },
+    /// v1 memory hierarchy, or of v2's (`v2`).
+    Group { path: String, v2: bool },
 }
 
 /// The memory cgroups that bound memory charged `to`, its own group first,
 /// each with the room its limit leaves (`Group::room`). A group that is not
 /// there is made by CRIU as it restores, with the limit it was dumped with
-/// where it had one (`made`): all of it is room.
-pub fn rooms_for(to: &ChargedTo) -> Vec<(PathBuf, u64)> {
+/// where `made` (the dumped groups' limits) gives one: all of it is room.
+pub fn rooms_for(to: &ChargedTo, made: &[DumpedMemoryLimit]) -> Vec<(PathBuf, u64)> {
     let swap = meminfo("SwapTotal:").unwrap_or(0);
     let (groups, mut rooms) = match to {
         ChargedTo::Own => (groups(), Vec::new()),
         // Read beside a crafted archive's path: nothing outside the hierarchy.
         ChargedTo::Group { path, .. } if path.split('/').any(|c| c == "..") => (Vec::new(), Vec::new()),
-        ChargedTo::Group { path: dumped, v2, made } => {
+        ChargedTo::Group { path: dumped, v2 } => {
             let named = if *v2 { format!("0::{dumped}\n") } else { format!("1:memory:{dumped}\n") };
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
             let Some((mount, path, v2)) = memory_group(&named, &mounts) else { return Vec::new() };
@@ -338,8 +336,8 @@ mod tests {
         put("memory.memsw.limit_in_bytes", "1200000\n");
         put("memory.memsw.usage_in_bytes", "800000\n");
         assert_eq!(v1.room(1 << 20), Some(700_000), "memory and swap bounded together");
-        let _ = rooms_for(&ChargedTo::Own);
-        assert_eq!(rooms_for(&ChargedTo::Group { path: "/../../etc".into(), v2: false, made: Vec::new() }), Vec::new());
+        let _ = rooms_for(&ChargedTo::Own, &[]);
+        assert_eq!(rooms_for(&ChargedTo::Group { path: "/../../etc".into(), v2: false }, &[]), Vec::new());
     }
 
     #[test]

@@ -233,12 +233,12 @@ pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages, o
         return Ok(());
     }
     let needs = pages_by_process(source, o.keep_zero_pages)?;
-    let charged = charged_to(source, &o.extra)?;
+    let (charged, made) = charged_to(source, &o.extra)?;
     let mut groups: Vec<(PathBuf, u64, u64)> = Vec::new();
     let mut rooms: HashMap<&memory::ChargedTo, Vec<(PathBuf, u64)>> = HashMap::new();
     for (pid, bytes) in &needs {
         let to = charged.get(pid).unwrap_or(&memory::ChargedTo::Own);
-        for (dir, room) in rooms.entry(to).or_insert_with(|| memory::rooms_for(to)).iter() {
+        for (dir, room) in rooms.entry(to).or_insert_with(|| memory::rooms_for(to, &made)).iter() {
             match groups.iter_mut().find(|(d, ..)| d == dir) {
                 Some((_, _, need)) => *need += bytes,
                 None => groups.push((dir.clone(), *room, *bytes)),
@@ -301,6 +301,10 @@ fn pages_by_process(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<V
     Ok(needs)
 }
 
+/// Where each process of a tree is charged, by pid, and the dumped memory
+/// groups' limits ([`charged_to`]).
+type Charged = (HashMap<u32, memory::ChargedTo>, Vec<images::DumpedMemoryLimit>);
+
 /// The memory cgroup CRIU restores each process of the tree into, by pid,
 /// as it does (criu/cgroup.c, `restore_task_cgroup`): a process in its
 /// parent's cgroup set (the root: in the set CRIU itself was dumped from)
@@ -308,25 +312,26 @@ fn pages_by_process(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<V
 /// set is moved into that set's groups, as they were at the dump. Where
 /// the images do not say, or CRIU is told to put the tree elsewhere
 /// (`--cgroup-root`) or nowhere (`--manage-cgroups=ignore`), in `extra` or
-/// its config files, every process counts as criuz's.
-fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32, memory::ChargedTo>> {
+/// its config files, every process counts as criuz's. With the limits of
+/// the dumped memory groups, which CRIU gives those it makes anew.
+fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<Charged> {
     let mut charged = HashMap::new();
     let given = CriuOptions::read(extra);
     if given.is_set("cgroup-root") || given.value("manage-cgroups") == Some("ignore") {
-        return Ok(charged);
+        return Ok((charged, Vec::new()));
     }
     let read = |name: &str| source.find(name).map(|f| source.read_file(f)).transpose();
     let (Some(inventory), Some(cgroups), Some(pstree)) =
         (read("inventory.img")?, read("cgroup.img")?, read("pstree.img")?)
     else {
-        return Ok(charged);
+        return Ok((charged, Vec::new()));
     };
     let (Some(root_set), Some(paths), Some(tree)) = (
         images::inventory_root_cg_set(&inventory),
         images::cgroup_memory_paths(&cgroups),
         images::pstree_parents(&pstree),
     ) else {
-        return Ok(charged);
+        return Ok((charged, Vec::new()));
     };
     let made = images::cgroup_dumped_memory_limits(&cgroups);
     // Each process's set as its children see it (a zombie's 0: its parent's).
@@ -340,13 +345,13 @@ fn charged_to(source: &dyn BlockSource, extra: &[String]) -> Result<HashMap<u32,
             charged.get(&ppid).cloned().unwrap_or(memory::ChargedTo::Own)
         } else {
             match paths.iter().find(|(id, ..)| *id == set) {
-                Some((_, path, v2)) => memory::ChargedTo::Group { path: path.clone(), v2: *v2, made: made.clone() },
+                Some((_, path, v2)) => memory::ChargedTo::Group { path: path.clone(), v2: *v2 },
                 None => memory::ChargedTo::Own,
             }
         };
         charged.insert(pid, to);
     }
-    Ok(charged)
+    Ok((charged, made))
 }
 
 /// The CUDA resume a restore of `source` needs, checked before CRIU starts
