@@ -272,6 +272,13 @@ impl Runc {
         c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         c.output().unwrap()
     }
+    /// Limits the container's memory and swap together to `bytes`.
+    fn limit_memory(&self, bytes: u64) {
+        let cfg = self.bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        spec["linux"]["resources"]["memory"] = serde_json::json!({"limit": bytes, "swap": bytes});
+        std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    }
     /// Sets an environment variable of the container's init.
     fn set_env(&self, var: &str) {
         let cfg = self.bundle.join("config.json");
@@ -481,6 +488,38 @@ fn a_container_whose_processes_share_memory_stores_it_once_and_restores_it_share
     assert!(report["eager"].is_object(), "restored eagerly: {report}");
     assert!(report["not_lazy"].as_str().is_some_and(|w| w.contains("share")), "{report}");
     assert_eq!(sums(), before, "every process's memory after the restore");
+}
+
+/// A container whose memory its bundle's limit cannot hold is refused
+/// before runc runs, naming the group and the limit, lazily and eagerly (a
+/// lazy restore failed with a CRIU log that never said why, an eager one
+/// with "killed by signal 9"); under a limit that holds it, it restores.
+#[test]
+fn a_container_past_its_memory_limit_is_refused_before_runc_runs() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let r = Runc::bundle(t.path(), "criuz-limit", "48", "random");
+    r.start(&criu);
+    let before = r.sum();
+    let arc = t.path().join("a.czr");
+    ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
+    r.limit_memory(32 << 20);
+    let dirs = work_dirs();
+    for how in ["--lazy", "--eager"] {
+        let out = r.restore(&arc, &[how], &criu);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{how}: {err}");
+        let config = r.bundle.join("config.json");
+        let why = format!("has room for (32 MiB, the limit {} gives it)", config.display());
+        assert!(err.contains("its tree needs") && err.contains(&why), "{how}: {err}");
+        assert!(!err.contains("log:"), "{how}: refused before runc ran: {err}");
+        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{how}: no container");
+        assert_eq!(work_dirs(), dirs, "{how}: no work directory is left");
+    }
+    r.limit_memory(128 << 20);
+    ok(r.restore(&arc, &[], &criu), "criuz runc restore under a limit that holds it");
+    assert_eq!(r.sum(), before, "memory after the restore");
 }
 
 /// criuz's private work directories on tmpfs.

@@ -131,6 +131,24 @@ pub fn rooms_for(to: &ChargedTo, made: &[DumpedMemoryLimit]) -> Vec<(PathBuf, u6
     rooms
 }
 
+/// Where runc puts a container's memory cgroup: at `cgroups_path`
+/// (config.json's `linux.cgroupsPath`, else the container's id) from the
+/// hierarchy's root where it is absolute, below runc's own group (criuz's,
+/// which runc inherits) where it is relative, as libcontainer's cgroup
+/// managers place it. `None` where there is no memory hierarchy.
+pub fn container_group(cgroups_path: &str) -> Option<ChargedTo> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let (_, _, v2) = memory_group(&own, &mounts)?;
+    let path = if cgroups_path.starts_with('/') {
+        cgroups_path.to_string()
+    } else {
+        let (mine, _) = named_path(&own)?;
+        format!("{}/{cgroups_path}", mine.trim_end_matches('/'))
+    };
+    Some(ChargedTo::Group { path, v2 })
+}
+
 /// The room of a group CRIU makes anew with limit `m`: all of it, with
 /// the swap it may use (as `Group::room` counts it).
 fn made_room(m: &DumpedMemoryLimit, swap: u64) -> u64 {
@@ -274,19 +292,28 @@ fn memory_group(own: &str, mounts: &str) -> Option<(PathBuf, String, bool)> {
         let rest = if root == "/" { Some(path) } else { path.strip_prefix(root) };
         rest.unwrap_or("/").to_string()
     };
+    let (path, v2) = named_path(own)?;
+    if !v2 {
+        let (mount, root) = mount_of(false)?;
+        return Some((mount, below(path, &root), false));
+    }
+    let (mount, root) = mount_of(true)?;
+    Path::new(&mount).join("cgroup.controllers").exists().then_some(())?;
+    Some((mount, below(path, &root), true))
+}
+
+/// The memory group's path as a `/proc/PID/cgroup` text names it: v1's
+/// `memory` hierarchy's, else v2's (`true`).
+fn named_path(own: &str) -> Option<(&str, bool)> {
     let v1 = own.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
         let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
         controllers.split(',').any(|c| c == "memory").then_some(path)
     });
-    if let Some(path) = v1 {
-        let (mount, root) = mount_of(false)?;
-        return Some((mount, below(path, &root), false));
+    match v1 {
+        Some(path) => Some((path, false)),
+        None => Some((own.lines().find_map(|l| l.strip_prefix("0::"))?, true)),
     }
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let (mount, root) = mount_of(true)?;
-    Path::new(&mount).join("cgroup.controllers").exists().then_some(())?;
-    Some((mount, below(path, &root), true))
 }
 
 #[cfg(test)]
@@ -310,6 +337,25 @@ mod tests {
             Some((PathBuf::from("/sys/fs/cgroup/memory"), "/app".into(), false))
         );
         assert_eq!(memory_group("12:pids:/a\n", MOUNTS), None, "no memory line, no v2 line");
+        assert_eq!(named_path(v1), Some(("/pod/box", false)));
+        assert_eq!(named_path("12:pids:/a\n0::/user.slice/x\n"), Some(("/user.slice/x", true)));
+        // A container's group: where runc puts it, below criuz's own group
+        // unless its path is absolute.
+        let Some((own, v2)) = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|o| {
+            let (p, v2) = named_path(&o)?;
+            Some((p.trim_end_matches('/').to_string(), v2))
+        }) else {
+            return;
+        };
+        if memory_group(
+            &std::fs::read_to_string("/proc/self/cgroup").unwrap(),
+            &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+        )
+        .is_some()
+        {
+            assert_eq!(container_group("box"), Some(ChargedTo::Group { path: format!("{own}/box"), v2 }));
+            assert_eq!(container_group("/pods/box"), Some(ChargedTo::Group { path: "/pods/box".into(), v2 }));
+        }
         assert_eq!(stat_field("cache 5\ntotal_inactive_file 4096\ninactive_file 1\n", "total_inactive_file"), 4096);
         assert_eq!(stat_field("inactive_file_x 3\ninactive_file 7\n", "inactive_file"), 7);
     }

@@ -38,15 +38,19 @@
 
 use crate::archive::OpenOptions;
 use crate::archive::{Options, PackStats, Packer};
+use crate::criu::images::DumpedMemoryLimit;
 use crate::criu::{uffd, Criu};
 use crate::cuda::{self, CudaDumpReport, CudaRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
+use crate::proc::memory::{self, ChargedTo};
 use crate::proc::{arriving, claim};
 use crate::progress::Progress;
-use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu, ToldAgain};
+use crate::session::criu_run::{
+    cannot_run, check_container_memory_room, criu_failure, cuda_plan, ids_by_default, run_criu, SharedPages, ToldAgain,
+};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
@@ -477,6 +481,11 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         Memory::Auto if uffd::lazy_restore_available() => (true, None),
         Memory::Auto => (false, Some(NO_USERFAULTFD)),
     };
+    if let Some((to, made, config)) = container_memory(o.bundle.as_deref(), &o.id) {
+        let shared = if lazy { SharedPages::CopiedToEach } else { SharedPages::KeptShared };
+        let spooled = !lazy && crate::tree::dir::in_memory(&images);
+        check_container_memory_room(&*archive, shared, to, &made, &config, spooled)?;
+    }
     // Once runc has the container running: its CUDA processes resumed, or
     // the container killed.
     let resume = || -> Result<Option<f64>> {
@@ -563,6 +572,30 @@ const CUDA_NOT_LAZY: &str =
     "its CUDA processes read all their memory as they resume: every page written before the container ran, not lazily";
 /// Why a lazy-by-default restore was eager.
 const NO_USERFAULTFD: &str = "this kernel gives no userfaultfd for a lazy restore: restored eagerly";
+
+/// The memory cgroup runc restores a container into and the limit it
+/// gives it, from the bundle's `config.json` (`linux.cgroupsPath`, else
+/// the container's id; `linux.resources.memory`), with the file's path.
+/// None where the file cannot be read or there is no memory hierarchy: runc
+/// then fails on it, or there is no group to count against.
+fn container_memory(bundle: Option<&Path>, id: &str) -> Option<(ChargedTo, Vec<DumpedMemoryLimit>, PathBuf)> {
+    let config = bundle.unwrap_or(Path::new(".")).join("config.json");
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).ok()?).ok()?;
+    let linux = &spec["linux"];
+    let path = linux["cgroupsPath"].as_str().filter(|p| !p.is_empty()).unwrap_or(id);
+    let to = memory::container_group(path)?;
+    let ChargedTo::Group { path, v2 } = &to else { return None };
+    let memory = &linux["resources"]["memory"];
+    // -1 (or nothing): no limit.
+    let bytes = |v: &serde_json::Value| v.as_i64().filter(|&n| n > 0).map(|n| n as u64);
+    let made = bytes(&memory["limit"]).map(|limit| {
+        // runc's `swap` bounds memory and swap together, as v1's memsw
+        // does; v2's swap.max is the swap alone.
+        let swap = bytes(&memory["swap"]).map(|s| if *v2 { s.saturating_sub(limit) } else { s });
+        DumpedMemoryLimit { path: path.clone(), v2: *v2, limit, swap }
+    });
+    Some((to, made.into_iter().collect(), config))
+}
 
 /// runc restore's options: the user's, and what the checkpoint holds that
 /// runc's CRIU must be told again ([`ToldAgain`]).
@@ -692,4 +725,36 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
         return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_containers_memory_limit_is_read_from_its_bundle() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(container_memory(Some(dir.path()), "box").is_none(), "no config.json");
+        let write = |linux: serde_json::Value| {
+            let spec = serde_json::json!({ "ociVersion": "1.0.2", "linux": linux });
+            std::fs::write(dir.path().join("config.json"), spec.to_string()).unwrap();
+        };
+        write(serde_json::json!({ "resources": { "memory": { "limit": -1 } } }));
+        let Some((to, made, config)) = container_memory(Some(dir.path()), "box") else {
+            return eprintln!("SKIP: no memory cgroup hierarchy here");
+        };
+        let ChargedTo::Group { path, v2 } = to else { panic!("{to:?}") };
+        assert!(
+            path.ends_with("/box") && made.is_empty() && config == dir.path().join("config.json"),
+            "{path} {made:?}"
+        );
+        write(
+            serde_json::json!({ "cgroupsPath": "/pods/web", "resources": { "memory": { "limit": 64 << 20, "swap": 96 << 20 } } }),
+        );
+        let (to, made, _) = container_memory(Some(dir.path()), "box").unwrap();
+        assert_eq!(to, ChargedTo::Group { path: "/pods/web".into(), v2 });
+        // runc's swap is memory and swap together; v2's swap.max is swap alone.
+        let swap = if v2 { 32 << 20 } else { 96 << 20 };
+        assert_eq!(made, [DumpedMemoryLimit { path: "/pods/web".into(), v2, limit: 64 << 20, swap: Some(swap) }]);
+    }
 }

@@ -228,47 +228,147 @@ pub(crate) enum SharedPages {
 /// Memory taken while the tree comes back is not foreseen: a process
 /// OOM-killed as its pages come in fails the restore (`session::pager`).
 pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages, o: &RestoreOptions) -> Result<()> {
-    let shares = crate::session::lazy::shares_pages(source);
-    if shares && shared == SharedPages::KeptShared {
+    if crate::session::lazy::shares_pages(source) && shared == SharedPages::KeptShared {
         return Ok(());
     }
-    let needs = pages_by_process(source, o.keep_zero_pages)?;
     let (charged, made) = charged_to(source, &o.extra)?;
-    let mut groups: Vec<(PathBuf, u64, u64)> = Vec::new();
-    let mut rooms: HashMap<&memory::ChargedTo, Vec<(PathBuf, u64)>> = HashMap::new();
-    for (pid, bytes) in &needs {
-        let to = charged.get(pid).unwrap_or(&memory::ChargedTo::Own);
-        for (dir, room) in rooms.entry(to).or_insert_with(|| memory::rooms_for(to, &made)).iter() {
-            match groups.iter_mut().find(|(d, ..)| d == dir) {
-                Some((_, _, need)) => *need += bytes,
-                None => groups.push((dir.clone(), *room, *bytes)),
-            }
+    let charge = |pid| charged.get(&pid).cloned().unwrap_or(memory::ChargedTo::Own);
+    let needs = pages_by_process(source, o.keep_zero_pages)?;
+    let made_with = "the limit it was dumped with, as CRIU makes it anew";
+    let keeps_shared = "an eager restore streamed through CRIU (the default for such a tree, or `--fill stream`)";
+    first_short(source, &needs, charge, &made).map_or(Ok(()), |s| Err(s.refusal(made_with, keeps_shared)))
+}
+
+/// The same check for a container runc restores: every process is charged
+/// to the container's memory cgroup (`to`, which runc makes with the limit
+/// `made` gives, from the bundle's `config`) and the groups above it.
+/// Without it, a container past its limit failed with a CRIU log that
+/// never said why (a lazy one), or "killed by signal 9" (an eager one).
+/// `spooled`: the pages are first written for CRIU to files in memory
+/// (tmpfs), charged to the machine and criuz's groups until the restore
+/// ends; a tree whose pages CRIU keeps shared is then counted by that copy
+/// alone.
+pub(crate) fn check_container_memory_room(
+    source: &dyn BlockSource,
+    shared: SharedPages,
+    to: memory::ChargedTo,
+    made: &[images::DumpedMemoryLimit],
+    config: &Path,
+    spooled: bool,
+) -> Result<()> {
+    let kept_shared = crate::session::lazy::shares_pages(source) && shared == SharedPages::KeptShared;
+    let tree = pages_by_process(source, false)?;
+    let copy: u64 = tree.iter().map(|(_, b)| b).sum();
+    let mut needs = if kept_shared { Vec::new() } else { tree };
+    if spooled {
+        needs.push((SPOOL, copy));
+    }
+    let charge = |pid| if pid == SPOOL { memory::ChargedTo::Own } else { to.clone() };
+    let made_with = format!("the limit {} gives it", config.display());
+    let keeps_shared = "an eager restore (the default for such a container, or `--eager`)";
+    let short = first_short(source, &needs, charge, made);
+    short.map_or(Ok(()), |s| Err(s.refusal(&made_with, keeps_shared)))
+}
+
+/// The pid [`check_container_memory_room`] charges the spooled copy of the
+/// pages to: no process's.
+const SPOOL: u32 = u32::MAX;
+
+/// Where a tree's memory does not fit: the room there and what it needs;
+/// `group` is None for the machine's memory.
+struct Short {
+    label: String,
+    room: u64,
+    need: Need,
+    group: Option<PathBuf>,
+    shares: bool,
+}
+
+/// Bytes one place must hold: the tree's, and the copy of its pages
+/// written to memory for CRIU ([`SPOOL`]'s).
+#[derive(Clone, Copy, Default)]
+struct Need {
+    tree: u64,
+    spool: u64,
+}
+
+impl Need {
+    fn add(&mut self, pid: u32, bytes: u64) {
+        if pid == SPOOL {
+            self.spool += bytes;
+        } else {
+            self.tree += bytes;
         }
     }
-    let total = needs.iter().map(|(_, b)| b).sum();
-    let machine = (memory::machine_room(), total, "this machine has available (memory and swap)".to_string());
-    let in_groups = groups
-        .into_iter()
-        .map(|(dir, room, need)| (room, need, format!("memory cgroup {} has room for", dir.display())));
-    let Some((room, needs, what)) = std::iter::once(machine).chain(in_groups).find(|(room, need, _)| need > room)
-    else {
-        return Ok(());
-    };
-    let label = source.label();
-    let (needs, room) = (needs >> 20, room >> 20);
-    Err(Error::Criu(if shares {
-        format!(
-            "cannot restore {label} through userfaultfd (placed or lazily): its processes would hold {needs} MiB of \
-             memory, each a copy of its own of the pages they shared, more than {what} ({room} MiB): it \
-             would be OOM-killed as it came back; an eager restore streamed through CRIU (the default for such a \
-             tree, or `--fill stream`) keeps them shared"
-        )
-    } else {
-        format!(
-            "cannot restore {label}: its tree holds {needs} MiB of memory, more than {what} ({room} MiB): \
-             the OOM killer would end it, or another process, as it came back"
-        )
-    }))
+}
+
+/// The first place the tree's pages (`needs`, bytes by pid, from
+/// [`pages_by_process`]) do not fit: the machine's memory, then every
+/// memory cgroup a process is charged to (`charge`), counting each
+/// process's pages once in every group above it.
+fn first_short(
+    source: &dyn BlockSource,
+    needs: &[(u32, u64)],
+    charge: impl Fn(u32) -> memory::ChargedTo,
+    made: &[images::DumpedMemoryLimit],
+) -> Option<Short> {
+    // Each group's directory, room, and need: the tree's, the spool's.
+    let mut groups: Vec<(PathBuf, u64, Need)> = Vec::new();
+    let mut rooms: HashMap<memory::ChargedTo, Vec<(PathBuf, u64)>> = HashMap::new();
+    let mut machine = Need::default();
+    for &(pid, bytes) in needs {
+        machine.add(pid, bytes);
+        let for_pid = rooms.entry(charge(pid)).or_insert_with_key(|to| memory::rooms_for(to, made));
+        for (dir, room) in for_pid.iter() {
+            let at = groups.iter().position(|(d, ..)| d == dir).unwrap_or_else(|| {
+                groups.push((dir.clone(), *room, Need::default()));
+                groups.len() - 1
+            });
+            groups[at].2.add(pid, bytes);
+        }
+    }
+    let in_groups = groups.into_iter().map(|(dir, room, need)| (room, need, Some(dir)));
+    let (room, need, group) = std::iter::once((memory::machine_room(), machine, None))
+        .chain(in_groups)
+        .find(|(room, need, _)| need.tree + need.spool > *room)?;
+    let shares = crate::session::lazy::shares_pages(source);
+    Some(Short { label: source.label().to_string(), room, need, group, shares })
+}
+
+impl Short {
+    /// The one-line refusal; `made_with` says where the limit of a group
+    /// not yet there comes from, `keeps_shared` what restore keeps shared
+    /// pages shared.
+    fn refusal(self, made_with: &str, keeps_shared: &str) -> Error {
+        let label = &self.label;
+        let (needs, room) = ((self.need.tree + self.need.spool) >> 20, self.room >> 20);
+        let what = match &self.group {
+            None => "this machine has available (memory and swap)".to_string(),
+            Some(dir) => format!("memory cgroup {} has room for", dir.display()),
+        };
+        let room = match &self.group {
+            Some(dir) if !dir.exists() => format!("{room} MiB, {made_with}"),
+            _ => format!("{room} MiB"),
+        };
+        let copy = "the copy of its pages written to memory (tmpfs) for CRIU";
+        let needing = match self.need {
+            Need { tree: 0, .. } => format!("{copy} needs {needs} MiB"),
+            Need { spool: 0, .. } => format!("its tree needs {needs} MiB of memory"),
+            _ => format!("its tree needs {needs} MiB of memory, counting {copy}"),
+        };
+        Error::Criu(if self.shares && self.need.spool == 0 {
+            format!(
+                "cannot restore {label} through userfaultfd (placed or lazily): its processes would hold {needs} MiB of \
+                 memory, each a copy of its own of the pages they shared, more than {what} ({room}): it \
+                 would be OOM-killed as it came back; {keeps_shared} keeps them shared"
+            )
+        } else {
+            format!(
+                "cannot restore {label}: {needing}, more than {what} ({room}): \
+                 the OOM killer would end it, or another process, as it came back"
+            )
+        })
+    }
 }
 
 /// The bytes of memory each process of the tree will hold (its pages

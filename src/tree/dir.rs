@@ -107,7 +107,7 @@ fn holes_for(kind: FileKind, in_memory: bool) -> bool {
 }
 
 /// Whether `dir` is on tmpfs.
-fn in_memory(dir: &Path) -> bool {
+pub fn in_memory(dir: &Path) -> bool {
     nix::sys::statfs::statfs(dir).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
