@@ -145,10 +145,45 @@ impl WriteError {
     }
 }
 
+/// A read of archive bytes that met the archive's end before the size its
+/// reader had taken: the file was truncated under the reader. Carried
+/// through the `io::Error` a store reads with, as [`WriteError`] is; it
+/// becomes damage at `offset` ([`Error::Corrupt`], exit 3) on conversion,
+/// where it read as a bare "failed to fill whole buffer", exit 1.
+#[derive(Debug)]
+pub struct TruncatedUnderReader {
+    pub offset: u64,
+}
+
+impl TruncatedUnderReader {
+    const WHY: &'static str = "archive was truncated after it was opened";
+
+    /// `err`, a read at `offset` that met the end of the bytes (a short
+    /// read), as this; any other error as it is.
+    pub fn wrap(err: io::Error, offset: u64) -> io::Error {
+        if err.kind() != io::ErrorKind::UnexpectedEof || err.get_ref().is_some_and(|inner| inner.is::<Self>()) {
+            return err;
+        }
+        io::Error::new(io::ErrorKind::UnexpectedEof, TruncatedUnderReader { offset })
+    }
+}
+
+impl std::fmt::Display for TruncatedUnderReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "offset {}: {}", self.offset, Self::WHY)
+    }
+}
+
+impl std::error::Error for TruncatedUnderReader {}
+
 impl From<io::Error> for Error {
     fn from(err: io::Error) -> Self {
-        match err.downcast::<WriteError>() {
-            Ok(named) => Error::File { path: named.path, err: named.err },
+        let err = match err.downcast::<WriteError>() {
+            Ok(named) => return Error::File { path: named.path, err: named.err },
+            Err(err) => err,
+        };
+        match err.downcast::<TruncatedUnderReader>() {
+            Ok(t) => Error::corrupt(t.offset, TruncatedUnderReader::WHY),
             Err(err) => Error::Io(err),
         }
     }

@@ -176,6 +176,8 @@ pub trait BlockSource: Send + Sync {
     }
 
     /// A whole file, decoded and checked (for small files such as metadata).
+    /// What its checks find names the archive and the file (a failed read
+    /// names the archive already).
     fn read_file(&self, entry: &FileEntry) -> Result<Vec<u8>> {
         thread_local! {
             /// One decoder per thread: a restore reads a metadata file per
@@ -194,9 +196,13 @@ pub trait BlockSource: Send + Sync {
             Ok(all)
         };
         // A read within a read (through a parent) gets a decoder of its own.
-        DECODER.with(|d| match d.try_borrow_mut() {
+        let read = DECODER.with(|d| match d.try_borrow_mut() {
             Ok(mut dec) => read(&mut dec),
             Err(_) => read(&mut Decoder::new()),
+        });
+        read.map_err(|e| match e {
+            Error::Context { .. } => e,
+            e => e.context(format!("{}: {}", self.label(), entry.name)),
         })
     }
 }

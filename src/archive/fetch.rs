@@ -10,7 +10,7 @@
 //! other, its data check restored from inside the seal.
 
 use super::records::Input;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TruncatedUnderReader};
 use crate::format::{BlockHeader, BlockRef, DecodedBlockHeader, PAGE_SIZE, SEAL_OVERHEAD};
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
@@ -67,11 +67,14 @@ impl Input for StoreInput<'_> {
                 let ahead = if self.last_skip < WALK_BUF_MAX as u64 / 4 { WALK_BUF_MAX } else { WALK_BUF };
                 let n = (self.len - self.pos).min(ahead.max(out.len() - got) as u64) as usize;
                 self.buf.resize(n, 0);
-                if self.heads_only {
-                    self.store.read_head_at(&mut self.buf, self.pos)?;
+                // The walk's length is the store's size as the walk began:
+                // a read within it that meets the end met a truncation.
+                let read = if self.heads_only {
+                    self.store.read_head_at(&mut self.buf, self.pos)
                 } else {
-                    self.store.read_exact_at(&mut self.buf, self.pos)?;
-                }
+                    self.store.read_exact_at(&mut self.buf, self.pos)
+                };
+                read.map_err(|e| TruncatedUnderReader::wrap(e, self.pos))?;
                 self.buf_at = self.pos;
             }
             let start = (self.pos - self.buf_at) as usize;
@@ -106,7 +109,7 @@ impl Input for StoreInput<'_> {
         }
         let rest = ((n - got) as u64).min(self.len - self.pos) as usize;
         if rest > 0 {
-            self.store.read_append(buf, rest, self.pos)?;
+            self.store.read_append(buf, rest, self.pos).map_err(|e| TruncatedUnderReader::wrap(e, self.pos))?;
             self.pos += rest as u64;
             got += rest;
         }
@@ -217,13 +220,9 @@ impl RecordReader {
         pieced: bool,
     ) -> Result<Fetched> {
         let end_aligned = pieced || proven.codec == crate::format::BlockCodec::Dedup;
-        let (buf, start) = self.read_ahead(at.record_len as usize, at.offset, end_aligned).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                Error::corrupt(at.offset, "archive was truncated after it was opened")
-            } else {
-                Error::Io(e)
-            }
-        })?;
+        let (buf, start) = self
+            .read_ahead(at.record_len as usize, at.offset, end_aligned)
+            .map_err(|e| TruncatedUnderReader::wrap(e, at.offset))?;
         let range = start..start + at.record_len as usize;
         let DecodedBlockHeader { header, len: header_len } = BlockHeader::decode(&buf[range.clone()], at.offset)?;
         if header != *proven || header_len + header.stored_len as usize != range.len() {

@@ -186,14 +186,11 @@ pub(crate) fn from_table(store: &dyn RecordStore) -> Result<Option<Walked>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::{write::Packer, Options};
+    use crate::archive::{write::Packer, BlockSource, Options};
     use crate::io::read_ahead::ReadAhead;
 
-    /// A walk reads record headers only: were the read-ahead to follow it,
-    /// it would read every payload the walk skips (from a cold cache, the
-    /// whole archive before a lazy restore's process could run).
-    #[test]
-    fn a_walk_does_not_drag_the_read_ahead_behind_it() {
+    /// An archive of one 4 MiB file of incompressible bytes (16 blocks).
+    fn random_archive() -> tempfile::NamedTempFile {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Packer::start(tmp.reopen().unwrap(), &Options::default(), None).unwrap();
         let mut sink = packer.begin_file("pages-1.img").unwrap();
@@ -209,6 +206,15 @@ mod tests {
         sink.write(&data).unwrap();
         sink.finish().unwrap();
         packer.finish().unwrap();
+        tmp
+    }
+
+    /// A walk reads record headers only: were the read-ahead to follow it,
+    /// it would read every payload the walk skips (from a cold cache, the
+    /// whole archive before a lazy restore's process could run).
+    #[test]
+    fn a_walk_does_not_drag_the_read_ahead_behind_it() {
+        let tmp = random_archive();
         let store = ReadAhead::new(std::fs::File::open(tmp.path()).unwrap());
         let walked = walk(&store).unwrap();
         assert_eq!(walked.blocks[0].len(), 16, "a walk over every block");
@@ -216,5 +222,30 @@ mod tests {
         let table = from_table(&store).unwrap().expect("a block table");
         assert_eq!(table.index, walked.index);
         assert_eq!(store.wanted(), 0);
+    }
+
+    /// A file cut short under its reader (after the store took its size)
+    /// is damage, exit 3, where the walk said "failed to fill whole
+    /// buffer", exit 1 (found by hand, session 59: a lazy restore of an
+    /// archive truncated as it was proven behind the running tree).
+    #[test]
+    fn an_archive_truncated_under_its_walk_is_damage() {
+        let tmp = random_archive();
+        let store = ReadAhead::new(std::fs::File::open(tmp.path()).unwrap());
+        tmp.as_file().set_len(store.size() / 2).unwrap();
+        let err = walk(&store).err().expect("a walk of a truncated archive fails");
+        assert_eq!(err.kind(), crate::error::Kind::Archive, "{err}");
+        assert!(err.to_string().contains("archive was truncated after it was opened"), "{err}");
+
+        // Cut short once opened: a file read says which archive and file.
+        let tmp = random_archive();
+        let at = crate::io::Location::File(tmp.path().to_path_buf());
+        let archive = crate::archive::open(&at, &crate::archive::OpenOptions::default()).unwrap();
+        tmp.as_file().set_len(std::fs::metadata(tmp.path()).unwrap().len() / 2).unwrap();
+        let entry = archive.find("pages-1.img").unwrap();
+        let err = archive.read_file(entry).expect_err("a read of a truncated archive fails");
+        assert_eq!(err.kind(), crate::error::Kind::Archive, "{err}");
+        let said = err.to_string();
+        assert!(said.starts_with(&format!("{}: pages-1.img: offset ", at.label())), "{said}");
     }
 }

@@ -286,7 +286,7 @@ fn materialize(
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
-        let mut bytes = source.read_file(f).context(|| format!("{label}: {}", f.name))?;
+        let mut bytes = source.read_file(f)?;
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let planned = planned.as_mut().and_then(|p| p.pagemaps.remove(&f.name));
             let (written, lazy) = planned

@@ -87,7 +87,7 @@ pub fn serve(
             // Page images are streamed block by block below; the rest whole.
             let mut whole = match entry.kind {
                 FileKind::Pages => None,
-                _ => Some(source.read_file(&entry).context(|| format!("{label}: {name}"))?),
+                _ => Some(source.read_file(&entry)?),
             };
             let mut plan = None;
             if opts.skip_zero_pages {
