@@ -23,7 +23,7 @@
 
 use super::check::{check_table, Checked, CheckedRecords, Payloads};
 use super::fetch::StoreInput;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TruncatedUnderReader};
 use crate::format::{
     BlockCodec, BlockHeader, ChainEntry, Header, Index, IndexFixed, Trailer, FLAG_PARENT, FLAG_TABLE, HEADER_LEN,
     INDEX_FIXED, TRAILER_LEN,
@@ -133,10 +133,11 @@ fn read_index(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>
 }
 
 /// `len` bytes at `offset`, read as record headers are (a store's read-ahead
-/// does not follow the jump to the index at the end).
+/// does not follow the jump to the index at the end). Callers read within
+/// the size the store gave: a read that meets the end met a truncation.
 fn read_head(store: &dyn RecordStore, len: usize, offset: u64) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0; len];
-    store.read_head_at(&mut buf, offset)?;
+    store.read_head_at(&mut buf, offset).map_err(|e| TruncatedUnderReader::wrap(e, offset))?;
     Ok(buf)
 }
 
@@ -234,6 +235,23 @@ mod tests {
         let store = ReadAhead::new(std::fs::File::open(tmp.path()).unwrap());
         tmp.as_file().set_len(store.size() / 2).unwrap();
         let err = walk(&store).err().expect("a walk of a truncated archive fails");
+        assert_eq!(err.kind(), crate::error::Kind::Archive, "{err}");
+        assert!(err.to_string().contains("archive was truncated after it was opened"), "{err}");
+
+        // Cut short between the store's size and the read of the index
+        // at its end (a store that still gives the size it had).
+        struct CutShort(Vec<u8>, u64);
+        impl RecordStore for CutShort {
+            fn size(&self) -> u64 {
+                self.1
+            }
+            fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+                self.0.read_exact_at(buf, offset)
+            }
+        }
+        let bytes = std::fs::read(random_archive().path()).unwrap();
+        let size = bytes.len() as u64;
+        let err = from_table(&CutShort(bytes[..bytes.len() - 64].to_vec(), size)).err().expect("no index to read");
         assert_eq!(err.kind(), crate::error::Kind::Archive, "{err}");
         assert!(err.to_string().contains("archive was truncated after it was opened"), "{err}");
 
