@@ -200,9 +200,14 @@ pub trait BlockSource: Send + Sync {
             Ok(mut dec) => read(&mut dec),
             Err(_) => read(&mut Decoder::new()),
         });
+        // An error already labelled with this archive (an I/O failure of a
+        // block read) gains the file's name; one labelled with another (a
+        // parent's) keeps its own label, which names where the fault lies.
+        let named = |e: Error| e.context(format!("{}: {}", self.label(), entry.name));
         read.map_err(|e| match e {
-            Error::Context { .. } => e,
-            e => e.context(format!("{}: {}", self.label(), entry.name)),
+            Error::Context { context, inner } if context == self.label() => named(*inner),
+            e @ Error::Context { .. } => e,
+            e => named(e),
         })
     }
 }

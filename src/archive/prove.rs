@@ -266,4 +266,39 @@ mod tests {
         let said = err.to_string();
         assert!(said.starts_with(&format!("{}: pages-1.img: offset ", at.label())), "{said}");
     }
+
+    #[test]
+    fn a_file_read_that_fails_names_the_archive_and_the_file_once() {
+        // A store whose reads fail with EIO once it is armed (after the
+        // archive was opened and proven from it).
+        struct Failing(Vec<u8>, std::sync::atomic::AtomicBool);
+        impl RecordStore for Failing {
+            fn size(&self) -> u64 {
+                self.0.len() as u64
+            }
+            fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+                if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(std::io::Error::from_raw_os_error(libc::EIO));
+                }
+                self.0.read_exact_at(buf, offset)
+            }
+        }
+        let bytes = std::fs::read(random_archive().path()).unwrap();
+        let store = Arc::new(Failing(bytes, false.into()));
+        struct Shared(Arc<Failing>);
+        impl RecordStore for Shared {
+            fn size(&self) -> u64 {
+                self.0.size()
+            }
+            fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+                self.0.read_exact_at(buf, offset)
+            }
+        }
+        let archive = crate::archive::Archive::walked(Box::new(Shared(store.clone())), "t.czr".into()).unwrap();
+        store.1.store(true, std::sync::atomic::Ordering::Relaxed);
+        let entry = archive.find("pages-1.img").unwrap();
+        let said = archive.read_file(entry).expect_err("a failing read fails").to_string();
+        assert!(said.starts_with("t.czr: pages-1.img: "), "{said}");
+        assert_eq!(said.matches("t.czr").count(), 1, "{said}");
+    }
 }
