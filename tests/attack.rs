@@ -5,7 +5,8 @@
 //! damaged archive (exit 3), leave no process running on wrong memory, and
 //! leave no work directory behind; a tree's dedup references re-pointed
 //! too. The undamaged archive then restores with the workload's own
-//! checksums, so the test can tell success from failure.
+//! checksums, so the test can tell success from failure. A pagemap crafted
+//! to list a page twice is left to CRIU's own reading.
 
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
@@ -390,5 +391,66 @@ fn crafted_references_in_a_tree_archive_never_restore_wrong_memory() {
     let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
     assert!(out.status.success(), "the undamaged archive must restore: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(w.sums(), before, "restored memory differs");
+    w.stop();
+}
+
+/// A pagemap crafted to list one page twice, the second copy's bytes
+/// inserted into the pages image after the first's, packed into an archive
+/// whose every check holds. CRIU's reading restores the second copy; a
+/// placement by userfaultfd would keep the first (and leaving out a zero
+/// copy would unmask the other): criuz places no such pagemap nor rewrites
+/// it, and the default restore leaves it to CRIU, whose process sees the
+/// second copy.
+#[test]
+fn a_pagemap_listing_a_page_twice_is_left_to_criu() {
+    use criuz::criu::images::{pagemap_runs, pe, PagemapBuilder};
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Workload::start(Spec { mib: 8, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    let arc = tmp.path().join("good.czr");
+    dump_to(&w, &arc, &[]);
+    w.reap_original();
+    let dir = tmp.path().join("img");
+    let out = criuz(&["unpack", arc.to_str().unwrap(), "-D", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "unpack: {}", String::from_utf8_lossy(&out.stderr));
+    let pagemap = dir.join(format!("pagemap-{}.img", w.pid));
+    let (pages_id, runs) = pagemap_runs(&std::fs::read(&pagemap).unwrap()).expect("CRIU's own pagemap");
+    // The longest run of private anonymous memory: the workload's random data.
+    let twice = *runs.iter().filter(|r| r.lazy).max_by_key(|r| r.nr).expect("a lazy run");
+    let mut pm = PagemapBuilder::new(pages_id);
+    for r in &runs {
+        let flags = if r.lazy { pe::PRESENT | pe::LAZY } else { pe::PRESENT };
+        pm.push(r.vaddr, r.nr, flags);
+        if *r == twice {
+            pm.push(r.vaddr, 1, flags);
+        }
+    }
+    std::fs::write(&pagemap, pm.finish()).unwrap();
+    let pages = dir.join(format!("pages-{pages_id}.img"));
+    let mut bytes = std::fs::read(&pages).unwrap();
+    let at = ((twice.first + twice.nr) * 4096) as usize;
+    bytes.splice(at..at, [0xab; 4096]);
+    std::fs::write(&pages, bytes).unwrap();
+    let crafted = tmp.path().join("crafted.czr");
+    let out = criuz(&["pack", dir.to_str().unwrap(), "-o", crafted.to_str().unwrap()]);
+    assert!(out.status.success(), "pack: {}", String::from_utf8_lossy(&out.stderr));
+    let c = crafted.to_str().unwrap();
+    for how in [&["--fill", "place"][..], &["--lazy"]] {
+        let out = criuz(&[&["restore", "-d", "-i", c][..], how].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("pagemap not understood"), "{how:?}: must not place it: {err}");
+        reap_zombies();
+        assert!(!w.alive(), "{how:?}: a process runs after a refused restore");
+    }
+    let out = criuz(&["restore", "-d", "-i", c]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("streamed through CRIU"), "the default restore streams it: {err}");
+    let mut seen = [0u8; 4096];
+    let mem = std::fs::File::open(format!("/proc/{}/mem", w.pid)).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut seen, twice.vaddr).unwrap();
+    assert_eq!(seen, [0xab; 4096], "the page holds CRIU's reading: its second copy");
+    assert_ne!(w.sums(), before, "the process sees the page the archive gave it last");
     w.stop();
 }

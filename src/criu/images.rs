@@ -373,6 +373,7 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
     let head = PagemapHead::decode(*objs.first()?).ok()?;
     let mut runs = Vec::new();
     let mut first = 0u64;
+    let mut after = 0u64;
     for obj in &objs[1..] {
         let e = PagemapEntry::decode(*obj).ok()?;
         let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
@@ -380,7 +381,7 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
         if flags & !(PE_PRESENT | PE_LAZY) != 0 || flags & PE_PRESENT == 0 {
             return None;
         }
-        e.vaddr.checked_add(nr.checked_mul(4096)?)?;
+        after = ascending(after, e.vaddr, nr)?;
         runs.push(PageRun { vaddr: e.vaddr, nr, first, lazy: flags & PE_LAZY != 0 });
         first = first.checked_add(nr)?;
         // Every page's byte offset in the pages image must fit too: readers
@@ -388,6 +389,20 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
         first.checked_mul(4096)?;
     }
     Some((head.pages_id, runs))
+}
+
+/// The end of an entry of `nr` pages at `vaddr` that starts at or after
+/// `after`, the previous entry's end; `None` if it starts before it or ends
+/// past the address space. CRIU writes a pagemap in address order, one entry
+/// per run. Out of order or overlapping (an archive crafted with every check
+/// recomputed), its meaning would be whatever each reader made of it: CRIU
+/// restores the last copy of a page written twice, where a copy by
+/// userfaultfd keeps the first, and skipping a zero copy would unmask an
+/// earlier one. Such a pagemap is left to CRIU's own reading, never placed
+/// nor rewritten.
+fn ascending(after: u64, vaddr: u64, nr: u64) -> Option<u64> {
+    (vaddr >= after).then_some(())?;
+    vaddr.checked_add(nr.checked_mul(4096)?)
 }
 
 /// The pages image a pagemap refers to.
@@ -447,6 +462,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Op
     let mut skipped = PageBits::new();
     let mut skipped_pages = 0u64;
     let mut page = 0u64; // next page of the pages image
+    let mut after = 0u64;
     for obj in &objs[1..] {
         let e = decode_exact::<PagemapEntry>(obj)?;
         let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
@@ -454,6 +470,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Op
         if flags & !(PE_PRESENT | PE_LAZY | PE_PARENT) != 0 {
             return None;
         }
+        after = ascending(after, e.vaddr, nr)?;
         // CRIU marks anonymous pages PE_LAZY as well as PE_PRESENT; only a
         // lazy-pages restore acts on it, and a page left out is zero there too.
         if flags & PE_PARENT != 0 || flags & PE_PRESENT == 0 {

@@ -208,6 +208,43 @@ fn a_pagemap_with_fields_we_do_not_know_gets_no_plan() {
 }
 
 #[test]
+fn a_pagemap_out_of_order_or_overlapping_is_neither_placed_nor_rewritten() {
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let mm = MmEntry { vmas: vec![vma(0x10000, 0x20000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
+    let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+    let entry = |vaddr: u64, nr: u32, flags: u32| {
+        PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(flags), nr_pages64: None }.encode_to_vec()
+    };
+    let pm = |entries: &[(u64, u32, u32)]| {
+        let mut objs = vec![PagemapHead { pages_id: 1 }.encode_to_vec()];
+        objs.extend(entries.iter().map(|&(v, n, f)| entry(v, n, f)));
+        image(PAGEMAP_MAGIC, &objs)
+    };
+    // Page 0 of the image is zero, page 1 is not.
+    let mut zero = PageBits::new();
+    zero.insert_range(0, 1);
+    let lazy = PE_PRESENT | PE_LAZY;
+    // As CRIU writes them: ascending, a gap or none between entries.
+    for good in [vec![(0x10000, 1, lazy), (0x11000, 1, lazy)], vec![(0x10000, 1, lazy), (0x15000, 1, PE_PRESENT)]] {
+        assert!(pagemap_runs(&pm(&good)).is_some(), "{good:x?}");
+        assert!(plan(&mm, &pm(&good), &zero).is_some(), "{good:x?}");
+    }
+    // The same page twice (CRIU would restore the second copy; a copy by
+    // userfaultfd keeps the first, and leaving out the zero one would
+    // unmask the first), an entry reaching into the next, one before the
+    // one it follows, and one after a parent's entry it overlaps.
+    for bad in [
+        vec![(0x10000, 1, lazy), (0x10000, 1, lazy)],
+        vec![(0x10000, 2, lazy), (0x11000, 1, lazy)],
+        vec![(0x12000, 1, lazy), (0x10000, 1, lazy)],
+    ] {
+        assert!(pagemap_runs(&pm(&bad)).is_none(), "{bad:x?}");
+        assert!(plan(&mm, &pm(&bad), &zero).is_none(), "{bad:x?}");
+    }
+    assert!(plan(&mm, &pm(&[(0x10000, 2, PE_PARENT), (0x11000, 1, lazy)]), &zero).is_none());
+}
+
+#[test]
 fn unexpected_images_get_no_plan() {
     assert!(plan(b"garbage", b"garbage", &PageBits::with_pages(8)).is_none());
 }
