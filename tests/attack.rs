@@ -394,46 +394,47 @@ fn crafted_references_in_a_tree_archive_never_restore_wrong_memory() {
     w.stop();
 }
 
-/// A pagemap crafted to list one page twice, the second copy's bytes
-/// inserted into the pages image after the first's, packed into an archive
-/// whose every check holds. CRIU's reading restores the second copy; a
-/// placement by userfaultfd would keep the first (and leaving out a zero
-/// copy would unmask the other): criuz places no such pagemap nor rewrites
-/// it, and the default restore leaves it to CRIU, whose process sees the
-/// second copy.
-#[test]
-fn a_pagemap_listing_a_page_twice_is_left_to_criu() {
-    use criuz::criu::images::{pagemap_runs, pe, PagemapBuilder};
-    let Some(_criu) = criu() else { return };
-    let _g = serial();
-    let tmp = tempfile::tempdir().unwrap();
+/// A process of 8 MiB of random memory dumped, and its images repacked
+/// after `edit` rewrote its pagemap (given CRIU's runs and the process's
+/// /proc/PID/maps at the dump, returning the runs
+/// to write: (run, its flags, a copy of its first page to list after it))
+/// and, for each such copy, the 0xab page inserted into the pages image
+/// after the run's pages: an archive whose every check holds. The default
+/// restore must stream it through CRIU (criuz places and rewrites only what
+/// CRIU writes) and `--fill place` and `--lazy` refuse it. Returns the
+/// restored workload and its memory's sums before the dump.
+fn restored_after_pagemap_edit(
+    tmp: &Path,
+    mut edit: impl FnMut(&[criuz::criu::images::PageRun], &str) -> Vec<(criuz::criu::images::PageRun, u32, bool)>,
+) -> (Workload, std::collections::BTreeMap<String, String>) {
+    use criuz::criu::images::{pagemap_runs, PagemapBuilder};
     let mut w = Workload::start(Spec { mib: 8, pattern: "random", ..Default::default() });
     let before = w.sums();
-    let arc = tmp.path().join("good.czr");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", w.pid)).unwrap();
+    let arc = tmp.join("good.czr");
     dump_to(&w, &arc, &[]);
     w.reap_original();
-    let dir = tmp.path().join("img");
+    let dir = tmp.join("img");
     let out = criuz(&["unpack", arc.to_str().unwrap(), "-D", dir.to_str().unwrap()]);
     assert!(out.status.success(), "unpack: {}", String::from_utf8_lossy(&out.stderr));
     let pagemap = dir.join(format!("pagemap-{}.img", w.pid));
     let (pages_id, runs) = pagemap_runs(&std::fs::read(&pagemap).unwrap()).expect("CRIU's own pagemap");
-    // The longest run of private anonymous memory: the workload's random data.
-    let twice = *runs.iter().filter(|r| r.lazy).max_by_key(|r| r.nr).expect("a lazy run");
+    let pages = dir.join(format!("pages-{pages_id}.img"));
+    let mut bytes = std::fs::read(&pages).unwrap();
     let mut pm = PagemapBuilder::new(pages_id);
-    for r in &runs {
-        let flags = if r.lazy { pe::PRESENT | pe::LAZY } else { pe::PRESENT };
+    let mut inserted = 0;
+    for (r, flags, twice) in edit(&runs, &maps) {
         pm.push(r.vaddr, r.nr, flags);
-        if *r == twice {
+        if twice {
             pm.push(r.vaddr, 1, flags);
+            let at = ((r.first + r.nr + inserted) * 4096) as usize;
+            bytes.splice(at..at, [0xab; 4096]);
+            inserted += 1;
         }
     }
     std::fs::write(&pagemap, pm.finish()).unwrap();
-    let pages = dir.join(format!("pages-{pages_id}.img"));
-    let mut bytes = std::fs::read(&pages).unwrap();
-    let at = ((twice.first + twice.nr) * 4096) as usize;
-    bytes.splice(at..at, [0xab; 4096]);
     std::fs::write(&pages, bytes).unwrap();
-    let crafted = tmp.path().join("crafted.czr");
+    let crafted = tmp.join("crafted.czr");
     let out = criuz(&["pack", dir.to_str().unwrap(), "-o", crafted.to_str().unwrap()]);
     assert!(out.status.success(), "pack: {}", String::from_utf8_lossy(&out.stderr));
     let c = crafted.to_str().unwrap();
@@ -447,10 +448,97 @@ fn a_pagemap_listing_a_page_twice_is_left_to_criu() {
     let out = criuz(&["restore", "-d", "-i", c]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.contains("streamed through CRIU"), "the default restore streams it: {err}");
-    let mut seen = [0u8; 4096];
-    let mem = std::fs::File::open(format!("/proc/{}/mem", w.pid)).unwrap();
-    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut seen, twice.vaddr).unwrap();
-    assert_eq!(seen, [0xab; 4096], "the page holds CRIU's reading: its second copy");
+    (w, before)
+}
+
+/// Bytes of the restored process `pid` at `vaddr`.
+fn memory_of(pid: i32, vaddr: u64, len: usize) -> Vec<u8> {
+    let mut seen = vec![0u8; len];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut seen, vaddr).unwrap();
+    seen
+}
+
+fn flags_of(r: &criuz::criu::images::PageRun) -> u32 {
+    use criuz::criu::images::pe;
+    if r.lazy {
+        pe::PRESENT | pe::LAZY
+    } else {
+        pe::PRESENT
+    }
+}
+
+/// A pagemap crafted to list one page twice. CRIU's reading restores the
+/// second copy; a placement by userfaultfd would keep the first (and
+/// leaving out a zero copy would unmask the other).
+#[test]
+fn a_pagemap_listing_a_page_twice_is_left_to_criu() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut twice = None;
+    let (mut w, before) = restored_after_pagemap_edit(tmp.path(), |runs, _| {
+        // The longest run of private anonymous memory: the workload's data.
+        let longest = *runs.iter().filter(|r| r.lazy).max_by_key(|r| r.nr).expect("a lazy run");
+        twice = Some(longest);
+        runs.iter().map(|r| (*r, flags_of(r), *r == longest)).collect()
+    });
+    let twice = twice.unwrap();
+    assert_eq!(memory_of(w.pid, twice.vaddr, 4096), [0xab; 4096], "the page holds CRIU's reading: its second copy");
     assert_ne!(w.sums(), before, "the process sees the page the archive gave it last");
+    w.stop();
+}
+
+/// A pagemap crafted to flag lazy the pages CRIU stored of file mappings
+/// (relocated data of the program and its libraries). CRIU's lazy restore
+/// leaves every page flagged lazy to the page server, but registers no
+/// userfaultfd over a file mapping: no copy could reach them, and the
+/// process would read the file's bytes. CRIU's own reading of the images
+/// restores the stored pages.
+#[test]
+fn a_pagemap_flagging_lazy_a_page_no_userfaultfd_covers_is_left_to_criu() {
+    use criuz::criu::images::pe;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut flagged = Vec::new();
+    let (mut w, before) = restored_after_pagemap_edit(tmp.path(), |runs, maps| {
+        let files: Vec<(u64, u64)> = maps
+            .lines()
+            .filter(|l| l.split_whitespace().nth(5).is_some_and(|p| p.starts_with('/')))
+            .filter_map(|l| {
+                let (s, e) = l.split_whitespace().next()?.split_once('-')?;
+                Some((u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?))
+            })
+            .collect();
+        assert!(!files.is_empty(), "the dumped process maps files");
+        runs.iter()
+            .map(|r| {
+                let in_file = files.iter().any(|&(s, e)| s <= r.vaddr && r.vaddr < e);
+                if in_file && !r.lazy {
+                    flagged.push(*r);
+                    (*r, pe::PRESENT | pe::LAZY, false)
+                } else {
+                    (*r, flags_of(r), false)
+                }
+            })
+            .collect()
+    });
+    assert!(!flagged.is_empty(), "CRIU stored pages of file mappings");
+    let stored = std::fs::read(tmp.path().join("img").join(format!(
+        "pages-{}.img",
+        criuz::criu::images::pagemap_runs(
+            &std::fs::read(tmp.path().join("img").join(format!("pagemap-{}.img", w.pid))).unwrap()
+        )
+        .unwrap()
+        .0
+    )))
+    .unwrap();
+    for r in &flagged {
+        let at = (r.first * 4096) as usize;
+        let want = &stored[at..at + (r.nr * 4096) as usize];
+        assert!(memory_of(w.pid, r.vaddr, want.len()) == want, "{:#x}: the pages the archive stored", r.vaddr);
+    }
+    assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
 }

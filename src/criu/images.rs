@@ -34,6 +34,8 @@ const PE_LAZY: u32 = 1 << 1;
 const PE_PRESENT: u32 = 1 << 2;
 
 const VMA_AREA_REGULAR: u32 = 1 << 0;
+/// The kernel's own mappings: vsyscall, vDSO and its data (vvar).
+const VMA_KERNEL: u32 = (1 << 2) | (1 << 3) | (1 << 12);
 const VMA_ANON_PRIVATE: u32 = 1 << 9;
 /// Any of these makes a VMA more than plain private anonymous memory.
 const VMA_SPECIAL: u32 = (1 << 2) // vsyscall
@@ -552,6 +554,48 @@ fn anon_vmas(mm: &[u8], not: u32) -> Option<Vec<(u64, u64)>> {
         .collect();
     anon.sort_unstable();
     Some(anon)
+}
+
+/// The VMAs (mm-<pid>.img) a lazy restore's CRIU registers with
+/// userfaultfd, sorted: private anonymous memory neither locked nor huge,
+/// other than the vDSO, its data and vsyscall (`vma_entry_can_be_lazy` in
+/// criu/include/vma.h, v4.2).
+fn registered_vmas(mm: &[u8]) -> Option<Vec<(u64, u64)>> {
+    let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32;
+    let pinned = (libc::MAP_LOCKED | libc::MAP_HUGETLB) as u32;
+    let mut vmas: Vec<(u64, u64)> = mm
+        .vmas
+        .iter()
+        .filter(|v| v.flags & anon == anon && v.flags & pinned == 0 && v.status & VMA_KERNEL == 0)
+        .map(|v| (v.start, v.end))
+        .collect();
+    vmas.sort_unstable();
+    Some(vmas)
+}
+
+/// Whether every run of `runs` flagged lazy lies in memory a lazy restore's
+/// CRIU registers with userfaultfd (`registered_vmas` of mm-<pid>.img);
+/// false if the image is not as expected. CRIU leaves each page flagged
+/// lazy to the page server, whatever memory it is in: one where no
+/// userfaultfd is registered would be copied by nobody (a copy there
+/// fails), and the process would read the file's bytes or zeros where the
+/// archive holds others. CRIU flags no such page; an archive crafted so is
+/// not placed.
+pub fn lazy_runs_registered(mm: &[u8], runs: &[PageRun]) -> bool {
+    let Some(vmas) = registered_vmas(mm) else { return false };
+    runs.iter().filter(|r| r.lazy).all(|r| {
+        // A run may go on across adjacent VMAs (CRIU merges the pages of
+        // neighbours into one entry).
+        let (mut at, end) = (r.vaddr, r.vaddr.saturating_add(r.nr.saturating_mul(4096)));
+        while at < end {
+            match vmas.partition_point(|&(s, _)| s <= at).checked_sub(1).map(|i| vmas[i]) {
+                Some((_, vma_end)) if at < vma_end => at = vma_end,
+                _ => return false,
+            }
+        }
+        true
+    })
 }
 
 /// Whether a process (mm-<pid>.img) has private memory of huge pages

@@ -142,7 +142,9 @@ struct LazyPagemap {
 
 /// Rewrites a process's pagemap without its long zero runs (those read as
 /// zero anyway) and with the lazy flags CRIU should have set
-/// (`marked_lazy`); `None` if CRIU's pagemap is not one criuz can rewrite.
+/// (`marked_lazy`); `None` if CRIU's pagemap is not one criuz can rewrite,
+/// or flags lazy a page where CRIU registers no userfaultfd
+/// (`images::lazy_runs_registered`).
 fn lazy_pagemap(
     source: &dyn BlockSource,
     pid: &str,
@@ -150,12 +152,18 @@ fn lazy_pagemap(
     min_zero_run: u64,
 ) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
     let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
+    let Some(mm) = source.find(&format!("mm-{pid}.img")).map(|f| source.read_file(f)).transpose()? else {
+        return Ok(None);
+    };
     let plan = zero_plan(source, pid, pagemap, min_zero_run)?;
     let mut written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
-    if let Some(marked) = marked_lazy(source, pid, &written)? {
+    if let Some(marked) = marked_lazy(source, pid, &mm, &written)? {
         written = marked;
     }
     let Some((_, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
+    if !images::lazy_runs_registered(&mm, &kept) {
+        return Ok(None);
+    }
     let mut by_vaddr = original.clone();
     by_vaddr.sort_by_key(|r| r.vaddr);
     let mut runs = Vec::with_capacity(kept.len());
@@ -241,10 +249,9 @@ pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
 /// from the process's VMAs and its threads' stack pointers; `None` where
 /// they cannot be read (then CRIU's flags stand).
-fn marked_lazy(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Option<Vec<u8>>> {
+fn marked_lazy(source: &dyn BlockSource, pid: &str, mm: &[u8], pagemap: &[u8]) -> Result<Option<Vec<u8>>> {
     let read = |name: &str| source.find(name).map(|f| source.read_file(f)).transpose();
-    let (Some(mm), Some(pstree), Ok(pid_n)) = (read(&format!("mm-{pid}.img"))?, read("pstree.img")?, pid.parse())
-    else {
+    let (Some(pstree), Ok(pid_n)) = (read("pstree.img")?, pid.parse()) else {
         return Ok(None);
     };
     let Some(threads) = images::pstree_threads(&pstree, pid_n) else { return Ok(None) };
@@ -254,7 +261,7 @@ fn marked_lazy(source: &dyn BlockSource, pid: &str, pagemap: &[u8]) -> Result<Op
         let Some(sp) = images::core_stack_pointer(&core) else { return Ok(None) };
         stack_pointers.push(sp);
     }
-    Ok(images::mark_lazy(&mm, pagemap, &stack_pointers))
+    Ok(images::mark_lazy(mm, pagemap, &stack_pointers))
 }
 
 /// What `materialize` wrote.

@@ -245,6 +245,36 @@ fn a_pagemap_out_of_order_or_overlapping_is_neither_placed_nor_rewritten() {
 }
 
 #[test]
+fn pages_flagged_lazy_must_lie_where_criu_registers_userfaultfd() {
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let mm = MmEntry {
+        vmas: vec![
+            vma(0x10000, 0x12000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
+            vma(0x12000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
+            vma(0x20000, 0x22000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | (1 << 6)), // file private
+            vma(0x30000, 0x32000, anon | libc::MAP_LOCKED, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
+            vma(0x40000, 0x42000, anon, VMA_AREA_REGULAR | (1 << 3)), // vDSO
+        ],
+    };
+    let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+    let run = |vaddr: u64, nr: u64, lazy: bool| PageRun { vaddr, nr, first: 0, lazy };
+    // Across two adjacent VMAs CRIU registers: as CRIU merges them.
+    assert!(lazy_runs_registered(&mm, &[run(0x10000, 4, true)]));
+    // Pages CRIU restores itself may lie anywhere.
+    assert!(lazy_runs_registered(&mm, &[run(0x20000, 2, false), run(0x30000, 1, false)]));
+    for outside in [
+        run(0x20000, 1, true), // a file mapping
+        run(0x30000, 1, true), // locked memory
+        run(0x40000, 1, true), // the vDSO
+        run(0x13000, 2, true), // past the end of the memory
+        run(0x50000, 1, true), // no VMA at all
+    ] {
+        assert!(!lazy_runs_registered(&mm, &[run(0x10000, 1, true), outside]), "{outside:x?}");
+    }
+    assert!(!lazy_runs_registered(b"garbage", &[]), "an image not as expected");
+}
+
+#[test]
 fn unexpected_images_get_no_plan() {
     assert!(plan(b"garbage", b"garbage", &PageBits::with_pages(8)).is_none());
 }
