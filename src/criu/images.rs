@@ -379,7 +379,7 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
     for obj in &objs[1..] {
         let e = PagemapEntry::decode(*obj).ok()?;
         let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
-        let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { PE_PARENT } else { PE_PRESENT });
+        let flags = entry_flags(&e);
         if flags & !(PE_PRESENT | PE_LAZY) != 0 || flags & PE_PRESENT == 0 {
             return None;
         }
@@ -391,6 +391,18 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
         first.checked_mul(4096)?;
     }
     Some((head.pages_id, runs))
+}
+
+/// An entry's flags as CRIU reads them (`init_compat_pagemap_entry`,
+/// criu/pagemap.c, v4.2): `in_parent` adds `PE_PARENT` whatever the flags
+/// say, and an entry without flags is present.
+fn entry_flags(e: &PagemapEntry) -> u32 {
+    let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { 0 } else { PE_PRESENT });
+    if e.in_parent == Some(true) {
+        flags | PE_PARENT
+    } else {
+        flags
+    }
 }
 
 /// The end of an entry of `nr` pages at `vaddr` that starts at or after
@@ -468,17 +480,17 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Op
     for obj in &objs[1..] {
         let e = decode_exact::<PagemapEntry>(obj)?;
         let nr = e.nr_pages64.unwrap_or(u64::from(e.nr_pages));
-        let flags = e.flags.unwrap_or(if e.in_parent == Some(true) { PE_PARENT } else { PE_PRESENT });
-        if flags & !(PE_PRESENT | PE_LAZY | PE_PARENT) != 0 {
+        // Pages in a parent image (a pre-dump chain packed as it was): where
+        // CRIU's reading of the pages image goes on after them is its own
+        // business (it moves on when it skips them, not when it reads them).
+        let flags = entry_flags(&e);
+        if flags & !(PE_PRESENT | PE_LAZY) != 0 {
             return None;
         }
         after = ascending(after, e.vaddr, nr)?;
         // CRIU marks anonymous pages PE_LAZY as well as PE_PRESENT; only a
         // lazy-pages restore acts on it, and a page left out is zero there too.
-        if flags & PE_PARENT != 0 || flags & PE_PRESENT == 0 {
-            if flags & PE_PRESENT != 0 {
-                page += nr;
-            }
+        if flags & PE_PRESENT == 0 {
             push_object(&mut out, obj);
             continue;
         }
@@ -644,7 +656,7 @@ pub fn mark_lazy(mm: &[u8], pagemap: &[u8], stack_pointers: &[u64]) -> Option<Ve
     push_object(&mut out, &head.encode_to_vec());
     for obj in &objs[1..] {
         let e = decode_exact::<PagemapEntry>(obj)?;
-        if e.flags != Some(PE_PRESENT) {
+        if e.flags != Some(PE_PRESENT) || entry_flags(&e) != PE_PRESENT {
             push_object(&mut out, obj);
             continue;
         }

@@ -245,6 +245,30 @@ fn a_pagemap_out_of_order_or_overlapping_is_neither_placed_nor_rewritten() {
 }
 
 #[test]
+fn an_entry_in_a_parent_is_read_as_criu_reads_it() {
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let mm = MmEntry { vmas: vec![vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)] };
+    let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+    let pm = |in_parent: Option<bool>, flags: Option<u32>| {
+        let e = PagemapEntry { vaddr: 0x10000, nr_pages: 2, in_parent, flags, nr_pages64: None };
+        image(PAGEMAP_MAGIC, &[PagemapHead { pages_id: 1 }.encode_to_vec(), e.encode_to_vec()])
+    };
+    let zero = PageBits::with_pages(2);
+    // No flags: present (CRIU before flags); `in_parent` false changes nothing.
+    for plain in [pm(None, None), pm(Some(false), Some(PE_PRESENT))] {
+        assert!(pagemap_runs(&plain).is_some());
+        assert!(plan(&mm, &plain, &zero).is_some());
+    }
+    // `in_parent` makes the pages the parent's whatever the flags say (CRIU
+    // ORs PE_PARENT in): neither placed, planned nor marked lazy.
+    for parent in [pm(Some(true), None), pm(Some(true), Some(PE_PRESENT)), pm(Some(true), Some(PE_PRESENT | PE_LAZY))] {
+        assert!(pagemap_runs(&parent).is_none());
+        assert!(plan(&mm, &parent, &zero).is_none());
+        assert_eq!(mark_lazy(&mm, &parent, &[]).as_deref(), Some(&parent[..]), "left as it is");
+    }
+}
+
+#[test]
 fn pages_flagged_lazy_must_lie_where_criu_registers_userfaultfd() {
     let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     let mm = MmEntry {
