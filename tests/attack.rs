@@ -394,49 +394,23 @@ fn crafted_references_in_a_tree_archive_never_restore_wrong_memory() {
     w.stop();
 }
 
-/// A process of 8 MiB of random memory dumped, and its images repacked
-/// after `edit` rewrote its pagemap (given CRIU's runs and the process's
-/// /proc/PID/maps at the dump, returning the runs
-/// to write: (run, its flags, a copy of its first page to list after it))
-/// and, for each such copy, the 0xab page inserted into the pages image
-/// after the run's pages: an archive whose every check holds. The default
-/// restore must stream it through CRIU (criuz places and rewrites only what
-/// CRIU writes) and `--fill place` and `--lazy` refuse it. Returns the
-/// restored workload and its memory's sums before the dump.
-fn restored_after_pagemap_edit(
-    tmp: &Path,
-    mut edit: impl FnMut(&[criuz::criu::images::PageRun], &str) -> Vec<(criuz::criu::images::PageRun, u32, bool)>,
-) -> (Workload, std::collections::BTreeMap<String, String>) {
-    use criuz::criu::images::{pagemap_runs, PagemapBuilder};
-    let mut w = Workload::start(Spec { mib: 8, pattern: "random", ..Default::default() });
-    let before = w.sums();
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", w.pid)).unwrap();
-    let arc = tmp.join("good.czr");
-    dump_to(&w, &arc, &[]);
-    w.reap_original();
+/// The archive `arc` unpacked into `tmp/img`, edited there by `edit`, and
+/// packed again: an archive whose every check holds.
+fn repacked(tmp: &Path, arc: &Path, edit: impl FnOnce(&Path)) -> std::path::PathBuf {
     let dir = tmp.join("img");
     let out = criuz(&["unpack", arc.to_str().unwrap(), "-D", dir.to_str().unwrap()]);
     assert!(out.status.success(), "unpack: {}", String::from_utf8_lossy(&out.stderr));
-    let pagemap = dir.join(format!("pagemap-{}.img", w.pid));
-    let (pages_id, runs) = pagemap_runs(&std::fs::read(&pagemap).unwrap()).expect("CRIU's own pagemap");
-    let pages = dir.join(format!("pages-{pages_id}.img"));
-    let mut bytes = std::fs::read(&pages).unwrap();
-    let mut pm = PagemapBuilder::new(pages_id);
-    let mut inserted = 0;
-    for (r, flags, twice) in edit(&runs, &maps) {
-        pm.push(r.vaddr, r.nr, flags);
-        if twice {
-            pm.push(r.vaddr, 1, flags);
-            let at = ((r.first + r.nr + inserted) * 4096) as usize;
-            bytes.splice(at..at, [0xab; 4096]);
-            inserted += 1;
-        }
-    }
-    std::fs::write(&pagemap, pm.finish()).unwrap();
-    std::fs::write(&pages, bytes).unwrap();
+    edit(&dir);
     let crafted = tmp.join("crafted.czr");
     let out = criuz(&["pack", dir.to_str().unwrap(), "-o", crafted.to_str().unwrap()]);
     assert!(out.status.success(), "pack: {}", String::from_utf8_lossy(&out.stderr));
+    crafted
+}
+
+/// `--fill place` and `--lazy` must refuse `crafted` before anything runs,
+/// and the default restore stream it through CRIU (criuz places and
+/// rewrites only pagemaps as CRIU writes them).
+fn refused_placed_then_streamed(crafted: &Path, w: &Workload) {
     let c = crafted.to_str().unwrap();
     for how in [&["--fill", "place"][..], &["--lazy"]] {
         let out = criuz(&[&["restore", "-d", "-i", c][..], how].concat());
@@ -448,6 +422,46 @@ fn restored_after_pagemap_edit(
     let out = criuz(&["restore", "-d", "-i", c]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.contains("streamed through CRIU"), "the default restore streams it: {err}");
+}
+
+/// A process of 8 MiB of random memory dumped, and its images repacked
+/// after `edit` rewrote its pagemap (given CRIU's runs and the process's
+/// /proc/PID/maps at the dump, returning the runs to write: (run, its
+/// flags, a copy of its first page to list after it)), each such copy's
+/// 0xab page inserted into the pages image after the run's pages; then
+/// restored as [`refused_placed_then_streamed`] wants. Returns the restored
+/// workload and its memory's sums before the dump.
+fn restored_after_pagemap_edit(
+    tmp: &Path,
+    mut edit: impl FnMut(&[criuz::criu::images::PageRun], &str) -> Vec<(criuz::criu::images::PageRun, u32, bool)>,
+) -> (Workload, std::collections::BTreeMap<String, String>) {
+    use criuz::criu::images::{pagemap_runs, PagemapBuilder};
+    let mut w = Workload::start(Spec { mib: 8, pattern: "random", ..Default::default() });
+    let before = w.sums();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", w.pid)).unwrap();
+    let arc = tmp.join("good.czr");
+    dump_to(&w, &arc, &[]);
+    w.reap_original();
+    let crafted = repacked(tmp, &arc, |dir| {
+        let pagemap = dir.join(format!("pagemap-{}.img", w.pid));
+        let (pages_id, runs) = pagemap_runs(&std::fs::read(&pagemap).unwrap()).expect("CRIU's own pagemap");
+        let pages = dir.join(format!("pages-{pages_id}.img"));
+        let mut bytes = std::fs::read(&pages).unwrap();
+        let mut pm = PagemapBuilder::new(pages_id);
+        let mut inserted = 0;
+        for (r, flags, twice) in edit(&runs, &maps) {
+            pm.push(r.vaddr, r.nr, flags);
+            if twice {
+                pm.push(r.vaddr, 1, flags);
+                let at = ((r.first + r.nr + inserted) * 4096) as usize;
+                bytes.splice(at..at, [0xab; 4096]);
+                inserted += 1;
+            }
+        }
+        std::fs::write(&pagemap, pm.finish()).unwrap();
+        std::fs::write(&pages, bytes).unwrap();
+    });
+    refused_placed_then_streamed(&crafted, &w);
     (w, before)
 }
 
@@ -541,4 +555,50 @@ fn a_pagemap_flagging_lazy_a_page_no_userfaultfd_covers_is_left_to_criu() {
     }
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
+}
+
+/// Two processes' pagemaps naming one pages image: a forked child's
+/// pagemap replaced by its parent's. CRIU gives each the pages its own
+/// pagemap lists, from the start of that image; criuz, which writes each
+/// process's image for CRIU with only its eager pages, kept one of the two
+/// and let the other process run on zeros (it died).
+#[test]
+fn two_pagemaps_naming_one_pages_image_are_left_to_criu() {
+    use criuz::criu::images::pagemap_runs;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Workload::start(Spec { mib: 8, pattern: "random", mode: "tree", children: 1, ..Default::default() });
+    w.sums();
+    let arc = tmp.path().join("good.czr");
+    dump_to(&w, &arc, &[]);
+    w.reap_original();
+    let root = w.pid;
+    let child = *w.pids.iter().find(|&&p| p != root).expect("the child's pid");
+    let crafted = repacked(tmp.path(), &arc, |dir| {
+        let root_pagemap = dir.join(format!("pagemap-{root}.img"));
+        std::fs::copy(root_pagemap, dir.join(format!("pagemap-{child}.img"))).unwrap();
+    });
+    refused_placed_then_streamed(&crafted, &w);
+    // Both processes hold the workload's data the pagemap lists as its
+    // pages image stores it (the long runs; the child runs on its parent's
+    // memory, its stack among it, as CRIU reads the images: what it does
+    // then is not asked, and what either writes since is not compared).
+    let img = tmp.path().join("img");
+    let (pages_id, runs) = pagemap_runs(&std::fs::read(img.join(format!("pagemap-{root}.img"))).unwrap()).unwrap();
+    let stored = std::fs::read(img.join(format!("pages-{pages_id}.img"))).unwrap();
+    let data: Vec<_> = runs.iter().filter(|r| r.lazy && r.nr >= 256).collect();
+    assert!(data.iter().map(|r| r.nr).sum::<u64>() >= 1024, "the workload's 8 MiB in long runs: {runs:x?}");
+    for pid in [root, child] {
+        for r in &data {
+            let at = (r.first * 4096) as usize;
+            let want = &stored[at..at + (r.nr * 4096) as usize];
+            assert!(memory_of(pid, r.vaddr, want.len()) == want, "{pid} at {:#x}: the pages stored", r.vaddr);
+        }
+    }
+    for pid in [child, root] {
+        // SAFETY: the restored processes of our own workload.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    w.reap_original();
 }

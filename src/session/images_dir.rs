@@ -11,7 +11,7 @@ use crate::criu::images::{self, ZeroPlan};
 use crate::error::Result;
 use crate::format::PAGE_SIZE;
 use crate::progress::Progress;
-use crate::session::serve::zero_plan;
+use crate::session::serve::{pages_images_named_once, zero_plan};
 use crate::tree::dir::{DirSink, UnpackStats};
 use std::collections::HashMap;
 use std::path::Path;
@@ -84,10 +84,11 @@ impl SeqSink for Skipping<'_> {
 /// left out.
 pub fn write_images(archive: Arc<Archive>, dir: &Path, opts: &Options) -> Result<(UnpackStats, u64)> {
     let mut rewrites = HashMap::new();
+    let named_once = pages_images_named_once(&*archive)?;
     for f in archive.index().files.iter().filter(|f| f.is_criu_image()) {
         let Some(pid) = images::process_pagemap_pid(&f.name) else { continue };
         let pagemap = archive.read_file(f)?;
-        if let Some(plan) = zero_plan(&*archive, pid, &pagemap, 1)? {
+        if let Some(plan) = zero_plan(&*archive, pid, &pagemap, 1, &named_once)? {
             rewrites.insert(f.name.clone(), Rewrite::Pagemap(plan.pagemap.clone()));
             rewrites.insert(format!("pages-{}.img", plan.pages_id), Rewrite::Pages(Arc::new(plan)));
         }

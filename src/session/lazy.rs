@@ -54,7 +54,7 @@ use crate::session::criu_run::{
 };
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
-use crate::session::serve::zero_plan;
+use crate::session::serve::{pages_images_named_once, zero_plan};
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
@@ -150,12 +150,20 @@ fn lazy_pagemap(
     pid: &str,
     pagemap: &[u8],
     min_zero_run: u64,
+    named_once: &HashSet<u32>,
 ) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
     let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
+    // A pages image of its own, which the archive holds: criuz writes it
+    // for CRIU with the eager pages only, and a process whose image it
+    // does not write would get no pages at all.
+    let held = source.find(&format!("pages-{pages_id}.img")).is_some_and(|f| f.kind == FileKind::Pages);
+    if !held || !named_once.contains(&pages_id) {
+        return Ok(None);
+    }
     let Some(mm) = source.find(&format!("mm-{pid}.img")).map(|f| source.read_file(f)).transpose()? else {
         return Ok(None);
     };
-    let plan = zero_plan(source, pid, pagemap, min_zero_run)?;
+    let plan = zero_plan(source, pid, pagemap, min_zero_run, named_once)?;
     let mut written = plan.as_ref().map_or(pagemap, |p| &p.pagemap[..]).to_vec();
     if let Some(marked) = marked_lazy(source, pid, &mm, &written)? {
         written = marked;
@@ -204,9 +212,10 @@ pub(crate) struct Placement {
 /// writes; not, say, a pagemap of pages CRIU compressed itself).
 pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placement>> {
     let mut pagemaps = HashMap::new();
+    let named_once = pages_images_named_once(source)?;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
-            let Some(lazy) = lazy_pagemap(source, pid, &source.read_file(f)?, HELD_MIN_ZERO_RUN)? else {
+            let Some(lazy) = lazy_pagemap(source, pid, &source.read_file(f)?, HELD_MIN_ZERO_RUN, &named_once)? else {
                 return Ok(None);
             };
             pagemaps.insert(f.name.clone(), lazy);
@@ -290,6 +299,7 @@ fn materialize(
     let label = source.label().to_string();
     let files = &source.index().files;
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
+    let named_once = pages_images_named_once(&**source)?;
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
@@ -297,7 +307,7 @@ fn materialize(
         if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let planned = planned.as_mut().and_then(|p| p.pagemaps.remove(&f.name));
             let (written, lazy) = planned
-                .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run), |p| Ok(Some(p)))
+                .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run, &named_once), |p| Ok(Some(p)))
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
                     Error::Usage(format!("{label}: {}: pagemap not understood: criuz cannot place this memory", f.name))

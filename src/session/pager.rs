@@ -441,12 +441,15 @@ impl<'a> Pager<'a> {
                 self.guard.hold(uffd.0.as_raw_fd())?;
                 let pid = pid as u32;
                 let mut missing = BTreeMap::new();
-                let mut file = 0;
-                if let Some(p) = self.lazy.get(&pid) {
-                    file = p.pages_file;
-                    for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
-                        missing.insert(r.vaddr, (r.vaddr + r.nr * PAGE, r.first));
-                    }
+                // CRIU hands over every live process it restores, each with
+                // its pagemap: one criuz has no pages for would read zeros
+                // where its lazy pages belong.
+                let p = self.lazy.get(&pid).ok_or_else(|| {
+                    Error::corrupt(0, format!("restored process {pid} has no pagemap whose pages criuz placed"))
+                })?;
+                let file = p.pages_file;
+                for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
+                    missing.insert(r.vaddr, (r.vaddr + r.nr * PAGE, r.first));
                 }
                 self.spaces.push(Space { pid, uffd, file, missing });
                 // Read while the process lives: one that has exited reads

@@ -27,7 +27,7 @@ use crate::engine;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{BlockCodec, FileEntry, FileKind, PageBits, PAGE_SIZE};
 use crate::progress::Meter;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -69,6 +69,7 @@ pub fn serve(
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
     let mut report = ServeReport::default();
     let mut plans: HashMap<u32, Arc<ZeroPlan>> = HashMap::new();
+    let named_once = if opts.skip_zero_pages { pages_images_named_once(&*source)? } else { HashSet::new() };
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let bytes = Arc::new(AtomicU64::new(0));
     let mut writers = Vec::new();
@@ -92,7 +93,9 @@ pub fn serve(
             let mut plan = None;
             if opts.skip_zero_pages {
                 if let (Some(pid), Some(pagemap)) = (images::process_pagemap_pid(&name), whole.as_ref()) {
-                    if let Some(p) = zero_plan(&*source, pid, pagemap, 1).context(|| format!("{label}: {name}"))? {
+                    if let Some(p) =
+                        zero_plan(&*source, pid, pagemap, 1, &named_once).context(|| format!("{label}: {name}"))?
+                    {
                         whole = Some(p.pagemap.clone());
                         plans.insert(p.pages_id, Arc::new(p));
                     }
@@ -148,11 +151,42 @@ pub fn serve(
     Ok(Some(report))
 }
 
+/// The pages images that exactly one of the archive's pagemaps (a
+/// process's or shared memory's) names. CRIU reads each pagemap's pages
+/// from the start of the image it names, so two may name one image (an
+/// archive crafted so; CRIU never writes one): an image rewritten for one
+/// reader (its zero pages left out, or only its eager pages kept) would
+/// give the other wrong bytes. Only these images are rewritten or placed.
+pub(crate) fn pages_images_named_once(source: &dyn BlockSource) -> Result<HashSet<u32>> {
+    let (mut once, mut more) = (HashSet::new(), HashSet::new());
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && f.is_criu_image()) {
+        if !f.name.starts_with("pagemap-") {
+            continue;
+        }
+        if let Some(id) = images::pagemap_pages_id(&source.read_file(f)?) {
+            if !once.insert(id) {
+                more.insert(id);
+            }
+        }
+    }
+    Ok(&once - &more)
+}
+
 /// Plans the zero-page rewrite for process `pid`: needs its mm image and the
-/// proven block headers of the pages image its pagemap names. Only runs of at
-/// least `min_run` zero pages are left out.
-pub(crate) fn zero_plan(source: &dyn BlockSource, pid: &str, pagemap: &[u8], min_run: u64) -> Result<Option<ZeroPlan>> {
+/// proven block headers of the pages image its pagemap names, which no other
+/// pagemap may name (`named_once`, [`pages_images_named_once`]). Only runs
+/// of at least `min_run` zero pages are left out.
+pub(crate) fn zero_plan(
+    source: &dyn BlockSource,
+    pid: &str,
+    pagemap: &[u8],
+    min_run: u64,
+    named_once: &HashSet<u32>,
+) -> Result<Option<ZeroPlan>> {
     let Some(pages_id) = images::pagemap_pages_id(pagemap) else { return Ok(None) };
+    if !named_once.contains(&pages_id) {
+        return Ok(None);
+    }
     let (Some(mm), Some(pages)) =
         (source.find(&format!("mm-{pid}.img")), source.find(&format!("pages-{pages_id}.img")))
     else {
