@@ -602,3 +602,43 @@ fn two_pagemaps_naming_one_pages_image_are_left_to_criu() {
     }
     w.reap_original();
 }
+
+/// A decoy beside a pages image, under a name CRIU never opens
+/// (`pages-01.img` beside `pages-1.img`), holding other bytes, with or
+/// without a decoy pagemap (`pagemap-0N.img` beside `pagemap-N.img`).
+/// criuz took the decoy's pages for the process's lazy ones (by hand: CRIU
+/// failed on the eager pages, "vdso: Invalid ELF magic"; where they line
+/// up, the process gets the decoy's bytes). Every path must restore the
+/// process's own memory.
+#[test]
+fn decoy_images_under_names_criu_never_opens_are_ignored() {
+    use criuz::criu::images::pagemap_pages_id;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    for decoy_pagemap in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Workload::start(Spec { mib: 8, pattern: "random", ..Default::default() });
+        let before = w.sums();
+        let arc = tmp.path().join("good.czr");
+        dump_to(&w, &arc, &[]);
+        w.reap_original();
+        let pid = w.pid;
+        let crafted = repacked(tmp.path(), &arc, |dir| {
+            let pagemap = std::fs::read(dir.join(format!("pagemap-{pid}.img"))).unwrap();
+            let id = pagemap_pages_id(&pagemap).unwrap();
+            let len = std::fs::metadata(dir.join(format!("pages-{id}.img"))).unwrap().len() as usize;
+            std::fs::write(dir.join(format!("pages-0{id}.img")), vec![0xcd; len]).unwrap();
+            if decoy_pagemap {
+                std::fs::write(dir.join(format!("pagemap-0{pid}.img")), &pagemap).unwrap();
+            }
+        });
+        let c = crafted.to_str().unwrap();
+        for how in [&[][..], &["--fill", "place"], &["--lazy"]] {
+            let out = criuz(&[&["restore", "-d", "-i", c][..], how].concat());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{how:?}, decoy pagemap {decoy_pagemap}: {err}");
+            assert_eq!(w.sums(), before, "{how:?}, decoy pagemap {decoy_pagemap}: restored memory differs");
+            w.kill_and_reap();
+        }
+    }
+}

@@ -426,14 +426,33 @@ pub fn pagemap_pages_id(pagemap: &[u8]) -> Option<u32> {
 }
 
 /// `pagemap-<pid>.img` -> pid (process pagemaps only, not shmem ones).
+///
+/// Only the name CRIU gives the file (`pagemap-%d.img`): `pagemap-07.img`
+/// is a file CRIU never opens, whatever it holds.
 pub fn process_pagemap_pid(name: &str) -> Option<&str> {
     let pid = name.strip_prefix("pagemap-")?.strip_suffix(".img")?;
-    (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(pid)
+    canonical_number(pid).then_some(pid)
 }
 
-/// `pages-<id>.img` -> id.
+/// Whether CRIU opens a pagemap of this name: a process's
+/// (`pagemap-%lu.img`) or shared memory's (`pagemap-shmem-%lu.img`).
+pub fn pagemap_criu_opens(name: &str) -> bool {
+    process_pagemap_pid(name).is_some()
+        || name.strip_prefix("pagemap-shmem-").and_then(|n| n.strip_suffix(".img")).is_some_and(canonical_number)
+}
+
+/// `pages-<id>.img` -> id; only the name CRIU opens (`pages-%u.img`): an
+/// archive crafted to hold `pages-01.img` beside `pages-1.img` must not
+/// have criuz take the pages of one for the other.
 pub fn pages_image_id(name: &str) -> Option<u32> {
-    name.strip_prefix("pages-")?.strip_suffix(".img")?.parse().ok()
+    let id = name.strip_prefix("pages-")?.strip_suffix(".img")?;
+    canonical_number(id).then(|| id.parse().ok()).flatten()
+}
+
+/// Whether `s` is a decimal number as printf's `%d` writes one: digits, no
+/// leading zero but for 0 itself.
+fn canonical_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'))
 }
 
 /// Which pages of one pages image CRIU will not be sent.

@@ -151,8 +151,8 @@ pub fn serve(
     Ok(Some(report))
 }
 
-/// The pages images that exactly one of the archive's pagemaps (a
-/// process's or shared memory's) names. CRIU reads each pagemap's pages
+/// The pages images that exactly one of the archive's pagemaps CRIU opens
+/// (a process's or shared memory's) names. CRIU reads each pagemap's pages
 /// from the start of the image it names, so two may name one image (an
 /// archive crafted so; CRIU never writes one): an image rewritten for one
 /// reader (its zero pages left out, or only its eager pages kept) would
@@ -160,7 +160,7 @@ pub fn serve(
 pub(crate) fn pages_images_named_once(source: &dyn BlockSource) -> Result<HashSet<u32>> {
     let (mut once, mut more) = (HashSet::new(), HashSet::new());
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && f.is_criu_image()) {
-        if !f.name.starts_with("pagemap-") {
+        if !images::pagemap_criu_opens(&f.name) {
             continue;
         }
         if let Some(id) = images::pagemap_pages_id(&source.read_file(f)?) {
