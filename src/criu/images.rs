@@ -591,8 +591,16 @@ fn anon_vmas(mm: &[u8], not: u32) -> Option<Vec<(u64, u64)>> {
 /// userfaultfd, sorted: private anonymous memory neither locked nor huge,
 /// other than the vDSO, its data and vsyscall (`vma_entry_can_be_lazy` in
 /// criu/include/vma.h, v4.2).
+/// `None` too where the VMAs overlap or are out of address order, which
+/// CRIU never writes: which of two mappings a page lands in would then be
+/// a matter of the order they are mapped in.
 fn registered_vmas(mm: &[u8]) -> Option<Vec<(u64, u64)>> {
     let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    let mut after = 0;
+    for v in &mm.vmas {
+        (v.start >= after && v.end > v.start).then_some(())?;
+        after = v.end;
+    }
     let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32;
     let pinned = (libc::MAP_LOCKED | libc::MAP_HUGETLB) as u32;
     let mut vmas: Vec<(u64, u64)> = mm

@@ -296,6 +296,14 @@ fn pages_flagged_lazy_must_lie_where_criu_registers_userfaultfd() {
         assert!(!lazy_runs_registered(&mm, &[run(0x10000, 1, true), outside]), "{outside:x?}");
     }
     assert!(!lazy_runs_registered(b"garbage", &[]), "an image not as expected");
+    // VMAs that overlap, or out of address order: never placed.
+    for vmas in [
+        vec![vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE), vma(0x12000, 0x13000, anon, 0)],
+        vec![vma(0x20000, 0x21000, anon, 0), vma(0x10000, 0x14000, anon, VMA_AREA_REGULAR | VMA_ANON_PRIVATE)],
+    ] {
+        let mm = image(MM_MAGIC, &[MmEntry { vmas }.encode_to_vec()]);
+        assert!(!lazy_runs_registered(&mm, &[run(0x10000, 1, true)]));
+    }
 }
 
 #[test]
