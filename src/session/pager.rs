@@ -445,7 +445,7 @@ impl<'a> Pager<'a> {
                 // its pagemap: one criuz has no pages for would read zeros
                 // where its lazy pages belong.
                 let p = self.lazy.get(&pid).ok_or_else(|| {
-                    Error::corrupt(0, format!("restored process {pid} has no pagemap whose pages criuz placed"))
+                    Error::Mismatch(format!("restored process {pid} has no pagemap whose pages criuz placed"))
                 })?;
                 let file = p.pages_file;
                 for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
