@@ -299,7 +299,9 @@ fn materialize(
     let label = source.label().to_string();
     let files = &source.index().files;
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
-    let named_once = pages_images_named_once(&**source)?;
+    // A placed restore's plan found them already (`plan_placement`); a
+    // pagemap missing from it finds no image here and is refused.
+    let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&**source)? };
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
