@@ -32,7 +32,7 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_run::{
     cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread,
-    publish_pidfile, restore_command, resume_cuda, run_criu, run_criu_told, CriuThread, RestoreOptions, SharedPages,
+    publish_pidfile, restore_command, resume_cuda, run_criu_told, CriuThread, RestoreOptions, SharedPages,
     PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
 };
 use crate::session::post_dump::{self, PostDumpHook};
@@ -540,9 +540,12 @@ pub fn restore_opened(
 
     // Should criuz die mid-restore, its CRIU dies with it (`restore_command`)
     // and the half-restored tree would wait forever for a CRIU that is gone:
-    // the guard kills it. Released once CRIU has written the pidfile (the
-    // tree is restored, and is the user's to end, or criuz's to wait for
-    // without -d) or when criuz ends the tree itself.
+    // the guard kills it, and again once that CRIU has ended (it may have
+    // forked more of the tree meanwhile). Released once CRIU has exited
+    // having let the tree run, or when criuz ends the tree itself. Not at
+    // CRIU's pidfile: CRIU writes it before it lets the tasks out of its
+    // restorer, where a criuz killed in between left them waiting, every
+    // signal blocked, for good.
     let guard = Guard::start(&tree)?;
     let restored = AtomicBool::new(false);
     let (status, served) = std::thread::scope(|s| {
@@ -559,7 +562,6 @@ pub fn restore_opened(
         s.spawn(|| {
             while !restored.load(Ordering::Relaxed) {
                 if pidfile.exists() {
-                    guard.release();
                     let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
                     tree::let_go_of_restored_tree(root);
                     break;
@@ -567,7 +569,7 @@ pub fn restore_opened(
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         });
-        let status = run_criu(&mut cmd, &tree);
+        let status = run_criu_told(&mut cmd, &tree, Some(&guard));
         stop.store(true, Ordering::Relaxed);
         restored.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))

@@ -694,9 +694,9 @@ impl ExitWatch {
 
 /// A restoring CRIU dies with criuz: left alone it can wait forever for
 /// the lazy-pages daemon or image streamer that criuz was, holding the work
-/// directory (the tree it was restoring dies with it: CRIU's restored root
-/// dies with CRIU until the restore completes, and criuz's guard kills a
-/// lazily restored tree). Not for a dump: a dumping CRIU whose stream
+/// directory. The tree it was restoring would wait in CRIU's restorer for
+/// good: criuz's guard kills it, until CRIU has exited having let it run.
+/// Not for a dump: a dumping CRIU whose stream
 /// breaks cures the tree of its parasite and lets go of it, where a killed
 /// one could leave the process with the parasite inside. Every CRIU is
 /// waited for by the thread that started it, so the parent-death signal

@@ -595,6 +595,9 @@ impl LazyRestore<'_> {
         let source = &*self.source;
         let fill_gate = if gated { Some(FillGate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
+        // Whether CRIU exited having restored the tree, for a held tree's
+        // fill (below).
+        let (criu_ended_tx, criu_ended) = std::sync::mpsc::channel::<bool>();
         // Decoders for a fill one block at a time (one core): where zstd
         // blocks dominate, decoding is slower than copying, so every core but
         // one (left to the tree) decodes; LZ4 and raw blocks decode faster
@@ -658,6 +661,7 @@ impl LazyRestore<'_> {
             });
             let gated = fill_gate.as_ref().map(|g| (g, finished_tx));
             let paging = s.spawn(|| {
+                let criu_ended = criu_ended;
                 let mut r = pager.run(&listener, &stop_rx, &abort, gated);
                 if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
@@ -667,10 +671,18 @@ impl LazyRestore<'_> {
                     r = self.source.proven().and_then(|()| pager.killed_while_held());
                 }
                 blocks.finish();
+                // A held tree is told whole, and let run, only once CRIU has
+                // exited having restored it. CRIU says the restore finished
+                // (and the fill starts) before it lets the tasks out of its
+                // restorer: a CRIU that died in between (with a criuz killed
+                // once the guard was told) left them waiting there for good,
+                // every signal blocked, where the guard's SIGCONT could not
+                // reach them.
+                let criu_restored = !hold || !pager.all_in() || criu_ended.recv().unwrap_or(false);
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
-                } else if pager.all_in() {
+                } else if pager.all_in() && criu_restored {
                     // Every page is in: the userfaultfds (ours and the
                     // guard's copies) are let go, so that pages left out as
                     // zero read as zero from now on (a runc in the
@@ -722,6 +734,7 @@ impl LazyRestore<'_> {
             let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
             criu_started = started.elapsed().as_secs_f64();
             let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
+            let _ = criu_ended_tx.send(status.as_ref().is_ok_and(|s| s.success()));
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
             let mut paging = Some(paging);

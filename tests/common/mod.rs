@@ -187,6 +187,16 @@ impl Workload {
 
     /// Asks every process for the checksum of its own memory.
     pub fn sums(&mut self) -> BTreeMap<String, String> {
+        match self.sums_within(Duration::from_secs(60)) {
+            Ok(sums) => sums,
+            Err(role) => panic!("timed out waiting for checksum from {role}"),
+        }
+    }
+
+    /// [`sums`](Self::sums), each process given at most `limit` to answer:
+    /// the role of the first that did not (a process that runs but does not
+    /// answer is stuck).
+    pub fn sums_within(&mut self, limit: Duration) -> Result<BTreeMap<String, String>, String> {
         for r in &self.roles {
             let _ = std::fs::remove_file(self.dir.path().join(format!("sum-{r}")));
         }
@@ -195,14 +205,20 @@ impl Workload {
         let mut out = BTreeMap::new();
         for r in &self.roles {
             let p = self.dir.path().join(format!("sum-{r}"));
-            wait_for(&format!("checksum from {r}"), Duration::from_secs(60), || p.exists());
+            let t = Instant::now();
+            while !p.exists() {
+                if t.elapsed() > limit {
+                    return Err(r.clone());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             out.insert(r.clone(), std::fs::read_to_string(&p).unwrap());
         }
         self.pids = out
             .values()
             .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("pid=")).and_then(|p| p.parse().ok()))
             .collect();
-        out
+        Ok(out)
     }
 
     /// Has every process rewrite `percent`% of its pages with random bytes.
