@@ -68,29 +68,36 @@ fn claim_in(dir: &Path, pid: i32) -> Result<Claim> {
     leftover::remove_abandoned(dir, PREFIX);
     let path = dir.join(format!("{PREFIX}{pid}.lock"));
     for _ in 0..100 {
-        let opened = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
-        let Ok(mut file) = opened else { return Ok(unclaimed) };
-        if !locked(&file) {
-            let by = holder(&mut file);
-            return Err(Error::Criu(format!("process {pid} is being checkpointed by another criuz{by}")));
-        }
-        // Locked: still the file at `path`, or one its holder removed?
-        let same = match (file.metadata(), std::fs::metadata(&path)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        };
-        if !same {
-            continue;
-        }
-        // Registered only once it is ours: an interruption removes it then,
-        // never another criuz's. (Interrupted before, it is left unlocked,
-        // which claims nothing.)
-        let Ok(((), unfinished)) = Unfinished::made(|| Ok::<_, std::io::Error>(((), path.clone()))) else {
-            return Ok(unclaimed);
+        // Opened (made, where it was not there), locked and registered with
+        // no instant between in which an interruption could miss a file
+        // this criuz made (the campaign's SIGINT found one, 1 trial in 320);
+        // registered only once it is ours, so an interruption removes it
+        // then, never another criuz's.
+        let taken = Unfinished::made(|| {
+            let opened = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+            let mut file = opened.map_err(|_| Take::Failed)?;
+            if !locked(&file) {
+                return Err(Take::Held(holder(&mut file)));
+            }
+            // Locked: still the file at `path`, or one its holder removed?
+            match (file.metadata(), std::fs::metadata(&path)) {
+                (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino() => Ok((file, path.clone())),
+                _ => Err(Take::Removed),
+            }
+        });
+        let (mut file, unfinished) = match taken {
+            Ok(taken) => taken,
+            Err(Take::Removed) => continue,
+            Err(Take::Held(by)) => {
+                return Err(Error::Criu(format!("process {pid} is being checkpointed by another criuz{by}")))
+            }
+            Err(Take::Failed) => return Ok(unclaimed),
         };
         let mine = std::process::id().to_string();
         let written = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(mine.as_bytes()));
         if written.is_err() {
+            // Ours, locked: not left for the next sweep.
+            let _ = std::fs::remove_file(&path);
             return Ok(unclaimed);
         }
         let claim = Claim { held: Some((file, path, unfinished)) };
@@ -104,6 +111,16 @@ fn claim_in(dir: &Path, pid: i32) -> Result<Claim> {
         return Ok(claim);
     }
     Ok(unclaimed)
+}
+
+/// Why a claim file was not taken.
+enum Take {
+    /// Another criuz holds it (" (criuz pid N)", or nothing).
+    Held(String),
+    /// Its holder removed it meanwhile: try again.
+    Removed,
+    /// It cannot be opened: no claim, no refusal.
+    Failed,
 }
 
 /// " (criuz pid N)", naming the claimant of an open claim file.
