@@ -595,9 +595,19 @@ impl LazyRestore<'_> {
         let source = &*self.source;
         let fill_gate = if gated { Some(FillGate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
-        // Whether CRIU exited having restored the tree, for a held tree's
-        // fill (below).
+        // Whether CRIU exited having restored the tree: a held or gated
+        // tree (never a container's) is let run only then. CRIU says the
+        // restore finished (and a held fill starts) before it lets the
+        // tasks out of its restorer: a CRIU that died in between (killed,
+        // or with a criuz killed once the guard was told the tree is whole)
+        // left them waiting there for good, every signal blocked, where a
+        // SIGCONT could not reach them.
         let (criu_ended_tx, criu_ended) = std::sync::mpsc::channel::<bool>();
+        let (mut held_waits, mut gate_waits) = (None, None);
+        match gated {
+            true => gate_waits = Some(criu_ended),
+            false => held_waits = Some(criu_ended),
+        }
         // Decoders for a fill one block at a time (one core): where zstd
         // blocks dominate, decoding is slower than copying, so every core but
         // one (left to the tree) decodes; LZ4 and raw blocks decode faster
@@ -641,11 +651,13 @@ impl LazyRestore<'_> {
             // nothing in (`FillGate`).
             let releasing = fill_gate.as_ref().map(|gate| {
                 let (resumed, abort) = (&resumed, &abort);
+                let criu_ended = gate_waits.take();
                 s.spawn(move || {
                     if finished.recv().is_err() {
                         return false;
                     }
                     match source.proven().and_then(|()| source.parents_walked()) {
+                        Ok(()) if !criu_ended.is_some_and(|e| e.recv().unwrap_or(false)) => false,
                         Ok(()) => {
                             victim.resume(self.dumped_stopped);
                             let _ = resumed.set(Instant::now());
@@ -661,7 +673,7 @@ impl LazyRestore<'_> {
             });
             let gated = fill_gate.as_ref().map(|g| (g, finished_tx));
             let paging = s.spawn(|| {
-                let criu_ended = criu_ended;
+                let criu_ended = held_waits;
                 let mut r = pager.run(&listener, &stop_rx, &abort, gated);
                 if hold && r.is_ok() && pager.all_in() {
                     // Letting a held tree run is the point of no return: an
@@ -672,13 +684,9 @@ impl LazyRestore<'_> {
                 }
                 blocks.finish();
                 // A held tree is told whole, and let run, only once CRIU has
-                // exited having restored it. CRIU says the restore finished
-                // (and the fill starts) before it lets the tasks out of its
-                // restorer: a CRIU that died in between (with a criuz killed
-                // once the guard was told) left them waiting there for good,
-                // every signal blocked, where the guard's SIGCONT could not
-                // reach them.
-                let criu_restored = !hold || !pager.all_in() || criu_ended.recv().unwrap_or(false);
+                // exited having restored it (above).
+                let criu_restored =
+                    !hold || !pager.all_in() || criu_ended.as_ref().is_some_and(|e| e.recv().unwrap_or(false));
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
