@@ -657,6 +657,7 @@ impl LazyRestore<'_> {
                         return false;
                     }
                     match source.proven().and_then(|()| source.parents_walked()) {
+                        // Let run only once CRIU exited having restored it (above).
                         Ok(()) if !criu_ended.is_some_and(|e| e.recv().unwrap_or(false)) => false,
                         Ok(()) => {
                             victim.resume(self.dumped_stopped);
@@ -685,12 +686,11 @@ impl LazyRestore<'_> {
                 blocks.finish();
                 // A held tree is told whole, and let run, only once CRIU has
                 // exited having restored it (above).
-                let criu_restored =
-                    !hold || !pager.all_in() || criu_ended.as_ref().is_some_and(|e| e.recv().unwrap_or(false));
+                let criu_restored = || !hold || criu_ended.as_ref().is_some_and(|e| e.recv().unwrap_or(false));
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
-                } else if pager.all_in() && criu_restored {
+                } else if pager.all_in() && criu_restored() {
                     // Every page is in: the userfaultfds (ours and the
                     // guard's copies) are let go, so that pages left out as
                     // zero read as zero from now on (a runc in the
