@@ -1103,10 +1103,14 @@ fn a_foreground_restore_killed_as_criu_starts_ends_its_output() {
 fn a_restore_whose_criuz_dies_as_criu_names_the_tree_leaves_nothing_stuck() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    for fill in ["stream", "place"] {
+    // Detached, or in the foreground (the root criuz's own child).
+    for how in [&["--fill", "stream", "-d"][..], &["--fill", "place", "-d"], &["--fill", "stream"]] {
+        let said = how.join(" ");
         let (mut w, before, _tmp, arc) = dumped(Spec { mode: "tree", children: 1, mib: 16, ..Default::default() });
         let mut restore = Command::new(CRIUZ)
-            .args(["restore", "--fill", fill, "-d", "-i", arc.to_str().unwrap()])
+            .arg("restore")
+            .args(how)
+            .args(["-i", arc.to_str().unwrap()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1140,17 +1144,17 @@ fn a_restore_whose_criuz_dies_as_criu_names_the_tree_leaves_nothing_stuck() {
         }
         restore.kill().unwrap();
         restore.wait().unwrap();
-        assert!(caught, "{fill}: CRIU's pidfile was never seen while criuz ran");
+        assert!(caught, "{said}: CRIU's pidfile was never seen while criuz ran");
         if outlives_its_criuz(&w) {
             let tree: Vec<i32> = [vec![w.pid], children_of(w.pid as u32)].concat();
             match w.sums_within(Duration::from_secs(5)) {
-                Ok(sums) => assert_eq!(sums, before, "{fill}: a tree that outlived criuz must be whole"),
+                Ok(sums) => assert_eq!(sums, before, "{said}: a tree that outlived criuz must be whole"),
                 Err(role) => {
                     for &p in &tree {
                         // SAFETY: the tree this test restored.
                         unsafe { libc::kill(p, libc::SIGKILL) };
                     }
-                    panic!("{fill}: criuz killed as CRIU named the tree left {role} running and answering nothing");
+                    panic!("{said}: criuz killed as CRIU named the tree left {role} running and answering nothing");
                 }
             }
             w.kill_and_reap();
