@@ -603,11 +603,7 @@ impl LazyRestore<'_> {
         // left them waiting there for good, every signal blocked, where a
         // SIGCONT could not reach them.
         let (criu_ended_tx, criu_ended) = std::sync::mpsc::channel::<bool>();
-        let (mut held_waits, mut gate_waits) = (None, None);
-        match gated {
-            true => gate_waits = Some(criu_ended),
-            false => held_waits = Some(criu_ended),
-        }
+        let (mut gate_waits, held_waits) = if gated { (Some(criu_ended), None) } else { (None, Some(criu_ended)) };
         // Decoders for a fill one block at a time (one core): where zstd
         // blocks dominate, decoding is slower than copying, so every core but
         // one (left to the tree) decodes; LZ4 and raw blocks decode faster
