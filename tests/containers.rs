@@ -77,6 +77,10 @@ fn what_fails_before_criu_runs_names_no_criu_log() {
     assert!(err.contains("--bundle") && err.contains("no-bundle: no such directory"), "{err}");
 }
 
+/// The archive is written inside the images directory, which holds
+/// another run's leftovers: the archive takes only what this dump wrote,
+/// not a partial copy of itself (it did, as `.ps.czr.criuz-tmp-PID`) nor
+/// the leftovers, and says what it left out.
 #[test]
 fn a_page_server_dump_restores() {
     let Some(criu) = criu() else { return };
@@ -84,18 +88,22 @@ fn a_page_server_dump_restores() {
     let mut w = Workload::start(Spec { mib: 64, ..Spec::default() });
     let before = w.sums();
     let t = tempfile::tempdir().unwrap();
-    let (img, arc) = (t.path().join("img"), t.path().join("ps.czr"));
-    std::fs::create_dir(&img).unwrap();
+    let img = t.path().join("img");
+    let arc = img.join("ps.czr");
+    std::fs::create_dir_all(img.join("old")).unwrap();
+    std::fs::write(img.join("core-4194303.img"), b"another dump's").unwrap();
+    std::fs::write(img.join("old/inventory.img"), b"another dump's").unwrap();
     let pid = w.pid.to_string();
     let dump = [p(&criu), "dump", "-t", &pid, "-D", p(&img), "-o", "dump.log", "--page-server"];
     let mut args = vec!["page-server", "-D", p(&img), "-o", p(&arc), "--"];
     args.extend(dump);
     args.extend(["--address", "{ip}", "--port", "{port}"]);
     let out = ok(criuz(&args), "criuz page-server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("(4.2+ protocol)"), "{err}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("(4.2+ protocol)"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("left out of the archive") && err.contains("core-4194303.img, old/inventory.img, old"),
+        "{err}"
     );
     assert_eq!(std::fs::metadata(&arc).map(|m| std::os::unix::fs::MetadataExt::mode(&m) & 0o777).unwrap(), 0o600);
     w.reap_original();
@@ -103,6 +111,7 @@ fn a_page_server_dump_restores() {
     let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     let names: Vec<&str> = v["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
     assert!(names.contains(&"pages-65537.img") && names.contains(&"inventory.img"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("ps.czr") || n.contains("4194303") || n.starts_with("old")), "{names:?}");
     ok(criuz(&["restore", "-d", "-i", p(&arc), "--criu", p(&criu)]), "criuz restore");
     assert_eq!(w.sums(), before, "restored memory differs");
     w.stop();
@@ -140,7 +149,8 @@ fn a_page_server_dump_restores() {
 /// the images it writes then join the archive after. An archive that fails
 /// there (a full disk) must not lose the process: criuz has the dump leave
 /// it stopped and resumes it. The images directory holds 4 MiB that join
-/// the archive last (as a large ghost image of a deleted file would), on a
+/// the archive last (as a large ghost image of a deleted file would; an
+/// action script of the dump writes them), on a
 /// file system with room for the pages only. A dump with
 /// `--tcp-established` is held at CRIU's post-dump hook too, so that CRIU
 /// rolls it back: its connection works on (resumed by criuz alone, it got
@@ -166,7 +176,14 @@ fn a_page_server_dump_whose_archive_fails_after_the_pages_resumes_the_process() 
                 (z ^ (z >> 31)).to_le_bytes()
             })
             .collect();
-        std::fs::write(img.join("filler.img"), filler).unwrap();
+        // Written into the images directory as the dump begins (its
+        // pre-dump action): what was there before is not the dump's.
+        let source = t.path().join("filler");
+        std::fs::write(&source, filler).unwrap();
+        let script = t.path().join("write-filler.sh");
+        let copy = format!("cp {} {}", p(&source), p(&img.join("filler.img")));
+        std::fs::write(&script, format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" != pre-dump ] || {copy}\n")).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         // 32 MiB of `mixed` store in 9.8 MiB.
         let small = t.path().join("small");
         std::fs::create_dir(&small).unwrap();
@@ -175,6 +192,7 @@ fn a_page_server_dump_whose_archive_fails_after_the_pages_resumes_the_process() 
         let page_server = |arc: &Path| {
             let mut args = vec!["page-server", "-D", p(&img), "-o", p(arc), "--", p(&criu), "dump", "-t", &pid];
             args.extend(["-D", p(&img), "--page-server", "--address", "{ip}", "--port", "{port}"]);
+            args.extend(["--action-script", p(&script)]);
             if tcp {
                 args.push("--tcp-established");
             }
@@ -187,7 +205,6 @@ fn a_page_server_dump_whose_archive_fails_after_the_pages_resumes_the_process() 
         assert!(err.contains("No space left") && err.contains(&format!("process {pid} runs on")), "{err}");
         assert_eq!(w.sums(), before, "tcp {tcp}: the process (and its connection) must run on, untouched");
         if tcp {
-            std::fs::remove_file(img.join("filler.img")).unwrap();
             let arc = t.path().join("ps.czr");
             ok(page_server(&arc), "a page-server dump with room");
             w.reap_original();

@@ -480,6 +480,9 @@ impl Write for EarlyWriteback {
     }
 }
 
+/// A file's identity: its device and inode.
+pub type FileId = (u64, u64);
+
 /// An archive destination: a file (atomic), standard output, a named
 /// stream (a FIFO, a device: written as standard output is), or an object.
 pub enum Output {
@@ -530,6 +533,31 @@ impl Output {
             // Gathers whole parts itself, and names its URL in its errors.
             Output::Object(u) => Box::new(u.writer()),
         })
+    }
+
+    /// The files this output writes or replaces (device and inode): a
+    /// directory packed while it is written, with the output inside it,
+    /// must leave them out, or the archive would hold a partial copy of
+    /// itself.
+    pub fn own_files(&self) -> Vec<FileId> {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let id = |md: std::fs::Metadata| (md.dev(), md.ino());
+        match self {
+            Output::File(f) => f
+                .file
+                .iter()
+                .filter_map(|file| file.metadata().ok())
+                .chain(std::fs::symlink_metadata(&f.target).ok())
+                .map(id)
+                .collect(),
+            Output::Stdout => {
+                let out = std::io::stdout();
+                nix::sys::stat::fstat(out.as_fd()).map(|st| vec![(st.st_dev, st.st_ino)]).unwrap_or_default()
+            }
+            Output::Stream(file, _) => file.metadata().map(id).into_iter().collect(),
+            Output::Object(_) => Vec::new(),
+        }
     }
 
     /// Lets a file's writers flush what they wrote while they go on (see

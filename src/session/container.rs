@@ -55,6 +55,7 @@ use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore};
 use crate::session::receive::{self, PageServer};
 use crate::session::workdir::WorkDir;
+use crate::tree::Before;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -313,7 +314,7 @@ fn checkpoint_into(
         Via::PageServer => {
             let server = PageServer::bind("127.0.0.1:0")?;
             cmd.arg("--page-server").arg(server.local_addr()?.to_string()).arg(&o.id);
-            receive::run_dump(&server, cmd, &what, &images, packer, held)
+            receive::run_dump(&server, cmd, &what, &images, &Before::default(), packer, held)
                 .map(|(stats, _)| stats)
                 .map_err(|e| e.context(format!("no checkpoint written ({})", work.save_log("dump.log"))))?
         }
@@ -349,7 +350,9 @@ fn checkpoint_into(
                 }
             }
             let written = match followed {
-                Ok(names) => receive::finish_with_images(packer, &images, &names),
+                Ok(names) => {
+                    receive::finish_with_images(packer, &images, &Before::default(), &names).map(|(stats, _)| stats)
+                }
                 Err(e) => Err(packer.abort().unwrap_or(e)),
             };
             match written {

@@ -23,7 +23,7 @@
 use crate::archive::{PackStats, Packer};
 use crate::criu::images::{pe, PagemapBuilder};
 use crate::criu::page_server::{self as ps, proto, CommandReader, Target};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::format::{EntryMeta, FileKind, PAGE_SIZE};
 use crate::proc::socket::{peer_socket, uncork_dump, widen_receive_buffer};
 use crate::session::criu_run::cannot_run;
@@ -107,6 +107,9 @@ pub struct ReceiveReport {
     pub pages: u64,
     /// "4.2+" or "pre-4.2" (the command header layout the dump used).
     pub protocol: String,
+    /// What the images directory held before the dump and still held as
+    /// it was: left out of the archive.
+    pub left_out: Vec<String>,
 }
 
 /// The pagemap being received: its pages go straight into the packer.
@@ -231,26 +234,36 @@ fn receive_pages(sock: &mut TcpStream, sink: &mut crate::archive::FileSink, mut 
 }
 
 /// Completes a dump whose page images are already in `packer` (`skip`
-/// names them): adds everything else in the dump's images directory
-/// (`dir`: CRIU's metadata images, runc's own files) and finishes the
-/// archive. `inventory.img` must be there (CRIU writes it last).
-pub fn finish_with_images(packer: Packer, dir: &Path, skip: &[String]) -> Result<PackStats> {
-    let fed = (|| -> Result<()> {
-        let entries: Vec<_> = tree::scan(dir)?.into_iter().filter(|e| !skip.contains(&e.path)).collect();
+/// names them): adds everything else the dump wrote in its images
+/// directory (`dir`: CRIU's metadata images, runc's own files; what it
+/// held `before` the dump and still holds as it was is left out, and
+/// named in the result) and finishes the archive. `inventory.img` must be
+/// one of them (CRIU writes it last).
+pub fn finish_with_images(
+    packer: Packer,
+    dir: &Path,
+    before: &tree::Before,
+    skip: &[String],
+) -> Result<(PackStats, Vec<String>)> {
+    let fed = (|| -> Result<Vec<String>> {
+        let (entries, stale) = before.scan_since(dir)?;
+        let entries: Vec<_> = entries.into_iter().filter(|e| !skip.contains(&e.path)).collect();
         if !entries.iter().any(|e| e.path == "inventory.img") {
             return Err(Error::Criu(format!("{}: no inventory.img: the dump did not finish", dir.display())));
         }
-        tree::feed_dir(&packer, dir, &entries, &mut |_| {})
+        tree::feed_dir(&packer, dir, &entries, &mut |_| {})?;
+        Ok(stale)
     })();
     match fed {
-        Ok(()) => packer.finish().map(|(stats, _)| stats),
+        Ok(stale) => packer.finish().map(|(stats, _)| (stats, stale)),
         Err(e) => Err(packer.abort().unwrap_or(e)),
     }
 }
 
 /// Runs `cmd`, a dump told to send its pages to `server` and its other
-/// images to `dir`, and writes the whole checkpoint into `packer`. Complete
-/// only when the dump exits 0 after a CLOSE and `dir` holds `inventory.img`;
+/// images to `dir` (which held `before` as it began), and writes the whole
+/// checkpoint into `packer`. Complete only when the dump exits 0 after a
+/// CLOSE and wrote `inventory.img` in `dir`;
 /// otherwise the packer is aborted and the error says why (`what` names the
 /// dump in it).
 pub fn run_dump(
@@ -258,6 +271,7 @@ pub fn run_dump(
     mut cmd: std::process::Command,
     what: &str,
     dir: &Path,
+    before: &tree::Before,
     packer: Packer,
     guard: Option<&crate::proc::guard::Guard>,
 ) -> Result<(PackStats, ReceiveReport)> {
@@ -269,24 +283,33 @@ pub fn run_dump(
         (status, rx.join().unwrap_or(Err(Error::Cancelled)))
     });
     match (status, received) {
-        (Ok(st), Ok(Some(report))) if st.success() => complete(packer, dir, report),
+        (Ok(st), Ok(Some(report))) if st.success() => complete(packer, dir, before, report),
         (status, received) => Err(packer.abort().unwrap_or_else(|| failure(status, received, what))),
     }
 }
 
-/// Completes a dump whose pages all came in (`report`): its images
-/// directory must hold none of the images it sent, and adds the rest.
-pub fn complete(packer: Packer, dir: &Path, report: ReceiveReport) -> Result<(PackStats, ReceiveReport)> {
+/// Completes a dump whose pages all came in (`report`): what it wrote in
+/// its images directory (see [`finish_with_images`]) must be none of the
+/// images it sent, and joins the archive.
+pub fn complete(
+    packer: Packer,
+    dir: &Path,
+    before: &tree::Before,
+    report: ReceiveReport,
+) -> Result<(PackStats, ReceiveReport)> {
     // CRIU writes no page images locally when it has a page server.
-    let twice = std::fs::read_dir(dir)
-        .at(dir)?
-        .flatten()
-        .find(|e| e.file_name().to_str().is_some_and(|n| report.files.iter().any(|f| f == n)));
+    let twice = match before.scan_since(dir) {
+        Ok((written, _)) => written.into_iter().find(|e| report.files.contains(&e.path)),
+        Err(e) => return Err(packer.abort().unwrap_or(e)),
+    };
     if let Some(e) = twice {
-        let e = Error::Criu(format!("{}: the dump wrote it and sent it to the page server too", e.path().display()));
+        let e = Error::Criu(format!(
+            "{}: the dump wrote it and sent it to the page server too",
+            dir.join(e.path).display()
+        ));
         return Err(packer.abort().unwrap_or(e));
     }
-    finish_with_images(packer, dir, &[]).map(|stats| (stats, report))
+    finish_with_images(packer, dir, before, &[]).map(|(stats, left_out)| (stats, ReceiveReport { left_out, ..report }))
 }
 
 /// Why a dump that ended (`status`) with what the page server received is

@@ -18,6 +18,7 @@ use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
 use crate::session::workdir::WorkDir;
 use crate::session::{capture, criu_run::RestoreOptions};
+use crate::tree::Before;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,6 +121,10 @@ pub fn page_server_dump(
     }
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
+    // Taken as the dump begins: what was there already is another run's,
+    // and the archive being written (in `dir`, or replacing a file there)
+    // is never packed into itself.
+    let before = Before::take(dir, out.own_files())?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
@@ -133,9 +138,9 @@ pub fn page_server_dump(
     let done = match &hook {
         Some(hook) => {
             cmd.arg("--action-script").arg(hook.script());
-            hooked_dump(server, cmd, program, dir, packer, guard.clone(), hook, || out.commit())
+            hooked_dump(server, cmd, program, (dir, &before), packer, guard.clone(), hook, || out.commit())
         }
-        None => receive::run_dump(server, cmd, program, dir, packer, None).and_then(|done| {
+        None => receive::run_dump(server, cmd, program, dir, &before, packer, None).and_then(|done| {
             out.commit()?;
             Ok(done)
         }),
@@ -191,7 +196,7 @@ fn hooked_dump(
     server: &PageServer,
     mut cmd: Command,
     what: &str,
-    dir: &Path,
+    (dir, before): (&Path, &Before),
     packer: Packer,
     guard: Option<Arc<Guard>>,
     hook: &PostDumpHook,
@@ -218,7 +223,7 @@ fn hooked_dump(
     match asked {
         Ok(Some(asked)) => {
             let written = match received {
-                Ok(Some(report)) => receive::complete(packer, dir, report).and_then(|done| {
+                Ok(Some(report)) => receive::complete(packer, dir, before, report).and_then(|done| {
                     commit()?;
                     Ok(done)
                 }),

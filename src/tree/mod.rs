@@ -17,6 +17,7 @@ pub mod tar;
 use crate::archive::Packer;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{check_entry_name, EntryMeta, FileKind, MAX_LINK_TARGET};
+use crate::io::FileId;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -45,8 +46,72 @@ pub fn meta_of(md: &std::fs::Metadata) -> EntryMeta {
 /// sorted; anything a tree cannot carry is an error naming it.
 pub fn scan(root: &Path) -> Result<Vec<Entry>> {
     let mut out = Vec::new();
-    walk(root, "", &mut out)?;
+    walk(root, "", &mut |_, _| true, &mut out)?;
     Ok(out)
+}
+
+/// What a directory held before a program wrote into it (a dump's images
+/// directory, which the archive takes whole afterwards): each entry's
+/// inode and last change, by path, and the files never to be packed from
+/// it (`own`: the archive being written, or the one it replaces).
+#[derive(Default)]
+pub struct Before {
+    seen: std::collections::HashMap<String, (FileId, i64, i64)>,
+    own: Vec<FileId>,
+}
+
+impl Before {
+    /// Everything under `root` now. Kinds a tree cannot carry are recorded
+    /// too: left there from before, they are not the dump's to refuse.
+    pub fn take(root: &Path, own: Vec<FileId>) -> Result<Before> {
+        let mut seen = std::collections::HashMap::new();
+        walk_all(root, "", &mut |rel, md| {
+            seen.insert(rel.to_string(), ((md.dev(), md.ino()), md.ctime(), md.ctime_nsec()));
+        })?;
+        Ok(Before { seen, own })
+    }
+
+    /// The entries under `root` written since [`Before::take`] (as [`scan`]
+    /// finds them), and the paths left out as they were then. A file the
+    /// program rewrote has a new change time (its writes and truncation
+    /// set it); an entry that kept its inode and change time is another
+    /// run's leftover, which would mix into this one's checkpoint.
+    pub fn scan_since(&self, root: &Path) -> Result<(Vec<Entry>, Vec<String>)> {
+        let mut out = Vec::new();
+        let mut stale = Vec::new();
+        walk(
+            root,
+            "",
+            &mut |rel, md| {
+                if self.own.contains(&(md.dev(), md.ino())) {
+                    return false;
+                }
+                let unchanged = self.seen.get(rel) == Some(&((md.dev(), md.ino()), md.ctime(), md.ctime_nsec()));
+                if unchanged {
+                    stale.push(rel.to_string());
+                }
+                !unchanged
+            },
+            &mut out,
+        )?;
+        Ok((out, stale))
+    }
+}
+
+/// Calls `each` with every entry under `dir` (parents first), of any kind.
+fn walk_all(dir: &Path, prefix: &str, each: &mut dyn FnMut(&str, &std::fs::Metadata)) -> Result<()> {
+    for e in std::fs::read_dir(dir).at(dir)? {
+        let e = e.at(dir)?;
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+        let md = std::fs::symlink_metadata(&path).at(&path)?;
+        each(&rel, &md);
+        if md.is_dir() {
+            walk_all(&path, &rel, each)?;
+        }
+    }
+    Ok(())
 }
 
 /// `entries` (found by [`scan`] under `root`) less the file `output` names,
@@ -74,7 +139,15 @@ pub fn without_output(root: &Path, entries: Vec<Entry>, output: &Path) -> (Vec<E
     }
 }
 
-fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<()> {
+/// Adds the entries under `dir` that `keep` takes to `out`, parents first.
+/// What `keep` leaves out is not refused. A directory is kept if `keep`
+/// takes it or anything under it was kept.
+fn walk(
+    dir: &Path,
+    prefix: &str,
+    keep: &mut dyn FnMut(&str, &std::fs::Metadata) -> bool,
+    out: &mut Vec<Entry>,
+) -> Result<()> {
     let mut names = Vec::new();
     for e in std::fs::read_dir(dir).at(dir)? {
         names.push(e.at(dir)?.file_name());
@@ -88,9 +161,19 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<()> {
         // Not followed: a link is carried as a link.
         let md = std::fs::symlink_metadata(&path).at(&path)?;
         let ft = md.file_type();
-        let (kind, size) = if ft.is_dir() {
-            (FileKind::Dir, 0)
-        } else if ft.is_symlink() {
+        if ft.is_dir() {
+            let at = out.len();
+            out.push(Entry { path: rel.clone(), kind: FileKind::Dir, meta: meta_of(&md), size: 0 });
+            walk(&path, &rel, keep, out)?;
+            if out.len() == at + 1 && !keep(&rel, &md) {
+                out.pop();
+            }
+            continue;
+        }
+        if !keep(&rel, &md) {
+            continue;
+        }
+        let (kind, size) = if ft.is_symlink() {
             let target = std::fs::read_link(&path).at(&path)?;
             (FileKind::Symlink, target.as_os_str().len() as u64)
         } else if ft.is_file() {
@@ -104,10 +187,7 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<()> {
         if kind == FileKind::Symlink && !(1..=MAX_LINK_TARGET).contains(&size) {
             return Err(refuse(&path, "a link target longer than 4096 bytes"));
         }
-        out.push(Entry { path: rel.clone(), kind, meta: meta_of(&md), size });
-        if kind == FileKind::Dir {
-            walk(&path, &rel, out)?;
-        }
+        out.push(Entry { path: rel, kind, meta: meta_of(&md), size });
     }
     Ok(())
 }
@@ -177,4 +257,40 @@ pub fn feed_dir(packer: &Packer, dir: &Path, entries: &[Entry], progress: &mut d
         sink.finish()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leftover is left out, whatever its kind; a file rewritten, a new
+    /// one and a directory holding one are kept; the output never is.
+    #[test]
+    fn only_what_was_written_since_is_taken() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        std::fs::create_dir_all(d.join("old")).unwrap();
+        std::fs::create_dir_all(d.join("kept")).unwrap();
+        for f in ["stale.img", "old/x.img", "kept/stale.img", "rewritten.img"] {
+            std::fs::write(d.join(f), b"before").unwrap();
+        }
+        std::os::unix::net::UnixListener::bind(d.join("sock")).unwrap();
+        let own = std::fs::File::create(d.join("out.czr")).unwrap();
+        let md = own.metadata().unwrap();
+        let before = Before::take(d, vec![(md.dev(), md.ino())]).unwrap();
+        // The change times must move on: the clock the file system stamps
+        // with ticks at most every few milliseconds.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("rewritten.img"), b"after").unwrap();
+        std::fs::write(d.join("kept/new.img"), b"new").unwrap();
+        std::fs::write(d.join("new.img"), b"new").unwrap();
+        std::io::Write::write_all(&mut &own, b"archive").unwrap();
+        let (entries, stale) = before.scan_since(d).unwrap();
+        let taken: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(taken, ["kept", "kept/new.img", "new.img", "rewritten.img"]);
+        assert_eq!(stale, ["kept/stale.img", "old/x.img", "old", "sock", "stale.img"]);
+        // With nothing taken before, everything is taken (and the socket
+        // refused, as a tree cannot carry it).
+        assert!(Before::default().scan_since(d).is_err());
+    }
 }

@@ -60,6 +60,16 @@ pub fn page_server(a: PageServerArgs) -> Result<()> {
     let t = Instant::now();
     let output = location(&a.output)?;
     let (stats, rx) = standalone::page_server_dump(&server, &args, &a.dir, &output, a.force, &opts)?;
+    if !rx.left_out.is_empty() {
+        const NAMED: usize = 3;
+        let more = rx.left_out.len().saturating_sub(NAMED);
+        criuz::say!(
+            "note: {}: left out of the archive, as there before this dump and not written by it: {}{}",
+            a.dir.display(),
+            rx.left_out[..rx.left_out.len().min(NAMED)].join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        );
+    }
     criuz::say!(
         "received {} pages ({} protocol) and {} files: {}, {:.2}s",
         rx.pages,
