@@ -351,7 +351,9 @@ fn checkpoint_into(
             }
             let written = match followed {
                 Ok(names) => {
-                    receive::finish_with_images(packer, &images, &Before::default(), &names).map(|(stats, _)| stats)
+                    let not_followed = |e: &crate::tree::Entry| Ok(!names.contains(&e.path));
+                    receive::finish_with_images(packer, &images, &Before::default(), &not_followed)
+                        .map(|(stats, _)| stats)
                 }
                 Err(e) => Err(packer.abort().unwrap_or(e)),
             };

@@ -233,21 +233,27 @@ fn receive_pages(sock: &mut TcpStream, sink: &mut crate::archive::FileSink, mut 
     Ok(())
 }
 
-/// Completes a dump whose page images are already in `packer` (`skip`
-/// names them): adds everything else the dump wrote in its images
-/// directory (`dir`: CRIU's metadata images, runc's own files; what it
-/// held `before` the dump and still holds as it was is left out, and
-/// named in the result) and finishes the archive. `inventory.img` must be
-/// one of them (CRIU writes it last).
+/// Completes a dump whose page images are already in `packer`: adds what
+/// else the dump wrote in its images directory (`dir`: CRIU's metadata
+/// images, runc's own files; what it held `before` the dump and still
+/// holds as it was is left out, and named in the result), each entry as
+/// `take` says (false: already in, skipped; an error refuses the dump),
+/// and finishes the archive. `inventory.img` must be one of them (CRIU
+/// writes it last).
 pub fn finish_with_images(
     packer: Packer,
     dir: &Path,
     before: &tree::Before,
-    skip: &[String],
+    take: &dyn Fn(&tree::Entry) -> Result<bool>,
 ) -> Result<(PackStats, Vec<String>)> {
     let fed = (|| -> Result<Vec<String>> {
-        let (entries, stale) = before.scan_since(dir)?;
-        let entries: Vec<_> = entries.into_iter().filter(|e| !skip.contains(&e.path)).collect();
+        let (written, stale) = before.scan_since(dir)?;
+        let mut entries = Vec::with_capacity(written.len());
+        for e in written {
+            if take(&e)? {
+                entries.push(e);
+            }
+        }
         if !entries.iter().any(|e| e.path == "inventory.img") {
             return Err(Error::Criu(format!("{}: no inventory.img: the dump did not finish", dir.display())));
         }
@@ -298,18 +304,15 @@ pub fn complete(
     report: ReceiveReport,
 ) -> Result<(PackStats, ReceiveReport)> {
     // CRIU writes no page images locally when it has a page server.
-    let twice = match before.scan_since(dir) {
-        Ok((written, _)) => written.into_iter().find(|e| report.files.contains(&e.path)),
-        Err(e) => return Err(packer.abort().unwrap_or(e)),
-    };
-    if let Some(e) = twice {
-        let e = Error::Criu(format!(
+    let not_sent = |e: &tree::Entry| match report.files.contains(&e.path) {
+        true => Err(Error::Criu(format!(
             "{}: the dump wrote it and sent it to the page server too",
-            dir.join(e.path).display()
-        ));
-        return Err(packer.abort().unwrap_or(e));
-    }
-    finish_with_images(packer, dir, before, &[]).map(|(stats, left_out)| (stats, ReceiveReport { left_out, ..report }))
+            dir.join(&e.path).display()
+        ))),
+        false => Ok(true),
+    };
+    let (stats, left_out) = finish_with_images(packer, dir, before, &not_sent)?;
+    Ok((stats, ReceiveReport { left_out, ..report }))
 }
 
 /// Why a dump that ended (`status`) with what the page server received is
