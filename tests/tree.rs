@@ -133,6 +133,21 @@ fn an_archive_written_into_the_tree_it_packs_is_not_packed_into_itself() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("self.czr is the archive being written"));
     ok(criuz(&["unpack", p(&arc), "-d", p(&out)]), "unpack");
     assert_eq!(before, listing(&out), "the tree as it was before any archive was in it");
+    // Through standard output redirected into the tree: a partial copy of
+    // itself was packed. The tree holds 5 MiB that LZ4 cannot shrink, so
+    // part of the archive reached the file before pack read its last name.
+    std::fs::remove_file(&arc).unwrap();
+    let big: Vec<u8> =
+        (0u64..(5 << 20) / 8).flat_map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()).collect();
+    std::fs::write(src.join("big.bin"), big).unwrap();
+    let before = listing(&src);
+    let redirected = std::fs::File::create(src.join("zz.czr")).unwrap();
+    let out3 = t.path().join("out3");
+    let piped = Command::new(CRIUZ).args(["pack", p(&src), "-o", "-"]).stdout(redirected).output().unwrap();
+    assert!(piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+    ok(criuz(&["unpack", p(&src.join("zz.czr")), "-d", p(&out3)]), "unpack");
+    assert_eq!(before, listing(&out3), "the tree without the archive it was written into");
+    assert!(String::from_utf8_lossy(&piped.stderr).contains("standard output is the archive being written"));
 }
 
 /// Past the files an unpack syncs one by one, the rest are synced by one

@@ -114,29 +114,22 @@ fn walk_all(dir: &Path, prefix: &str, each: &mut dyn FnMut(&str, &std::fs::Metad
     Ok(())
 }
 
-/// `entries` (found by [`scan`] under `root`) less the file `output` names,
-/// if it is one of them, and that entry's path. An archive written into the
-/// directory it packs replaces that file: packing the old one would put a
-/// stale copy of the archive inside itself (tar skips its own archive too).
-pub fn without_output(root: &Path, entries: Vec<Entry>, output: &Path) -> (Vec<Entry>, Option<String>) {
-    // `-` is standard output, not a file of that name.
-    if output == Path::new("-") {
-        return (entries, None);
-    }
-    let Ok(own) = std::fs::symlink_metadata(output) else { return (entries, None) };
-    let is_output = |e: &Entry| {
-        e.kind != FileKind::Dir
-            && std::fs::symlink_metadata(root.join(&e.path))
-                .is_ok_and(|md| (md.dev(), md.ino()) == (own.dev(), own.ino()))
+/// Every entry under `root` (as [`scan`] finds them) but the files of the
+/// archive being written (`own`, by identity: `Output::own_files`), and
+/// whether any were there. An archive written into the directory it packs
+/// (by name, through standard output redirected there, or as a FIFO there)
+/// would otherwise take a stale or partial copy of itself, or be refused
+/// (tar skips its own archive too).
+pub fn scan_without(root: &Path, own: &[FileId]) -> Result<(Vec<Entry>, bool)> {
+    let mut out = Vec::new();
+    let mut found = false;
+    let mut keep = |_: &str, md: &std::fs::Metadata| {
+        let mine = own.contains(&(md.dev(), md.ino()));
+        found |= mine;
+        !mine
     };
-    match entries.iter().position(is_output) {
-        Some(i) => {
-            let mut entries = entries;
-            let gone = entries.remove(i);
-            (entries, Some(gone.path))
-        }
-        None => (entries, None),
-    }
+    walk(root, "", &mut keep, &mut out)?;
+    Ok((out, found))
 }
 
 /// Adds the entries under `dir` that `keep` takes to `out`, parents first.

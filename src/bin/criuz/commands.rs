@@ -171,12 +171,14 @@ fn pack(
     } else {
         let dir = dir.expect("clap requires a directory or --tar");
         criuz::io::named_dir(&dir)?;
-        let (entries, own) = criuz::tree::without_output(&dir, criuz::tree::scan(&dir)?, output);
-        if let Some(own) = own {
-            criuz::say!("note: {} is the archive being written; it is not packed", dir.join(own).display());
+        // Opened first, so that the scan sees where it writes.
+        let out = Output::open(output, force)?;
+        let (entries, own) = criuz::tree::scan_without(&dir, &out.own_files())?;
+        if own {
+            let what = if output == Path::new("-") { "standard output" } else { &*output.to_string_lossy() };
+            criuz::say!("note: {what} is the archive being written, in {}; it is not packed", dir.display());
         }
         let total: u64 = entries.iter().filter(|e| e.kind.is_file()).map(|e| e.size).sum();
-        let out = Output::open(output, force)?;
         let mut progress = Progress::new("pack", Some(total));
         let stats = offline::pack_dir(&dir, &entries, out.writer()?, &opts, dedup, &mut progress)
             .with_context(|| format!("packing {}", dir.display()))?;
