@@ -312,7 +312,14 @@ fn materialize(
                 .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run, &named_once), |p| Ok(Some(p)))
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
-                    Error::Usage(format!("{label}: {}: pagemap not understood: criuz cannot place this memory", f.name))
+                    // A usage error, not a damaged archive: an eager
+                    // restore hands the pagemap to CRIU as it is.
+                    Error::Usage(format!(
+                        "{label}: {}: pagemap not understood: criuz cannot place this memory itself; an eager restore \
+                         hands it to CRIU as it is (criuz restore without --lazy or --fill place, criuz runc restore \
+                         --eager)",
+                        f.name
+                    ))
                 })?;
             bytes = written;
             zero_pages += lazy.zero_pages;
