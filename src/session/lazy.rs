@@ -152,7 +152,8 @@ fn lazy_pagemap(
     min_zero_run: u64,
     named_once: &HashSet<u32>,
 ) -> Result<Option<(Vec<u8>, LazyPagemap)>> {
-    let Some((pages_id, original)) = images::pagemap_runs(pagemap) else { return Ok(None) };
+    // In address order, as `pagemap_runs` reads only such pagemaps.
+    let Some((pages_id, by_vaddr)) = images::pagemap_runs(pagemap) else { return Ok(None) };
     // A pages image of its own, which the archive holds: criuz writes it
     // for CRIU with the eager pages only, and a process whose image it
     // does not write would get no pages at all.
@@ -172,8 +173,6 @@ fn lazy_pagemap(
     if !images::lazy_runs_registered(&mm, &kept) {
         return Ok(None);
     }
-    let mut by_vaddr = original.clone();
-    by_vaddr.sort_by_key(|r| r.vaddr);
     let mut runs = Vec::with_capacity(kept.len());
     for k in kept {
         // Each kept run lies inside one original entry: its pages sit
@@ -348,8 +347,8 @@ fn materialize(
         let image_len = lazy.as_ref().map_or(f.raw_size, |l| l.image_pages * PAGE_SIZE as u64);
         out.set_len(image_len).at(&path)?;
         if let Some(l) = lazy {
-            let mut runs: Vec<PageRun> = l.runs.into_iter().map(|(r, _)| r).collect();
-            runs.sort_by_key(|r| r.vaddr);
+            // In address order: those of a pagemap `pagemap_runs` read.
+            let runs: Vec<PageRun> = l.runs.into_iter().map(|(r, _)| r).collect();
             processes.insert(l.pid, LazyProcess { pages_file: f.file_id, runs });
         }
     }
