@@ -1005,3 +1005,41 @@ fn unpack_force_keeps_the_targets_other_entries_and_mode() {
     assert_eq!(std::fs::read(real.join("notes.txt")).unwrap(), b"mine");
     nothing_staged_in(&[tmp.path()]);
 }
+
+/// A child is found by its chain's names: written over its parent, or over
+/// an archive further up that chain, it would leave itself (and the parent)
+/// without it; so would a flatten of a child over an archive of its chain.
+/// Refused, exit 2, naming it; the chain stays whole. (The parent's parent
+/// was replaced, and the whole chain lost.)
+#[test]
+fn a_child_never_replaces_an_archive_its_chain_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    images_dir(&img);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (g, p, c) = (tmp.path().join("g.czr"), tmp.path().join("p.czr"), tmp.path().join("c.czr"));
+    let (d, g, p, c) = (s(&img), s(&g), s(&p), s(&c));
+    let (d, g, p, c) = (d.as_str(), g.as_str(), p.as_str(), c.as_str());
+    assert!(criuz(&["pack", d, "-o", g]).status.success(), "pack the grandparent");
+    std::fs::write(img.join("changed"), b"a change").unwrap();
+    assert!(criuz(&["pack", d, "-o", p, "--parent", g]).status.success(), "pack the parent");
+    for over in [p, g] {
+        let out = criuz(&["pack", d, "-o", over, "--parent", p, "--force"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "over {over}: {err}");
+        assert!(err.contains(over) && err.lines().count() == 1, "over {over}: {err}");
+    }
+    assert!(criuz(&["verify", p]).status.success(), "the chain is whole");
+    assert!(criuz(&["pack", d, "-o", c, "--parent", p]).status.success(), "a child beside them");
+    // Flattened over an archive of its own chain, the child would lose it.
+    for over in [p, g] {
+        let out = criuz(&["flatten", c, "-o", over, "--force"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "flatten over {over}: {err}");
+        assert!(err.contains(over) && err.lines().count() == 1, "flatten over {over}: {err}");
+    }
+    assert!(criuz(&["verify", c]).status.success(), "the child's chain is whole");
+    // In place, it needs none of them.
+    assert!(criuz(&["flatten", c, "-o", c, "--force"]).status.success(), "flatten in place");
+    assert!(criuz(&["verify", c]).status.success(), "the flattened child");
+}

@@ -6,7 +6,7 @@
 use super::block::BlockSource;
 use super::check::{Checked, Payloads};
 use super::dedup::{DedupIndex, PageAt};
-use super::open::{open, OpenOptions, ParentSearch};
+use super::open::{ancestor_at, open, OpenOptions, ParentSearch};
 use super::stored::Archive;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{
@@ -25,7 +25,19 @@ pub fn dedup_index(parent_path: &Path, child: &Location) -> Result<DedupIndex> {
     let parent_dir = at.base_dir().unwrap_or_else(|| PathBuf::from("."));
     let search = ParentSearch { files: Vec::new(), dirs: vec![parent_dir.clone()] };
     // A parent is a file or an object, never spooled from a pipe.
-    let parent = open(&at, &OpenOptions { search, spool_cap: 0, ..OpenOptions::default() })?;
+    let parent = open(&at, &OpenOptions { search: search.clone(), spool_cap: 0, ..OpenOptions::default() })?;
+    if let Some(out) = child.path() {
+        // The parent itself is the caller's to refuse (`dedup_for`).
+        if let Some(found) = ancestor_at(&parent, &at, &search, out)? {
+            return Err(Error::Usage(format!(
+                "{}: {} is an ancestor of {} that the new archive's chain needs; replacing it would leave both \
+                 without it (write the new archive elsewhere)",
+                out.display(),
+                found.display(),
+                parent_path.display()
+            )));
+        }
+    }
     let child_dir = child.base_dir().unwrap_or_else(|| PathBuf::from("."));
     // The child's chain: the parent, then every archive the parent refers to
     // (a parent's source k is the child's source k + 1).

@@ -29,7 +29,7 @@ mod stored;
 pub mod write;
 
 pub use block::{BlockSource, CheckedBlock, PIN_FACTOR};
-pub use open::{open, OpenOptions, ParentSearch, Parents, Proof};
+pub use open::{ancestor_at, open, OpenOptions, ParentSearch, Parents, Proof};
 pub use read::{read_sequential, read_source, EntryStart, SeqSink};
 pub use stored::Archive;
 pub use write::{FileSink, Packer};

@@ -232,6 +232,24 @@ fn locate(archive: &Archive, base: Option<&Path>, search: &ParentSearch) -> Resu
     Ok(paths)
 }
 
+/// The archive of `archive`'s chain (opened from `at`, its parents found
+/// with `search`) that is found at `path`'s directory entry, if one is: an
+/// archive written there would leave the chain without it.
+pub fn ancestor_at(archive: &Archive, at: &Location, search: &ParentSearch, path: &Path) -> Result<Option<PathBuf>> {
+    let Some(replaced) = entry_name(path) else { return Ok(None) };
+    let found = locate(archive, at.base_dir().as_deref(), search)?;
+    Ok(found.into_iter().map(|(p, _)| p).find(|p| entry_name(p).as_ref() == Some(&replaced)))
+}
+
+/// The directory entry `path` names, its directory resolved: two paths to
+/// the same name compare equal, while a link is its own entry (writing an
+/// archive there replaces the link, not what it points to). `None` if the
+/// directory cannot be resolved.
+fn entry_name(path: &Path) -> Option<PathBuf> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+}
+
 fn chain_ids(a: &Archive) -> String {
     a.chain().iter().map(|e| hex(&e.archive_id)).collect::<Vec<_>>().join(", ")
 }

@@ -201,7 +201,19 @@ fn pack(
 fn flatten(archive: &Path, output: &Path, force: bool, parents: &ParentArgs, write: &ArchiveArgs) -> Result<()> {
     let opts = write.options()?;
     let how = OpenOptions { search: parents.search(), ..OpenOptions::default() };
-    let source = criuz::archive::open(&input_location(archive)?, &how)?;
+    let at = input_location(archive)?;
+    let source = criuz::archive::open(&at, &how)?;
+    // The archive itself may be flattened in place; one it needs may not
+    // be replaced by it.
+    if let Some(needed) = criuz::archive::ancestor_at(&source, &at, &how.search, output)? {
+        return Err(criuz::Error::Usage(format!(
+            "{}: {} is a parent of {} that it still needs; flatten into another file",
+            output.display(),
+            needed.display(),
+            archive.display()
+        ))
+        .into());
+    }
     let out = Output::open(output, force)?;
     let t = Instant::now();
     let stats = offline::flatten(source, out.writer()?, &opts)?;
