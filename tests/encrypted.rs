@@ -78,6 +78,8 @@ fn contains(hay: &[u8], needle: &str) -> bool {
 
 /// `keygen -o -` writes the identity to standard output (for a secret
 /// store) and its public key to standard error; no file named `-` is made.
+/// A key file never read to its end; and a new key never written over an
+/// identity or an archive.
 #[test]
 fn an_identity_made_on_standard_output_opens_what_is_sealed_for_it() {
     let tmp = tempfile::tempdir().unwrap();
@@ -106,6 +108,19 @@ fn an_identity_made_on_standard_output_opens_what_is_sealed_for_it() {
     }
     let out = criuz(&["pack", s(&img), "-o", s(&tmp.path().join("b.czr")), "--recipients-file", "/dev/zero"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // A new key never replaces an identity (the archive above would open
+    // no more) or an archive, even with --force; another file it does.
+    let (key_bytes, arc_bytes) = (std::fs::read(&key).unwrap(), std::fs::read(&arc).unwrap());
+    for (path, holds) in [(&key, "an age identity"), (&arc, "a criuz archive")] {
+        let out = criuz(&["keygen", "-o", s(path), "--force"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(s(path)) && err.contains(holds) && err.lines().count() == 1, "{err}");
+    }
+    assert_eq!((std::fs::read(&key).unwrap(), std::fs::read(&arc).unwrap()), (key_bytes, arc_bytes));
+    let notes = tmp.path().join("notes.txt");
+    std::fs::write(&notes, b"not a key").unwrap();
+    ok(criuz(&["keygen", "-o", s(&notes), "--force"]), "keygen over another file, with --force");
 }
 
 #[test]

@@ -290,6 +290,13 @@ impl Keys {
 /// its public key.
 pub fn write_identity(path: &Path, force: bool) -> Result<String> {
     use std::os::unix::fs::DirBuilderExt;
+    if let Some(what) = irreplaceable(path) {
+        return Err(Error::Usage(format!(
+            "{}: holds {what}; criuz never replaces one with a new key, even with --force (remove it yourself, or \
+             write the key elsewhere)",
+            path.display()
+        )));
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).at(dir)?;
     }
@@ -297,6 +304,24 @@ pub fn write_identity(path: &Path, force: bool) -> Result<String> {
     let public = write_identity_to(&mut file.writer()?, path)?;
     file.commit()?;
     Ok(public)
+}
+
+/// What a file at `path` holds that a new key written there would lose
+/// for good: an age identity (the archives sealed to it open only with
+/// it; `age-keygen` never overwrites a file either) or a criuz archive.
+fn irreplaceable(path: &Path) -> Option<&'static str> {
+    if !std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file()) {
+        return None;
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(path).and_then(|f| f.take(1 << 20).read_to_end(&mut head)).ok()?;
+    if head.starts_with(&crate::format::MAGIC) {
+        return Some("a criuz archive");
+    }
+    let text = String::from_utf8_lossy(&head);
+    text.lines()
+        .any(|l| l.trim().starts_with("AGE-SECRET-KEY-"))
+        .then_some("an age identity, which opens the archives sealed to it")
 }
 
 /// Makes a new age identity on `out` (a file, or a stream for `keygen -o

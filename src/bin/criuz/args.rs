@@ -398,7 +398,7 @@ pub enum Cmd {
         /// Identity file to write (- for standard output, the public key then on standard error)
         #[arg(short = 'o', long)]
         output: PathBuf,
-        /// Replace an existing file
+        /// Replace an existing file (never an identity or an archive)
         #[arg(long)]
         force: bool,
     },
