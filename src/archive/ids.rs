@@ -6,7 +6,7 @@
 use super::block::BlockSource;
 use super::check::{Checked, Payloads};
 use super::dedup::{DedupIndex, PageAt};
-use super::open::{ancestor_at, open, OpenOptions, ParentSearch};
+use super::open::{ancestor_at, open, same_entry, OpenOptions, ParentSearch};
 use super::stored::Archive;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::{
@@ -26,8 +26,12 @@ pub fn dedup_index(parent_path: &Path, child: &Location) -> Result<DedupIndex> {
     let search = ParentSearch { files: Vec::new(), dirs: vec![parent_dir.clone()] };
     // A parent is a file or an object, never spooled from a pipe.
     let parent = open(&at, &OpenOptions { search: search.clone(), spool_cap: 0, ..OpenOptions::default() })?;
+    // Written over the parent or an archive further up its chain, the
+    // child would leave itself (and the parent) without it.
     if let Some(out) = child.path() {
-        // The parent itself is the caller's to refuse (`dedup_for`).
+        if same_entry(out, parent_path) {
+            return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", out.display())));
+        }
         if let Some(found) = ancestor_at(&parent, &at, &search, out)? {
             return Err(Error::Usage(format!(
                 "{}: {} is an ancestor of {} that the new archive's chain needs; replacing it would leave both \

@@ -236,9 +236,13 @@ fn locate(archive: &Archive, base: Option<&Path>, search: &ParentSearch) -> Resu
 /// with `search`) that is found at `path`'s directory entry, if one is: an
 /// archive written there would leave the chain without it.
 pub fn ancestor_at(archive: &Archive, at: &Location, search: &ParentSearch, path: &Path) -> Result<Option<PathBuf>> {
-    let Some(replaced) = entry_name(path) else { return Ok(None) };
     let found = locate(archive, at.base_dir().as_deref(), search)?;
-    Ok(found.into_iter().map(|(p, _)| p).find(|p| entry_name(p).as_ref() == Some(&replaced)))
+    Ok(found.into_iter().map(|(p, _)| p).find(|p| same_entry(p, path)))
+}
+
+/// Whether `a` and `b` name one directory entry (see [`entry_name`]).
+pub(super) fn same_entry(a: &Path, b: &Path) -> bool {
+    entry_name(a).is_some_and(|a| Some(a) == entry_name(b))
 }
 
 /// The directory entry `path` names, its directory resolved: two paths to

@@ -109,10 +109,6 @@ pub struct DumpReport {
 pub fn dedup_for(parent: Option<&Path>, output: &Path) -> Result<Option<Arc<DedupIndex>>> {
     let Some(parent) = parent else { return Ok(None) };
     Location::parse(parent)?.check_input()?;
-    let same = std::fs::canonicalize(parent).ok().zip(std::fs::canonicalize(output).ok()).is_some_and(|(a, b)| a == b);
-    if same {
-        return Err(Error::Usage(format!("{}: the parent cannot be replaced by its own child", parent.display())));
-    }
     Ok(Some(Arc::new(crate::archive::ids::dedup_index(parent, &Location::parse(output)?)?)))
 }
 

@@ -61,13 +61,16 @@ pub struct Before {
 }
 
 impl Before {
-    /// Everything under `root` now. Kinds a tree cannot carry are recorded
-    /// too: left there from before, they are not the dump's to refuse.
+    /// Everything under `root` now, walked as [`scan`] walks it but taking
+    /// nothing: kinds a tree cannot carry are recorded too (left there from
+    /// before, they are not the dump's to refuse).
     pub fn take(root: &Path, own: Vec<FileId>) -> Result<Before> {
         let mut seen = std::collections::HashMap::new();
-        walk_all(root, "", &mut |rel, md| {
+        let mut record = |rel: &str, md: &std::fs::Metadata| {
             seen.insert(rel.to_string(), ((md.dev(), md.ino()), md.ctime(), md.ctime_nsec()));
-        })?;
+            false
+        };
+        walk(root, "", &mut record, &mut Vec::new())?;
         Ok(Before { seen, own })
     }
 
@@ -96,22 +99,6 @@ impl Before {
         )?;
         Ok((out, stale))
     }
-}
-
-/// Calls `each` with every entry under `dir` (parents first), of any kind.
-fn walk_all(dir: &Path, prefix: &str, each: &mut dyn FnMut(&str, &std::fs::Metadata)) -> Result<()> {
-    for e in std::fs::read_dir(dir).at(dir)? {
-        let e = e.at(dir)?;
-        let path = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
-        let md = std::fs::symlink_metadata(&path).at(&path)?;
-        each(&rel, &md);
-        if md.is_dir() {
-            walk_all(&path, &rel, each)?;
-        }
-    }
-    Ok(())
 }
 
 /// Every entry under `root` (as [`scan`] finds them) but the files of the
