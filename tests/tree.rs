@@ -120,6 +120,41 @@ fn a_whole_tree_comes_back_as_it_was() {
     assert_eq!(listing(&src), listing(&out));
 }
 
+/// A user's own directory under one they cannot write (root's /srv, say):
+/// the unpack cannot stage beside it, so it stages inside it. It used to
+/// fail ("Permission denied ... at path PARENT/.criuz-new-Xy12Ab"): the
+/// staging directory's error carried no OS error code, so the way round
+/// was never taken. And where neither can be written, the one line names
+/// the directory, no staging name.
+#[test]
+fn an_unpack_where_only_the_target_is_writable_stages_inside_it() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (src, arc) = (t.path().join("src"), t.path().join("a.czr"));
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/f"), b"theirs").unwrap();
+    ok(criuz(&["pack", p(&src), "-o", p(&arc)]), "pack");
+    std::fs::set_permissions(&arc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (theirs, not_theirs) = (t.path().join("theirs"), t.path().join("root-owned"));
+    for d in [&theirs, &not_theirs] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let as_nobody = |dest: &Path| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", CRIUZ, "unpack", p(&arc), "-d", p(dest)]);
+        cmd.output().unwrap()
+    };
+    ok(as_nobody(&theirs), "unpack into their own directory");
+    assert_eq!(listing(&src), listing(&theirs));
+    assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 4, "nothing left beside it");
+    let refused = as_nobody(&not_theirs);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim(), format!("criuz: {}: Permission denied (os error 13)", not_theirs.display()));
+    assert_eq!(std::fs::read_dir(&not_theirs).unwrap().count(), 0);
+}
+
 #[test]
 fn an_archive_written_into_the_tree_it_packs_is_not_packed_into_itself() {
     let t = tempfile::tempdir().unwrap();

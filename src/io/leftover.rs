@@ -68,12 +68,29 @@ pub fn sweep_for_dir(base: &Path, prefix: &str) {
 /// the sweep ([`sweep_for_dir`]).
 pub fn make_held_dir(base: &Path, prefix: &str) -> std::io::Result<(std::path::PathBuf, File)> {
     made_again_if_swept(|| {
-        let staging = tempfile::Builder::new().prefix(STAGING_DIR_PREFIX).tempdir_in(base)?;
-        let held = hold_staged_dir(staging.path(), base, prefix)?;
-        // Renamed: nothing is left under the staging name to remove.
-        let _ = staging.keep();
-        Ok(held)
+        let staging = make_staging_dir(base)?;
+        // Not held: removed (still empty) by this run, not left to a sweep.
+        hold_staged_dir(&staging, base, prefix).inspect_err(|_| {
+            let _ = std::fs::remove_dir(&staging);
+        })
     })
+}
+
+/// A new empty directory `base/.criuz-new-XXXXXX` (0700). Made here rather
+/// than by tempfile, whose errors carry no OS error code (a caller tells no
+/// permission, which has a way round, from a failure that has none) and
+/// name the random name tried, which means nothing to the user.
+fn make_staging_dir(base: &Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut tries = 0;
+    loop {
+        let unique: String = std::iter::repeat_with(fastrand::alphanumeric).take(6).collect();
+        let path = base.join(format!("{STAGING_DIR_PREFIX}{unique}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 64 => tries += 1,
+            made => return made.map(|()| path),
+        }
+    }
 }
 
 /// Runs `make` (which makes a staging entry and publishes it held) again

@@ -58,6 +58,20 @@ pub fn named_dir(path: &Path) -> Result<()> {
     }
 }
 
+/// The first `limit` bytes of the regular file at `path` (a link there is
+/// not followed): what a writer about to replace it sniffs to tell a file
+/// worth keeping (an archive, a key) from one it may replace. None where
+/// nothing is there, it is no regular file, or it cannot be read.
+pub fn regular_file_head(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    if !std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file()) {
+        return None;
+    }
+    let mut head = Vec::new();
+    File::open(path).and_then(|f| f.take(limit).read_to_end(&mut head)).ok()?;
+    Some(head)
+}
+
 /// Makes `dir` (0700), or finds it, as this user's own private directory:
 /// no link, owned by this user, writable by no one else. For a name known in
 /// advance in a shared `/tmp` (CRIU's logs, criuz's runtime files): a

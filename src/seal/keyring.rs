@@ -310,11 +310,7 @@ pub fn write_identity(path: &Path, force: bool) -> Result<String> {
 /// for good: an age identity (the archives sealed to it open only with
 /// it; `age-keygen` never overwrites a file either) or a criuz archive.
 fn irreplaceable(path: &Path) -> Option<&'static str> {
-    if !std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file()) {
-        return None;
-    }
-    let mut head = Vec::new();
-    std::fs::File::open(path).and_then(|f| f.take(1 << 20).read_to_end(&mut head)).ok()?;
+    let head = crate::io::regular_file_head(path, 1 << 20)?;
     if head.starts_with(&crate::format::MAGIC) {
         return Some("a criuz archive");
     }

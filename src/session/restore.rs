@@ -75,19 +75,12 @@ impl Restored {
     }
 }
 
-/// Restores the tree of `o.input` as `how` says; `archive.threads` decode
-/// a streamed restore's blocks, or fill a placed one.
 /// What is in the file `path` names, if it is more than a pid: a pid file
 /// is replaced by its rename (so a link there is not followed), and what
 /// was there is lost. An archive there (the restore's own, a parent), an
 /// age identity, any file of data: never worth a pid.
 pub(crate) fn not_a_pid_file(path: &std::path::Path) -> Option<&'static str> {
-    use std::io::Read;
-    if !std::fs::symlink_metadata(path).is_ok_and(|md| md.is_file()) {
-        return None;
-    }
-    let mut head = Vec::new();
-    std::fs::File::open(path).and_then(|f| f.take(64).read_to_end(&mut head)).ok()?;
+    let head = crate::io::regular_file_head(path, 64)?;
     if head.starts_with(&crate::format::MAGIC) {
         Some("a criuz archive")
     } else if head.iter().all(|b| b.is_ascii_digit() || b.is_ascii_whitespace()) {
@@ -102,6 +95,8 @@ pub(crate) fn refused_pid_file(option: &str, path: &std::path::Path, what: &str)
     crate::Error::Usage(format!("{option} {}: holds {what}, which the pid would replace", path.display()))
 }
 
+/// Restores the tree of `o.input` as `how` says; `archive.threads` decode
+/// a streamed restore's blocks, or fill a placed one.
 pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> Result<Restored> {
     let started = Instant::now();
     options::check_extra(&o.extra, options::Action::Restore)?;
