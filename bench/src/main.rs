@@ -19,10 +19,11 @@ use workload::{Running, Tools};
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all but shared and threaded]:
+    /// Workloads, comma separated [default: all but shared, threaded and hugetlb]:
     /// zero,mixed,random,text,elf,bf16,gpu-image (memory patterns), forked (a parent and three
     /// forked children), redis,jvm,python (applications); shared (text in shared anonymous
-    /// memory, which CRIU restores itself), threaded (mixed in one process of 256 threads)
+    /// memory, which CRIU restores itself), threaded (mixed in one process of 256 threads),
+    /// hugetlb (mixed in private huge pages, reserved for the run with vm.nr_hugepages)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat
@@ -495,7 +496,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "containers": rows }))?;
         return Ok(());
     }
-    let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin)?;
+    let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin, plan.mib)?;
     if let Err(why) = &tools.java_classes {
         if plan.workloads.iter().any(|w| w == "jvm") {
             unavailable.push(("jvm".into(), why.clone()));

@@ -35,8 +35,11 @@ const FORKED_CHILDREN: usize = 3;
 /// and `threaded` (the `mixed` pattern in one process of
 /// [`THREADED_THREADS`] threads, as a server's thread pools make one: an
 /// inference server's OpenMP, CUDA and tokenizer threads; each thread's
-/// stack is a mapping of its own).
-pub const ON_REQUEST: &[&str] = &["shared", "threaded"];
+/// stack is a mapping of its own), and `hugetlb` (the `mixed` pattern in
+/// private huge pages, `MAP_HUGETLB`, as a database's or a JVM's large
+/// pages; the bench reserves the pages, vm.nr_hugepages, for the run and
+/// gives them back after).
+pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb"];
 const THREADED_THREADS: usize = 256;
 
 /// The workloads a run does by default.
@@ -56,17 +59,58 @@ pub struct Tools {
     pub java_classes: std::result::Result<PathBuf, String>,
     pub python_script: PathBuf,
     pub python: PathBuf,
+    /// The huge pages the `hugetlb` workload needs, reserved for the run.
+    _huge_pages: Option<HugePages>,
+}
+
+/// Huge pages of the default size reserved (vm.nr_hugepages raised) for as
+/// long as this lives; given back when dropped.
+struct HugePages {
+    had: u64,
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePages {
+    /// Enough for one process of `mib` MiB of huge pages at a time (the
+    /// bench ends each before the next starts), and some to spare.
+    fn reserve(mib: u64) -> Result<HugePages> {
+        let read = || -> Result<u64> {
+            let text = std::fs::read_to_string(NR_HUGEPAGES).map_err(|e| Error::file(NR_HUGEPAGES, e))?;
+            text.trim().parse().map_err(|_| Error::Invalid(format!("{NR_HUGEPAGES}: {text:?}")))
+        };
+        let had = read()?;
+        let more = mib.div_ceil(2) + 8;
+        std::fs::write(NR_HUGEPAGES, (had + more).to_string()).map_err(|e| Error::file(NR_HUGEPAGES, e))?;
+        let held = HugePages { had };
+        let now = read()?;
+        if now < had + more {
+            return Err(Error::Invalid(format!(
+                "hugetlb: the system gave {} of the {more} huge pages asked for ({NR_HUGEPAGES})",
+                now.saturating_sub(had)
+            )));
+        }
+        Ok(held)
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.had.to_string());
+    }
 }
 
 impl Tools {
-    pub fn prepare(work: &Path, workloads: &[String], workload_bin: PathBuf) -> Result<Tools> {
+    /// What `workloads` of `mib` MiB need.
+    pub fn prepare(work: &Path, workloads: &[String], workload_bin: PathBuf, mib: u64) -> Result<Tools> {
         let python_script = work.join("bench_app.py");
         std::fs::write(&python_script, PYTHON_SOURCE).map_err(|e| Error::file(&python_script, e))?;
         let python =
             if Path::new("/usr/bin/python3").exists() { PathBuf::from("/usr/bin/python3") } else { "python3".into() };
         let java_classes =
             if workloads.iter().any(|w| w == "jvm") { compile_java(work) } else { Err("not compiled".to_string()) };
-        Ok(Tools { workload_bin, java_classes, python_script, python })
+        let huge_pages = workloads.iter().any(|w| w == "hugetlb").then(|| HugePages::reserve(mib)).transpose()?;
+        Ok(Tools { workload_bin, java_classes, python_script, python, _huge_pages: huge_pages })
     }
 }
 
@@ -194,6 +238,10 @@ impl Running {
                 let children = match p {
                     "shared" => {
                         cmd.args(["--mib", &mib.to_string(), "--pattern", "text", "--shared", "1"]);
+                        0
+                    }
+                    "hugetlb" => {
+                        cmd.args(["--mib", "4", "--pattern", "mixed", "--huge-mib", &mib.to_string()]);
                         0
                     }
                     "threaded" => {

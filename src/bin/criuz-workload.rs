@@ -51,7 +51,8 @@ struct Args {
     /// Tree mode: every child writes the same bytes (workers that rebuilt the
     /// same data: identical pages that are not shared copy-on-write).
     same_children: bool,
-    /// MiB of private huge-page memory (MAP_HUGETLB), in the checksum too.
+    /// MiB of private huge-page memory (MAP_HUGETLB) filled with the
+    /// pattern, in the checksum too.
     huge_mib: usize,
 }
 
@@ -498,8 +499,8 @@ fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
 }
 
 /// `len` bytes of private huge-page memory (the system's huge pages, which
-/// must be reserved: vm.nr_hugepages), filled with random bytes.
-fn huge_pages(len: usize) -> (usize, usize) {
+/// must be reserved: vm.nr_hugepages), filled with `pattern`.
+fn huge_pages(len: usize, pattern: &str) -> (usize, usize) {
     // SAFETY: a fresh anonymous mapping of our own, written within `len`.
     unsafe {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
@@ -508,7 +509,7 @@ fn huge_pages(len: usize) -> (usize, usize) {
             eprintln!("criuz-workload: huge pages: {}", std::io::Error::last_os_error());
             std::process::exit(1)
         }
-        fill_random(std::slice::from_raw_parts_mut(p as *mut u8, len), &mut Rng(17));
+        fill_all(std::slice::from_raw_parts_mut(p as *mut u8, len), pattern);
         (p as usize, len)
     }
 }
@@ -739,7 +740,7 @@ fn main() {
         extra.extend(extra_maps(&a.dir));
     }
     if a.huge_mib > 0 {
-        extra.push(huge_pages(a.huge_mib << 20));
+        extra.push(huge_pages(a.huge_mib << 20, &a.pattern));
     }
     let _ = EXTRA.set(extra);
 

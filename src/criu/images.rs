@@ -21,6 +21,7 @@ use prost::Message;
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
+const MEMFD_INODE_MAGIC: u32 = 0x4845_3499;
 const PSTREE_MAGIC: u32 = 0x5027_3030;
 const CORE_MAGIC: u32 = 0x5505_3847;
 const CGROUP_MAGIC: u32 = 0x5938_3330;
@@ -36,6 +37,7 @@ const PE_PRESENT: u32 = 1 << 2;
 const VMA_AREA_REGULAR: u32 = 1 << 0;
 /// The kernel's own mappings: vsyscall, vDSO and its data (vvar).
 const VMA_KERNEL: u32 = (1 << 2) | (1 << 3) | (1 << 12);
+const VMA_ANON_SHARED: u32 = 1 << 8;
 const VMA_ANON_PRIVATE: u32 = 1 << 9;
 /// Any of these makes a VMA more than plain private anonymous memory.
 const VMA_SPECIAL: u32 = (1 << 2) // vsyscall
@@ -327,10 +329,21 @@ struct VmaEntry {
     start: u64,
     #[prost(uint64, required, tag = "2")]
     end: u64,
+    #[prost(uint64, required, tag = "4")]
+    shmid: u64,
     #[prost(uint32, required, tag = "6")]
     flags: u32,
     #[prost(uint32, required, tag = "7")]
     status: u32,
+}
+
+/// CRIU's `memfd_inode_entry` (images/memfd.proto), the fields read here.
+#[derive(Clone, PartialEq, Message)]
+struct MemfdInodeEntry {
+    #[prost(uint32, required, tag = "5")]
+    shmid: u32,
+    #[prost(uint32, optional, tag = "8")]
+    hugetlb_flag: Option<u32>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -652,7 +665,126 @@ pub fn private_huge_pages(mm: &[u8]) -> Option<bool> {
     }))
 }
 
-fn in_ranges(sorted: &[(u64, u64)], addr: u64) -> bool {
+/// Where a huge-page mapping's flags hold log2 of its page size (0: the
+/// system's default size), as mmap takes it (`MAP_HUGE_SHIFT`).
+const MAP_HUGE_SHIFT: u32 = 26;
+
+/// What a process's images hold of huge-page memory (`MAP_HUGETLB`). It
+/// comes back from the system's pool of huge pages (vm.nr_hugepages), not
+/// from the memory a cgroup limits or `MemAvailable` counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HugeMemory {
+    /// The pages of the process's pages image in private huge-page
+    /// mappings, as ranges [first, end) of page numbers in that image.
+    pub private_pages: Vec<(u64, u64)>,
+    /// Huge pages those pages fill, as (page size in bytes, count): one
+    /// per aligned huge page holding a dumped page.
+    pub private_huge: Vec<(u64, u64)>,
+    /// The shared memory of huge pages the process maps: its id (CRIU's
+    /// `pagemap-shmem-<id>.img`) and page size.
+    pub shared: Vec<(u64, u64)>,
+}
+
+/// The huge-page memory of a process, from its mm-<pid>.img and
+/// pagemap-<pid>.img; `default_size` is the system's huge page size, for a
+/// mapping that names none. `None` if an image is not as expected.
+pub fn huge_memory(mm: &[u8], pagemap: &[u8], default_size: u64) -> Option<HugeMemory> {
+    let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    let huge = libc::MAP_HUGETLB as u32;
+    let size_of = |flags: u32| match (flags >> MAP_HUGE_SHIFT) & 0x3f {
+        0 => Some(default_size),
+        shift => 1u64.checked_shl(shift),
+    };
+    let mut out = HugeMemory::default();
+    let mut private: Vec<(u64, u64, u64)> = Vec::new();
+    for v in mm.vmas.iter().filter(|v| v.status & VMA_AREA_REGULAR != 0 && v.flags & huge != 0) {
+        let size = size_of(v.flags)?.max(crate::format::PAGE_SIZE as u64);
+        if v.flags & libc::MAP_SHARED as u32 != 0 {
+            // Shared memory of huge pages is, where the kernel has memfds
+            // of huge pages, a memfd ([`huge_memfds`]); else shared memory
+            // of its own.
+            if v.status & VMA_ANON_SHARED != 0 && !out.shared.iter().any(|&(id, _)| id == v.shmid) {
+                out.shared.push((v.shmid, size));
+            }
+        } else {
+            private.push((v.start, v.end, size));
+        }
+    }
+    if private.is_empty() {
+        return Some(out);
+    }
+    private.sort_unstable();
+    let (_, runs) = pagemap_runs(pagemap)?;
+    // The last huge page counted, by size: runs come in address order.
+    let mut counted: Vec<(u64, u64, u64)> = Vec::new();
+    for r in &runs {
+        let (start, end) = (r.vaddr, r.vaddr + r.nr * 4096);
+        // The mappings are apart, so in order of their ends too.
+        let after = private.partition_point(|&(_, e, _)| e <= start);
+        for &(s, e, size) in private[after..].iter().take_while(|&&(s, ..)| s < end).filter(|&&(_, e, _)| start < e) {
+            let (from, to) = (start.max(s), end.min(e));
+            if from >= to {
+                continue;
+            }
+            let first = r.first + (from - start) / 4096;
+            let last = first + (to - from) / 4096;
+            match out.private_pages.last_mut() {
+                Some((_, at)) if *at == first => *at = last,
+                _ => out.private_pages.push((first, last)),
+            }
+            let (lo, hi) = (from / size, (to - 1) / size);
+            match counted.iter_mut().find(|(z, ..)| *z == size) {
+                Some((_, seen, n)) => {
+                    *n += hi - lo + 1 - u64::from(*seen == lo);
+                    *seen = hi;
+                }
+                None => counted.push((size, hi, hi - lo + 1)),
+            }
+        }
+    }
+    out.private_huge = counted.into_iter().map(|(size, _, n)| (size, n)).collect();
+    Some(out)
+}
+
+/// The memfds of huge pages in a tree's memfd.img (`memfd_inode_entry`s
+/// with `MFD_HUGETLB`): the id of each one's contents (CRIU's
+/// `pagemap-shmem-<id>.img`) and its page size. CRIU dumps this way every
+/// shared mapping of huge pages, and every hugetlbfs file, not only
+/// memfds. `None` if the image is not as expected.
+pub fn huge_memfds(memfd: &[u8], default_size: u64) -> Option<Vec<(u64, u64)>> {
+    const MFD_HUGETLB: u32 = 4;
+    let mut out = Vec::new();
+    for obj in objects(memfd, MEMFD_INODE_MAGIC)? {
+        let e = MemfdInodeEntry::decode(obj).ok()?;
+        let Some(flag) = e.hugetlb_flag.filter(|f| f & MFD_HUGETLB != 0) else { continue };
+        let size = match (flag >> MAP_HUGE_SHIFT) & 0x3f {
+            0 => default_size,
+            shift => 1u64.checked_shl(shift)?,
+        };
+        out.push((u64::from(e.shmid), size));
+    }
+    Some(out)
+}
+
+/// Huge pages of `size` bytes that the pages of a shared memory's pagemap
+/// (`pagemap-shmem-<id>.img`) fill: one per aligned huge page holding a
+/// dumped page. `None` if the image is not as expected.
+pub fn shared_huge_pages(pagemap: &[u8], size: u64) -> Option<(u32, u64)> {
+    let (pages_id, runs) = pagemap_runs(pagemap)?;
+    let size = size.max(crate::format::PAGE_SIZE as u64);
+    let mut last = None;
+    let mut n = 0;
+    for r in runs.iter().filter(|r| r.nr > 0) {
+        let (first, end) = (r.vaddr / size, (r.vaddr + r.nr * 4096 - 1) / size);
+        n += end - first + 1 - u64::from(last == Some(first));
+        last = Some(end);
+    }
+    Some((pages_id, n))
+}
+
+/// Whether `addr` lies in one of the `sorted` ranges [start, end), which do
+/// not overlap.
+pub(crate) fn in_ranges(sorted: &[(u64, u64)], addr: u64) -> bool {
     let i = sorted.partition_point(|&(s, _)| s <= addr);
     i > 0 && addr < sorted[i - 1].1
 }

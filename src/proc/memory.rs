@@ -88,6 +88,20 @@ pub fn machine_room() -> u64 {
     meminfo("MemAvailable:").unwrap_or(u64::MAX).saturating_add(meminfo("SwapFree:").unwrap_or(0))
 }
 
+/// Huge pages of `size` bytes the system's pool can still give: the free
+/// ones less those already promised to mappings (`resv_hugepages`). `None`
+/// where the system keeps no pool of that size.
+pub fn huge_page_room(size: u64) -> Option<u64> {
+    let dir = format!("/sys/kernel/mm/hugepages/hugepages-{}kB", size >> 10);
+    let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok()?.trim().parse::<u64>().ok();
+    Some(read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0)))
+}
+
+/// The system's default huge page size, for a mapping that names none.
+pub fn default_huge_page_size() -> u64 {
+    meminfo("Hugepagesize:").unwrap_or(2 << 20)
+}
+
 /// Where memory is charged, for [`rooms_for`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ChargedTo {

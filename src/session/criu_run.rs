@@ -9,7 +9,7 @@ use crate::criu::options::{self, CriuOptions};
 use crate::criu::{self, images, Criu};
 use crate::cuda;
 use crate::error::{Error, IoContext, Result};
-use crate::format::FileKind;
+use crate::format::{BlockHeader, FileKind};
 use crate::io::Location;
 use crate::proc::{memory, tree};
 use crate::progress::Meter;
@@ -233,10 +233,11 @@ pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages, o
     }
     let (charged, made) = charged_to(source, &o.extra)?;
     let charge = |pid| charged.get(&pid).cloned().unwrap_or(memory::ChargedTo::Own);
-    let needs = pages_by_process(source, o.keep_zero_pages)?;
+    let tree = tree_memory(source, o.keep_zero_pages)?;
+    check_huge_page_room(source.label(), &tree.huge)?;
     let made_with = "the limit it was dumped with, as CRIU makes it anew";
     let keeps_shared = "an eager restore streamed through CRIU (the default for such a tree, or `--fill stream`)";
-    first_short(source, &needs, charge, &made).map_or(Ok(()), |s| Err(s.refusal(made_with, keeps_shared)))
+    first_short(source, &tree.by_pid, charge, &made).map_or(Ok(()), |s| Err(s.refusal(made_with, keeps_shared)))
 }
 
 /// The same check for a container runc restores: every process is charged
@@ -257,9 +258,10 @@ pub(crate) fn check_container_memory_room(
     spooled: bool,
 ) -> Result<()> {
     let kept_shared = crate::session::lazy::shares_pages(source) && shared == SharedPages::KeptShared;
-    let tree = pages_by_process(source, false)?;
-    let copy: u64 = tree.iter().map(|(_, b)| b).sum();
-    let mut needs = if kept_shared { Vec::new() } else { tree };
+    let tree = tree_memory(source, false)?;
+    check_huge_page_room(source.label(), &tree.huge)?;
+    let copy: u64 = tree.by_pid.iter().map(|(_, b)| b).sum::<u64>() + tree.huge_bytes;
+    let mut needs = if kept_shared { Vec::new() } else { tree.by_pid };
     if spooled {
         needs.push((SPOOL, copy));
     }
@@ -303,7 +305,7 @@ impl Need {
 }
 
 /// The first place the tree's pages (`needs`, bytes by pid, from
-/// [`pages_by_process`]) do not fit: the machine's memory, then every
+/// [`tree_memory`]) do not fit: the machine's memory, then every
 /// memory cgroup a process is charged to (`charge`), counting each
 /// process's pages once in every group above it.
 fn first_short(
@@ -371,34 +373,114 @@ impl Short {
     }
 }
 
-/// The bytes of memory each process of the tree will hold (its pages
-/// image's pages, less its zero pages unless they are kept), by pid. Pages no process's pagemap
-/// names (shared memory's) count to the root's.
-fn pages_by_process(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<Vec<(u32, u64)>> {
+/// The memory a restored tree will hold.
+struct TreeMemory {
+    /// The bytes of memory each process will hold (its pages image's
+    /// pages, less its zero pages unless they are kept, less its huge-page
+    /// memory), by pid. Pages no process's pagemap names (shared
+    /// memory's) count to the root's.
+    by_pid: Vec<(u32, u64)>,
+    /// Huge pages its huge-page memory (`MAP_HUGETLB`) fills, as (page
+    /// size, count): those come from the system's pool of huge pages,
+    /// which no cgroup's memory limit or `MemAvailable` counts.
+    huge: Vec<(u64, u64)>,
+    /// The bytes of the pages images that huge-page memory holds.
+    huge_bytes: u64,
+}
+
+fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMemory> {
     let files = || source.index().files.iter().filter(|f| f.is_criu_image());
+    let default_size = memory::default_huge_page_size();
     let mut owner: HashMap<String, u32> = HashMap::new();
+    // A pages image's pages in huge-page memory: these ranges of it, or
+    // (None) all of it.
+    let mut in_huge: HashMap<String, Option<Vec<(u64, u64)>>> = HashMap::new();
+    let mut huge: Vec<(u64, u64)> = Vec::new();
+    let mut add_huge = |size: u64, n: u64| match huge.iter_mut().find(|(s, _)| *s == size) {
+        Some((_, count)) => *count += n,
+        None => huge.push((size, n)),
+    };
+    let mut shared: Vec<(u64, u64)> = Vec::new();
     for f in files().filter(|f| f.kind == FileKind::Plain) {
-        let Some(pid) = images::process_pagemap_pid(&f.name).and_then(|p| p.parse().ok()) else { continue };
-        if let Some(id) = images::pagemap_pages_id(&source.read_file(f)?) {
-            owner.insert(format!("pages-{id}.img"), pid);
+        let Some(pid) = images::process_pagemap_pid(&f.name).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let pagemap = source.read_file(f)?;
+        let Some(id) = images::pagemap_pages_id(&pagemap) else { continue };
+        owner.insert(format!("pages-{id}.img"), pid);
+        let mm = source.find(&format!("mm-{pid}.img")).map(|e| source.read_file(e)).transpose()?;
+        let Some(h) = mm.and_then(|mm| images::huge_memory(&mm, &pagemap, default_size)) else { continue };
+        if !h.private_pages.is_empty() {
+            in_huge.insert(format!("pages-{id}.img"), Some(h.private_pages));
+        }
+        h.private_huge.into_iter().for_each(|(size, n)| add_huge(size, n));
+        shared.extend(h.shared);
+    }
+    let memfd = source.find("memfd.img").map(|e| source.read_file(e)).transpose()?;
+    shared.extend(memfd.and_then(|m| images::huge_memfds(&m, default_size)).unwrap_or_default());
+    shared.sort_unstable();
+    shared.dedup_by_key(|(id, _)| *id);
+    for (shmid, size) in shared {
+        let Some(e) = source.find(&format!("pagemap-shmem-{shmid}.img")) else { continue };
+        if let Some((id, n)) = images::shared_huge_pages(&source.read_file(e)?, size) {
+            in_huge.insert(format!("pages-{id}.img"), None);
+            add_huge(size, n);
         }
     }
     let root = source.find("pstree.img").map(|e| source.read_file(e)).transpose()?;
     let root = root.and_then(|p| images::pstree_pids(&p)).and_then(|p| p.first().copied()).unwrap_or(0);
-    let mut needs: Vec<(u32, u64)> = Vec::new();
+    let mut by_pid: Vec<(u32, u64)> = Vec::new();
+    let mut huge_pages = 0u64;
     for f in files().filter(|f| f.kind == FileKind::Pages) {
-        let pages: u64 = (0..)
-            .map_while(|i| source.block_header(f.file_id, i))
-            .map(|(h, _)| if keep_zero_pages { h.pages() } else { h.pages().saturating_sub(h.zero_pages()) } as u64)
-            .sum();
+        let kept = |h: &BlockHeader, page: usize| keep_zero_pages || !h.is_zero_page(page);
+        let (mut pages, mut first) = (0u64, 0u64);
+        for (h, _) in (0..).map_while(|i| source.block_header(f.file_id, i)) {
+            let n = h.pages() as u64;
+            match in_huge.get(&f.name) {
+                Some(None) => huge_pages += n,
+                // The ranges are in page order, apart (`images::huge_memory`).
+                Some(Some(ranges))
+                    if ranges[..ranges.partition_point(|&(a, _)| a < first + n)]
+                        .last()
+                        .is_some_and(|&(_, b)| first < b) =>
+                {
+                    for page in 0..n {
+                        if images::in_ranges(ranges, first + page) {
+                            huge_pages += 1;
+                        } else if kept(h, page as usize) {
+                            pages += 1;
+                        }
+                    }
+                }
+                _ => pages += if keep_zero_pages { n } else { n.saturating_sub(h.zero_pages() as u64) },
+            }
+            first += n;
+        }
         let pid = owner.get(&f.name).copied().unwrap_or(root);
         let bytes = pages.saturating_mul(crate::format::PAGE_SIZE as u64);
-        match needs.iter_mut().find(|(p, _)| *p == pid) {
+        match by_pid.iter_mut().find(|(p, _)| *p == pid) {
             Some((_, b)) => *b += bytes,
-            None => needs.push((pid, bytes)),
+            None => by_pid.push((pid, bytes)),
         }
     }
-    Ok(needs)
+    Ok(TreeMemory { by_pid, huge, huge_bytes: huge_pages.saturating_mul(crate::format::PAGE_SIZE as u64) })
+}
+
+/// Refuses a tree whose huge-page memory the system's pool cannot give
+/// (counting only the huge pages its dumped pages fill, the least its
+/// mappings take): CRIU would fail deep in its restorer, "Can't restore
+/// 0x... mapping with 0xfffffffffffffff4".
+fn check_huge_page_room(label: &str, huge: &[(u64, u64)]) -> Result<()> {
+    for &(size, needs) in huge.iter().filter(|(_, n)| *n > 0) {
+        let room = memory::huge_page_room(size).unwrap_or(0);
+        if needs > room {
+            return Err(Error::Criu(format!(
+                "cannot restore {label}: its tree needs {needs} huge pages of {} KiB (MAP_HUGETLB memory), and the \
+                 system has {room} free (/sys/kernel/mm/hugepages/hugepages-{}kB; raise vm.nr_hugepages)",
+                size >> 10,
+                size >> 10
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Where each process of a tree is charged, by pid, and the dumped memory

@@ -130,7 +130,7 @@ pub fn run(plan: &Plan) -> Result<Report> {
     let here = std::env::current_exe()?;
     let criuz = proc::copy_exe(&here.with_file_name("criuz"), &bin)?;
     let workload = proc::copy_exe(&here.with_file_name("criuz-workload"), &bin)?;
-    let tools = Tools::prepare(work.path(), &["mixed".to_string()], workload)?;
+    let tools = Tools::prepare(work.path(), &["mixed".to_string()], workload, plan.mib)?;
     let mut ctx = Ctx::new(criuz, criu.path.clone(), tools, plan.mib, work.path(), plan.seed)?;
     let places = Places::new(ctx.tmp.clone(), vec![ctx.out.clone()]);
     let started = Instant::now();

@@ -10,7 +10,7 @@ fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn vma(start: u64, end: u64, flags: i32, status: u32) -> VmaEntry {
-    VmaEntry { start, end, flags: flags as u32, status }
+    VmaEntry { start, end, shmid: 0, flags: flags as u32, status }
 }
 
 #[test]
@@ -505,4 +505,42 @@ fn the_limits_of_dumped_memory_groups_are_read_from_their_directories() {
     ];
     assert_eq!(limits, want, "unlimited groups and other controllers left out");
     assert!(cgroup_dumped_memory_limits(b"not an image").is_empty());
+}
+
+#[test]
+fn huge_page_memory_is_found_in_the_images() {
+    const HUGE: u64 = 2 << 20;
+    const GIGANTIC: u64 = 1 << 30;
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let huge = anon | libc::MAP_HUGETLB;
+    let private = VMA_AREA_REGULAR | VMA_ANON_PRIVATE;
+    let mm = MmEntry {
+        vmas: vec![
+            vma(0x10000, 0x14000, anon, private),
+            vma(0x4000_0000, 0x4000_0000 + 2 * HUGE, huge, private),
+            vma(0x8000_0000, 0x8000_0000 + GIGANTIC, huge | (30 << MAP_HUGE_SHIFT), private),
+        ],
+    };
+    let mm = image(MM_MAGIC, &[mm.encode_to_vec()]);
+    let entry = |vaddr, nr| {
+        PagemapEntry { vaddr, nr_pages: nr, in_parent: None, flags: Some(PE_PRESENT), nr_pages64: None }.encode_to_vec()
+    };
+    let head = |pages_id| PagemapHead { pages_id }.encode_to_vec();
+    // Pages 0..4 ordinary; 4..8 across the first two huge pages; 8 in the
+    // gigantic one.
+    let pm = image(
+        PAGEMAP_MAGIC,
+        &[head(7), entry(0x10000, 4), entry(0x4000_0000 + HUGE - 0x2000, 4), entry(0x8000_0000, 1)],
+    );
+    let h = huge_memory(&mm, &pm, HUGE).unwrap();
+    assert_eq!(h.private_pages, vec![(4, 9)]);
+    assert_eq!(h.private_huge, vec![(HUGE, 2), (GIGANTIC, 1)]);
+    assert!(h.shared.is_empty());
+    assert_eq!(huge_memory(&mm, b"garbage", HUGE), None, "a pagemap not as expected");
+    // Shared memory of huge pages, dumped as memfds.
+    let memfd = |shmid, hugetlb_flag| MemfdInodeEntry { shmid, hugetlb_flag }.encode_to_vec();
+    let memfds = image(MEMFD_INODE_MAGIC, &[memfd(77, Some(4)), memfd(78, None), memfd(79, Some(4 | (30 << 26)))]);
+    assert_eq!(huge_memfds(&memfds, HUGE), Some(vec![(77, HUGE), (79, GIGANTIC)]));
+    let shared = image(PAGEMAP_MAGIC, &[head(3), entry(0, 2), entry(HUGE - 0x1000, 2), entry(5 * HUGE, 0)]);
+    assert_eq!(shared_huge_pages(&shared, HUGE), Some((3, 2)));
 }
