@@ -197,16 +197,17 @@ fn ppid(pid: i32) -> Option<i32> {
     stat_fields(pid)?.get(1)?.parse().ok()
 }
 
-/// user+system CPU seconds of a live process (all its threads), from /proc.
-/// The anonymous memory of `pids` (their `Pss_Anon` added up, KiB): a page
-/// shared copy-on-write between them counts once, zero pages never
-/// written count nothing.
+/// The anonymous memory of `pids` (their `Pss_Anon` added up, KiB), and
+/// their private huge pages (`Private_Hugetlb`, which `Pss_Anon` leaves
+/// out): a page shared copy-on-write between them counts once, zero pages
+/// never written count nothing.
 pub fn pss_anon_kib(pids: &[i32]) -> u64 {
+    let field = |text: &str, name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok()).unwrap_or(0)
+    };
     pids.iter()
         .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
-        .filter_map(|t| {
-            t.lines().find_map(|l| l.strip_prefix("Pss_Anon:")?.split_whitespace().next()?.parse::<u64>().ok())
-        })
+        .map(|t| field(&t, "Pss_Anon:") + field(&t, "Private_Hugetlb:"))
         .sum::<u64>()
 }
 
