@@ -520,15 +520,15 @@ pub(crate) fn resident_bytes(pid: i32) -> usize {
 }
 
 /// The memory a process's `/proc/PID/status` says it holds, in KiB: its
-/// resident set (`VmRSS`) and its hugetlb pages (`HugetlbPages`), which
-/// the resident set leaves out but CRIU dumps as it does any other page. A
-/// dump sized by `VmRSS` alone took a 1 GiB hugetlb heap for 1 MiB, and
-/// compressed most of it in haste, then again.
+/// resident set (`VmRSS`), and what the resident set leaves out but CRIU
+/// dumps as it does any other page: its hugetlb pages (`HugetlbPages`) and
+/// its pages in swap (`VmSwap`). A dump sized by `VmRSS` alone took a 1 GiB
+/// hugetlb heap for 1 MiB, and compressed most of it in haste, then again.
 fn resident_kib(status: &str) -> usize {
     let field = |name: &str| {
         status.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<usize>().ok())
     };
-    field("VmRSS:").unwrap_or(0).saturating_add(field("HugetlbPages:").unwrap_or(0))
+    ["VmRSS:", "HugetlbPages:", "VmSwap:"].into_iter().map(|f| field(f).unwrap_or(0)).fold(0, usize::saturating_add)
 }
 
 /// What of the anonymous memory of `pids` is shared with another process,
@@ -1058,11 +1058,11 @@ unsafe fn add_children(pid: i32, pids: &mut [i32; MAX_TREE], mut n: usize) -> us
 #[cfg(test)]
 mod tests {
     #[test]
-    fn hugetlb_pages_count_as_resident() {
-        let status =
-            "Name:\thuge\nVmRSS:\t    1180 kB\nRssAnon:\t     112 kB\nHugetlbPages:\t 1048576 kB\nThreads:\t1\n";
+    fn hugetlb_and_swapped_pages_count_as_resident() {
+        let status = "Name:\thuge\nVmRSS:\t    1180 kB\nRssAnon:\t     112 kB\nVmSwap:\t    4096 kB\n\
+                      HugetlbPages:\t 1048576 kB\nThreads:\t1\n";
         use super::resident_kib;
-        assert_eq!(resident_kib(status), 1180 + 1_048_576);
+        assert_eq!(resident_kib(status), 1180 + 4096 + 1_048_576);
         assert_eq!(resident_kib("Name:\tkthread\nThreads:\t1\n"), 0, "a kernel thread's status has neither");
         assert!(resident_kib(&std::fs::read_to_string("/proc/self/status").unwrap()) > 0);
     }
