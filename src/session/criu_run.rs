@@ -388,30 +388,40 @@ struct TreeMemory {
     huge_bytes: u64,
 }
 
-fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMemory> {
-    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
+/// Which process each pages image is of, and what of them is huge-page
+/// memory, from a tree's images.
+struct HugeImages {
+    /// Pages image name -> the pid whose pagemap names it.
+    owner: HashMap<String, u32>,
+    /// Pages image name -> its pages in huge-page memory: these ranges of
+    /// it (in page order, apart), or (None) all of it.
+    in_huge: HashMap<String, Option<Vec<(u64, u64)>>>,
+    /// Huge pages they fill, as (page size, count).
+    huge: Vec<(u64, u64)>,
+}
+
+/// Reads each process's pagemap and mm image, and the memfds, for
+/// [`HugeImages`].
+fn huge_images(source: &dyn BlockSource) -> Result<HugeImages> {
     let default_size = memory::default_huge_page_size();
-    let mut owner: HashMap<String, u32> = HashMap::new();
-    // A pages image's pages in huge-page memory: these ranges of it, or
-    // (None) all of it.
-    let mut in_huge: HashMap<String, Option<Vec<(u64, u64)>>> = HashMap::new();
-    let mut huge: Vec<(u64, u64)> = Vec::new();
-    let mut add_huge = |size: u64, n: u64| match huge.iter_mut().find(|(s, _)| *s == size) {
+    let mut found = HugeImages { owner: HashMap::new(), in_huge: HashMap::new(), huge: Vec::new() };
+    let add_huge = |huge: &mut Vec<(u64, u64)>, size: u64, n: u64| match huge.iter_mut().find(|(s, _)| *s == size) {
         Some((_, count)) => *count += n,
         None => huge.push((size, n)),
     };
     let mut shared: Vec<(u64, u64)> = Vec::new();
-    for f in files().filter(|f| f.kind == FileKind::Plain) {
+    let pagemaps = source.index().files.iter().filter(|f| f.is_criu_image() && f.kind == FileKind::Plain);
+    for f in pagemaps {
         let Some(pid) = images::process_pagemap_pid(&f.name).and_then(|p| p.parse::<u32>().ok()) else { continue };
         let pagemap = source.read_file(f)?;
         let Some(id) = images::pagemap_pages_id(&pagemap) else { continue };
-        owner.insert(format!("pages-{id}.img"), pid);
+        found.owner.insert(format!("pages-{id}.img"), pid);
         let mm = source.find(&format!("mm-{pid}.img")).map(|e| source.read_file(e)).transpose()?;
         let Some(h) = mm.and_then(|mm| images::huge_memory(&mm, &pagemap, default_size)) else { continue };
         if !h.private_pages.is_empty() {
-            in_huge.insert(format!("pages-{id}.img"), Some(h.private_pages));
+            found.in_huge.insert(format!("pages-{id}.img"), Some(h.private_pages));
         }
-        h.private_huge.into_iter().for_each(|(size, n)| add_huge(size, n));
+        h.private_huge.into_iter().for_each(|(size, n)| add_huge(&mut found.huge, size, n));
         shared.extend(h.shared);
     }
     let memfd = source.find("memfd.img").map(|e| source.read_file(e)).transpose()?;
@@ -421,10 +431,16 @@ fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMe
     for (shmid, size) in shared {
         let Some(e) = source.find(&format!("pagemap-shmem-{shmid}.img")) else { continue };
         if let Some((id, n)) = images::shared_huge_pages(&source.read_file(e)?, size) {
-            in_huge.insert(format!("pages-{id}.img"), None);
-            add_huge(size, n);
+            found.in_huge.insert(format!("pages-{id}.img"), None);
+            add_huge(&mut found.huge, size, n);
         }
     }
+    Ok(found)
+}
+
+fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMemory> {
+    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
+    let HugeImages { owner, in_huge, huge } = huge_images(source)?;
     let root = source.find("pstree.img").map(|e| source.read_file(e)).transpose()?;
     let root = root.and_then(|p| images::pstree_pids(&p)).and_then(|p| p.first().copied()).unwrap_or(0);
     let mut by_pid: Vec<(u32, u64)> = Vec::new();
@@ -436,7 +452,6 @@ fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMe
             let n = h.pages() as u64;
             match in_huge.get(&f.name) {
                 Some(None) => huge_pages += n,
-                // The ranges are in page order, apart (`images::huge_memory`).
                 Some(Some(ranges))
                     if ranges[..ranges.partition_point(|&(a, _)| a < first + n)]
                         .last()
