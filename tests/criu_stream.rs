@@ -1570,37 +1570,51 @@ impl Drop for HugePages {
 fn huge_page_memory_is_counted_in_the_pool_not_the_memory_cgroup() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let reserved = HugePages::reserve(40);
-    let group = LimitGroup::new("memory");
-    if !group.limit_memory(48 << 20) {
-        return eprintln!("SKIP: swap here, and no swap limit for the group");
+    // Private huge pages, which CRIU restores from the process's pages
+    // image; shared ones, which it dumps as a memfd's.
+    for huge_shared in [false, true] {
+        let reserved = HugePages::reserve(40);
+        let group = LimitGroup::new("memory");
+        if !group.limit_memory(48 << 20) {
+            return eprintln!("SKIP: swap here, and no swap limit for the group");
+        }
+        let spec = Spec { mib: 8, huge_mib: 64, huge_shared, group: Some(&group), ..Default::default() };
+        let mut w = Workload::start(spec);
+        let before = w.sums();
+        let tmp = tempfile::tempdir().unwrap();
+        let arc = tmp.path().join("a.czr");
+        // CRIU's dump maps shared huge pages privately, which takes as
+        // many free huge pages again: with 8 free, it fails, saying so,
+        // and the process runs on.
+        let _more = huge_shared.then(|| {
+            let out = criuz(&["dump", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert!(err.contains("raise vm.nr_hugepages by that much"), "{err}");
+            assert_eq!(w.sums(), before, "the process runs on");
+            HugePages::reserve(40)
+        });
+        dump(&w, &arc, &[]);
+        w.reap_original();
+        let in_group = || {
+            let mut cmd = Command::new(CRIUZ);
+            cmd.args(["restore", "-d", arc.to_str().unwrap()]);
+            group.join_on_exec(&mut cmd);
+            run(&mut cmd)
+        };
+        ok(in_group(), &format!("restore in the group (shared: {huge_shared})"));
+        assert_eq!(w.sums(), before, "shared: {huge_shared}: the restored memory differs");
+        assert_eq!(group.oom_kills(), 0);
+        w.kill_and_reap();
+        reserved.leave_free(8);
+        let out = in_group();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "shared: {huge_shared}: {err}");
+        let why = "its tree needs 32 huge pages of 2048 KiB (MAP_HUGETLB memory), and the system has 8 free";
+        assert!(err.contains(why), "shared: {huge_shared}: {err}");
+        assert!(!w.alive(), "shared: {huge_shared}: nothing restored");
+        w.stop();
     }
-    let mut w = Workload::start(Spec { mib: 8, huge_mib: 64, group: Some(&group), ..Default::default() });
-    let before = w.sums();
-    let tmp = tempfile::tempdir().unwrap();
-    let arc = tmp.path().join("a.czr");
-    dump(&w, &arc, &[]);
-    w.reap_original();
-    let in_group = || {
-        let mut cmd = Command::new(CRIUZ);
-        cmd.args(["restore", "-d", arc.to_str().unwrap()]);
-        group.join_on_exec(&mut cmd);
-        run(&mut cmd)
-    };
-    ok(in_group(), "restore in the group");
-    assert_eq!(w.sums(), before, "the restored memory differs");
-    assert_eq!(group.oom_kills(), 0);
-    w.kill_and_reap();
-    reserved.leave_free(8);
-    let out = in_group();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("its tree needs 32 huge pages of 2048 KiB (MAP_HUGETLB memory), and the system has 8 free"),
-        "{err}"
-    );
-    assert!(!w.alive(), "nothing restored");
-    w.stop();
 }
 
 /// A pid file that names an archive (a variable mixed up: `--pidfile

@@ -54,13 +54,15 @@ struct Args {
     /// MiB of private huge-page memory (MAP_HUGETLB) filled with the
     /// pattern, in the checksum too.
     huge_mib: usize,
+    /// That huge-page memory is shared (MAP_SHARED), not private.
+    huge_shared: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--lock-file 1] [--extra-maps 1] [--shared 1] \
-         [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N]"
+         [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N] [--huge-shared 1]"
     );
     std::process::exit(2)
 }
@@ -80,6 +82,7 @@ fn parse_args() -> Args {
         tcp_peer: None,
         same_children: false,
         huge_mib: 0,
+        huge_shared: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -98,6 +101,7 @@ fn parse_args() -> Args {
             "--tcp-peer" => a.tcp_peer = Some(v),
             "--same-children" => a.same_children = v == "1",
             "--huge-mib" => a.huge_mib = v.parse().unwrap_or_else(|_| usage()),
+            "--huge-shared" => a.huge_shared = v == "1",
             _ => usage(),
         }
     }
@@ -498,12 +502,12 @@ fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
     }
 }
 
-/// `len` bytes of private huge-page memory (the system's huge pages, which
-/// must be reserved: vm.nr_hugepages), filled with `pattern`.
-fn huge_pages(len: usize, pattern: &str) -> (usize, usize) {
+/// `len` bytes of huge-page memory, private or `shared` (the system's huge
+/// pages, which must be reserved: vm.nr_hugepages), filled with `pattern`.
+fn huge_pages(len: usize, pattern: &str, shared: bool) -> (usize, usize) {
     // SAFETY: a fresh anonymous mapping of our own, written within `len`.
     unsafe {
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
+        let flags = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
         let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
         if p == libc::MAP_FAILED {
             eprintln!("criuz-workload: huge pages: {}", std::io::Error::last_os_error());
@@ -740,7 +744,7 @@ fn main() {
         extra.extend(extra_maps(&a.dir));
     }
     if a.huge_mib > 0 {
-        extra.push(huge_pages(a.huge_mib << 20, &a.pattern));
+        extra.push(huge_pages(a.huge_mib << 20, &a.pattern, a.huge_shared));
     }
     let _ = EXTRA.set(extra);
 

@@ -214,7 +214,7 @@ pub fn log_errors(log: &Path, max: usize) -> Vec<String> {
 /// CRIU's errors that a criuz option, a CRIU option given after `--`, or
 /// waiting answers: what CRIU logged (every part on one line), and what to
 /// tell the user.
-const HINTS: [(&[&str], &str); 24] = [
+const HINTS: [(&[&str], &str); 25] = [
     (
         // The kernel refuses to pass an io_uring descriptor over a socket
         // (EINVAL), and CRIU's parasite hands the tree's descriptors over
@@ -330,6 +330,16 @@ const HINTS: [(&[&str], &str); 24] = [
         "a pid of the tree was taken while CRIU restored it (another restore of this checkpoint, or a new \
          process), or a process that outlived the tree still has it as its session (ps -eo pid,sid,comm names \
          it): restore again once it is free",
+    ),
+    (
+        // criu/shmem.c (v4.2) reads a memfd's contents through a private
+        // mapping of its own; of huge pages (shared MAP_HUGETLB memory,
+        // which CRIU dumps as a memfd), that mapping reserves the whole
+        // size from the pool, and fails where the pool has not that many.
+        &["Can't mmap shmem", "Cannot allocate memory"],
+        "CRIU could not map the tree's shared memory: of huge pages (MAP_HUGETLB, hugetlbfs), CRIU's dump maps \
+         it privately, which takes as many free huge pages as it holds, and a restore needs as many: raise \
+         vm.nr_hugepages by that much and run again",
     ),
 ];
 

@@ -78,6 +78,8 @@ pub struct Spec<'a> {
     pub high_fd: Option<i32>,
     /// MiB of private huge-page memory (reserve the pages first).
     pub huge_mib: usize,
+    /// That huge-page memory is shared (MAP_SHARED), not private.
+    pub huge_shared: bool,
     /// Standard output (else /dev/null).
     pub stdout: Option<&'a std::os::fd::OwnedFd>,
 }
@@ -99,6 +101,7 @@ impl Default for Spec<'_> {
             group: None,
             high_fd: None,
             huge_mib: 0,
+            huge_shared: false,
             stdout: None,
         }
     }
@@ -156,6 +159,9 @@ impl Workload {
         }
         if spec.huge_mib > 0 {
             cmd.args(["--huge-mib", &spec.huge_mib.to_string()]);
+            if spec.huge_shared {
+                cmd.args(["--huge-shared", "1"]);
+            }
         }
         if let Some(fd) = spec.high_fd {
             use std::os::unix::process::CommandExt;
