@@ -89,12 +89,17 @@ pub fn machine_room() -> u64 {
 }
 
 /// Huge pages of `size` bytes the system's pool can still give: the free
-/// ones less those already promised to mappings (`resv_hugepages`). `None`
-/// where the system keeps no pool of that size.
+/// ones less those already promised to mappings (`resv_hugepages`); 0 where
+/// the system has no pool of that size. `None` where the pools cannot be
+/// read at all (no sysfs, as in some containers): unknown, not empty.
 pub fn huge_page_room(size: u64) -> Option<u64> {
-    let dir = format!("/sys/kernel/mm/hugepages/hugepages-{}kB", size >> 10);
+    const POOLS: &str = "/sys/kernel/mm/hugepages";
+    let dir = format!("{POOLS}/hugepages-{}kB", size >> 10);
     let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok()?.trim().parse::<u64>().ok();
-    Some(read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0)))
+    match read("free_hugepages") {
+        Some(free) => Some(free.saturating_sub(read("resv_hugepages").unwrap_or(0))),
+        None => std::path::Path::new(POOLS).is_dir().then_some(0),
+    }
 }
 
 /// The system's default huge page size, for a mapping that names none.
@@ -333,6 +338,13 @@ fn named_path(own: &str) -> Option<(&str, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_of_huge_pages_the_system_lacks_has_no_room() {
+        assert!(std::path::Path::new("/sys/kernel/mm/hugepages").is_dir(), "sysfs here");
+        assert_eq!(huge_page_room(1 << 40), Some(0), "no pool of 1 TiB pages");
+        assert!(huge_page_room(default_huge_page_size()).is_some());
+    }
 
     const MOUNTS: &str = "\
 25 20 0:22 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw

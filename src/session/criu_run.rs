@@ -485,7 +485,9 @@ fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMe
 /// 0x... mapping with 0xfffffffffffffff4".
 fn check_huge_page_room(label: &str, huge: &[(u64, u64)]) -> Result<()> {
     for &(size, needs) in huge.iter().filter(|(_, n)| *n > 0) {
-        let room = memory::huge_page_room(size).unwrap_or(0);
+        // Pools that cannot be read are left to CRIU (which says so, with
+        // a hint): never a refusal on a guess.
+        let Some(room) = memory::huge_page_room(size) else { continue };
         if needs > room {
             return Err(Error::Criu(format!(
                 "cannot restore {label}: its tree needs {needs} huge pages of {} KiB (MAP_HUGETLB memory), and the \
