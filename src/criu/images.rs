@@ -658,11 +658,22 @@ pub fn lazy_runs_registered(mm: &[u8], runs: &[PageRun]) -> bool {
 /// expected.
 pub fn private_huge_pages(mm: &[u8]) -> Option<bool> {
     let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
-    Some(mm.vmas.iter().any(|v| {
-        v.status & VMA_AREA_REGULAR != 0
-            && v.flags & libc::MAP_HUGETLB as u32 != 0
-            && v.flags & libc::MAP_SHARED as u32 == 0
-    }))
+    Some(mm.vmas.iter().any(|v| is_huge(v) && v.flags & libc::MAP_SHARED as u32 == 0))
+}
+
+/// Whether a VMA is a mapping of huge pages (`MAP_HUGETLB`).
+fn is_huge(v: &VmaEntry) -> bool {
+    v.status & VMA_AREA_REGULAR != 0 && v.flags & libc::MAP_HUGETLB as u32 != 0
+}
+
+/// The huge page size that mmap or memfd_create `flags` name: log2 of it
+/// from [`MAP_HUGE_SHIFT`] (the same bits for both), 0 for the system's
+/// `default` size. `None` for a size past 64 bits.
+fn huge_page_size(flags: u32, default: u64) -> Option<u64> {
+    match (flags >> MAP_HUGE_SHIFT) & 0x3f {
+        0 => Some(default),
+        shift => 1u64.checked_shl(shift),
+    }
 }
 
 /// Where a huge-page mapping's flags hold log2 of its page size (0: the
@@ -690,15 +701,10 @@ pub struct HugeMemory {
 /// mapping that names none. `None` if an image is not as expected.
 pub fn huge_memory(mm: &[u8], pagemap: &[u8], default_size: u64) -> Option<HugeMemory> {
     let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
-    let huge = libc::MAP_HUGETLB as u32;
-    let size_of = |flags: u32| match (flags >> MAP_HUGE_SHIFT) & 0x3f {
-        0 => Some(default_size),
-        shift => 1u64.checked_shl(shift),
-    };
     let mut out = HugeMemory::default();
     let mut private: Vec<(u64, u64, u64)> = Vec::new();
-    for v in mm.vmas.iter().filter(|v| v.status & VMA_AREA_REGULAR != 0 && v.flags & huge != 0) {
-        let size = size_of(v.flags)?.max(crate::format::PAGE_SIZE as u64);
+    for v in mm.vmas.iter().filter(|v| is_huge(v)) {
+        let size = huge_page_size(v.flags, default_size)?.max(crate::format::PAGE_SIZE as u64);
         if v.flags & libc::MAP_SHARED as u32 != 0 {
             // Shared memory of huge pages is, where the kernel has memfds
             // of huge pages, a memfd ([`huge_memfds`]); else shared memory
@@ -757,11 +763,7 @@ pub fn huge_memfds(memfd: &[u8], default_size: u64) -> Option<Vec<(u64, u64)>> {
     for obj in objects(memfd, MEMFD_INODE_MAGIC)? {
         let e = MemfdInodeEntry::decode(obj).ok()?;
         let Some(flag) = e.hugetlb_flag.filter(|f| f & MFD_HUGETLB != 0) else { continue };
-        let size = match (flag >> MAP_HUGE_SHIFT) & 0x3f {
-            0 => default_size,
-            shift => 1u64.checked_shl(shift)?,
-        };
-        out.push((u64::from(e.shmid), size));
+        out.push((u64::from(e.shmid), huge_page_size(flag, default_size)?));
     }
     Some(out)
 }
