@@ -10,8 +10,8 @@
 //! The registration shows only in `/proc/PID/smaps` (`VmFlags: um`),
 //! which walks the page tables (about 20 ms a resident GiB). It is read
 //! only where a process outside the tree holds a userfaultfd (a scan of
-//! `/proc/*/fd`, fractions of a millisecond on a quiet machine): nearly
-//! every dump pays only the scan. A holder that criuz cannot see (in a pid
+//! `/proc/*/fd` on every core, fractions of a millisecond on a quiet
+//! machine): nearly every dump pays only the scan. A holder that criuz cannot see (in a pid
 //! namespace above it) goes unseen.
 
 use crate::error::{Error, Result};
@@ -43,17 +43,17 @@ fn memory_arriving(pids: &[i32]) -> Option<i32> {
 /// The processes criuz can see that hold a userfaultfd; `None` where one
 /// whose descriptors cannot be read might.
 fn userfaultfd_holders() -> Option<Vec<i32>> {
-    let mut holders = Vec::new();
-    for pid in super::all_pids().ok()? {
-        match super::fd_links(pid) {
-            Ok(links) if links.iter().any(|(_, t)| t.as_os_str() == "anon_inode:[userfaultfd]") => holders.push(pid),
-            Ok(_) => {}
-            // Gone meanwhile: holds nothing.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => return None,
-        }
-    }
-    Some(holders)
+    let holds = |pid: i32| match super::fd_links(pid) {
+        Ok(links) => Some(links.iter().any(|(_, t)| t.as_os_str() == "anon_inode:[userfaultfd]").then_some(pid)),
+        // Gone meanwhile: holds nothing.
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(None),
+        Err(_) => None,
+    };
+    super::scan_processes(|_| false, holds)
+        .ok()?
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(|h| h.into_iter().flatten().collect())
 }
 
 /// Whether a mapping of `pid` is registered for missing-page faults. Read

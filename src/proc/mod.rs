@@ -40,6 +40,29 @@ pub(crate) fn all_pids() -> std::io::Result<Vec<i32>> {
     Ok(std::fs::read_dir("/proc")?.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
 }
 
+/// `visit` run on every process /proc lists but those `skip` names, split
+/// over the cores (at most 16); the answers in no particular order. A walk
+/// of every process's descriptors reads a link per descriptor: with 5,000
+/// idle processes, 0.12 s on one core of this VM, 0.07-0.09 s on two (a
+/// one-off harness, not kept).
+pub(crate) fn scan_processes<T: Send>(
+    skip: impl Fn(i32) -> bool,
+    visit: impl Fn(i32) -> T + Sync,
+) -> std::io::Result<Vec<T>> {
+    let mut pids = all_pids()?;
+    pids.retain(|&pid| !skip(pid));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let chunk = pids.len().div_ceil(threads).max(1);
+    let visit = &visit;
+    Ok(std::thread::scope(|s| {
+        let walks: Vec<_> = pids
+            .chunks(chunk)
+            .map(|pids| s.spawn(move || pids.iter().map(|&p| visit(p)).collect::<Vec<T>>()))
+            .collect();
+        walks.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    }))
+}
+
 /// What each descriptor of `pid` is, as its /proc link reads: (fd, target).
 /// A descriptor closed meanwhile is left out.
 pub(crate) fn fd_links(pid: i32) -> std::io::Result<Vec<(i32, std::path::PathBuf)>> {

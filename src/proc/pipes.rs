@@ -82,37 +82,25 @@ pub fn ends_outside(tree: &[i32]) -> Vec<OutsideEnd> {
         return Vec::new();
     }
     let me = std::process::id() as i32;
-    let Ok(mut others) = super::all_pids() else { return Vec::new() };
-    others.retain(|pid| *pid != me && !members.contains(pid));
-    // The walk reads a link per descriptor of every process: split over the
-    // cores, and an end's access mode read only for the tree's pipes (4,000
-    // processes of 5 descriptors each added 140 ms to a dump on one core and
-    // reading every pipe's mode, 75 ms so on 2 cores).
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-    let chunk = others.len().div_ceil(threads).max(1);
-    let other_ends: Vec<(u64, Held)> = std::thread::scope(|s| {
-        let walks: Vec<_> = others
-            .chunks(chunk)
-            .map(|pids| {
-                let inside = &inside;
-                s.spawn(move || {
-                    let mut ends = Vec::new();
-                    for &pid in pids {
-                        for (fd, inode) in pipe_links(pid) {
-                            let Some((_, tree_writes, _)) = inside.get(&inode) else { continue };
-                            let Some(held) = held_end(pid, fd) else { continue };
-                            let other_side = if *tree_writes { held.reads } else { held.writes };
-                            if other_side {
-                                ends.push((inode, held));
-                            }
-                        }
-                    }
-                    ends
-                })
-            })
-            .collect();
-        walks.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
-    });
+    // An end's access mode is read only for the tree's pipes (4,000
+    // processes of 5 descriptors each added 140 ms to a dump on one core
+    // and reading every pipe's mode, 75 ms so on 2 cores).
+    let outside = |pid: i32| {
+        let mut ends = Vec::new();
+        for (fd, inode) in pipe_links(pid) {
+            let Some((_, tree_writes, _)) = inside.get(&inode) else { continue };
+            let Some(held) = held_end(pid, fd) else { continue };
+            let other_side = if *tree_writes { held.reads } else { held.writes };
+            if other_side {
+                ends.push((inode, held));
+            }
+        }
+        ends
+    };
+    let Ok(other_ends) = super::scan_processes(|pid| pid == me || members.contains(&pid), outside) else {
+        return Vec::new();
+    };
+    let other_ends = other_ends.into_iter().flatten();
     let mut found: Vec<OutsideEnd> = Vec::new();
     for (inode, held) in other_ends {
         let (_, tree_writes, ours) = inside[&inode];
