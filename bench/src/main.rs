@@ -108,6 +108,12 @@ pub struct BenchArgs {
     /// first N of the CPUs it may use, to show scaling (e.g. 1, 2, 4, 8, 16)
     #[arg(long, value_name = "N")]
     pub cpus: Option<usize>,
+    /// Keep N idle processes beside the whole run (each a `sleep`, ended
+    /// with the run), as on a busy host: what criuz's walks of every
+    /// process (whose descriptors hold a userfaultfd, or the other end of
+    /// the tree's pipes) cost its dumps and restores there
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub idle_processes: usize,
     /// Instead of the comparison: a CUDA process (PyTorch, bf16 weights and
     /// KV cache on the GPU) with criu-dir (CUDA suspended through the
     /// driver, then criu dump -D; criu restore, then the driver's resume)
@@ -387,7 +393,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ),
     }
     // Probed once, after any pinning (its cores are the run's).
-    let machine = Machine::probe(&criu.version, kernel_cache);
+    let machine = Machine::probe(&criu.version, kernel_cache, args.idle_processes);
     // criuz and criuz-workload are built beside this binary.
     let criuz = std::env::current_exe()?.with_file_name("criuz");
     let workload_bin = criuz.with_file_name("criuz-workload");
@@ -395,6 +401,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         proc::drop_caches()?;
     }
     proc::become_subreaper()?;
+    let _idle = proc::IdleProcesses::start(args.idle_processes)?;
+    if args.idle_processes > 0 {
+        eprintln!("bench: {} idle processes run beside it", args.idle_processes);
+    }
     let started = Instant::now();
 
     // Why a workload or configuration cannot run at all on this machine.

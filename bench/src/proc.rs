@@ -38,6 +38,51 @@ pub fn become_subreaper() -> Result<()> {
     Ok(())
 }
 
+/// Idle processes kept beside a run (`--idle-processes`): each a `sleep`
+/// with /dev/null for its streams, ended and reaped when dropped, and
+/// killed by the kernel should the bench die first.
+pub struct IdleProcesses(Vec<std::process::Child>);
+
+impl IdleProcesses {
+    pub fn start(n: usize) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let mut idle = IdleProcesses(Vec::with_capacity(n));
+        for _ in 0..n {
+            let mut sleep = Command::new("sleep");
+            // SAFETY: prctl is async-signal-safe, and nothing else runs
+            // between fork and exec.
+            unsafe {
+                sleep.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) {
+                    0 => Ok(()),
+                    _ => Err(io::Error::last_os_error()),
+                })
+            };
+            let child = sleep
+                .arg("infinity")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    Error::Invalid(format!("cannot start idle process {} of {n}: sleep: {e}", idle.0.len() + 1))
+                })?;
+            idle.0.push(child);
+        }
+        Ok(idle)
+    }
+}
+
+impl Drop for IdleProcesses {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Restricts this process (and all it starts later) to the first `n` CPUs
 /// of its current affinity mask; returns them.
 pub fn pin_to_cpus(n: usize) -> Result<Vec<usize>> {
@@ -703,6 +748,23 @@ pub fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_processes_run_until_dropped_and_are_reaped() {
+        let idle = IdleProcesses::start(3).unwrap();
+        let pids: Vec<u32> = idle.0.iter().map(|c| c.id()).collect();
+        let state = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let sleeping = || pids.iter().all(|&p| state(p).is_some_and(|s| s.contains("(sleep) S")));
+        // Each runs `sleep` once it has exec'd.
+        let since = Instant::now();
+        while !sleeping() && since.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(sleeping(), "{pids:?}");
+        drop(idle);
+        // Reaped, not left as zombies (a pid reused meanwhile is no sleep of ours).
+        assert!(pids.iter().all(|&p| state(p).is_none_or(|s| !s.contains("(sleep)"))), "{pids:?}");
+    }
 
     #[test]
     fn a_reaped_child_killed_by_a_signal_is_remembered_by_pid() {

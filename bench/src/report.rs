@@ -96,6 +96,8 @@ pub struct Machine {
     /// every start: dumps, restores and a lazy tree's start alike).
     pub criu_kernel_cache: Option<String>,
     pub criuz_version: String,
+    /// Idle processes kept beside the run (`--idle-processes`).
+    pub idle_processes: usize,
 }
 
 /// Where `criu` keeps its kernel cache (`kerndat`), as CRIU itself says:
@@ -128,7 +130,7 @@ pub fn criu_kernel_cache(criu: &std::path::Path) -> Option<String> {
 }
 
 impl Machine {
-    pub fn probe(criu_version: &str, criu_kernel_cache: Option<String>) -> Machine {
+    pub fn probe(criu_version: &str, criu_kernel_cache: Option<String>, idle_processes: usize) -> Machine {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let memory = meminfo
             .lines()
@@ -151,6 +153,7 @@ impl Machine {
             criu_version: criu_version.to_string(),
             criu_kernel_cache,
             criuz_version: env!("CARGO_PKG_VERSION").to_string(),
+            idle_processes,
         }
     }
 }
