@@ -11,8 +11,8 @@
 //! which walks the page tables (about 20 ms a resident GiB). It is read
 //! only where a process outside the tree holds a userfaultfd (a scan of
 //! `/proc/*/fd` on every core, fractions of a millisecond on a quiet
-//! machine): nearly every dump pays only the scan. A holder that criuz cannot see (in a pid
-//! namespace above it) goes unseen.
+//! machine): nearly every dump pays only the scan. A holder that criuz
+//! cannot see (in a pid namespace above it) goes unseen.
 
 use crate::error::{Error, Result};
 

@@ -53,13 +53,23 @@ pub(crate) fn scan_processes<T: Send>(
     pids.retain(|&pid| !skip(pid));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
     let chunk = pids.len().div_ceil(threads).max(1);
-    let visit = &visit;
+    let walk = |pids: &[i32]| pids.iter().map(|&p| visit(p)).collect::<Vec<T>>();
     Ok(std::thread::scope(|s| {
-        let walks: Vec<_> = pids
-            .chunks(chunk)
-            .map(|pids| s.spawn(move || pids.iter().map(|&p| visit(p)).collect::<Vec<T>>()))
-            .collect();
-        walks.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        // A chunk whose thread the system will not start (a pids limit) is
+        // walked here, after the others.
+        let mut here = Vec::new();
+        let mut walks = Vec::new();
+        for pids in pids.chunks(chunk) {
+            match std::thread::Builder::new().name("criuz-scan".into()).spawn_scoped(s, move || walk(pids)) {
+                Ok(w) => walks.push(w),
+                Err(_) => here.push(pids),
+            }
+        }
+        let mut seen: Vec<T> = here.into_iter().flat_map(walk).collect();
+        for w in walks {
+            seen.extend(w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        }
+        seen
     }))
 }
 
@@ -70,4 +80,20 @@ pub(crate) fn fd_links(pid: i32) -> std::io::Result<Vec<(i32, std::path::PathBuf
         .flatten()
         .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, std::fs::read_link(e.path()).ok()?)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_scan_visits_every_process_but_those_skipped() {
+        let me = std::process::id() as i32;
+        let seen = super::scan_processes(|_| false, |pid| pid).unwrap();
+        assert!(seen.contains(&me) && seen.contains(&1), "{seen:?}");
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), seen.len(), "a process visited twice");
+        let seen = super::scan_processes(|pid| pid == me, |pid| pid).unwrap();
+        assert!(!seen.contains(&me) && seen.contains(&1), "{seen:?}");
+    }
 }
