@@ -109,9 +109,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub cpus: Option<usize>,
     /// Keep N idle processes beside the whole run (each a `sleep`, ended
-    /// with the run), as on a busy host: what criuz's walks of every
+    /// with the run), as on a busy host: what a dump's walks of every
     /// process (whose descriptors hold a userfaultfd, or the other end of
-    /// the tree's pipes) cost its dumps and restores there
+    /// the tree's pipes) cost there
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub idle_processes: usize,
     /// Instead of the comparison: a CUDA process (PyTorch, bf16 weights and
