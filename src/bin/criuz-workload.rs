@@ -11,7 +11,10 @@
 //! suspended CUDA inference process: see [`gpu_image_page`]).
 //! Modes: single; tree (children share the parent's pages copy-on-write, and
 //! each rewrites or zeroes some of them); threads (several threads write the
-//! memory and stay alive).
+//! memory and stay alive). With `--shared 1 --filled-by-child 1` (single
+//! mode) a child writes the shared memory, writes DIR/sum-filler and exits:
+//! the root maps pages it has never touched, as a server whose exited
+//! workers filled its shared cache (PostgreSQL's shared buffers).
 //!
 //! Writes DIR/ready (root pid) once set up; on SIGUSR1 every process writes
 //! DIR/sum-<role> ("root", "child1", ...); on SIGUSR2 every process rewrites
@@ -56,13 +59,16 @@ struct Args {
     huge_mib: usize,
     /// That huge-page memory is shared (MAP_SHARED), not private.
     huge_shared: bool,
+    /// The (shared) memory is written by a child that then exits.
+    filled_by_child: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--lock-file 1] [--extra-maps 1] [--shared 1] \
-         [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N] [--huge-shared 1]"
+         [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N] [--huge-shared 1] \
+         [--filled-by-child 1]"
     );
     std::process::exit(2)
 }
@@ -83,6 +89,7 @@ fn parse_args() -> Args {
         same_children: false,
         huge_mib: 0,
         huge_shared: false,
+        filled_by_child: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -102,10 +109,11 @@ fn parse_args() -> Args {
             "--same-children" => a.same_children = v == "1",
             "--huge-mib" => a.huge_mib = v.parse().unwrap_or_else(|_| usage()),
             "--huge-shared" => a.huge_shared = v == "1",
+            "--filled-by-child" => a.filled_by_child = v == "1",
             _ => usage(),
         }
     }
-    if a.dir.as_os_str().is_empty() {
+    if a.dir.as_os_str().is_empty() || (a.filled_by_child && (!a.shared || a.mode != "single")) {
         usage()
     }
     a
@@ -343,6 +351,28 @@ fn fill_all(buf: &mut [u8], pattern: &str) {
     // SAFETY: mallopt only sets an allocator parameter.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     fill_on(buf, pattern, criuz::engine::default_threads());
+}
+
+/// [`fill_all`] in a child that then writes DIR/sum-filler and exits; the
+/// caller, whose `buf` is shared memory, waits for it and never reads
+/// `buf` itself until asked for its checksum.
+fn fill_in_child(buf: &mut [u8], pattern: &str, dir: &Path, file_fd: Option<i32>) {
+    // SAFETY: the caller is single-threaded here; the child fills, reports
+    // and leaves with _exit (nothing of the parent's runs twice).
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        fill_all(buf, pattern);
+        write_atomic(&dir.join("sum-filler"), &report(buf, file_fd));
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    let waited = unsafe { libc::waitpid(child, &mut status, 0) };
+    if child < 0 || waited != child || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        eprintln!("criuz-workload: the child filling the memory failed");
+        std::process::exit(1)
+    }
 }
 
 /// [`fill_all`] on `threads` threads.
@@ -879,6 +909,11 @@ fn main() {
             }
             write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
             serve_signals(&set, &a.dir, "root", buf, file_fd, &children);
+        }
+        "single" if a.filled_by_child => {
+            fill_in_child(buf, &a.pattern, &a.dir, file_fd);
+            write_atomic(&a.dir.join("ready"), &format!("{}\n", std::process::id()));
+            serve_signals(&set, &a.dir, "root", buf, file_fd, &[]);
         }
         "single" => {
             fill_all(buf, &a.pattern);

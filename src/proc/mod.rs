@@ -7,7 +7,8 @@
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
 //! TCP_CORK taken off through pidfd_getfd); `memory` is what memory criuz
 //! may count on (the machine's, or its memory cgroup's); `pipes` finds the
-//! pipes a tree shares with processes outside it; `budget` is the
+//! pipes a tree shares with processes outside it; `shmem` what the shared
+//! memory objects a tree maps hold; `budget` is the
 //! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
 //! dump at a time checkpoint a tree; `arriving` tells a tree whose lazy
 //! restore is still copying its memory in; `interrupt` turns a
@@ -32,6 +33,7 @@ pub mod guard;
 pub mod interrupt;
 pub mod memory;
 pub mod pipes;
+pub mod shmem;
 pub mod socket;
 pub mod tree;
 

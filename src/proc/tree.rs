@@ -510,13 +510,17 @@ pub(crate) fn describe_end(status: i32) -> String {
 
 /// Resident bytes of the tree rooted at `pid` (each process's
 /// [`resident_kib`] summed; pages shared between its processes counted
-/// each time): about the most a dump of it can hold.
+/// each time), and what the shared memory objects it maps hold, which
+/// CRIU dumps whole (`shmem`): about the most a dump of it can hold.
 pub(crate) fn resident_bytes(pid: i32) -> usize {
-    tree_pids(&[pid])
+    let pids = tree_pids(&[pid]);
+    let resident: usize = pids
         .iter()
         .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
         .map(|status| resident_kib(&status).saturating_mul(1024))
-        .sum()
+        .sum();
+    let shared = usize::try_from(super::shmem::dumped_shared_bytes(&pids)).unwrap_or(usize::MAX);
+    resident.saturating_add(shared)
 }
 
 /// The memory a process's `/proc/PID/status` says it holds, in KiB: its

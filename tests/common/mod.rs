@@ -80,6 +80,9 @@ pub struct Spec<'a> {
     pub huge_mib: usize,
     /// That huge-page memory is shared (MAP_SHARED), not private.
     pub huge_shared: bool,
+    /// The (shared) memory is written by a child that then exits, and
+    /// writes its checksum to DIR/sum-filler first.
+    pub filled_by_child: bool,
     /// Standard output (else /dev/null).
     pub stdout: Option<&'a std::os::fd::OwnedFd>,
 }
@@ -102,6 +105,7 @@ impl Default for Spec<'_> {
             high_fd: None,
             huge_mib: 0,
             huge_shared: false,
+            filled_by_child: false,
             stdout: None,
         }
     }
@@ -140,6 +144,9 @@ impl Workload {
         }
         if spec.same_children {
             cmd.args(["--same-children", "1"]);
+        }
+        if spec.filled_by_child {
+            cmd.args(["--filled-by-child", "1"]);
         }
         if let Some(peer) = &spec.tcp_peer {
             cmd.args(["--tcp-peer", peer]);
