@@ -19,11 +19,12 @@ use workload::{Running, Tools};
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all but shared, threaded and hugetlb]:
+    /// Workloads, comma separated [default: all but shared, threaded, hugetlb and shared-cache]:
     /// zero,mixed,random,text,elf,bf16,gpu-image (memory patterns), forked (a parent and three
     /// forked children), redis,jvm,python (applications); shared (text in shared anonymous
     /// memory, which CRIU restores itself), threaded (mixed in one process of 256 threads),
-    /// hugetlb (mixed in private huge pages, reserved for the run with vm.nr_hugepages)
+    /// hugetlb (mixed in private huge pages, reserved for the run with vm.nr_hugepages), shared-cache
+    /// (mixed in shared anonymous memory written by a child that has exited)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat

@@ -38,8 +38,11 @@ const FORKED_CHILDREN: usize = 3;
 /// stack is a mapping of its own), and `hugetlb` (the `mixed` pattern in
 /// private huge pages, `MAP_HUGETLB`, as a database's or a JVM's large
 /// pages; the bench reserves the pages, vm.nr_hugepages, for the run and
-/// gives them back after).
-pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb"];
+/// gives them back after), and `shared-cache` (the `mixed` pattern in
+/// shared anonymous memory written by a child that has exited, as a
+/// server's workers fill its shared cache: PostgreSQL's shared buffers;
+/// the process dumped has touched none of it).
+pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb", "shared-cache"];
 const THREADED_THREADS: usize = 256;
 
 /// The workloads a run does by default.
@@ -146,6 +149,13 @@ enum Kind {
     /// `criuz-workload`: its root, and as many forked children.
     Pattern {
         children: usize,
+        /// Its memory was written by a child that has exited (the
+        /// `shared-cache` workload): the first fingerprint is that child's
+        /// checksum, so the root has touched none of it when it is dumped.
+        /// Its fingerprints are the checksum alone (the filler's pid and
+        /// threads are not the root's).
+        filled_by_child: bool,
+        untouched: bool,
     },
     Redis {
         addr: SocketAddr,
@@ -244,6 +254,11 @@ impl Running {
                         cmd.args(["--mib", "4", "--pattern", "mixed", "--huge-mib", &mib.to_string()]);
                         0
                     }
+                    "shared-cache" => {
+                        cmd.args(["--mib", &mib.to_string(), "--pattern", "mixed", "--shared", "1"]);
+                        cmd.args(["--filled-by-child", "1"]);
+                        0
+                    }
                     "threaded" => {
                         let threads = THREADED_THREADS.to_string();
                         cmd.args(["--mib", &mib.to_string(), "--pattern", "mixed", "--mode", "threads"]);
@@ -265,7 +280,8 @@ impl Running {
                     cmd.args(["--tcp-peer", &peer.to_string()]);
                 }
                 run.pid = spawn_detached(cmd, &log)?;
-                run.kind = Kind::Pattern { children };
+                let filled_by_child = p == "shared-cache";
+                run.kind = Kind::Pattern { children, filled_by_child, untouched: filled_by_child };
                 wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
             }
@@ -323,34 +339,20 @@ impl Running {
 
     /// [`fingerprint`](Self::fingerprint), failing after `timeout`.
     pub fn fingerprint_within(&mut self, timeout: Duration) -> Result<String> {
-        match &self.kind {
-            Kind::Pattern { children } => {
-                // Every process of the tree checks its own memory (the root
-                // passes the signal on to its children).
-                let roles: Vec<String> =
-                    std::iter::once("root".to_string()).chain((1..=*children).map(|k| format!("child{k}"))).collect();
-                let sums: Vec<PathBuf> = roles.iter().map(|r| self.dir.join(format!("sum-{r}"))).collect();
-                for sum in &sums {
-                    let _ = std::fs::remove_file(sum);
+        match &mut self.kind {
+            Kind::Pattern { children, filled_by_child, untouched } => {
+                let (children, filled_by_child, first) = (*children, *filled_by_child, std::mem::take(untouched));
+                if !filled_by_child {
+                    return self.pattern_sums(children, timeout);
                 }
-                let processes = proc::tree(self.pid).len();
-                if processes != roles.len() {
-                    return Err(Error::Invalid(format!(
-                        "workload {} has {processes} processes, not {}",
-                        self.pid,
-                        roles.len()
-                    )));
-                }
-                // SAFETY: signalling our own workload.
-                if unsafe { libc::kill(self.pid, libc::SIGUSR1) } != 0 {
-                    return Err(Error::Invalid(format!("workload {} is not running", self.pid)));
-                }
-                wait_for("the workload's checksums", timeout, self.pid, || sums.iter().all(|s| s.exists()))?;
-                let mut all = Vec::with_capacity(sums.len());
-                for sum in &sums {
-                    all.push(std::fs::read_to_string(sum).map_err(|e| Error::file(sum, e))?.trim().to_string());
-                }
-                Ok(all.join(" "))
+                let line = if first {
+                    let filler = self.dir.join("sum-filler");
+                    std::fs::read_to_string(&filler).map_err(|e| Error::file(&filler, e))?
+                } else {
+                    self.pattern_sums(children, timeout)?
+                };
+                let checksum = line.split_whitespace().filter(|f| f.starts_with("sum=") || f.starts_with("bytes="));
+                Ok(checksum.collect::<Vec<_>>().join(" "))
             }
             Kind::Redis { addr, keys, .. } => {
                 let keys = *keys;
@@ -375,6 +377,35 @@ impl Running {
             }
             Kind::Answering => self.ask("", "the application's answer"),
         }
+    }
+
+    /// The checksum lines of a `criuz-workload` tree: every process checks
+    /// its own memory (the root passes the signal on to its children).
+    fn pattern_sums(&self, children: usize, timeout: Duration) -> Result<String> {
+        let roles: Vec<String> =
+            std::iter::once("root".to_string()).chain((1..=children).map(|k| format!("child{k}"))).collect();
+        let sums: Vec<PathBuf> = roles.iter().map(|r| self.dir.join(format!("sum-{r}"))).collect();
+        for sum in &sums {
+            let _ = std::fs::remove_file(sum);
+        }
+        let processes = proc::tree(self.pid).len();
+        if processes != roles.len() {
+            return Err(Error::Invalid(format!(
+                "workload {} has {processes} processes, not {}",
+                self.pid,
+                roles.len()
+            )));
+        }
+        // SAFETY: signalling our own workload.
+        if unsafe { libc::kill(self.pid, libc::SIGUSR1) } != 0 {
+            return Err(Error::Invalid(format!("workload {} is not running", self.pid)));
+        }
+        wait_for("the workload's checksums", timeout, self.pid, || sums.iter().all(|s| s.exists()))?;
+        let mut all = Vec::with_capacity(sums.len());
+        for sum in &sums {
+            all.push(std::fs::read_to_string(sum).map_err(|e| Error::file(sum, e))?.trim().to_string());
+        }
+        Ok(all.join(" "))
     }
 
     /// Rewrites about `percent`% of the workload's state in place, as a
