@@ -2687,6 +2687,43 @@ fn a_restore_larger_than_its_memory_cgroup_is_refused_first() {
     w.stop();
 }
 
+/// Shared memory comes back whole, zero pages too (only a process's zero
+/// runs are left out of a restore): counted without them, a 512 MiB shared
+/// mapping half of zeros was taken for 256 MiB, and its restore in a group
+/// with 300 MiB free was OOM-killed ("killed by signal 9"). It is refused
+/// first, however it would fill, and restores outside the group.
+#[test]
+fn shared_memory_is_counted_with_its_zero_pages() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let group = LimitGroup::new("memory");
+    if !group.limit_memory(72 << 20) {
+        return eprintln!("SKIP: swap here, and no swap limit for the group");
+    }
+    // `mixed`: half of the 96 MiB are zero pages.
+    let mut w = Workload::start(Spec { mib: 96, shared: true, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("a.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    for fill in [&[][..], &["--fill", "place"], &["--lazy"]] {
+        let mut cmd = Command::new(CRIUZ);
+        cmd.args(["restore", "-d", arc.to_str().unwrap()]).args(fill);
+        group.join_on_exec(&mut cmd);
+        let out = run(&mut cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{fill:?}: {err}");
+        let why = format!("of memory, more than memory cgroup {} has room for", group.dir.display());
+        assert!(err.contains(&why), "{fill:?}: {err}");
+        assert_eq!(group.oom_kills(), 0, "{fill:?}: {err}");
+        assert!(!w.alive(), "{fill:?}: nothing restored");
+    }
+    ok(criuz(&["restore", "-d", arc.to_str().unwrap()]), "restore outside the group");
+    assert_eq!(w.sums(), before);
+    w.stop();
+}
+
 /// A tree that fits its memory cgroup's limit but not what the group's
 /// other processes leave of it is refused before anything runs, however it
 /// would fill (placed, the OOM killer killed the tree's process and then

@@ -178,6 +178,29 @@ fn made_room(m: &DumpedMemoryLimit, swap: u64) -> u64 {
     }
 }
 
+/// The OOM kills the machine had counted when [`note_oom_kills`] ran.
+static OOM_KILLS_NOTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Notes the OOM kills the machine has counted so far (`oom_kill` of
+/// /proc/vmstat, memory cgroups' kills included), once per process: a CRIU
+/// that later fails on a process "killed by signal 9" can then say whether
+/// the OOM killer did it ([`oom_kills_since_noted`]).
+pub fn note_oom_kills() {
+    OOM_KILLS_NOTED.get_or_init(|| vmstat("oom_kill").unwrap_or(u64::MAX));
+}
+
+/// The OOM kills the machine has counted since [`note_oom_kills`]; `None`
+/// where it was not called or /proc/vmstat cannot say.
+pub fn oom_kills_since_noted() -> Option<u64> {
+    let noted = *OOM_KILLS_NOTED.get()?;
+    Some(vmstat("oom_kill")?.saturating_sub(noted))
+}
+
+fn vmstat(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;

@@ -78,13 +78,29 @@ pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &S
             " (process {pid} of the tree ended while CRIU was stopping it: nothing was dumped; dump again if the \
              tree still runs)"
         ),
-        (None, None) => criu::log_hint(path).map(|h| format!(" ({h})")).unwrap_or_default(),
+        (None, None) => oom_hint(&errs, memory::oom_kills_since_noted())
+            .or_else(|| criu::log_hint(path).map(str::to_string))
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default(),
     };
     let log = match log {
         SavedLog::Kept(path) => format!("log: {}", path.display()),
         not_kept => not_kept.to_string(),
     };
     Error::Criu(format!("{what} failed ({status}); {log}{errs}{hint}"))
+}
+
+/// Why a process of the tree was "killed by signal 9" (CRIU's words for a
+/// restored process that died under it), where the machine counted OOM
+/// kills since criuz started: memory taken by others meanwhile, or a tree
+/// larger than the check before CRIU counted.
+fn oom_hint(errs: &str, kills_since_start: Option<u64>) -> Option<String> {
+    let kills = kills_since_start.filter(|&n| n > 0 && errs.contains("killed by signal 9"))?;
+    Some(format!(
+        "the kernel's OOM killer ended {kills} process{} meanwhile: the tree needed more memory than its memory \
+         cgroup or the machine had left; free some, or raise the limit, and restore again",
+        if kills == 1 { "" } else { "es" }
+    ))
 }
 
 /// How a CRIU run on a thread of its own ended (the thread joined).
@@ -446,6 +462,12 @@ fn tree_memory(source: &dyn BlockSource, keep_zero_pages: bool) -> Result<TreeMe
     let mut by_pid: Vec<(u32, u64)> = Vec::new();
     let mut huge_pages = 0u64;
     for f in files().filter(|f| f.kind == FileKind::Pages) {
+        // Only a process's pages have their zero runs left out
+        // (`serve::zero_plan`); shared memory's come back whole, zero pages
+        // taking memory like any other. Counted without them, a 512 MiB
+        // shared cache half of zeros was taken for 256 MiB, and the restore
+        // was OOM-killed ("killed by signal 9") in a group with 300 MiB free.
+        let keep_zero_pages = keep_zero_pages || !owner.contains_key(&f.name);
         let kept = |h: &BlockHeader, page: usize| keep_zero_pages || !h.is_zero_page(page);
         let (mut pages, mut first) = (0u64, 0u64);
         for (h, _) in (0..).map_while(|i| source.block_header(f.file_id, i)) {
@@ -822,6 +844,20 @@ fn die_with_criuz(cmd: &mut Command) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_killed_under_criu_is_said_oom_killed_only_when_the_machine_counted_one() {
+        let killed = "Error (criu/cr-restore.c:1269): 31114 killed by signal 9: Killed";
+        assert!(oom_hint(killed, Some(1)).is_some_and(|h| h.contains("OOM killer ended 1 process meanwhile")));
+        assert!(oom_hint(killed, Some(3)).is_some_and(|h| h.contains("ended 3 processes")));
+        // No kill counted, none noted, or another failure.
+        assert_eq!(oom_hint(killed, Some(0)), None);
+        assert_eq!(oom_hint(killed, None), None);
+        assert_eq!(oom_hint("Error (criu/files-reg.c:2175): File x has bad size", Some(2)), None);
+        // This kernel counts them (memory cgroups' kills too).
+        memory::note_oom_kills();
+        assert!(memory::oom_kills_since_noted().is_some(), "/proc/vmstat has no oom_kill");
+    }
 
     #[test]
     fn what_a_checkpoint_holds_is_told_again_unless_given() {

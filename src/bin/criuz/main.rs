@@ -34,6 +34,9 @@ fn main() -> ExitCode {
     }
     // Before any CRIU is started: it inherits the limit.
     criuz::io::open_files_limit();
+    // So that a restore whose process is killed under CRIU can say whether
+    // the OOM killer did it.
+    criuz::proc::memory::note_oom_kills();
     // A Ctrl-C removes what criuz had not finished before it dies.
     criuz::proc::interrupt::install();
     // A panic (a thread the system would not start, or a bug) ends criuz
