@@ -1543,6 +1543,10 @@ fn shared_memory_no_process_of_the_tree_touched_is_absorbed_not_hurried() {
     let budget = report["absorb_budget"].as_u64().unwrap();
     assert!(budget >= (64 + 3 * mib as u64) << 20, "absorb budget {budget}: {report}");
     assert_eq!(report["hurried_blocks"], 0, "{report}");
+    // What it absorbed it copied (shared pages are not held by reference),
+    // within its budget: its own peak, as it reports it.
+    let peak = report["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak > 0 && peak <= budget + (64 << 20), "criuz's peak {peak}: {report}");
     w.reap_original();
     restore(&arc, &[]);
     let restored = w.sums();

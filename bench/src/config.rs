@@ -253,6 +253,8 @@ pub struct Dumped {
     pub bytes: u64,
     pub raw_bytes: u64,
     pub usage: Usage,
+    /// `criuz dump`'s own peak RSS (its `--json`), CRIU's not counted.
+    pub criuz_rss_kib: Option<u64>,
 }
 
 pub struct Restored {
@@ -328,11 +330,14 @@ fn s(p: &Path) -> &str {
 }
 
 /// Raw bytes, archive bytes and frozen time from `criuz dump --json`.
-fn dump_report(stdout: &[u8]) -> Result<(u64, u64, Option<f64>)> {
+/// `criuz dump --json`'s raw bytes, archive bytes, frozen seconds and own
+/// peak RSS in KiB.
+fn dump_report(stdout: &[u8]) -> Result<(u64, u64, Option<f64>, Option<u64>)> {
     let v: serde_json::Value =
         serde_json::from_slice(stdout).map_err(|e| Error::Invalid(format!("criuz dump --json: bad output: {e}")))?;
     let frozen = v["criu_stats"]["frozen_time_us"].as_f64().map(|us| us / 1e6);
-    Ok((v["raw_bytes"].as_u64().unwrap_or(0), v["archive_bytes"].as_u64().unwrap_or(0), frozen))
+    let rss = v["peak_rss_bytes"].as_u64().map(|b| b >> 10);
+    Ok((v["raw_bytes"].as_u64().unwrap_or(0), v["archive_bytes"].as_u64().unwrap_or(0), frozen, rss))
 }
 
 /// Checkpoints `pid` (CRIU ends it) and stores the checkpoint.
@@ -359,8 +364,8 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                 usage.add(proc::pipeline(vec![up], Src::Null, Dst::Null, &p.logs, "boto3-up")?.usage);
             }
             let dump_s = t.elapsed().as_secs_f64();
-            let (raw_bytes, bytes, frozen_s) = dump_report(&done.stdout)?;
-            return Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage });
+            let (raw_bytes, bytes, frozen_s, criuz_rss_kib) = dump_report(&done.stdout)?;
+            return Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage, criuz_rss_kib });
         }
         Config::CriuzLz4
         | Config::CriuzZstd
@@ -407,6 +412,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
                     bytes: proc::file_bytes(&ckpt),
                     raw_bytes: raw,
                     usage,
+                    criuz_rss_kib: None,
                 });
             }
             let mut args = vec!["dump", "-t", &pid, "-o", s(&ckpt), "--codec", codec, "--criu", &criu, "--json"];
@@ -417,13 +423,14 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
             let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
             let secs = t.elapsed().as_secs_f64();
             usage.add(done.usage);
-            let (raw, _, frozen) = dump_report(&done.stdout)?;
+            let (raw, _, frozen, criuz_rss_kib) = dump_report(&done.stdout)?;
             return Ok(Dumped {
                 dump_s: secs,
                 frozen_s: frozen,
                 bytes: proc::file_bytes(&ckpt),
                 raw_bytes: raw,
                 usage,
+                criuz_rss_kib,
             });
         }
         _ => {
@@ -470,7 +477,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         std::fs::remove_dir_all(&img).map_err(|e| Error::file(&img, e))?;
     }
     let bytes = if staged { proc::file_bytes(&ckpt) } else { raw_bytes };
-    Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage })
+    Ok(Dumped { dump_s, frozen_s, bytes, raw_bytes, usage, criuz_rss_kib: None })
 }
 
 /// Where `dump` stored the checkpoint of `cfg` (a file or a directory);

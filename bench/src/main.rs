@@ -345,6 +345,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         dump_cpu_s: d.usage.cpu_s + dumped_cpu,
         peak_rss_kib: d.usage.maxrss_kib.max(r.usage.maxrss_kib),
         dump_rss_kib: d.usage.maxrss_kib,
+        criuz_rss_kib: d.criuz_rss_kib,
         warm_restore_s,
         cold_read_bps: cold_extra.map(|extra| d.bytes as f64 / extra),
         disk_read_bps,
@@ -655,13 +656,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     Ok(mut s) => {
                         s.run = run;
                         eprintln!(
-                            "bench: {tag}: dump {:.2}s (frozen {}), restore {:.2}s, {} -> {}, cpu {:.2}s, intact",
+                            "bench: {tag}: dump {:.2}s (frozen {}), restore {:.2}s, {} -> {}, cpu {:.2}s{}, intact",
                             s.dump_s,
                             s.frozen_s.map(|f| format!("{f:.2}s")).unwrap_or_else(|| "?".into()),
                             s.restore_s,
                             human(s.raw_bytes),
                             human(s.bytes),
-                            s.cpu_s
+                            s.cpu_s,
+                            s.criuz_rss_kib.map(|k| format!(", criuz RSS {}", human(k << 10))).unwrap_or_default()
                         );
                         pair.samples.push(s);
                     }

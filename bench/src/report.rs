@@ -21,6 +21,10 @@ pub struct Sample {
     /// The dump's alone (with `--absorb`, criuz holds the pages CRIU wrote
     /// until they are compressed).
     pub dump_rss_kib: u64,
+    /// `criuz dump`'s own, CRIU's not counted (its `--json`): where CRIU
+    /// maps the tree's shared memory to dump it, `dump_rss_kib` is CRIU's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub criuz_rss_kib: Option<u64>,
     /// With `--cold`: the same checkpoint restored again right after, from
     /// a warm page cache (pattern workloads, configurations that restore
     /// from the checkpoint in place), and checked again.
@@ -193,6 +197,9 @@ pub struct ResultJson {
     /// Largest over the runs: dump or restore, and the dump's alone.
     pub peak_rss_kib: Option<u64>,
     pub dump_rss_kib: Option<u64>,
+    /// Largest over the runs: `criuz dump`'s own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub criuz_rss_kib: Option<u64>,
     /// Medians: the tree's anonymous memory before the dump and restored.
     pub tree_before_kib: Option<u64>,
     pub tree_restored_kib: Option<u64>,
@@ -252,6 +259,7 @@ impl ResultJson {
             ratio: bytes.zip(raw_bytes).map(|(b, r)| b as f64 / r.max(1) as f64),
             peak_rss_kib: if ok { p.samples.iter().map(|s| s.peak_rss_kib).max() } else { None },
             dump_rss_kib: if ok { p.samples.iter().map(|s| s.dump_rss_kib).max() } else { None },
+            criuz_rss_kib: if ok { p.samples.iter().filter_map(|s| s.criuz_rss_kib).max() } else { None },
             tree_before_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_before_kib)) } else { None },
             tree_restored_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_restored_kib)) } else { None },
             warm_restore_s: fig(&|s| s.warm_restore_s),

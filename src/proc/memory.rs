@@ -178,6 +178,18 @@ fn made_room(m: &DumpedMemoryLimit, swap: u64) -> u64 {
     }
 }
 
+/// criuz's own peak resident memory so far, in bytes (`ru_maxrss` of
+/// `RUSAGE_SELF`: the CRIU it ran is not counted, nor any other child).
+pub fn own_peak_rss() -> u64 {
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we pass.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    (usage.ru_maxrss.max(0) as u64).saturating_mul(1024)
+}
+
 /// The OOM kills the machine had counted when [`note_oom_kills`] ran.
 static OOM_KILLS_NOTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
@@ -361,6 +373,13 @@ fn named_path(own: &str) -> Option<(&str, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_peak_memory_counts_what_this_process_touched() {
+        let touched = vec![1u8; 64 << 20];
+        assert!(own_peak_rss() >= 64 << 20, "{} bytes after touching 64 MiB", own_peak_rss());
+        drop(std::hint::black_box(touched));
+    }
 
     #[test]
     fn a_pool_of_huge_pages_the_system_lacks_has_no_room() {

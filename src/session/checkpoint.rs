@@ -97,6 +97,10 @@ pub struct DumpReport {
     /// Bytes of CRIU's pages the dump could hold uncompressed: the
     /// pipeline's own, plus what it was granted of the machine's share.
     pub absorb_budget: u64,
+    /// criuz's own peak resident memory, the rewrite included (CRIU's not
+    /// counted: it shows in the RSS of the dump as a whole, and where CRIU
+    /// maps the tree's shared memory to dump it, hides criuz's).
+    pub peak_rss_bytes: u64,
     /// The tree's CUDA processes: suspended before CRIU froze the tree.
     pub cuda: Option<CudaDumpReport>,
     #[serde(skip)]
@@ -467,6 +471,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         recompress_failed,
         criu_stats: stats_bytes.as_deref().and_then(parse_stats),
         absorb_budget: archive.memory_budget as u64,
+        peak_rss_bytes: crate::proc::memory::own_peak_rss(),
         cuda,
         pack,
     })
