@@ -329,7 +329,6 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
 
-/// Raw bytes, archive bytes and frozen time from `criuz dump --json`.
 /// `criuz dump --json`'s raw bytes, archive bytes, frozen seconds and own
 /// peak RSS in KiB.
 fn dump_report(stdout: &[u8]) -> Result<(u64, u64, Option<f64>, Option<u64>)> {

@@ -16,6 +16,10 @@
 //! for thread stacks, allocator arenas and what the budget does not count.
 //! A budget past it failed an allocation mid-dump, which aborts the process
 //! (no unwinding from an allocation failure).
+//!
+//! Beside those: criuz's own peak memory (for `dump --json`), and the
+//! machine's count of OOM kills, noted at the start, so that a process
+//! killed under CRIU can be told apart from one the OOM killer ended.
 
 use crate::criu::images::DumpedMemoryLimit;
 use std::path::{Path, PathBuf};
