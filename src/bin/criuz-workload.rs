@@ -360,6 +360,10 @@ fn fill_in_child(buf: &mut [u8], pattern: &str, dir: &Path, file_fd: Option<i32>
     // SAFETY: the caller is single-threaded here; the child fills, reports
     // and leaves with _exit (nothing of the parent's runs twice).
     let child = unsafe { libc::fork() };
+    if child < 0 {
+        eprintln!("criuz-workload: cannot fork the child filling the memory");
+        std::process::exit(1)
+    }
     if child == 0 {
         fill_all(buf, pattern);
         write_atomic(&dir.join("sum-filler"), &report(buf, file_fd));
@@ -369,7 +373,7 @@ fn fill_in_child(buf: &mut [u8], pattern: &str, dir: &Path, file_fd: Option<i32>
     let mut status = 0;
     // SAFETY: waits for the child just forked.
     let waited = unsafe { libc::waitpid(child, &mut status, 0) };
-    if child < 0 || waited != child || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+    if waited != child || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         eprintln!("criuz-workload: the child filling the memory failed");
         std::process::exit(1)
     }
