@@ -26,11 +26,14 @@ pub(crate) fn dumped_shared_bytes(pids: &[i32]) -> u64 {
     for pid in pids {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
         for object in maps.lines().filter_map(SharedObject::parse) {
-            if !seen.insert((object.device, object.inode)) {
+            if seen.contains(&(object.device, object.inode)) {
                 continue;
             }
+            // Counted where it can be read: a process that exited meanwhile
+            // leaves the object to the next one that maps it.
             let link = format!("/proc/{pid}/map_files/{:x}-{:x}", object.start, object.end);
             if let Ok(meta) = std::fs::metadata(link) {
+                seen.insert((object.device, object.inode));
                 total = total.saturating_add(meta.blocks().saturating_mul(512));
             }
         }
