@@ -213,8 +213,7 @@ pub fn oom_kills_since_noted() -> Option<u64> {
 }
 
 fn vmstat(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(' ')?.trim().parse().ok())
+    named_value(&std::fs::read_to_string("/proc/vmstat").ok()?, field)
 }
 
 fn meminfo(field: &str) -> Option<u64> {
@@ -280,7 +279,12 @@ impl Group {
 }
 
 fn stat_field(stat: &str, name: &str) -> u64 {
-    stat.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)
+    named_value(stat, name).unwrap_or(0)
+}
+
+/// The value of the `name value` line of `text` (memory.stat, /proc/vmstat).
+fn named_value(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Process `pid`'s memory cgroup and each group above it, with the OOM
