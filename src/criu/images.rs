@@ -17,11 +17,15 @@
 
 use crate::format::PageBits;
 use prost::Message;
+use std::collections::HashMap;
 
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
 const MEMFD_INODE_MAGIC: u32 = 0x4845_3499;
+const FILES_MAGIC: u32 = 0x5630_3138;
+/// `fd_types.MEMFD` (images/fdinfo.proto).
+const FD_TYPE_MEMFD: i32 = 18;
 const PSTREE_MAGIC: u32 = 0x5027_3030;
 const CORE_MAGIC: u32 = 0x5505_3847;
 const CGROUP_MAGIC: u32 = 0x5938_3330;
@@ -39,6 +43,9 @@ const VMA_AREA_REGULAR: u32 = 1 << 0;
 const VMA_KERNEL: u32 = (1 << 2) | (1 << 3) | (1 << 12);
 const VMA_ANON_SHARED: u32 = 1 << 8;
 const VMA_ANON_PRIVATE: u32 = 1 << 9;
+const VMA_FILE_SHARED: u32 = 1 << 7;
+const VMA_AREA_SYSVIPC: u32 = 1 << 10;
+const VMA_AREA_MEMFD: u32 = 1 << 14;
 /// Any of these makes a VMA more than plain private anonymous memory.
 const VMA_SPECIAL: u32 = (1 << 2) // vsyscall
     | (1 << 3) // vdso
@@ -329,6 +336,9 @@ struct VmaEntry {
     start: u64,
     #[prost(uint64, required, tag = "2")]
     end: u64,
+    /// Where in its file or shared memory object the mapping starts (bytes).
+    #[prost(uint64, required, tag = "3")]
+    pgoff: u64,
     #[prost(uint64, required, tag = "4")]
     shmid: u64,
     #[prost(uint32, required, tag = "6")]
@@ -340,10 +350,34 @@ struct VmaEntry {
 /// CRIU's `memfd_inode_entry` (images/memfd.proto), the fields read here.
 #[derive(Clone, PartialEq, Message)]
 struct MemfdInodeEntry {
+    #[prost(uint64, optional, tag = "4")]
+    size: Option<u64>,
     #[prost(uint32, required, tag = "5")]
     shmid: u32,
+    #[prost(uint32, optional, tag = "6")]
+    seals: Option<u32>,
+    #[prost(uint64, optional, tag = "7")]
+    inode_id: Option<u64>,
     #[prost(uint32, optional, tag = "8")]
     hugetlb_flag: Option<u32>,
+}
+
+/// CRIU's `file_entry` (images/fdinfo.proto), the fields read here.
+#[derive(Clone, PartialEq, Message)]
+struct FileEntry {
+    #[prost(int32, required, tag = "1")]
+    r#type: i32,
+    #[prost(uint32, required, tag = "2")]
+    id: u32,
+    #[prost(message, optional, tag = "20")]
+    memfd: Option<MemfdFileEntry>,
+}
+
+/// CRIU's `memfd_file_entry` (images/memfd.proto), the field read here.
+#[derive(Clone, PartialEq, Message)]
+struct MemfdFileEntry {
+    #[prost(uint32, required, tag = "5")]
+    inode_id: u32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -648,6 +682,114 @@ pub fn lazy_runs_registered(mm: &[u8], runs: &[PageRun]) -> bool {
         }
         true
     })
+}
+
+/// Which shared memory object a mapping shows: anonymous shared memory by
+/// its id (that of its `pagemap-shmem-<id>.img`), or a memfd by the id of
+/// its file (files.img, then memfd.img: [`memfds`]). CRIU 4.2 dumps
+/// anonymous shared memory as a memfd too, where the kernel allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SharedId {
+    Anon(u64),
+    MemfdFile(u64),
+}
+
+/// A shared mapping (mm-<pid>.img): `[start, end)` shows `object` from
+/// byte `pgoff` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMapping {
+    pub start: u64,
+    pub end: u64,
+    pub pgoff: u64,
+    pub object: SharedId,
+}
+
+impl SharedMapping {
+    /// The address that shows byte `offset` of the object, if this mapping
+    /// shows it, and how many bytes on from there it shows.
+    pub fn address_of(&self, offset: u64) -> Option<(u64, u64)> {
+        let into = offset.checked_sub(self.pgoff)?;
+        let addr = self.start.checked_add(into)?;
+        (addr < self.end).then_some((addr, self.end - addr))
+    }
+}
+
+/// The plain shared mappings of shared memory in a process (`MAP_SHARED`,
+/// not of huge pages, of anonymous shared memory or a memfd), and the
+/// objects it maps some other way (System V segments, huge pages, a memfd
+/// mapped privately, a status criuz does not know): whoever fills an object
+/// through its mappings must leave those to CRIU. `None` if the image is
+/// not as expected, a mapping is not whole pages, or mappings overlap or
+/// are out of address order, which CRIU never writes (a page copied
+/// through the first would land in whatever the later one maps there).
+pub fn shared_mappings(mm: &[u8]) -> Option<(Vec<SharedMapping>, Vec<SharedId>)> {
+    let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
+    let (mut plain, mut other) = (Vec::new(), Vec::new());
+    let page = |v: u64| v % 4096 == 0;
+    let mut after = 0;
+    for v in &mm.vmas {
+        (v.start >= after && v.end > v.start).then_some(())?;
+        after = v.end;
+    }
+    for v in &mm.vmas {
+        let memfd = v.status & VMA_AREA_MEMFD != 0;
+        if !memfd && v.status & (VMA_ANON_SHARED | VMA_AREA_SYSVIPC) == 0 {
+            continue;
+        }
+        let object = if memfd { SharedId::MemfdFile(v.shmid) } else { SharedId::Anon(v.shmid) };
+        // What else a plain mapping of the kind may have.
+        let kind = if memfd { VMA_AREA_MEMFD | VMA_FILE_SHARED } else { VMA_ANON_SHARED };
+        let special = v.status & VMA_SPECIAL & !kind != 0;
+        let huge = v.flags & libc::MAP_HUGETLB as u32 != 0;
+        let shared = v.flags & libc::MAP_SHARED as u32 != 0 && v.flags & libc::MAP_PRIVATE as u32 == 0;
+        if v.status & VMA_AREA_REGULAR == 0 || v.status & kind != kind || special || huge || !shared {
+            other.push(object);
+            continue;
+        }
+        (v.start < v.end && page(v.start) && page(v.end) && page(v.pgoff)).then_some(())?;
+        v.pgoff.checked_add(v.end - v.start)?;
+        plain.push(SharedMapping { start: v.start, end: v.end, pgoff: v.pgoff, object });
+    }
+    Some((plain, other))
+}
+
+/// A memfd as CRIU restores it (memfd.img): its pages are
+/// `pagemap-shmem-<shmid>.img`'s, and CRIU reads them into its first
+/// `size` bytes (rounded up to a page).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memfd {
+    pub shmid: u64,
+    pub size: u64,
+    /// Neither of huge pages nor sealed against writes: its mappings can
+    /// take copies.
+    pub writable: bool,
+}
+
+/// Each memfd file of files.img (by file id) and its memfd (memfd.img);
+/// `None` if either image is not as expected.
+pub fn memfds(files: &[u8], memfd: &[u8]) -> Option<HashMap<u64, Memfd>> {
+    // F_SEAL_WRITE, F_SEAL_FUTURE_WRITE.
+    const SEALED_AGAINST_WRITES: u32 = 0x08 | 0x10;
+    let mut inodes = HashMap::new();
+    for obj in objects(memfd, MEMFD_INODE_MAGIC)? {
+        let e = MemfdInodeEntry::decode(obj).ok()?;
+        let writable = e.hugetlb_flag.unwrap_or(0) == 0 && e.seals.unwrap_or(0) & SEALED_AGAINST_WRITES == 0;
+        let m = Memfd { shmid: u64::from(e.shmid), size: e.size.unwrap_or(0), writable };
+        inodes.insert(e.inode_id.unwrap_or(0), m);
+    }
+    let mut out = HashMap::new();
+    for obj in objects(files, FILES_MAGIC)? {
+        let e = FileEntry::decode(obj).ok()?;
+        let Some(mfe) = e.memfd.filter(|_| e.r#type == FD_TYPE_MEMFD) else { continue };
+        out.insert(u64::from(e.id), *inodes.get(&u64::from(mfe.inode_id))?);
+    }
+    Some(out)
+}
+
+/// `pagemap-shmem-<id>.img` -> id; only the name CRIU opens.
+pub fn shmem_pagemap_id(name: &str) -> Option<u64> {
+    let id = name.strip_prefix("pagemap-shmem-")?.strip_suffix(".img")?;
+    canonical_number(id).then(|| id.parse().ok()).flatten()
 }
 
 /// Whether a process (mm-<pid>.img) has private memory of huge pages

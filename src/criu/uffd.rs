@@ -9,7 +9,7 @@
 //! [`RESTORE_FINISHED`] in the same `i32` slot; from then on the lazy ranges
 //! are registered and pages may be copied in.
 //!
-//! The userfaultfd ABI is written out here (five ioctls, one 32-byte message)
+//! The userfaultfd ABI is written out here (six ioctls, one 32-byte message)
 //! rather than taken from the `userfaultfd` crate, whose `-sys` half runs
 //! bindgen, so libclang, at build time.
 
@@ -87,6 +87,7 @@ const fn uffd_ioctl(dir: u64, nr: u64, size: u64) -> u64 {
 const IOC_READ: u64 = 2;
 const IOC_READ_WRITE: u64 = 3;
 const UFFDIO_API: u64 = uffd_ioctl(IOC_READ_WRITE, 0x3F, 24);
+const UFFDIO_REGISTER: u64 = uffd_ioctl(IOC_READ_WRITE, 0x00, 32);
 const UFFDIO_UNREGISTER: u64 = uffd_ioctl(IOC_READ, 0x01, 16);
 const UFFDIO_WAKE: u64 = uffd_ioctl(IOC_READ, 0x02, 16);
 const UFFDIO_COPY: u64 = uffd_ioctl(IOC_READ_WRITE, 0x03, 40);
@@ -124,6 +125,16 @@ struct Range {
     start: u64,
     len: u64,
 }
+
+#[repr(C)]
+struct Register {
+    range: Range,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `UFFDIO_REGISTER_MODE_MISSING`: a fault where no page is.
+const REGISTER_MODE_MISSING: u64 = 1;
 
 #[repr(C)]
 struct Copy {
@@ -238,6 +249,23 @@ impl Uffd {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown userfaultfd event {other:#x}")))
             }
         }))
+    }
+
+    /// Registers `[start, start + len)` of the process (whole mappings, or
+    /// the kernel splits them) for copies into pages not there yet. Works on
+    /// another process's descriptor: the kernel takes the address space
+    /// the descriptor was made for, not the caller's. Shared memory too
+    /// (`session::place` fills a held tree's), whose pages a copy then
+    /// charges to the process's memory cgroup, as CRIU's own restore of it
+    /// would.
+    pub fn register_missing(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut r = Register { range: Range { start, len }, mode: REGISTER_MODE_MISSING, ioctls: 0 };
+        self.ioctl(UFFDIO_REGISTER, &mut r)?;
+        if r.ioctls & (1 << 3) == 0 {
+            // `_UFFDIO_COPY` is not among what the range allows.
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "no copies into this memory"));
+        }
+        Ok(())
     }
 
     /// Copies `src` to `dst` in the process and wakes threads waiting there.
@@ -399,6 +427,8 @@ mod tests {
     fn ioctl_numbers_match_the_kernel_headers() {
         // Values of UFFDIO_* on x86_64 and arm64 (linux/userfaultfd.h).
         assert_eq!(UFFDIO_API, 0xc018_aa3f);
+        assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
+        assert_eq!(std::mem::size_of::<Register>(), 32);
         assert_eq!(UFFDIO_UNREGISTER, 0x8010_aa01);
         assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
         assert_eq!(UFFDIO_COPY, 0xc028_aa03);

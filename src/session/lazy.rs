@@ -55,6 +55,7 @@ use crate::session::criu_run::{
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
 use crate::session::serve::{pages_images_named_once, zero_plan};
+use crate::session::shmem::{self, SharedObject};
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
@@ -100,6 +101,9 @@ pub struct LazyReport {
     /// Pages criuz copied in lazily, and the page faults it served (each
     /// answered with the missing rest of the faulted page's block).
     pub lazy_pages: u64,
+    /// Of those, pages of shared memory a placed restore copied in
+    /// (`session::shmem`; CRIU restored the rest of it).
+    pub shared_pages: u64,
     /// Zero pages the pagemap kept, mapped to the kernel's zero page rather
     /// than copied (no memory of their own until the process writes them).
     pub zero_pages_mapped: u64,
@@ -199,6 +203,8 @@ fn lazy_pagemap(
 /// the images both use it.
 pub(crate) struct Placement {
     pagemaps: HashMap<String, (Vec<u8>, LazyPagemap)>,
+    /// Shared memory criuz fills itself (`session::shmem`).
+    shared: Vec<SharedObject>,
     pub eager_bytes: u64,
     pub placed_bytes: u64,
     /// What the work directory takes: `eager_bytes` and every image that
@@ -220,24 +226,28 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
             pagemaps.insert(f.name.clone(), lazy);
         }
     }
+    let shared = shmem::plan(source, &named_once)?;
     let images: u64 = source.index().files.iter().filter(|f| f.kind == FileKind::Plain).map(|f| f.raw_size).sum();
     let by_image: HashMap<u32, &LazyPagemap> = pagemaps.values().map(|(_, l)| (l.pages_id, l)).collect();
+    let shared_by_image: HashMap<u32, &SharedObject> = shared.iter().map(|o| (o.pages_id, o)).collect();
     let mut eager_bytes = 0;
     let mut placed_bytes = 0;
     for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages).filter(|f| f.is_criu_image()) {
         let bytes = |l: &LazyPagemap, lazy: bool| -> u64 {
             l.runs.iter().filter(|(r, _)| r.lazy == lazy).map(|(r, _)| r.nr.saturating_mul(PAGE_SIZE as u64)).sum()
         };
-        match images::pages_image_id(&f.name).and_then(|id| by_image.get(&id)) {
-            Some(l) => {
+        let id = images::pages_image_id(&f.name);
+        match (id.and_then(|id| by_image.get(&id)), id.and_then(|id| shared_by_image.get(&id))) {
+            (Some(l), _) => {
                 eager_bytes += bytes(l, false);
                 placed_bytes += bytes(l, true);
             }
-            None => eager_bytes += f.raw_size,
+            (None, Some(o)) => placed_bytes += o.pages() * PAGE_SIZE as u64,
+            (None, None) => eager_bytes += f.raw_size,
         }
     }
     let written_bytes = eager_bytes.saturating_add(images);
-    Ok(Some(Placement { pagemaps, eager_bytes, placed_bytes, written_bytes }))
+    Ok(Some(Placement { pagemaps, shared, eager_bytes, placed_bytes, written_bytes }))
 }
 
 /// Whether the archive's tree has several processes and some of their
@@ -280,18 +290,22 @@ struct Materialized {
     eager_pages: u64,
     /// Zero pages left out of the pagemaps.
     zero_pages: u64,
+    /// Shared memory left for criuz to fill.
+    shared: Vec<SharedObject>,
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
 /// process's pagemap without its runs of at least `min_zero_run` zero pages
 /// (as `planned` has it already, where given), and its pages image with only
 /// the pages that pagemap does not mark lazy, decoded on `threads` threads
-/// (`write_eager`).
+/// (`write_eager`). The `shared` memory criuz fills itself
+/// (`session::shmem`) gets an empty pagemap and pages image.
 fn materialize(
     blocks: &Blocks,
     dir: &Path,
     min_zero_run: u64,
     mut planned: Option<Placement>,
+    shared: Vec<SharedObject>,
     threads: usize,
 ) -> Result<Materialized> {
     let source = &blocks.source;
@@ -301,11 +315,16 @@ fn materialize(
     // A placed restore's plan found them already (`plan_placement`); a
     // pagemap missing from it finds no image here and is refused.
     let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&**source)? };
+    let shared_pagemaps: HashMap<&str, u32> = shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)).collect();
+    let shared_images: HashSet<u32> = shared.iter().map(|o| o.pages_id).collect();
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f)?;
-        if let Some(pid) = images::process_pagemap_pid(&f.name) {
+        if let Some(&pages_id) = shared_pagemaps.get(f.name.as_str()) {
+            // CRIU makes and maps the object, and reads none of it.
+            bytes = images::PagemapBuilder::new(pages_id).finish();
+        } else if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let planned = planned.as_mut().and_then(|p| p.pagemaps.remove(&f.name));
             let (written, lazy) = planned
                 .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run, &named_once), |p| Ok(Some(p)))
@@ -333,7 +352,12 @@ fn materialize(
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let path = dir.join(&f.name);
         let out = std::fs::File::create(&path).at(&path)?;
-        let lazy = images::pages_image_id(&f.name).and_then(|id| lazy_images.remove(&id));
+        let id = images::pages_image_id(&f.name);
+        if id.is_some_and(|id| shared_images.contains(&id)) {
+            // Left empty: criuz fills the object (`session::shmem`).
+            continue;
+        }
+        let lazy = id.and_then(|id| lazy_images.remove(&id));
         let total_pages = f.raw_size.div_ceil(PAGE_SIZE as u64);
         // Runs CRIU reads itself, (archive page, image page, pages): all of
         // a non-process image, the eager runs of a process's.
@@ -352,7 +376,7 @@ fn materialize(
             processes.insert(l.pid, LazyProcess { pages_file: f.file_id, runs });
         }
     }
-    Ok(Materialized { processes, eager_pages: eager, zero_pages })
+    Ok(Materialized { processes, eager_pages: eager, zero_pages, shared })
 }
 
 /// Pages CRIU restores itself: (page in the archive's image, page in the
@@ -500,6 +524,8 @@ pub(crate) struct LazyRestore<'a> {
     /// Prove the stored bytes before CRIU starts, not behind the process.
     pub verify_first: bool,
     pub fill: Fill,
+    /// Shared memory a held tree's fill places (`session::shmem`).
+    pub shared: Vec<SharedObject>,
     /// Threads that fill a held tree, or (less one, for the tree) decode
     /// ahead of a running tree's fill.
     pub threads: usize,
@@ -575,11 +601,11 @@ impl LazyRestore<'_> {
                 (false, true) => HELD_MIN_ZERO_RUN,
                 (false, false) => LAZY_MIN_ZERO_RUN,
             };
-            let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.threads);
+            let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.shared, self.threads);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
-        let Materialized { processes, eager_pages, zero_pages } = materialized?;
+        let Materialized { processes, eager_pages, zero_pages, shared } = materialized?;
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
@@ -592,7 +618,8 @@ impl LazyRestore<'_> {
         // each thread decoding the blocks it copies; on one core, by the
         // pager's thread a block at a time, decoded ahead.
         let fill_threads = if hold { 0 } else { self.threads };
-        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads);
+        let mut pager =
+            Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads).placing_shared(&shared);
         // The proof behind a running tree. A held tree needs none: it runs
         // only once every page is in, each from a block checked as it was
         // decoded, which is what a streamed restore promises too.
@@ -840,6 +867,7 @@ impl LazyRestore<'_> {
                 working_set_seconds: report.working_set_in.map(|t| (t - started).as_secs_f64()),
                 working_set_file,
                 lazy_pages: report.pages,
+                shared_pages: report.shared_pages,
                 zero_pages_mapped: report.zero_pages,
                 faults: report.faults,
                 ended_unfilled: report.ended_unfilled,
@@ -950,7 +978,17 @@ fn restore_through_pager(
     threads: usize,
 ) -> Result<LazyReport> {
     let pids = check_pids_free(&*archive)?;
+    // Shared memory's zero pages count: those criuz leaves holes
+    // (`session::shmem`) are pages of memory again once the tree reads
+    // them, as they were when it was dumped.
     check_memory_room(&*archive, SharedPages::CopiedToEach, o)?;
+    // The shared memory criuz places itself: a held tree's, planned once.
+    let mut fill = fill;
+    let shared = match &mut fill {
+        Fill::Held { keep_zero_pages: true, .. } | Fill::Lazy { .. } => Vec::new(),
+        Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
+        Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
+    };
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
@@ -970,6 +1008,7 @@ fn restore_through_pager(
         victim: &victim,
         verify_first: o.verify_first,
         fill,
+        shared,
         threads,
         meter: o.meter.clone(),
         // With or without -d (`restore_command`).

@@ -32,5 +32,6 @@ pub mod post_dump;
 pub mod receive;
 pub mod restore;
 pub mod serve;
+pub mod shmem;
 pub mod standalone;
 pub mod workdir;

@@ -33,6 +33,7 @@ use crate::proc::cgroup::cgroup_kill_of;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
 use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
+use crate::session::shmem::{self, SharedObject};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -127,6 +128,8 @@ pub(crate) struct PagerReport {
     /// When a held tree's fill began: CRIU had handed every address space
     /// over (`None`: a running tree's fill, or none).
     pub held_fill_started: Option<Instant>,
+    /// Pages of shared memory a held tree's fill placed (also in `pages`).
+    pub shared_pages: u64,
 }
 
 /// A failure found beside the pager (the proof of the stored bytes, behind
@@ -210,6 +213,8 @@ pub(crate) const TOUCHED_MAX: usize = 1 << 20;
 pub(crate) struct Pager<'a> {
     blocks: &'a Blocks,
     lazy: &'a HashMap<u32, LazyProcess>,
+    /// Shared memory a held tree's fill places too (`session::shmem`).
+    shared: &'a [SharedObject],
     guard: &'a Guard,
     victim: &'a Victim,
     spaces: Vec<Space>,
@@ -265,6 +270,7 @@ impl<'a> Pager<'a> {
         Pager {
             blocks,
             lazy,
+            shared: &[],
             guard,
             victim,
             spaces: Vec::new(),
@@ -281,6 +287,12 @@ impl<'a> Pager<'a> {
             report: PagerReport::default(),
             oom_kills_before: HashMap::new(),
         }
+    }
+
+    /// Places `shared` too, once a held tree is handed over.
+    pub(crate) fn placing_shared(mut self, shared: &'a [SharedObject]) -> Pager<'a> {
+        self.shared = shared;
+        self
     }
 
     /// Serves the tree until every lazy page is in place, or `stop` becomes
@@ -712,7 +724,23 @@ impl<'a> Pager<'a> {
             self.zeros,
             how.meter.as_deref(),
         )?;
-        self.note_filled(&ranges, filled)
+        self.note_filled(&ranges, filled)?;
+        if self.shared.is_empty() {
+            return Ok(());
+        }
+        let spaces = &self.spaces;
+        let uffd_of = |pid| spaces.iter().find(|s| s.pid == pid).map(|s| &s.uffd);
+        let starts = |file| blocks.starts(file);
+        let crew = Crew::Spawn(how.threads);
+        let filled = shmem::fill(&*blocks.source, &starts, self.shared, uffd_of, crew, how.meter.as_deref())?;
+        self.report.pages += filled.pages;
+        self.report.shared_pages = filled.pages;
+        for pid in filled.gone {
+            if let Some(i) = self.spaces.iter().position(|s| s.pid == pid) {
+                self.ended(i)?;
+            }
+        }
+        Ok(())
     }
 
     fn block(&mut self, i: usize, page: u64, fill: bool) -> Result<(std::sync::Arc<Vec<u8>>, u64)> {

@@ -196,19 +196,26 @@ pub(crate) fn zero_plan(
         return Ok(None);
     }
     let mm = source.read_file(mm)?;
+    let Some(zero) = zero_pages_of(source, pages) else { return Ok(None) };
+    Ok(images::plan_runs(&mm, pagemap, &zero, min_run))
+}
+
+/// The zero pages of pages image `pages`, from its proven block headers;
+/// `None` if a block does not start on a page.
+pub(crate) fn zero_pages_of(source: &dyn BlockSource, pages: &FileEntry) -> Option<PageBits> {
     // Sized once: grown block by block, it was copied over and over.
     let mut zero = PageBits::with_pages(usize::try_from(pages.raw_size.div_ceil(PAGE_SIZE as u64)).unwrap_or(0));
     let mut i = 0;
     while let Some((h, raw_pos)) = source.block_header(pages.file_id, i) {
         if raw_pos % PAGE_SIZE as u64 != 0 {
-            return Ok(None);
+            return None;
         }
         if !h.zero_bitmap.is_empty() {
             zero.insert_shifted(&h.zero_bitmap, (raw_pos / PAGE_SIZE as u64) as usize, h.pages());
         }
         i += 1;
     }
-    Ok(images::plan_runs(&mm, pagemap, &zero, min_run))
+    Some(zero)
 }
 
 /// One block made ready for CRIU's pipe: the bytes CRIU must read, without

@@ -38,6 +38,7 @@ pub enum Route {
     Unpack,
     Flatten,
     RestoreFile,
+    RestoreShared,
     RestoreLazy,
     RestorePipe,
     RestoreS3,
@@ -64,6 +65,7 @@ pub const ROUTES: &[Route] = &[
     Route::Unpack,
     Route::Flatten,
     Route::RestoreFile,
+    Route::RestoreShared,
     Route::RestoreLazy,
     Route::RestorePipe,
     Route::RestoreS3,
@@ -92,6 +94,7 @@ impl Route {
             Route::Unpack => "unpack",
             Route::Flatten => "flatten",
             Route::RestoreFile => "restore-file",
+            Route::RestoreShared => "restore-shared",
             Route::RestoreLazy => "restore-lazy",
             Route::RestorePipe => "restore-pipe",
             Route::RestoreS3 => "restore-s3",
@@ -120,6 +123,7 @@ impl Route {
             Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::Pack | Route::Unpack | Route::Flatten => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RestoreFile
+            | Route::RestoreShared
             | Route::RestoreLazy
             | Route::RestoreChain
             | Route::RestoreStream
@@ -136,6 +140,7 @@ impl Route {
         matches!(
             self,
             Route::RestoreFile
+                | Route::RestoreShared
                 | Route::RestoreLazy
                 | Route::RestorePipe
                 | Route::RestoreS3
@@ -571,7 +576,10 @@ impl Ctx {
         if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
             return Ok(i);
         }
-        let mut w = Running::start("mixed", self.mib, &self.work.join(format!("prep-{}", key.name())), &self.tools)?;
+        // Shared memory, which a placed restore fills through the tree's
+        // mappings of it (`session::shmem`); else private memory.
+        let workload = if key == Route::RestoreShared { "shared" } else { "mixed" };
+        let mut w = Running::start(workload, self.mib, &self.work.join(format!("prep-{}", key.name())), &self.tools)?;
         let archive = match key {
             Route::RestoreS3 => s3::url(&format!("faults/prepared-{}.czr", key.name())),
             _ => self.out.join(format!("prepared-{}.czr", key.name())).display().to_string(),

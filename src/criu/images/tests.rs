@@ -10,7 +10,7 @@ fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn vma(start: u64, end: u64, flags: i32, status: u32) -> VmaEntry {
-    VmaEntry { start, end, shmid: 0, flags: flags as u32, status }
+    VmaEntry { start, end, pgoff: 0, shmid: 0, flags: flags as u32, status }
 }
 
 #[test]
@@ -538,9 +538,86 @@ fn huge_page_memory_is_found_in_the_images() {
     assert!(h.shared.is_empty());
     assert_eq!(huge_memory(&mm, b"garbage", HUGE), None, "a pagemap not as expected");
     // Shared memory of huge pages, dumped as memfds.
-    let memfd = |shmid, hugetlb_flag| MemfdInodeEntry { shmid, hugetlb_flag }.encode_to_vec();
+    let memfd = |shmid, hugetlb_flag| MemfdInodeEntry { shmid, hugetlb_flag, ..Default::default() }.encode_to_vec();
     let memfds = image(MEMFD_INODE_MAGIC, &[memfd(77, Some(4)), memfd(78, None), memfd(79, Some(4 | (30 << 26)))]);
     assert_eq!(huge_memfds(&memfds, HUGE), Some(vec![(77, HUGE), (79, GIGANTIC)]));
     let shared = image(PAGEMAP_MAGIC, &[head(3), entry(0, 2), entry(HUGE - 0x1000, 2), entry(5 * HUGE, 0)]);
     assert_eq!(shared_huge_pages(&shared, HUGE), Some((3, 2)));
+}
+
+#[test]
+fn shared_memory_is_filled_only_through_plain_shared_mappings() {
+    let shared = libc::MAP_SHARED | libc::MAP_ANONYMOUS;
+    let with = |mut v: VmaEntry, pgoff, shmid| {
+        v.pgoff = pgoff;
+        v.shmid = shmid;
+        v
+    };
+    let memfd = VMA_AREA_REGULAR | VMA_AREA_MEMFD | VMA_FILE_SHARED;
+    let mm = MmEntry {
+        vmas: vec![
+            // Plain anonymous shared memory, the second one from byte 8192.
+            with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11),
+            with(vma(0x20000, 0x22000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 8192, 11),
+            // A System V segment, huge pages, a memfd mapped privately:
+            // left to CRIU.
+            with(vma(0x30000, 0x31000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED | VMA_AREA_SYSVIPC), 0, 12),
+            with(vma(0x400000, 0x600000, shared | libc::MAP_HUGETLB, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 13),
+            with(vma(0x700000, 0x701000, libc::MAP_PRIVATE, VMA_AREA_REGULAR | VMA_AREA_MEMFD | (1 << 6)), 0, 4),
+            // Private memory is no object's.
+            vma(0x800000, 0x801000, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, VMA_AREA_REGULAR | VMA_ANON_PRIVATE),
+            // A memfd (how CRIU 4.2 dumps anonymous shared memory too).
+            with(vma(0x900000, 0x901000, libc::MAP_SHARED, memfd), 0, 3),
+        ],
+    };
+    let (plain, other) = shared_mappings(&image(MM_MAGIC, &[mm.encode_to_vec()])).unwrap();
+    let anon = SharedId::Anon(11);
+    assert_eq!(
+        plain,
+        vec![
+            SharedMapping { start: 0x10000, end: 0x14000, pgoff: 0, object: anon },
+            SharedMapping { start: 0x20000, end: 0x22000, pgoff: 8192, object: anon },
+            SharedMapping { start: 0x900000, end: 0x901000, pgoff: 0, object: SharedId::MemfdFile(3) },
+        ]
+    );
+    assert_eq!(other, vec![SharedId::Anon(12), SharedId::Anon(13), SharedId::MemfdFile(4)]);
+    assert_eq!(plain[1].address_of(8192), Some((0x20000, 0x2000)));
+    assert_eq!(plain[1].address_of(12288), Some((0x21000, 0x1000)));
+    assert_eq!(plain[1].address_of(4096), None, "before the mapping");
+    assert_eq!(plain[1].address_of(16384), None, "past its end");
+    // A mapping that is not whole pages is not one CRIU wrote.
+    let odd = MmEntry { vmas: vec![with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 100, 11)] };
+    assert_eq!(shared_mappings(&image(MM_MAGIC, &[odd.encode_to_vec()])), None);
+    // Nor are overlapping mappings: a copy through the first would land in
+    // the second's object.
+    let a = with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11);
+    let b = vma(0x12000, 0x13000, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, VMA_AREA_REGULAR | VMA_ANON_PRIVATE);
+    let overlapping = MmEntry { vmas: vec![a, b] };
+    assert_eq!(shared_mappings(&image(MM_MAGIC, &[overlapping.encode_to_vec()])), None);
+    assert_eq!(shmem_pagemap_id("pagemap-shmem-11.img"), Some(11));
+    assert_eq!(shmem_pagemap_id("pagemap-shmem-011.img"), None);
+    assert_eq!(shmem_pagemap_id("pagemap-11.img"), None);
+}
+
+#[test]
+fn a_memfd_file_leads_to_its_pages_and_size() {
+    let inode = |inode_id, shmid, seals, hugetlb_flag| {
+        MemfdInodeEntry { size: Some(3 << 20), shmid, seals: Some(seals), inode_id: Some(inode_id), hugetlb_flag }
+            .encode_to_vec()
+    };
+    let memfd =
+        image(MEMFD_INODE_MAGIC, &[inode(1, 500, 0, None), inode(2, 501, 0x08, None), inode(3, 502, 0, Some(4))]);
+    let file = |id, inode_id| {
+        FileEntry { r#type: FD_TYPE_MEMFD, id, memfd: Some(MemfdFileEntry { inode_id }) }.encode_to_vec()
+    };
+    let other = FileEntry { r#type: 1, id: 9, memfd: None }.encode_to_vec();
+    let files = image(FILES_MAGIC, &[file(5, 1), other, file(6, 2), file(7, 3), file(8, 1)]);
+    let got = memfds(&files, &memfd).unwrap();
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[&5], Memfd { shmid: 500, size: 3 << 20, writable: true });
+    assert_eq!(got[&8], got[&5], "two files of one memfd");
+    assert!(!got[&6].writable, "sealed against writes");
+    assert!(!got[&7].writable, "of huge pages");
+    // A memfd file whose memfd is not there: not an image CRIU wrote.
+    assert_eq!(memfds(&image(FILES_MAGIC, &[file(5, 4)]), &memfd), None);
 }

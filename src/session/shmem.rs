@@ -1,0 +1,305 @@
+//! Shared memory placed by criuz in a held tree.
+//!
+//! CRIU restores shared memory itself, reading every page of it in one
+//! thread (through its image stream, or from images written out first).
+//! For a tree held stopped (`session::place`), criuz gives CRIU an empty
+//! pagemap for each object of plain shared memory (anonymous shared memory,
+//! which CRIU 4.2 dumps as a memfd where the kernel allows, and memfds:
+//! PostgreSQL's shared buffers, nginx's zones), so that CRIU makes the
+//! object and maps it everywhere it was mapped, but fills none of it. Once
+//! CRIU hands the tree over, criuz registers the object's mappings with the
+//! userfaultfd of the process they are in and copies the object's pages in
+//! through them, on every core, as it copies private memory: the pages are
+//! charged to the process's memory cgroup, as CRIU's copy charged them.
+//! Zero pages are not copied: they stay holes, which read as zero and
+//! become pages of memory only once the tree touches them (CRIU's restore
+//! copied and allocated them all). The check of memory room before a
+//! restore still counts them: the tree held them when it was dumped.
+//!
+//! An object is placed only where its every stored page lies in the object
+//! as CRIU sizes it and in a shared mapping of a process CRIU restores, so
+//! that each page reaches the object at the offset its pagemap gives it;
+//! any other object (System V segments, huge pages, a memfd sealed against
+//! writes or mapped privately, one no mapping shows whole) is left to CRIU.
+//! The tree runs only once every page is in, each from a block checked as
+//! it was decoded; a page that could not be copied fails the restore, and
+//! the tree is killed before it ran.
+
+use crate::archive::BlockSource;
+use crate::criu::images::{self, SharedId, SharedMapping};
+use crate::criu::uffd::Uffd;
+use crate::engine::Crew;
+use crate::error::{Error, Result};
+use crate::format::{FileKind, PAGE_SIZE};
+use crate::progress::Meter;
+use crate::session::place::{self, Missing, Target, ZeroPages};
+use crate::session::serve::zero_pages_of;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// One object of shared memory criuz fills: CRIU gets its pagemap
+/// (`pagemap`) with no pages, and an empty pages image (`pages_id`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SharedObject {
+    pub pagemap: String,
+    pub pages_id: u32,
+    /// The archive file of its pages image.
+    pub pages_file: u32,
+    /// Mappings to register first: (pid, start, end).
+    pub mappings: Vec<(u32, u64, u64)>,
+    /// Where each run of its pages that are not zero goes, in the order of
+    /// its pages image.
+    pub ranges: Vec<SharedRange>,
+}
+
+/// Pages `[start, end)` of process `pid`, from page `page` of the pages
+/// image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SharedRange {
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub page: u64,
+}
+
+impl SharedObject {
+    /// Pages criuz copies in (zero pages are left out).
+    pub fn pages(&self) -> u64 {
+        self.ranges.iter().map(|r| (r.end - r.start) / PAGE).sum()
+    }
+}
+
+/// The objects of the archive's shared memory criuz can fill itself, given
+/// the pages images one pagemap alone names (`serve::pages_images_named_once`).
+pub(crate) fn plan(source: &dyn BlockSource, named_once: &HashSet<u32>) -> Result<Vec<SharedObject>> {
+    let read =
+        |name: &str| source.find(name).filter(|f| f.kind == FileKind::Plain).map(|f| source.read_file(f)).transpose();
+    let Some(pids) = read("pstree.img")?.and_then(|p| images::pstree_pids(&p)) else { return Ok(Vec::new()) };
+    // A memfd's mappings name its file; its pages are the memfd's.
+    let memfds = match (read("files.img")?, read("memfd.img")?) {
+        (Some(files), Some(memfd)) => images::memfds(&files, &memfd).unwrap_or_default(),
+        _ => HashMap::new(),
+    };
+    let page_up = |size: u64| size.checked_next_multiple_of(PAGE);
+    // By pagemap id: the object's size where CRIU takes it from the image
+    // (a memfd's), and its mappings in every process CRIU restores with
+    // memory (a zombie has no mm image), root first: tried first.
+    let mut by_object: HashMap<u64, Mapped> = HashMap::new();
+    let mut left_to_criu = HashSet::new();
+    let pagemap_of = |id: SharedId| match id {
+        SharedId::Anon(shmid) => Some((shmid, None)),
+        SharedId::MemfdFile(file) => memfds.get(&file).map(|m| (m.shmid, page_up(m.size).filter(|_| m.writable))),
+    };
+    for pid in pids {
+        let Some(mm) = read(&format!("mm-{pid}.img"))? else { continue };
+        let Some((plain, other)) = images::shared_mappings(&mm) else { return Ok(Vec::new()) };
+        left_to_criu.extend(other.into_iter().filter_map(|o| Some(pagemap_of(o)?.0)));
+        for m in plain {
+            let Some((id, size)) = pagemap_of(m.object) else { continue };
+            let memfd = matches!(m.object, SharedId::MemfdFile(_));
+            if memfd && size.is_none() {
+                left_to_criu.insert(id);
+            }
+            let entry = by_object.entry(id).or_insert_with(|| Mapped { size, mappings: Vec::new() });
+            let kind_of = |(_, o): &(u32, SharedMapping)| matches!(o.object, SharedId::MemfdFile(_));
+            if entry.size != size || entry.mappings.first().is_some_and(|f| kind_of(f) != memfd) {
+                // One object named two ways: not one CRIU wrote.
+                left_to_criu.insert(id);
+            }
+            entry.mappings.push((pid, m));
+        }
+    }
+    let mut objects = Vec::new();
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && f.is_criu_image()) {
+        let Some(id) = images::shmem_pagemap_id(&f.name) else { continue };
+        let Some(Mapped { size, mappings }) = by_object.get(&id).filter(|_| !left_to_criu.contains(&id)) else {
+            continue;
+        };
+        let Some((pages_id, runs)) = images::pagemap_runs(&source.read_file(f)?) else { continue };
+        if !named_once.contains(&pages_id) || runs.iter().any(|r| r.lazy) {
+            continue;
+        }
+        let Some(pages) = source.find(&format!("pages-{pages_id}.img")).filter(|p| p.kind == FileKind::Pages) else {
+            continue;
+        };
+        let Some(zero) = zero_pages_of(source, pages) else { continue };
+        // Anonymous shared memory: as far as its furthest mapping reaches.
+        let Some(size) = size.or_else(|| mappings.iter().map(|(_, m)| m.pgoff + (m.end - m.start)).max()) else {
+            continue;
+        };
+        let image_pages = pages.raw_size / PAGE;
+        let is_zero = |page: u64| usize::try_from(page).is_ok_and(|p| zero.contains(p));
+        if let Some((mappings, ranges)) = through_mappings(&runs, mappings, size, image_pages, is_zero) {
+            objects.push(SharedObject {
+                pagemap: f.name.clone(),
+                pages_id,
+                pages_file: pages.file_id,
+                mappings,
+                ranges,
+            });
+        }
+    }
+    Ok(objects)
+}
+
+/// Where the pages of `runs` (an object's pagemap, offsets in the object)
+/// that are not zero go through `mappings`, the first that shows each, and
+/// the mappings used; `None` if a run is not stored whole in the image's
+/// `image_pages`, lies past the object's `size` (CRIU stops reading there),
+/// or holds a page that is not zero where no mapping shows it.
+fn through_mappings(
+    runs: &[images::PageRun],
+    mappings: &[(u32, SharedMapping)],
+    size: u64,
+    image_pages: u64,
+    is_zero: impl Fn(u64) -> bool,
+) -> Option<Through> {
+    let mut used: Vec<(u32, u64, u64)> = Vec::new();
+    let mut ranges = Vec::new();
+    for r in runs {
+        let end = r.vaddr.checked_add(r.nr.checked_mul(PAGE)?)?;
+        if r.first.checked_add(r.nr)? > image_pages || end > size || r.vaddr % PAGE != 0 {
+            return None;
+        }
+        let mut i = 0;
+        while i < r.nr {
+            if is_zero(r.first + i) {
+                i += 1;
+                continue;
+            }
+            let offset = r.vaddr + i * PAGE;
+            let (pid, m, (addr, room)) = mappings.iter().find_map(|&(pid, m)| Some((pid, m, m.address_of(offset)?)))?;
+            let data = (i..r.nr).take_while(|&k| !is_zero(r.first + k)).count() as u64;
+            let n = data.min(room / PAGE);
+            if !used.contains(&(pid, m.start, m.end)) {
+                used.push((pid, m.start, m.end));
+            }
+            ranges.push(SharedRange { pid, start: addr, end: addr + n * PAGE, page: r.first + i });
+            i += n;
+        }
+    }
+    Some((used, ranges))
+}
+
+/// An object's mappings in the tree's processes, and its size where CRIU
+/// takes it from the images (a memfd's).
+struct Mapped {
+    size: Option<u64>,
+    mappings: Vec<(u32, SharedMapping)>,
+}
+
+/// The mappings a fill registers, (pid, start, end), and its ranges.
+type Through = (Vec<(u32, u64, u64)>, Vec<SharedRange>);
+
+/// What [`fill`] did.
+pub(crate) struct FilledShared {
+    pub pages: u64,
+    /// Processes that were gone when their pages were copied.
+    pub gone: Vec<u32>,
+}
+
+/// Registers each object's mappings with its process's userfaultfd
+/// (`uffd_of`) and copies its pages in on `crew`. Every page must be
+/// copied: the tree is held, so none is there already and nothing changes
+/// its memory; a page that was not copied is an error.
+pub(crate) fn fill<'u>(
+    source: &dyn BlockSource,
+    starts: &(dyn Fn(u32) -> Arc<Vec<u64>> + Sync),
+    objects: &[SharedObject],
+    uffd_of: impl Fn(u32) -> Option<&'u Uffd>,
+    crew: Crew<'_>,
+    meter: Option<&Meter>,
+) -> Result<FilledShared> {
+    let label = source.label();
+    let uffd = |pid: u32, what: &str| {
+        uffd_of(pid).ok_or_else(|| {
+            Error::Mismatch(format!(
+                "{label}: {what}: restored process {pid} maps it, but CRIU handed no such process over"
+            ))
+        })
+    };
+    let mut targets: Vec<Target> = Vec::new();
+    let mut ranges = Vec::new();
+    for o in objects {
+        for &(pid, start, end) in &o.mappings {
+            uffd(pid, &o.pagemap)?.register_missing(start, end - start).map_err(|err| Error::CriuIo {
+                what: format!("{label}: {}: shared memory of restored process {pid} at {start:#x}", o.pagemap),
+                err,
+            })?;
+        }
+        for r in &o.ranges {
+            let at = targets.iter().position(|t| t.pid == r.pid && t.file == o.pages_file);
+            let space = match at {
+                Some(i) => i,
+                None => {
+                    targets.push(Target { pid: r.pid, uffd: uffd(r.pid, &o.pagemap)?, file: o.pages_file });
+                    targets.len() - 1
+                }
+            };
+            ranges.push(Missing { space, start: r.start, end: r.end, page: r.page });
+        }
+    }
+    let filled = place::fill(source, starts, &targets, &ranges, crew, ZeroPages::Copy, meter)?;
+    let gone: Vec<u32> = filled.gone.iter().map(|&i| targets[i].pid).collect();
+    if let Some(m) = filled.left.first() {
+        let pid = targets[m.space].pid;
+        return Err(Error::Criu(format!("{label}: restored process {pid} changed its memory while held stopped")));
+    }
+    let expected: u64 = objects.iter().map(SharedObject::pages).sum();
+    if gone.is_empty() && filled.pages != expected {
+        return Err(Error::Criu(format!(
+            "{label}: only {} of the {expected} pages of shared memory could be placed in the restored tree",
+            filled.pages
+        )));
+    }
+    Ok(FilledShared { pages: filled.pages, gone })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::criu::images::PageRun;
+
+    fn mapping(start: u64, pages: u64, pgoff_pages: u64) -> SharedMapping {
+        SharedMapping { start, end: start + pages * PAGE, pgoff: pgoff_pages * PAGE, object: SharedId::Anon(9) }
+    }
+
+    fn run(offset_pages: u64, nr: u64, first: u64) -> PageRun {
+        PageRun { vaddr: offset_pages * PAGE, nr, first, lazy: false }
+    }
+
+    #[test]
+    fn pages_go_through_the_first_mapping_that_shows_them_and_zero_pages_stay_holes() {
+        // Process 10 maps pages 0..4 of the object at 0x100000; process 11
+        // maps pages 2..8 at 0x200000.
+        let maps = [(10, mapping(0x100000, 4, 0)), (11, mapping(0x200000, 6, 2))];
+        // Object pages 0..8 stored as image pages 0..8; image page 1 is zero.
+        let (used, ranges) = through_mappings(&[run(0, 8, 0)], &maps, 8 * PAGE, 8, |p| p == 1).unwrap();
+        assert_eq!(used, vec![(10, 0x100000, 0x100000 + 4 * PAGE), (11, 0x200000, 0x200000 + 6 * PAGE)]);
+        assert_eq!(
+            ranges,
+            vec![
+                SharedRange { pid: 10, start: 0x100000, end: 0x100000 + PAGE, page: 0 },
+                SharedRange { pid: 10, start: 0x100000 + 2 * PAGE, end: 0x100000 + 4 * PAGE, page: 2 },
+                SharedRange { pid: 11, start: 0x200000 + 2 * PAGE, end: 0x200000 + 6 * PAGE, page: 4 },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_object_no_mapping_shows_whole_is_left_to_criu() {
+        let maps = [(10, mapping(0x100000, 2, 0)), (10, mapping(0x300000, 2, 4))];
+        // Pages 2..4 of the object lie between the mappings: only CRIU,
+        // which maps the object whole, reaches them.
+        let size = 6 * PAGE;
+        assert_eq!(through_mappings(&[run(0, 6, 0)], &maps, size, 6, |_| false), None);
+        // Unless they are zero (holes read as zero).
+        assert!(through_mappings(&[run(0, 6, 0)], &maps, size, 6, |p| p == 2 || p == 3).is_some());
+        // A run past the object's end (CRIU stops reading there), even of
+        // zero pages, or past the pages image's end, is not placed.
+        assert_eq!(through_mappings(&[run(4, 4, 0)], &maps, size, 4, |_| true), None);
+        assert_eq!(through_mappings(&[run(0, 2, 3)], &maps, size, 4, |_| false), None);
+    }
+}
