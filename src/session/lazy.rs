@@ -115,6 +115,11 @@ pub struct LazyReport {
     /// Why a lazy restore that was asked for placed the memory instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_lazy: Option<&'static str>,
+    /// Private memory the tree's processes shared copy-on-write that a
+    /// default restore placed anyway, as a copy in each
+    /// (`restore::why_not_placed`; `--fill stream` keeps it shared).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub copied_apart_bytes: u64,
 }
 
 /// Zero runs shorter than this stay in a lazy pagemap (mapped to the zero
@@ -262,6 +267,32 @@ pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
         && files()
             .filter(|f| f.kind == FileKind::Pages)
             .any(|f| (0..).map_while(|i| source.block_header(f.file_id, i)).any(|(h, _)| h.codec == BlockCodec::Dedup))
+}
+
+/// The bytes of private memory the archive's processes shared, which a
+/// restore through userfaultfd copies into each of them: its process pages
+/// images' pages stored by reference (dedup blocks; shared memory's own
+/// images are not counted, it stays shared either way). It errs high: a
+/// page a process held twice is stored once too. Reads the index only.
+pub(crate) fn pages_copied_apart(source: &dyn BlockSource) -> Result<u64> {
+    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
+    let processes = files().filter(|f| f.kind == FileKind::Plain && images::process_pagemap_pid(&f.name).is_some());
+    if processes.count() < 2 {
+        return Ok(0);
+    }
+    let mut shared_memory = HashSet::new();
+    for f in files().filter(|f| f.kind == FileKind::Plain && images::shmem_pagemap_id(&f.name).is_some()) {
+        shared_memory.extend(images::pagemap_pages_id(&source.read_file(f)?));
+    }
+    let mut pages = 0u64;
+    for f in files().filter(|f| f.kind == FileKind::Pages) {
+        if images::pages_image_id(&f.name).is_some_and(|id| shared_memory.contains(&id)) {
+            continue;
+        }
+        let blocks = (0..).map_while(|i| source.block_header(f.file_id, i));
+        pages += blocks.filter(|(h, _)| h.codec == BlockCodec::Dedup).map(|(h, _)| h.pages() as u64).sum::<u64>();
+    }
+    Ok(pages.saturating_mul(PAGE_SIZE as u64))
 }
 
 /// `pagemap` with the lazy flags CRIU should have set (`images::mark_lazy`),
@@ -873,9 +904,14 @@ impl LazyRestore<'_> {
                 ended_unfilled: report.ended_unfilled,
                 criu_exit: status.code().unwrap_or(-1),
                 not_lazy: None,
+                copied_apart_bytes: 0,
             },
         ))
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Whether most page blocks of the archive are zstd blocks.

@@ -16,11 +16,13 @@
 //! `--fill place` places them too), from an object store (the stream
 //! restores while the object downloads; placing would wait for all of it),
 //! for an archive whose pagemaps criuz does not understand, for a tree
-//! whose processes share pages (stored once, by reference: CRIU's stream
-//! keeps them shared copy-on-write, placing gives each process its own
-//! copy; a forked 1 GiB tree on 2 cores held 352 MiB before the dump, 176
-//! MiB streamed, 513 MiB placed, docs/BENCHMARKS.md), or where CRIU would
-//! still restore more than [`PLACE_EAGER_MAX`] itself (shared memory,
+//! whose processes share more than an eighth as many private pages as it
+//! places (stored once, by reference: CRIU's stream keeps them shared
+//! copy-on-write, placing gives each process its own copy; a forked 1 GiB
+//! tree on 2 cores held 352 MiB before the dump, 176 MiB streamed, 513 MiB
+//! placed, docs/BENCHMARKS.md; fewer are placed, copied apart, and the
+//! report says how much), or where CRIU would still restore more than
+//! [`PLACE_EAGER_MAX`] itself (the shared memory criuz does not place,
 //! private file mappings: placing writes those to `$TMPDIR` first), or
 //! more than criuz would place: a copy into `$TMPDIR` that CRIU then reads
 //! costs more than the stream's one pipe (200 MiB of shared memory on 2
@@ -181,13 +183,17 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
             let plan = lazy::plan_placement(&*source)?;
             let holds_cuda = source.find(crate::cuda::RECORD_FILE).is_some();
             let sizes = plan.as_ref().map(|p| (p.eager_bytes, p.placed_bytes));
-            let not_placed = why_not_placed(sizes, holds_cuda, || lazy::shares_pages(&*source)).or_else(|| {
+            let copied_apart = if holds_cuda { 0 } else { lazy::pages_copied_apart(&*source)? };
+            let not_placed = why_not_placed(sizes, copied_apart).or_else(|| {
                 let written = plan.as_ref().map_or(0, |p| p.written_bytes);
                 let free = crate::io::free_bytes(&crate::io::temp_root());
                 free.is_some_and(|free| free < written.saturating_add(TMPDIR_SPARE)).then_some(NO_ROOM)
             });
             match (plan, not_placed) {
-                (Some(plan), None) => placed(source, Some(plan)),
+                (Some(plan), None) => placed(source, Some(plan)).map(|r| match r {
+                    Restored::Placed(r) => Restored::Placed(LazyReport { copied_apart_bytes: copied_apart, ..r }),
+                    other => other,
+                }),
                 _ => streamed(source, not_placed),
             }
         }
@@ -208,26 +214,36 @@ fn private_huge_pages(source: &dyn BlockSource) -> Result<Option<String>> {
 
 /// Why a default restore streams (`None`: it places), given the bytes CRIU
 /// would restore itself and those criuz would place (`None`: pagemaps it
-/// cannot place). A tree whose processes share pages streams, so CRIU
-/// keeps them shared, unless it holds CUDA state: its resume reads all of
-/// its memory at once (the GPU app streamed with its zero pages took
-/// 14.8-17.7 s, placed 4.6-5.6 s: BENCHMARKS.md, session 27), and its
-/// dump stores page ids whether or not
+/// cannot place), and the private memory its processes shared
+/// copy-on-write, which placing copies into each of them
+/// (`lazy::pages_copied_apart`). A tree whose processes share more than an
+/// eighth as much as placing copies in streams, so CRIU keeps it shared (a
+/// forked tree of workers); one that shares less is placed, its few shared
+/// pages copied apart (PostgreSQL: a postmaster's 2 MiB heap in each of its
+/// 5 children, beside 550 MiB of shared buffers whose restore placing
+/// halves; the report says how much, `copied_apart_bytes`). A tree holding
+/// CUDA state counts none: its resume reads all of its memory at once (the
+/// GPU app streamed with its zero pages took 14.8-17.7 s, placed 4.6-5.6 s:
+/// BENCHMARKS.md, session 27), and its dump stores page ids whether or not
 /// its processes share anything (`criu_run::ids_by_default`), so its
 /// references say little about sharing.
-fn why_not_placed(sizes: Option<(u64, u64)>, holds_cuda: bool, shares: impl FnOnce() -> bool) -> Option<&'static str> {
+fn why_not_placed(sizes: Option<(u64, u64)>, copied_apart: u64) -> Option<&'static str> {
     match sizes {
         None => Some(UNKNOWN_PAGEMAPS),
-        Some(_) if !holds_cuda && shares() => Some(SHARED_PAGES),
+        Some((_, placed)) if copied_apart > placed / COPIED_APART_SHARE => Some(SHARED_PAGES),
         Some((eager, placed)) if eager > PLACE_EAGER_MAX.min(placed) => Some(MOSTLY_EAGER),
         Some(_) => None,
     }
 }
 
+/// A default restore places a tree whose processes shared private pages
+/// only where those are at most this share of what it places.
+const COPIED_APART_SHARE: u64 = 8;
+
 /// Why a default restore streams (`restore --json`: `not_placed`).
 const UNKNOWN_PAGEMAPS: &str = "its pagemaps are not ones criuz can rewrite for placing: streamed through CRIU";
-const SHARED_PAGES: &str = "its processes share pages, which CRIU's stream keeps shared: streamed through CRIU \
-                            (--fill place is faster, and gives each process a copy of its own)";
+const SHARED_PAGES: &str = "its processes share much of their memory, which CRIU's stream keeps shared: streamed \
+                            through CRIU (--fill place is faster, and gives each process a copy of its own)";
 const MOSTLY_EAGER: &str = "CRIU would restore much of its memory itself (shared memory, private file mappings): \
                             streamed through CRIU";
 
@@ -258,13 +274,15 @@ mod tests {
     fn a_default_restore_places_unless_streaming_suits_better() {
         const MIB: u64 = 1 << 20;
         let private = Some((0, 512 * MIB));
-        assert_eq!(why_not_placed(private, false, || false), None);
-        assert_eq!(why_not_placed(None, false, || false), Some(UNKNOWN_PAGEMAPS));
-        assert_eq!(why_not_placed(private, false, || true), Some(SHARED_PAGES));
-        // A CUDA tree's references are no sign of sharing, and its resume
-        // wants every page at once: placed.
-        assert_eq!(why_not_placed(private, true, || true), None);
-        assert_eq!(why_not_placed(Some((300 * MIB, 512 * MIB)), true, || true), Some(MOSTLY_EAGER));
-        assert_eq!(why_not_placed(Some((100 * MIB, 50 * MIB)), false, || false), Some(MOSTLY_EAGER));
+        assert_eq!(why_not_placed(private, 0), None);
+        assert_eq!(why_not_placed(None, 0), Some(UNKNOWN_PAGEMAPS));
+        // A forked tree of workers sharing most of their memory: streamed.
+        assert_eq!(why_not_placed(private, 3 * 512 * MIB), Some(SHARED_PAGES));
+        assert_eq!(why_not_placed(private, 65 * MIB), Some(SHARED_PAGES));
+        // A few pages shared beside much memory (PostgreSQL's children and
+        // its shared buffers): placed, the few copied apart.
+        assert_eq!(why_not_placed(private, 12 * MIB), None);
+        assert_eq!(why_not_placed(Some((300 * MIB, 512 * MIB)), 0), Some(MOSTLY_EAGER));
+        assert_eq!(why_not_placed(Some((100 * MIB, 50 * MIB)), 0), Some(MOSTLY_EAGER));
     }
 }

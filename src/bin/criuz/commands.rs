@@ -305,6 +305,14 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     {
         criuz::say!("criuz: {}: {why}", o.input);
     }
+    if let Restored::Placed(LazyReport { copied_apart_bytes: copied @ 1.., .. }) = &r {
+        criuz::say!(
+            "criuz: {}: {} of private memory its processes shared copy-on-write placed as a copy in each (--fill \
+             stream keeps it shared)",
+            o.input,
+            human(*copied)
+        );
+    }
     if json {
         print::json(&r, false)?;
     } else {
