@@ -255,18 +255,14 @@ pub(crate) fn plan_placement(source: &dyn BlockSource) -> Result<Option<Placemen
     Ok(Some(Placement { pagemaps, shared, eager_bytes, placed_bytes, written_bytes }))
 }
 
-/// Whether the archive's tree has several processes and some of their
-/// pages are stored by reference (dedup blocks): its processes shared
-/// pages, which CRIU's own restore keeps shared (copy-on-write, as they
-/// were) and a restore through userfaultfd copies into each of them. Reads
-/// the index only (block headers, no payload).
+/// Whether the archive's tree has several processes that shared private
+/// pages (`pages_copied_apart`), which CRIU's own restore keeps shared
+/// (copy-on-write, as they were) and a restore through userfaultfd copies
+/// into each of them. Pages stored by reference inside shared memory's
+/// own images are no such sign. Where a pagemap cannot be read, it says
+/// they did. Reads the index and the shared memory's pagemaps only.
 pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
-    let files = || source.index().files.iter().filter(|f| f.is_criu_image());
-    let processes = files().filter(|f| f.kind == FileKind::Plain && images::process_pagemap_pid(&f.name).is_some());
-    processes.count() > 1
-        && files()
-            .filter(|f| f.kind == FileKind::Pages)
-            .any(|f| (0..).map_while(|i| source.block_header(f.file_id, i)).any(|(h, _)| h.codec == BlockCodec::Dedup))
+    pages_copied_apart(source).map_or(true, |bytes| bytes > 0)
 }
 
 /// The bytes of private memory the archive's processes shared, which a
