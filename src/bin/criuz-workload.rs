@@ -488,7 +488,8 @@ static EXTRA: std::sync::OnceLock<Vec<(usize, usize)>> = std::sync::OnceLock::ne
 
 /// Mappings whose zero pages must survive a restore byte for byte: a private
 /// file mapping with zeroed (copy-on-write) pages, where a page left out
-/// would show the file's bytes, and shared anonymous memory with zero pages.
+/// would show the file's bytes, and shared anonymous memory with zero pages;
+/// and a memfd mapped read-only.
 fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
     const PAGES: usize = 64;
     let len = PAGES * PAGE;
@@ -532,7 +533,23 @@ fn extra_maps(dir: &Path) -> Vec<(usize, usize)> {
                 fill_random(&mut shared[page], &mut rng);
             }
         }
-        vec![(private.as_ptr() as usize, len), (shared.as_ptr() as usize, len)]
+        // A memfd of data mapped only through a descriptor opened
+        // read-only: no copy can be made into that mapping (criuz leaves
+        // the memfd to CRIU; copying through it failed the restore).
+        let memfd = libc::memfd_create(c"criuz-workload-ro".as_ptr(), 0);
+        let mut data = vec![0u8; len];
+        fill_random(&mut data, &mut rng);
+        let written = memfd >= 0 && libc::write(memfd, data.as_ptr().cast(), len) == len as isize;
+        let reopened = CString::new(format!("/proc/self/fd/{memfd}")).expect("path");
+        let ro = if written { libc::open(reopened.as_ptr(), libc::O_RDONLY) } else { -1 };
+        let read_only = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, ro, 0);
+        libc::close(ro);
+        libc::close(memfd);
+        if read_only == libc::MAP_FAILED {
+            eprintln!("criuz-workload: read-only memfd mapping failed");
+            std::process::exit(1)
+        }
+        vec![(private.as_ptr() as usize, len), (shared.as_ptr() as usize, len), (read_only as usize, len)]
     }
 }
 

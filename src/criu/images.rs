@@ -341,6 +341,8 @@ struct VmaEntry {
     pgoff: u64,
     #[prost(uint64, required, tag = "4")]
     shmid: u64,
+    #[prost(uint32, required, tag = "5")]
+    prot: u32,
     #[prost(uint32, required, tag = "6")]
     flags: u32,
     #[prost(uint32, required, tag = "7")]
@@ -714,9 +716,9 @@ impl SharedMapping {
     }
 }
 
-/// The plain shared mappings of shared memory in a process (`MAP_SHARED`,
-/// not of huge pages, of anonymous shared memory or a memfd), and the
-/// objects it maps some other way (System V segments, huge pages, a memfd
+/// The plain shared mappings of shared memory in a process (`MAP_SHARED`
+/// and writable, not of huge pages, of anonymous shared memory or a
+/// memfd), and the objects it maps some other way (System V segments, huge pages, a memfd
 /// mapped privately, a status criuz does not know): whoever fills an object
 /// through its mappings must leave those to CRIU. `None` if the image is
 /// not as expected, a mapping is not whole pages, or mappings overlap or
@@ -744,6 +746,13 @@ pub fn shared_mappings(mm: &[u8]) -> Option<(Vec<SharedMapping>, Vec<SharedId>)>
         let shared = v.flags & libc::MAP_SHARED as u32 != 0 && v.flags & libc::MAP_PRIVATE as u32 == 0;
         if v.status & VMA_AREA_REGULAR == 0 || v.status & kind != kind || special || huge || !shared {
             other.push(object);
+            continue;
+        }
+        if v.prot & libc::PROT_WRITE as u32 == 0 {
+            // Maybe from a descriptor opened read-only, which the kernel
+            // lets take no copy (no `VM_MAYWRITE`); a writable mapping
+            // is one CRIU made from a writable descriptor. It shows the
+            // object all the same: pages are copied through another.
             continue;
         }
         (v.start < v.end && page(v.start) && page(v.end) && page(v.pgoff)).then_some(())?;

@@ -10,7 +10,8 @@ fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn vma(start: u64, end: u64, flags: i32, status: u32) -> VmaEntry {
-    VmaEntry { start, end, pgoff: 0, shmid: 0, flags: flags as u32, status }
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u32;
+    VmaEntry { start, end, pgoff: 0, shmid: 0, prot, flags: flags as u32, status }
 }
 
 #[test]
@@ -588,6 +589,12 @@ fn shared_memory_is_filled_only_through_plain_shared_mappings() {
     // A mapping that is not whole pages is not one CRIU wrote.
     let odd = MmEntry { vmas: vec![with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 100, 11)] };
     assert_eq!(shared_mappings(&image(MM_MAGIC, &[odd.encode_to_vec()])), None);
+    // A read-only mapping takes no copy (it may come from a descriptor
+    // opened read-only), but does not keep its object from another's.
+    let mut read_only = with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11);
+    read_only.prot = libc::PROT_READ as u32;
+    let mm = MmEntry { vmas: vec![read_only] };
+    assert_eq!(shared_mappings(&image(MM_MAGIC, &[mm.encode_to_vec()])), Some((vec![], vec![])));
     // Nor are overlapping mappings: a copy through the first would land in
     // the second's object.
     let a = with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11);
