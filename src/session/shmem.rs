@@ -20,7 +20,8 @@
 //! as CRIU sizes it and in a shared mapping of a process CRIU restores, so
 //! that each page reaches the object at the offset its pagemap gives it;
 //! any other object (System V segments, huge pages, a memfd sealed against
-//! writes or mapped privately, one no mapping shows whole) is left to CRIU.
+//! writes or mapped only privately or read-only, one no writable mapping
+//! shows whole) is left to CRIU.
 //! The tree runs only once every page is in, each from a block checked as
 //! it was decoded; a page that could not be copied fails the restore, and
 //! the tree is killed before it ran.
