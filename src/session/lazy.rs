@@ -269,7 +269,8 @@ pub(crate) fn shares_pages(source: &dyn BlockSource) -> bool {
 /// restore through userfaultfd copies into each of them: its process pages
 /// images' pages stored by reference (dedup blocks; shared memory's own
 /// images are not counted, it stays shared either way). It errs high: a
-/// page a process held twice is stored once too. Reads the index only.
+/// page a process held twice is stored once too. Reads the index and the
+/// shared memory's pagemaps only.
 pub(crate) fn pages_copied_apart(source: &dyn BlockSource) -> Result<u64> {
     let files = || source.index().files.iter().filter(|f| f.is_criu_image());
     let processes = files().filter(|f| f.kind == FileKind::Plain && images::process_pagemap_pid(&f.name).is_some());
