@@ -190,10 +190,8 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
                 free.is_some_and(|free| free < written.saturating_add(TMPDIR_SPARE)).then_some(NO_ROOM)
             });
             match (plan, not_placed) {
-                (Some(plan), None) => placed(source, Some(plan)).map(|r| match r {
-                    Restored::Placed(r) => Restored::Placed(LazyReport { copied_apart_bytes: copied_apart, ..r }),
-                    other => other,
-                }),
+                (Some(plan), None) => lazy::restore_placed(o, source, started, criu, archive.threads, Some(plan))
+                    .map(|r| Restored::Placed(LazyReport { copied_apart_bytes: copied_apart, ..r })),
                 _ => streamed(source, not_placed),
             }
         }

@@ -126,7 +126,9 @@ pub(crate) fn plan(source: &dyn BlockSource, named_once: &HashSet<u32>) -> Resul
             continue;
         };
         let Some(zero) = zero_pages_of(source, pages) else { continue };
-        // Anonymous shared memory: as far as its furthest mapping reaches.
+        // Anonymous shared memory: as far as its furthest writable mapping
+        // reaches. CRIU sizes it by every mapping, read-only ones too, so
+        // its size is at least this: a run past it is left to CRIU.
         let Some(size) = size.or_else(|| mappings.iter().map(|(_, m)| m.pgoff + (m.end - m.start)).max()) else {
             continue;
         };
