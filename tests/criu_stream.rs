@@ -263,12 +263,14 @@ fn a_tree_that_shares_little_stores_no_page_ids() {
 }
 
 /// Private file mappings and shared memory keep every zero page; a memfd
-/// mapped only read-only (no copy can go through that mapping) is left to
-/// CRIU: placed through it, the restore failed "Operation not permitted".
+/// mapped only read-only (no copy can go through that mapping, nor can it
+/// be registered with a userfaultfd) is left to CRIU: placed or served
+/// lazily through it, the restore failed "Operation not permitted".
 #[test]
 fn private_file_and_shared_mappings_keep_every_zero_page() {
     roundtrip(Spec { extra_maps: true, ..Default::default() }, &[], &[]);
     roundtrip(Spec { extra_maps: true, mode: "tree", children: 2, ..Default::default() }, &["--codec", "zstd"], &[]);
+    roundtrip(Spec { extra_maps: true, ..Default::default() }, &[], &["--lazy"]);
 }
 
 /// Placing a restore's memory writes CRIU's images, and the memory CRIU
@@ -956,14 +958,7 @@ fn corrupt_block_aborts_restore_before_the_process_runs() {
     dump(&w, &arc, &[]);
     w.reap_original();
     // Damage one byte in the payload of a block in the middle of the pages image.
-    use criuz::archive::BlockSource;
-    let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default()).unwrap();
-    let pages = a.index().files.iter().find(|f| f.name.starts_with("pages-")).unwrap();
-    let b = pages.blocks[pages.blocks.len() / 2];
-    let mut bytes = std::fs::read(&arc).unwrap();
-    let at = (b.offset + u64::from(b.record_len) - 100) as usize;
-    bytes[at] ^= 0x40;
-    std::fs::write(&arc, &bytes).unwrap();
+    flip_a_byte_of_the_largest_pages_image(&arc);
     let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(3), "restore from a damaged archive must fail as damaged");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1599,13 +1594,7 @@ fn shared_memory_is_placed_with_its_zero_pages_left_as_holes() {
     w.kill_and_reap();
     // One byte of a block of the shared memory's pages image (the largest:
     // the private memory is small).
-    use criuz::archive::BlockSource;
-    let a = criuz::archive::open(&criuz::io::Location::File(arc.clone()), &Default::default()).unwrap();
-    let pages = a.index().files.iter().filter(|f| f.name.starts_with("pages-")).max_by_key(|f| f.raw_size).unwrap();
-    let b = pages.blocks[pages.blocks.len() / 2];
-    let mut bytes = std::fs::read(&arc).unwrap();
-    bytes[(b.offset + u64::from(b.record_len) - 100) as usize] ^= 0x40;
-    std::fs::write(&arc, &bytes).unwrap();
+    flip_a_byte_of_the_largest_pages_image(&arc);
     let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");

@@ -55,6 +55,106 @@ fn a_tree_restored_lazily_keeps_its_checksums() {
     w.stop();
 }
 
+/// Shared memory every process of the tree maps is served like private
+/// memory: CRIU makes and maps it, criuz copies its pages in once the tree
+/// runs, and a flipped byte in one of its blocks kills the tree.
+#[test]
+fn shared_memory_is_served_lazily_to_every_process() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("shared.czr");
+    let mib = 48;
+    let spec = Spec { mib, shared: true, mode: "tree", children: 2, ..Default::default() };
+    let (mut w, before) = dumped(spec, &arc);
+    let rep = restored_lazily(&arc);
+    // Half of `mixed` is zero pages: holes, not copied.
+    let data_pages = ((mib as u64) << 20) / 4096 / 2;
+    let served = rep["shared_pages"].as_u64().unwrap();
+    assert!(served > data_pages * 9 / 10 && served < data_pages * 11 / 10, "{rep}");
+    assert!(rep["eager_pages"].as_u64().unwrap() < data_pages / 10, "CRIU restored the shared memory: {rep}");
+    assert_eq!(w.sums(), before, "a lazily restored process sees other shared memory");
+    w.stop();
+
+    // One byte of a block of the shared memory's pages image (the largest).
+    let arc = tmp.path().join("flipped.czr");
+    let (w, _) = dumped(Spec { mib, shared: true, ..Default::default() }, &arc);
+    flip_a_byte_of_the_largest_pages_image(&arc);
+    let out = criuz(&["restore", "--lazy", "-d", "-i", arc.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("checksum"), "{err}");
+    wait_for("the restored process to be gone", std::time::Duration::from_secs(10), || {
+        // SAFETY: non-blocking reap of zombies re-parented to us.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        !w.alive()
+    });
+}
+
+/// 1 GiB of random pages in shared memory, dumped into `arc` (the original
+/// reaped), and the checksum of its memory before.
+fn big_shared_dumped(tmp: &Path) -> (Workload, std::path::PathBuf, String) {
+    let arc = tmp.join("big-shared.czr");
+    let mut w = Workload::start(Spec { mib: BIG_MIB, pattern: "random", shared: true, ..Default::default() });
+    let before = memory_sum(&w.sums()["root"]);
+    dump(&w, &arc);
+    w.reap_original();
+    (w, arc, before)
+}
+
+/// A child forked while shared memory still arrives maps it too: its
+/// faults are served through its own userfaultfd, and it reads the bytes
+/// that were dumped.
+#[test]
+fn a_child_forked_while_shared_memory_arrives_reads_it_whole() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut w, arc, before) = big_shared_dumped(tmp.path());
+    let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
+    command(&w, "fork", "late-pid");
+    let late_sum = w.dir.path().join("sum-late");
+    wait_for("the forked child's checksum", std::time::Duration::from_secs(60), || late_sum.exists());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let late: i32 = std::fs::read_to_string(w.dir.path().join("late-pid")).unwrap().trim().parse().unwrap();
+    assert_eq!(memory_sum(&std::fs::read_to_string(&late_sum).unwrap()), before, "the fork read other memory");
+    assert_eq!(memory_sum(&w.sums()["root"]), before, "the restored process reads other memory");
+    // SAFETY: ending the workload's own child.
+    unsafe { libc::kill(late, libc::SIGKILL) };
+    w.stop();
+}
+
+/// Shared memory moved while its pages still arrive could grow to show
+/// pages the pager cannot tell apart: the tree is killed rather than left
+/// to read zeros there. Should every page be in first, the move is the
+/// process's own business and the memory keeps its bytes.
+#[test]
+fn shared_memory_moved_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut w, arc, before) = big_shared_dumped(tmp.path());
+    let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
+    let mremapped = w.dir.path().join("mremapped-root");
+    std::fs::write(w.dir.path().join("rewrite"), "mremap").unwrap();
+    // SAFETY: signalling our own workload.
+    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("criuz restore --lazy, the shared memory moved meanwhile: {}", err.trim());
+    if out.status.success() {
+        wait_for("the workload's move", std::time::Duration::from_secs(30), || mremapped.exists());
+        assert_eq!(memory_sum(&w.sums()["root"]), before, "moved shared memory changed");
+        w.stop();
+    } else {
+        // criuz, the tree's subreaper, reaped it and says how it ended.
+        assert!(err.contains("moved shared memory"), "{err}");
+        assert!(err.contains(&format!("pid {} killed by signal 9", w.pid)), "{err}");
+        assert!(!w.alive(), "the restored process was killed");
+    }
+}
+
 /// Anonymous memory resident in process `pid` (kB), from smaps_rollup: a
 /// page mapped to the kernel's zero page does not count.
 fn anonymous_kb(pid: i32) -> u64 {

@@ -24,6 +24,7 @@ const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 const MM_MAGIC: u32 = 0x5749_2820;
 const MEMFD_INODE_MAGIC: u32 = 0x4845_3499;
 const FILES_MAGIC: u32 = 0x5630_3138;
+const FDINFO_MAGIC: u32 = 0x5621_3732;
 /// `fd_types.MEMFD` (images/fdinfo.proto).
 const FD_TYPE_MEMFD: i32 = 18;
 const PSTREE_MAGIC: u32 = 0x5027_3030;
@@ -375,6 +376,19 @@ struct FileEntry {
     memfd: Option<MemfdFileEntry>,
 }
 
+/// CRIU's `fdinfo_entry` (images/fdinfo.proto), the field read here.
+#[derive(Clone, PartialEq, Message)]
+struct FdinfoEntry {
+    #[prost(uint32, required, tag = "1")]
+    id: u32,
+}
+
+/// The file ids (files.img) a process's descriptors open
+/// (`fdinfo-<id>.img`); `None` if the image is not as expected.
+pub fn fd_file_ids(fdinfo: &[u8]) -> Option<Vec<u64>> {
+    objects(fdinfo, FDINFO_MAGIC)?.into_iter().map(|o| Some(u64::from(FdinfoEntry::decode(o).ok()?.id))).collect()
+}
+
 /// CRIU's `memfd_file_entry` (images/memfd.proto), the field read here.
 #[derive(Clone, PartialEq, Message)]
 struct MemfdFileEntry {
@@ -704,6 +718,11 @@ pub struct SharedMapping {
     pub end: u64,
     pub pgoff: u64,
     pub object: SharedId,
+    /// Mapped writable. A read-only mapping may come from a descriptor
+    /// opened read-only, which the kernel lets take no copy (no
+    /// `VM_MAYWRITE`); a writable one is one CRIU made from a writable
+    /// descriptor.
+    pub writable: bool,
 }
 
 impl SharedMapping {
@@ -716,9 +735,9 @@ impl SharedMapping {
     }
 }
 
-/// The plain shared mappings of shared memory in a process (`MAP_SHARED`
-/// and writable, not of huge pages, of anonymous shared memory or a
-/// memfd), and the objects it maps some other way (System V segments, huge pages, a memfd
+/// The plain shared mappings of shared memory in a process (`MAP_SHARED`,
+/// not of huge pages, of anonymous shared memory or a memfd; read-only
+/// ones too, marked so), and the objects it maps some other way (System V segments, huge pages, a memfd
 /// mapped privately, a status criuz does not know): whoever fills an object
 /// through its mappings must leave those to CRIU. `None` if the image is
 /// not as expected, a mapping is not whole pages, or mappings overlap or
@@ -748,16 +767,10 @@ pub fn shared_mappings(mm: &[u8]) -> Option<(Vec<SharedMapping>, Vec<SharedId>)>
             other.push(object);
             continue;
         }
-        if v.prot & libc::PROT_WRITE as u32 == 0 {
-            // Maybe from a descriptor opened read-only, which the kernel
-            // lets take no copy (no `VM_MAYWRITE`); a writable mapping
-            // is one CRIU made from a writable descriptor. It shows the
-            // object all the same: pages are copied through another.
-            continue;
-        }
         (v.start < v.end && page(v.start) && page(v.end) && page(v.pgoff)).then_some(())?;
         v.pgoff.checked_add(v.end - v.start)?;
-        plain.push(SharedMapping { start: v.start, end: v.end, pgoff: v.pgoff, object });
+        let writable = v.prot & libc::PROT_WRITE as u32 != 0;
+        plain.push(SharedMapping { start: v.start, end: v.end, pgoff: v.pgoff, object, writable });
     }
     Some((plain, other))
 }

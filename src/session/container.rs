@@ -524,6 +524,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             verify_first: o.verify_first,
             fill: Fill::Lazy { stopped: false },
             shared: Vec::new(),
+            served_shared: Vec::new(),
             threads: crate::engine::default_threads(),
             meter: None,
             detached: o.detach,

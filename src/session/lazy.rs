@@ -8,7 +8,11 @@
 //! so the metadata images go to a private work directory (0700), with each
 //! process's pages image holding only the pages CRIU restores itself (those
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
-//! skips). Shared memory and other page images are written whole.
+//! skips). Shared memory no descriptor opens gets an empty pagemap: CRIU
+//! makes and maps it, and criuz serves its pages as the tree runs, through
+//! every process's mappings of it (`shmem::plan_lazy`); a container's,
+//! whose tree runs before criuz could register them all, and any other
+//! page images are written whole.
 //!
 //! Two proofs. The walk of the archive and its parents (do their records
 //! make the index the images and pages came from?) runs beside CRIU, which
@@ -55,7 +59,7 @@ use crate::session::criu_run::{
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
 use crate::session::serve::{pages_images_named_once, zero_plan};
-use crate::session::shmem::{self, SharedObject};
+use crate::session::shmem::{self, LazyShared, SharedObject};
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
@@ -101,8 +105,8 @@ pub struct LazyReport {
     /// Pages criuz copied in lazily, and the page faults it served (each
     /// answered with the missing rest of the faulted page's block).
     pub lazy_pages: u64,
-    /// Of those, pages of shared memory a placed restore copied in
-    /// (`session::shmem`; CRIU restored the rest of it).
+    /// Of those, pages of shared memory a placed restore copied in or a
+    /// lazy one served (`session::shmem`; CRIU restored the rest of it).
     pub shared_pages: u64,
     /// Zero pages the pagemap kept, mapped to the kernel's zero page rather
     /// than copied (no memory of their own until the process writes them).
@@ -318,22 +322,21 @@ struct Materialized {
     eager_pages: u64,
     /// Zero pages left out of the pagemaps.
     zero_pages: u64,
-    /// Shared memory left for criuz to fill.
-    shared: Vec<SharedObject>,
 }
 
 /// Writes the archive's files into `dir` for CRIU: every plain file, each
 /// process's pagemap without its runs of at least `min_zero_run` zero pages
 /// (as `planned` has it already, where given), and its pages image with only
 /// the pages that pagemap does not mark lazy, decoded on `threads` threads
-/// (`write_eager`). The `shared` memory criuz fills itself
-/// (`session::shmem`) gets an empty pagemap and pages image.
+/// (`write_eager`). The shared memory criuz fills itself
+/// (`session::shmem`), `left_empty` (pagemap name -> pages image id), gets
+/// an empty pagemap and pages image.
 fn materialize(
     blocks: &Blocks,
     dir: &Path,
     min_zero_run: u64,
     mut planned: Option<Placement>,
-    shared: Vec<SharedObject>,
+    left_empty: &HashMap<&str, u32>,
     threads: usize,
 ) -> Result<Materialized> {
     let source = &blocks.source;
@@ -343,13 +346,12 @@ fn materialize(
     // A placed restore's plan found them already (`plan_placement`); a
     // pagemap missing from it finds no image here and is refused.
     let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&**source)? };
-    let shared_pagemaps: HashMap<&str, u32> = shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)).collect();
-    let shared_images: HashSet<u32> = shared.iter().map(|o| o.pages_id).collect();
+    let shared_images: HashSet<u32> = left_empty.values().copied().collect();
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
         check_entry_name(&f.name, false).map_err(|e| Error::corrupt(0, format!("{}: {e}", f.name)))?;
         let mut bytes = source.read_file(f)?;
-        if let Some(&pages_id) = shared_pagemaps.get(f.name.as_str()) {
+        if let Some(&pages_id) = left_empty.get(f.name.as_str()) {
             // CRIU makes and maps the object, and reads none of it.
             bytes = images::PagemapBuilder::new(pages_id).finish();
         } else if let Some(pid) = images::process_pagemap_pid(&f.name) {
@@ -404,7 +406,7 @@ fn materialize(
             processes.insert(l.pid, LazyProcess { pages_file: f.file_id, runs });
         }
     }
-    Ok(Materialized { processes, eager_pages: eager, zero_pages, shared })
+    Ok(Materialized { processes, eager_pages: eager, zero_pages })
 }
 
 /// Pages CRIU restores itself: (page in the archive's image, page in the
@@ -554,6 +556,9 @@ pub(crate) struct LazyRestore<'a> {
     pub fill: Fill,
     /// Shared memory a held tree's fill places (`session::shmem`).
     pub shared: Vec<SharedObject>,
+    /// Anonymous shared memory a lazy tree CRIU leaves stopped gets served
+    /// like its private memory (`shmem::plan_lazy`); ignored otherwise.
+    pub served_shared: Vec<LazyShared>,
     /// Threads that fill a held tree, or (less one, for the tree) decode
     /// ahead of a running tree's fill.
     pub threads: usize,
@@ -619,6 +624,13 @@ impl LazyRestore<'_> {
         // learn from, nor to bring first.
         let touch = if hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
+        // A tree that runs before CRIU has handed all of it over (a
+        // container's) could touch shared memory not yet registered in
+        // every process: CRIU restores its shared memory.
+        let served_shared = if gated { self.served_shared } else { Vec::new() };
+        let left_empty: HashMap<&str, u32> = (self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)))
+            .chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)))
+            .collect();
         // With `verify_first`, every stored byte is proven before the tree
         // may run, beside the images being written (which decode and prove
         // their own blocks); otherwise behind the running tree, below.
@@ -629,11 +641,11 @@ impl LazyRestore<'_> {
                 (false, true) => HELD_MIN_ZERO_RUN,
                 (false, false) => LAZY_MIN_ZERO_RUN,
             };
-            let materialized = materialize(&blocks, self.images, min_zero_run, planned, self.shared, self.threads);
+            let materialized = materialize(&blocks, self.images, min_zero_run, planned, &left_empty, self.threads);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
-        let Materialized { processes, eager_pages, zero_pages, shared } = materialized?;
+        let Materialized { processes, eager_pages, zero_pages } = materialized?;
         blocks.reset_cursor();
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
@@ -646,8 +658,9 @@ impl LazyRestore<'_> {
         // each thread decoding the blocks it copies; on one core, by the
         // pager's thread a block at a time, decoded ahead.
         let fill_threads = if hold { 0 } else { self.threads };
-        let mut pager =
-            Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads).placing_shared(&shared);
+        let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads)
+            .placing_shared(&self.shared)
+            .serving_shared(&served_shared);
         // The proof behind a running tree. A held tree needs none: it runs
         // only once every page is in, each from a block checked as it was
         // decoded, which is what a streamed restore promises too.
@@ -1022,6 +1035,11 @@ fn restore_through_pager(
         Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
         Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
     };
+    // A lazy tree's anonymous shared memory: served as it runs.
+    let served_shared = match fill {
+        Fill::Lazy { stopped: true } => shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?,
+        _ => Vec::new(),
+    };
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
@@ -1042,6 +1060,7 @@ fn restore_through_pager(
         verify_first: o.verify_first,
         fill,
         shared,
+        served_shared,
         threads,
         meter: o.meter.clone(),
         // With or without -d (`restore_command`).

@@ -15,6 +15,18 @@
 //! while this thread waits. A fault waits for at most one step, and the
 //! fill never stops.
 //!
+//! Shared memory (`shmem::LazyShared`) is served the same way, by its
+//! offset in the object rather than by address: its pages not yet in are
+//! the object's, and a page copied through one process's mapping is in for
+//! every mapping of it. Each mapping is registered once CRIU has handed the
+//! whole tree over, before the tree may run, so that no page of it reads
+//! as zero first; the fill brings it once every private page is in. A
+//! mapping moved or a range discarded (`madvise`) while pages of its object
+//! are missing fails the restore, which kills the tree: the event does not
+//! say how far a moved mapping grew, nor whether a discarded page is gone
+//! from the object (`MADV_REMOVE`) or only from the mapping
+//! (`MADV_DONTNEED`).
+//!
 //! Only this thread changes the address spaces' bookkeeping, and it reads a
 //! space's events only between steps, before copying into that space again,
 //! so a copy never lands in a range the process has since dropped or moved
@@ -33,7 +45,7 @@ use crate::proc::cgroup::cgroup_kill_of;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
 use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
-use crate::session::shmem::{self, SharedObject};
+use crate::session::shmem::{self, LazyShared, SharedObject};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -53,56 +65,113 @@ pub(crate) struct LazyProcess {
     pub runs: Vec<PageRun>,
 }
 
+/// Pages not in place yet: first address (or offset in a shared memory
+/// object) -> (end, the first one's page in the archive's image).
+type MissingPages = BTreeMap<u64, (u64, u64)>;
+
+/// The missing range holding `at`.
+fn missing_at(missing: &MissingPages, at: u64) -> Option<(u64, u64, u64)> {
+    let (&start, &(end, page)) = missing.range(..=at).next_back()?;
+    (at < end).then_some((start, end, page))
+}
+
+/// Takes `[from, to)` out of the missing ranges; returns the pieces that
+/// were inside, as (start, end, archive page of start).
+fn take_range(missing: &mut MissingPages, from: u64, to: u64) -> Vec<(u64, u64, u64)> {
+    let hit: Vec<(u64, u64, u64)> =
+        missing.range(..to).rev().take_while(|(_, &(end, _))| end > from).map(|(&s, &(e, p))| (s, e, p)).collect();
+    let mut inside = Vec::with_capacity(hit.len());
+    for (start, end, page) in hit {
+        missing.remove(&start);
+        if start < from {
+            missing.insert(start, (from, page));
+        }
+        if end > to {
+            missing.insert(to, (end, page + (to - start) / PAGE));
+        }
+        let (s, e) = (start.max(from), end.min(to));
+        inside.push((s, e, page + (s - start) / PAGE));
+    }
+    inside
+}
+
 /// An address space being filled: a restored process, or a child it forked
 /// before every page was in place (which misses the same pages).
 struct Space {
     pid: u32,
     uffd: Uffd,
     file: u32,
-    /// Lazy pages not in place yet: first address -> (end address, the
-    /// first one's page in the archive's image).
-    missing: BTreeMap<u64, (u64, u64)>,
+    /// Lazy private pages not in place yet, by address.
+    missing: MissingPages,
+    /// Its mappings of shared memory the pager serves, registered.
+    views: Vec<View>,
+}
+
+/// A mapping of served shared memory: `[start, end)` shows object `object`
+/// (of `Pager::served`) from byte `pgoff` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct View {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    object: usize,
+}
+
+impl View {
+    fn shows(&self, offset: u64) -> bool {
+        offset >= self.pgoff && offset - self.pgoff < self.end - self.start
+    }
+
+    /// The object's offset one past the last byte it shows.
+    fn pgend(&self) -> u64 {
+        self.pgoff + (self.end - self.start)
+    }
+}
+
+/// Anonymous shared memory a lazy restore serves (`shmem::LazyShared`):
+/// its pages not in yet, by offset in the object. A page copied in
+/// through one process's mapping is in for every mapping of it.
+struct ServedObject {
+    pages_file: u32,
+    missing: MissingPages,
 }
 
 impl Space {
     /// The missing range holding `addr`.
     fn missing_at(&self, addr: u64) -> Option<(u64, u64, u64)> {
-        let (&start, &(end, page)) = self.missing.range(..=addr).next_back()?;
-        (addr < end).then_some((start, end, page))
-    }
-
-    /// Takes `[from, to)` out of the missing ranges; returns the pieces
-    /// that were inside, as (start, end, archive page of start).
-    fn take_range(&mut self, from: u64, to: u64) -> Vec<(u64, u64, u64)> {
-        let hit: Vec<(u64, u64, u64)> = self
-            .missing
-            .range(..to)
-            .rev()
-            .take_while(|(_, &(end, _))| end > from)
-            .map(|(&s, &(e, p))| (s, e, p))
-            .collect();
-        let mut inside = Vec::with_capacity(hit.len());
-        for (start, end, page) in hit {
-            self.missing.remove(&start);
-            if start < from {
-                self.missing.insert(start, (from, page));
-            }
-            if end > to {
-                self.missing.insert(to, (end, page + (to - start) / PAGE));
-            }
-            let (s, e) = (start.max(from), end.min(to));
-            inside.push((s, e, page + (s - start) / PAGE));
-        }
-        inside
+        missing_at(&self.missing, addr)
     }
 
     fn drop_range(&mut self, from: u64, to: u64) {
-        self.take_range(from, to);
+        take_range(&mut self.missing, from, to);
+    }
+
+    /// The view showing `addr`, and the offset it shows there.
+    fn view_at(&self, addr: u64) -> Option<(View, u64)> {
+        self.views.iter().find(|v| v.start <= addr && addr < v.end).map(|v| (*v, v.pgoff + (addr - v.start)))
+    }
+
+    /// Takes `[from, to)` out of its views (unmapped, or no longer served).
+    fn cut_views(&mut self, from: u64, to: u64) {
+        let mut kept = Vec::with_capacity(self.views.len());
+        for v in self.views.drain(..) {
+            if v.end <= from || v.start >= to {
+                kept.push(v);
+                continue;
+            }
+            if v.start < from {
+                kept.push(View { end: from, ..v });
+            }
+            if v.end > to {
+                kept.push(View { start: to, pgoff: v.pgoff + (to - v.start), ..v });
+            }
+        }
+        self.views = kept;
     }
 
     /// `mremap` moved `[from, from + len)` to `to`.
     fn remap(&mut self, from: u64, to: u64, len: u64) {
-        for (s, e, p) in self.take_range(from, from + len) {
+        for (s, e, p) in take_range(&mut self.missing, from, from + len) {
             self.missing.insert(s - from + to, (e - from + to, p));
         }
     }
@@ -128,7 +197,8 @@ pub(crate) struct PagerReport {
     /// When a held tree's fill began: CRIU had handed every address space
     /// over (`None`: a running tree's fill, or none).
     pub held_fill_started: Option<Instant>,
-    /// Pages of shared memory a held tree's fill placed (also in `pages`).
+    /// Pages of shared memory placed in a held tree or served to a lazy
+    /// one (also in `pages`).
     pub shared_pages: u64,
 }
 
@@ -215,6 +285,12 @@ pub(crate) struct Pager<'a> {
     lazy: &'a HashMap<u32, LazyProcess>,
     /// Shared memory a held tree's fill places too (`session::shmem`).
     shared: &'a [SharedObject],
+    /// Anonymous shared memory a lazy tree is served (`shmem::LazyShared`).
+    served: Vec<ServedObject>,
+    /// Its mappings by pid, until they are registered: once CRIU has
+    /// handed the whole tree over (it maps shared memory last), before the
+    /// tree may run.
+    views_to_register: HashMap<u32, Vec<View>>,
     guard: &'a Guard,
     victim: &'a Victim,
     spaces: Vec<Space>,
@@ -245,6 +321,18 @@ pub(crate) struct Pager<'a> {
     oom_kills_before: HashMap<u32, Vec<(std::path::PathBuf, u64)>>,
 }
 
+/// A fault in served shared memory: the view it hit, the offset it shows
+/// there, and the object's missing range holding that offset.
+type SharedAt = (View, u64, (u64, u64, u64));
+
+/// Why a lazy restore with shared memory not all in cannot go on.
+fn shared_changed(pid: u32, how: &str, at: u64) -> Error {
+    Error::Criu(format!(
+        "restored process {pid} {how} shared memory at {at:#x} before all of it was in: a lazy restore cannot \
+         tell what it should read there (restore it without --lazy)"
+    ))
+}
+
 /// Blocks each thread of a running tree's fill takes in one step: a fault
 /// that arrives meanwhile waits for the step, so a step is short; two
 /// blocks a thread even out blocks that take longer than others.
@@ -271,6 +359,8 @@ impl<'a> Pager<'a> {
             blocks,
             lazy,
             shared: &[],
+            served: Vec::new(),
+            views_to_register: HashMap::new(),
             guard,
             victim,
             spaces: Vec::new(),
@@ -295,6 +385,47 @@ impl<'a> Pager<'a> {
         self
     }
 
+    /// Serves `objects` too, to a lazy tree CRIU leaves stopped until the
+    /// pager says it has every process (`Gated`): each mapping of them is
+    /// registered first.
+    pub(crate) fn serving_shared(mut self, objects: &[LazyShared]) -> Pager<'a> {
+        for (k, o) in objects.iter().enumerate() {
+            let missing = o.runs.iter().map(|&(start, end, page)| (start, (end, page))).collect();
+            self.served.push(ServedObject { pages_file: o.pages_file, missing });
+            for &(pid, m) in &o.mappings {
+                let view = View { start: m.start, end: m.end, pgoff: m.pgoff, object: k };
+                self.views_to_register.entry(pid).or_default().push(view);
+            }
+        }
+        self
+    }
+
+    /// Whether served shared memory still misses pages.
+    fn served_missing(&self) -> bool {
+        self.served.iter().any(|o| !o.missing.is_empty())
+    }
+
+    /// Registers each process's mappings of served shared memory with its
+    /// userfaultfd: from then on a page of it not yet in faults, in every
+    /// process, rather than reading as zero.
+    fn register_views(&mut self) -> Result<()> {
+        for (pid, views) in std::mem::take(&mut self.views_to_register) {
+            let i = self.spaces.iter().position(|s| s.pid == pid).ok_or_else(|| {
+                Error::Mismatch(format!(
+                    "restored process {pid} maps shared memory, but CRIU handed no such process over"
+                ))
+            })?;
+            for v in &views {
+                self.spaces[i].uffd.register_missing(v.start, v.end - v.start).map_err(|err| Error::CriuIo {
+                    what: format!("shared memory of restored process {pid} at {:#x}", v.start),
+                    err,
+                })?;
+            }
+            self.spaces[i].views = views;
+        }
+        Ok(())
+    }
+
     /// Serves the tree until every lazy page is in place, or `stop` becomes
     /// readable (the restore failed: nothing will come), or `abort` says to
     /// fail. The report, also on error, says how far it got. With `gated`,
@@ -317,7 +448,8 @@ impl<'a> Pager<'a> {
             // below sees its wake (level-triggered, for good).
             let gate_shut = gate.filter(|g| !g.is_open());
             let filling = self.finished && gate_shut.is_none();
-            let busy = !self.faults.is_empty() || (filling && self.spaces.iter().any(|s| !s.missing.is_empty()));
+            let busy = !self.faults.is_empty()
+                || (filling && (self.spaces.iter().any(|s| !s.missing.is_empty()) || self.served_missing()));
             if filling && !busy {
                 self.oom_killed_any()?;
                 self.report.resident = Some(Instant::now());
@@ -381,14 +513,19 @@ impl<'a> Pager<'a> {
                 }
             }
             if self.finished {
+                if !self.views_to_register.is_empty() {
+                    self.register_views()?;
+                }
                 if let Some(tx) = finished.take() {
                     let _ = tx.send(());
                 }
             }
             self.serve_faults()?;
             if self.faults.is_empty() && filling {
+                let private_left = !self.working_set.is_empty() || self.spaces.iter().any(|s| !s.missing.is_empty());
                 match self.held_fill.take() {
                     Some(how) => self.fill_held(&how)?,
+                    None if !private_left => self.fill_served_step()?,
                     None if self.fill_threads > 1 && self.working_set.is_empty() => self.fill_step()?,
                     None => self.fill_one()?,
                 }
@@ -463,7 +600,7 @@ impl<'a> Pager<'a> {
                 for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
                     missing.insert(r.vaddr, (r.vaddr + r.nr * PAGE, r.first));
                 }
-                self.spaces.push(Space { pid, uffd, file, missing });
+                self.spaces.push(Space { pid, uffd, file, missing, views: Vec::new() });
                 // Read while the process lives: one that has exited reads
                 // as in the root group.
                 self.oom_kills_before.insert(pid, crate::proc::memory::oom_kills_of(pid as i32));
@@ -482,16 +619,39 @@ impl<'a> Pager<'a> {
                 Event::Fault { addr } => self.faults.push_back((i, addr & !(PAGE - 1))),
                 Event::Fork { child } => {
                     self.guard.hold(child.0.as_raw_fd())?;
-                    let (pid, file, missing) = (s.pid, s.file, s.missing.clone());
-                    self.spaces.push(Space { pid, uffd: child, file, missing });
+                    let (pid, file, missing, views) = (s.pid, s.file, s.missing.clone(), s.views.clone());
+                    self.spaces.push(Space { pid, uffd: child, file, missing, views });
                 }
-                Event::Remap { from, to, len } => s.remap(from, to, len),
+                Event::Remap { from, to, len } => {
+                    // A moved mapping may grow to show pages the pager
+                    // cannot place (the event does not say how far).
+                    let moved = |v: &View| v.start < from + len && v.end > from;
+                    if let Some(v) = s.views.iter().find(|v| moved(v) && !self.served[v.object].missing.is_empty()) {
+                        return Err(shared_changed(pid, "moved", v.start.max(from)));
+                    }
+                    s.cut_views(from, from + len);
+                    s.remap(from, to, len);
+                }
                 Event::Remove { start, end } => {
+                    // A discarded page of shared memory is gone from the
+                    // object (`MADV_REMOVE`) or still there
+                    // (`MADV_DONTNEED`): one not in yet cannot be told.
+                    for v in s.views.iter().filter(|v| v.start < end && v.end > start) {
+                        let (from, to) =
+                            (v.pgoff + (start.max(v.start) - v.start), v.pgoff + (end.min(v.end) - v.start));
+                        if self.served[v.object].missing.range(..to).next_back().is_some_and(|(_, &(e, _))| e > from) {
+                            return Err(shared_changed(pid, "discarded", start.max(v.start)));
+                        }
+                    }
+                    s.cut_views(start, end);
                     // Faults there must get zeros, not the archive's pages.
                     s.uffd.unregister(start, end - start).map_err(failed)?;
                     s.drop_range(start, end);
                 }
-                Event::Unmap { start, end } => s.drop_range(start, end),
+                Event::Unmap { start, end } => {
+                    s.cut_views(start, end);
+                    s.drop_range(start, end);
+                }
             }
         }
         Ok(())
@@ -500,20 +660,27 @@ impl<'a> Pager<'a> {
     fn serve_faults(&mut self) -> Result<()> {
         while let Some((i, addr)) = self.faults.pop_front() {
             let s = &self.spaces[i];
-            let step = match s.missing_at(addr) {
-                // Not lazy (a zero page), or already copied for another
-                // thread's fault: the zero page, or a wake-up.
-                None => match s.uffd.zero_page(addr, PAGE).map_err(|e| self.uffd_failed(i, e))? {
+            let shared = s.view_at(addr).and_then(|(v, offset)| {
+                let range = missing_at(&self.served[v.object].missing, offset)?;
+                Some((v, offset, range))
+            });
+            let private = s.missing_at(addr);
+            if private.is_some() || shared.is_some() {
+                self.report.faults += 1;
+                if self.report.touched.len() < TOUCHED_MAX {
+                    self.report.touched.push((s.pid, addr));
+                }
+            }
+            let step = match (private, shared) {
+                (Some(range), _) => self.put_block_around(i, addr, range)?,
+                (None, Some(at)) => self.put_shared_block_around(i, at)?,
+                // Not lazy (a zero page, a hole of shared memory), or
+                // already copied for another thread's fault: the zero page
+                // (a page of zeros in shared memory), or a wake-up.
+                (None, None) => match s.uffd.zero_page(addr, PAGE).map_err(|e| self.uffd_failed(i, e))? {
                     Copied::Changing => Step::Changing,
                     _ => Step::Done,
                 },
-                Some(range) => {
-                    self.report.faults += 1;
-                    if self.report.touched.len() < TOUCHED_MAX {
-                        self.report.touched.push((s.pid, addr));
-                    }
-                    self.put_block_around(i, addr, range)?
-                }
             };
             if let Step::Changing = step {
                 self.faults.push_front((i, addr));
@@ -534,6 +701,130 @@ impl<'a> Pager<'a> {
         let to = end.min(addr + after * PAGE);
         let off = (at * PAGE - first) as usize - (addr - from) as usize;
         self.put(i, from, &block[off..off + (to - from) as usize])
+    }
+
+    /// Copies the missing rest of the block of served shared memory that
+    /// holds `offset`, which view `v` of space `i` shows, and which lies in
+    /// the object's missing range `(start, end, page)`: as far as the view
+    /// shows it.
+    fn put_shared_block_around(&mut self, i: usize, (v, offset, (start, end, page)): SharedAt) -> Result<Step> {
+        let file = self.served[v.object].pages_file;
+        let at = page + (offset - start) / PAGE;
+        let label = self.blocks.source.label();
+        let pid = self.spaces[i].pid;
+        let (block, first) = self
+            .blocks
+            .block_at(&mut self.dec, file, at, false)
+            .context(|| format!("{label}: shared memory of restored process {pid}"))?;
+        let before = (at * PAGE - first) / PAGE;
+        let after = (block.len() as u64 - (at * PAGE - first)) / PAGE;
+        let from = start.max(offset - before * PAGE).max(v.pgoff);
+        let to = end.min(offset + after * PAGE).min(v.pgend());
+        let skip = (at * PAGE - first - (offset - from)) as usize;
+        let data = &block[skip..skip + (to - from) as usize];
+        let dst = v.start + (from - v.pgoff);
+        let got = self.spaces[i].uffd.copy_all(dst, data).map_err(|e| self.uffd_failed(i, e))?;
+        let (done, pages, step) = match got {
+            CopiedAll::Done { pages, .. } => (to - from, pages, Step::Done),
+            CopiedAll::Changing { done, pages, .. } => (done, pages, Step::Changing),
+            CopiedAll::Gone => {
+                self.ended(i)?;
+                return Ok(Step::Done);
+            }
+        };
+        self.report.pages += pages;
+        self.report.shared_pages += pages;
+        take_range(&mut self.served[v.object].missing, from, from + done);
+        Ok(step)
+    }
+
+    /// One step of the fill of served shared memory, once every private
+    /// page is in: the next missing pages of each object, through the first
+    /// space with a view that shows them (a process CRIU handed over comes
+    /// before the children it forked), on the fill's threads
+    /// (`session::place`). Pages no view of any process shows any more
+    /// (every mapping gone) are dropped: nothing can read them.
+    fn fill_served_step(&mut self) -> Result<()> {
+        let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
+        let budget = self.fill_threads.max(1) as u64 * STEP_BLOCKS * block_pages;
+        // Per target: (space, view); ranges are in the view's addresses.
+        let mut routes: Vec<(usize, View)> = Vec::new();
+        let mut ranges: Vec<Missing> = Vec::new();
+        let mut unseen: Vec<(usize, u64, u64)> = Vec::new();
+        let mut pages = 0;
+        'objects: for (o, object) in self.served.iter().enumerate() {
+            for (&start, &(end, page)) in &object.missing {
+                let mut offset = start;
+                while offset < end {
+                    if pages == budget {
+                        break 'objects;
+                    }
+                    let views = self.spaces.iter().enumerate().flat_map(|(i, s)| s.views.iter().map(move |v| (i, *v)));
+                    let views = views.filter(|(_, v)| v.object == o);
+                    let Some((i, v)) = views.clone().find(|(_, v)| v.shows(offset)) else {
+                        let next = views.map(|(_, v)| v.pgoff).filter(|&p| p > offset).min().unwrap_or(end).min(end);
+                        unseen.push((o, offset, next));
+                        offset = next;
+                        continue;
+                    };
+                    let n = ((end.min(v.pgend()) - offset) / PAGE).min(budget - pages);
+                    let target = match routes.iter().position(|r| *r == (i, v)) {
+                        Some(t) => t,
+                        None => {
+                            routes.push((i, v));
+                            routes.len() - 1
+                        }
+                    };
+                    let at = v.start + (offset - v.pgoff);
+                    ranges.push(Missing {
+                        space: target,
+                        start: at,
+                        end: at + n * PAGE,
+                        page: page + (offset - start) / PAGE,
+                    });
+                    offset += n * PAGE;
+                    pages += n;
+                }
+            }
+        }
+        for (o, from, to) in unseen {
+            take_range(&mut self.served[o].missing, from, to);
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        self.pool();
+        let crew = self.crew.as_ref().map_or(Crew::Spawn(1), Crew::Pool);
+        let (spaces, served) = (&self.spaces, &self.served);
+        let targets: Vec<Target> = routes
+            .iter()
+            .map(|&(i, v)| Target { pid: spaces[i].pid, uffd: &spaces[i].uffd, file: served[v.object].pages_file })
+            .collect();
+        let blocks = self.blocks;
+        let starts = |file| blocks.starts(file);
+        let filled = place::fill(&*blocks.source, &starts, &targets, &ranges, crew, ZeroPages::Copy, None)?;
+        self.report.pages += filled.pages;
+        self.report.shared_pages += filled.pages;
+        // Back to offsets in the object, through the view each range used.
+        let offsets = |m: &Missing| {
+            let v = routes[m.space].1;
+            (v.object, v.pgoff + (m.start - v.start), v.pgoff + (m.end - v.start))
+        };
+        for r in &ranges {
+            let (o, from, to) = offsets(r);
+            take_range(&mut self.served[o].missing, from, to);
+        }
+        // A process gone: what was for it goes through another view (a page
+        // it took before it went is then found there, and skipped).
+        let back = filled.left.iter().filter(|m| !filled.gone.contains(&m.space));
+        for m in back.chain(ranges.iter().filter(|r| filled.gone.contains(&r.space))) {
+            let (o, from, to) = offsets(m);
+            self.served[o].missing.insert(from, (to, m.page));
+        }
+        for t in filled.gone {
+            self.ended(routes[t].0)?;
+        }
+        Ok(())
     }
 
     /// Copies one block's worth: around the next page of the recorded
@@ -585,20 +876,8 @@ impl<'a> Pager<'a> {
     /// (docs/BENCHMARKS.md, sessions 27-31).
     fn fill_step(&mut self) -> Result<()> {
         self.working_set_done();
-        if self.crew.is_none() {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(self.fill_threads)
-                .thread_name(|i| format!("criuz-fill-{i}"))
-                .build();
-            match pool {
-                Ok(pool) => self.crew = Some(pool),
-                // No threads to be had (a task limit): this thread fills
-                // alone, a block at a time, rather than failing the restore.
-                Err(_) => {
-                    self.fill_threads = 1;
-                    return self.fill_one();
-                }
-            }
+        if self.pool().is_none() {
+            return self.fill_one();
         }
         let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
         let budget = self.fill_threads as u64 * STEP_BLOCKS * block_pages;
@@ -622,10 +901,27 @@ impl<'a> Pager<'a> {
         let targets: Vec<Target> =
             self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
         let blocks = self.blocks;
-        let crew = Crew::Pool(self.crew.as_ref().expect("made above"));
+        let crew = Crew::Pool(self.crew.as_ref().expect("made by `pool`"));
         let filled =
             place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, self.zeros, None)?;
         self.note_filled(&ranges, filled)
+    }
+
+    /// The fill's thread pool, made at its first step; `None` where the fill
+    /// has one thread, or no threads were to be had (a task limit): this
+    /// thread then fills alone rather than failing the restore.
+    fn pool(&mut self) -> Option<&rayon::ThreadPool> {
+        if self.crew.is_none() && self.fill_threads > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(self.fill_threads)
+                .thread_name(|i| format!("criuz-fill-{i}"))
+                .build();
+            match pool {
+                Ok(pool) => self.crew = Some(pool),
+                Err(_) => self.fill_threads = 1,
+            }
+        }
+        self.crew.as_ref()
     }
 
     /// The process of space `i` has ended: nothing more to copy there. A
@@ -638,10 +934,11 @@ impl<'a> Pager<'a> {
         if oom.is_some() || self.report.held_fill_started.is_some() {
             return Err(self.killed_error(pid, "killed", oom));
         }
-        let missing = &mut self.spaces[i].missing;
-        if !missing.is_empty() {
+        let space = &mut self.spaces[i];
+        space.views.clear();
+        if !space.missing.is_empty() {
             self.report.ended_unfilled += 1;
-            missing.clear();
+            space.missing.clear();
         }
         Ok(())
     }
@@ -798,7 +1095,7 @@ mod tests {
 
     fn with(missing: BTreeMap<u64, (u64, u64)>) -> Space {
         let fd = std::fs::File::open("/dev/null").expect("/dev/null");
-        Space { pid: 1, uffd: Uffd(fd.into()), file: 0, missing }
+        Space { pid: 1, uffd: Uffd(fd.into()), file: 0, missing, views: Vec::new() }
     }
 
     #[test]
@@ -808,6 +1105,24 @@ mod tests {
         assert_eq!(s.missing, space(&[(10, 12, 100), (35, 40, 205)]));
         assert_eq!(s.missing_at(36 * PAGE), Some((35 * PAGE, 40 * PAGE, 205)));
         assert_eq!(s.missing_at(12 * PAGE), None);
+    }
+
+    #[test]
+    fn unmapping_cuts_views_of_shared_memory_and_keeps_their_offsets() {
+        let mut s = with(BTreeMap::new());
+        let view = |start: u64, end: u64, pgoff: u64| View {
+            start: start * PAGE,
+            end: end * PAGE,
+            pgoff: pgoff * PAGE,
+            object: 0,
+        };
+        s.views = vec![view(10, 20, 0), view(30, 34, 100)];
+        s.cut_views(12 * PAGE, 15 * PAGE);
+        assert_eq!(s.views, vec![view(10, 12, 0), view(15, 20, 5), view(30, 34, 100)]);
+        assert_eq!(s.view_at(16 * PAGE + 5), Some((view(15, 20, 5), 6 * PAGE + 5)));
+        assert_eq!(s.view_at(13 * PAGE), None, "unmapped");
+        s.cut_views(0, 40 * PAGE);
+        assert!(s.views.is_empty());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Shared memory placed by criuz in a held tree.
+//! Shared memory placed by criuz in a held tree, or served to a lazy one.
 //!
 //! CRIU restores shared memory itself, reading every page of it in one
 //! thread (through its image stream, or from images written out first).
@@ -25,6 +25,13 @@
 //! The tree runs only once every page is in, each from a block checked as
 //! it was decoded; a page that could not be copied fails the restore, and
 //! the tree is killed before it ran.
+//!
+//! A lazy tree CRIU leaves stopped (`plan_lazy`) is served its shared
+//! memory as it runs (`session::pager`): every mapping of an object is
+//! registered before the tree runs, read-only ones too, since a hole
+//! touched through any of them would be a page of zeros in the object. So
+//! only an object no descriptor opens is served: a `read` through one
+//! takes no fault.
 
 use crate::archive::BlockSource;
 use crate::criu::images::{self, SharedId, SharedMapping};
@@ -75,6 +82,139 @@ impl SharedObject {
 /// The objects of the archive's shared memory criuz can fill itself, given
 /// the pages images one pagemap alone names (`serve::pages_images_named_once`).
 pub(crate) fn plan(source: &dyn BlockSource, named_once: &HashSet<u32>) -> Result<Vec<SharedObject>> {
+    candidates(source, named_once, |c| {
+        // Copies go through writable mappings only (see `SharedMapping`).
+        let writable: Vec<(u32, SharedMapping)> = c.mappings.iter().copied().filter(|(_, m)| m.writable).collect();
+        let (mappings, ranges) = through_mappings(c.runs, &writable, c.size, c.image_pages, c.is_zero)?;
+        Some(SharedObject {
+            pagemap: c.pagemap.to_string(),
+            pages_id: c.pages_id,
+            pages_file: c.pages_file,
+            mappings,
+            ranges,
+        })
+    })
+}
+
+/// An object of shared memory a lazy restore serves (`session::pager`):
+/// every mapping of it is registered before the tree runs, a fault in any
+/// copies the faulted page's block in, and the fill brings the rest. Only
+/// an object no descriptor of the tree opens (anonymous shared memory,
+/// which CRIU 4.2 dumps as a memfd, or a memfd whose descriptors were
+/// closed): a mapping is then the only way to its pages, while a `read` of
+/// a page not yet in would give zeros, which no fault announces.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct LazyShared {
+    pub pagemap: String,
+    pub pages_id: u32,
+    pub pages_file: u32,
+    /// Every mapping of it, read-only ones too: (pid, mapping).
+    pub mappings: Vec<(u32, SharedMapping)>,
+    /// Its pages that are not zero, by offset: (offset, end offset, page of
+    /// the pages image at offset).
+    pub runs: Vec<(u64, u64, u64)>,
+}
+
+/// The objects of shared memory a lazy restore can serve itself (see
+/// [`LazyShared`]): each stored run lies in the object as CRIU sizes it,
+/// and each page that is not zero is shown by some mapping (one no mapping
+/// shows could be reached by none; CRIU restores such an object).
+pub(crate) fn plan_lazy(source: &dyn BlockSource, named_once: &HashSet<u32>) -> Result<Vec<LazyShared>> {
+    let opened = opened_files(source)?;
+    candidates(source, named_once, |c| {
+        // A memfd's read-only mapping may come from a descriptor opened
+        // read-only, which the kernel lets register no userfaultfd (no
+        // `VM_MAYWRITE`); anonymous shared memory's always can.
+        let unservable = |m: &SharedMapping| match m.object {
+            SharedId::Anon(_) => false,
+            SharedId::MemfdFile(file) => !m.writable || opened.as_ref().is_none_or(|o| o.contains(&file)),
+        };
+        if c.mappings.iter().any(|(_, m)| unservable(m)) {
+            return None;
+        }
+        let runs = served_runs(c.runs, c.mappings, c.size, c.image_pages, c.is_zero)?;
+        Some(LazyShared {
+            pagemap: c.pagemap.to_string(),
+            pages_id: c.pages_id,
+            pages_file: c.pages_file,
+            mappings: c.mappings.to_vec(),
+            runs,
+        })
+    })
+}
+
+/// The pages of `runs` (an object's pagemap, offsets in the object) that
+/// are not zero, merged into runs of (offset, end offset, image page of
+/// offset) in offset order; `None` if a run is not stored whole in the
+/// image's `image_pages`, lies past the object's `size`, or holds a page
+/// that is not zero where no mapping shows it, or the runs are not in
+/// offset order (CRIU's go up).
+fn served_runs(
+    runs: &[images::PageRun],
+    mappings: &[(u32, SharedMapping)],
+    size: u64,
+    image_pages: u64,
+    is_zero: impl Fn(u64) -> bool,
+) -> Option<Vec<(u64, u64, u64)>> {
+    let mut served: Vec<(u64, u64, u64)> = Vec::new();
+    for r in runs {
+        let end = r.vaddr.checked_add(r.nr.checked_mul(PAGE)?)?;
+        if r.first.checked_add(r.nr)? > image_pages || end > size || r.vaddr % PAGE != 0 {
+            return None;
+        }
+        for i in (0..r.nr).filter(|&i| !is_zero(r.first + i)) {
+            let offset = r.vaddr + i * PAGE;
+            mappings.iter().find_map(|(_, m)| m.address_of(offset))?;
+            match served.last_mut() {
+                Some((s, e, p)) if *e == offset && *p + (*e - *s) / PAGE == r.first + i => *e += PAGE,
+                _ => served.push((offset, offset + PAGE, r.first + i)),
+            }
+        }
+    }
+    served.windows(2).all(|w| w[0].1 <= w[1].0).then_some(served)
+}
+
+/// The file ids the tree's descriptors open (`fdinfo-*.img`); `None` where
+/// that cannot be told: an image not as expected, or descriptors in flight
+/// in socket queues (`sk-queues.img`, whose entries criuz does not read).
+fn opened_files(source: &dyn BlockSource) -> Result<Option<HashSet<u64>>> {
+    let mut opened = HashSet::new();
+    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Plain && f.is_criu_image()) {
+        if f.name == "sk-queues.img" {
+            return Ok(None);
+        }
+        if f.name.starts_with("fdinfo-") {
+            let Some(ids) = images::fd_file_ids(&source.read_file(f)?) else { return Ok(None) };
+            opened.extend(ids);
+        }
+    }
+    Ok(Some(opened))
+}
+
+/// An object of shared memory as the archive stores it, for `plan` and
+/// `plan_lazy` to take or leave.
+struct Candidate<'c> {
+    pagemap: &'c str,
+    pages_id: u32,
+    pages_file: u32,
+    /// Where CRIU stops reading it.
+    size: u64,
+    /// Its mappings in every process CRIU restores with memory, root first.
+    mappings: &'c [(u32, SharedMapping)],
+    /// Its pagemap's runs (offsets in the object).
+    runs: &'c [images::PageRun],
+    image_pages: u64,
+    is_zero: &'c dyn Fn(u64) -> bool,
+}
+
+/// `take` of each object of plain shared memory whose pages image one
+/// pagemap alone names, none of it lazy, that no mapping shows some other
+/// way (System V, huge pages, privately) and that is named one way only.
+fn candidates<T>(
+    source: &dyn BlockSource,
+    named_once: &HashSet<u32>,
+    mut take: impl FnMut(Candidate) -> Option<T>,
+) -> Result<Vec<T>> {
     let read =
         |name: &str| source.find(name).filter(|f| f.kind == FileKind::Plain).map(|f| source.read_file(f)).transpose();
     let Some(pids) = read("pstree.img")?.and_then(|p| images::pstree_pids(&p)) else { return Ok(Vec::new()) };
@@ -126,23 +266,23 @@ pub(crate) fn plan(source: &dyn BlockSource, named_once: &HashSet<u32>) -> Resul
             continue;
         };
         let Some(zero) = zero_pages_of(source, pages) else { continue };
-        // Anonymous shared memory: as far as its furthest writable mapping
-        // reaches. CRIU sizes it by every mapping, read-only ones too, so
-        // its size is at least this: a run past it is left to CRIU.
+        // Anonymous shared memory: as far as its furthest mapping reaches,
+        // as CRIU sizes it.
         let Some(size) = size.or_else(|| mappings.iter().map(|(_, m)| m.pgoff + (m.end - m.start)).max()) else {
             continue;
         };
-        let image_pages = pages.raw_size / PAGE;
         let is_zero = |page: u64| usize::try_from(page).is_ok_and(|p| zero.contains(p));
-        if let Some((mappings, ranges)) = through_mappings(&runs, mappings, size, image_pages, is_zero) {
-            objects.push(SharedObject {
-                pagemap: f.name.clone(),
-                pages_id,
-                pages_file: pages.file_id,
-                mappings,
-                ranges,
-            });
-        }
+        let candidate = Candidate {
+            pagemap: &f.name,
+            pages_id,
+            pages_file: pages.file_id,
+            size,
+            mappings,
+            runs: &runs,
+            image_pages: pages.raw_size / PAGE,
+            is_zero: &is_zero,
+        };
+        objects.extend(take(candidate));
     }
     Ok(objects)
 }
@@ -266,7 +406,8 @@ mod tests {
     use crate::criu::images::PageRun;
 
     fn mapping(start: u64, pages: u64, pgoff_pages: u64) -> SharedMapping {
-        SharedMapping { start, end: start + pages * PAGE, pgoff: pgoff_pages * PAGE, object: SharedId::Anon(9) }
+        let end = start + pages * PAGE;
+        SharedMapping { start, end, pgoff: pgoff_pages * PAGE, object: SharedId::Anon(9), writable: true }
     }
 
     fn run(offset_pages: u64, nr: u64, first: u64) -> PageRun {
@@ -289,6 +430,27 @@ mod tests {
                 SharedRange { pid: 11, start: 0x200000 + 2 * PAGE, end: 0x200000 + 6 * PAGE, page: 4 },
             ]
         );
+    }
+
+    #[test]
+    fn a_lazy_restore_serves_the_pages_that_are_not_zero_by_offset() {
+        // Process 10 maps pages 0..4 read-only, process 11 pages 2..8.
+        let read_only = SharedMapping { writable: false, ..mapping(0x100000, 4, 0) };
+        let maps = [(10, read_only), (11, mapping(0x200000, 6, 2))];
+        // Object pages 0..8 stored as image pages 0..8, then 8..10 as 20..22;
+        // image page 3 is zero.
+        let runs = [run(0, 8, 0), run(8, 2, 20)];
+        let size = 10 * PAGE;
+        assert_eq!(served_runs(&runs, &maps, size, 22, |p| p == 3), None, "pages 8 and 9: no mapping shows them");
+        let maps = [(10, read_only), (11, mapping(0x200000, 8, 2))];
+        assert_eq!(
+            served_runs(&runs, &maps, size, 22, |p| p == 3),
+            Some(vec![(0, 3 * PAGE, 0), (4 * PAGE, 8 * PAGE, 4), (8 * PAGE, 10 * PAGE, 20)])
+        );
+        // Past the object, past the image, or out of order: left to CRIU.
+        assert_eq!(served_runs(&runs, &maps, 9 * PAGE, 22, |_| false), None);
+        assert_eq!(served_runs(&runs, &maps, size, 21, |_| false), None);
+        assert_eq!(served_runs(&[run(4, 2, 0), run(0, 2, 2)], &maps, size, 4, |_| false), None);
     }
 
     #[test]

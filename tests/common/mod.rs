@@ -394,6 +394,20 @@ pub fn with_rlimit(cmd: &mut Command, resource: libc::__rlimit_resource_t, soft:
     }
 }
 
+/// Flips one byte near the end of a block halfway through the archive's
+/// largest pages image (a process's shared memory, where its private
+/// memory is small).
+#[allow(dead_code)]
+pub fn flip_a_byte_of_the_largest_pages_image(arc: &Path) {
+    use criuz::archive::BlockSource;
+    let a = criuz::archive::open(&criuz::io::Location::File(arc.to_path_buf()), &Default::default()).unwrap();
+    let pages = a.index().files.iter().filter(|f| f.name.starts_with("pages-")).max_by_key(|f| f.raw_size).unwrap();
+    let b = pages.blocks[pages.blocks.len() / 2];
+    let mut bytes = std::fs::read(arc).unwrap();
+    bytes[(b.offset + u64::from(b.record_len) - 100) as usize] ^= 0x40;
+    std::fs::write(arc, &bytes).unwrap();
+}
+
 pub fn criuz(args: &[&str]) -> std::process::Output {
     run(Command::new(CRIUZ).args(args))
 }

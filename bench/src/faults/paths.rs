@@ -39,6 +39,7 @@ pub enum Route {
     Flatten,
     RestoreFile,
     RestoreShared,
+    RestoreSharedLazy,
     RestoreLazy,
     RestorePipe,
     RestoreS3,
@@ -66,6 +67,7 @@ pub const ROUTES: &[Route] = &[
     Route::Flatten,
     Route::RestoreFile,
     Route::RestoreShared,
+    Route::RestoreSharedLazy,
     Route::RestoreLazy,
     Route::RestorePipe,
     Route::RestoreS3,
@@ -95,6 +97,7 @@ impl Route {
             Route::Flatten => "flatten",
             Route::RestoreFile => "restore-file",
             Route::RestoreShared => "restore-shared",
+            Route::RestoreSharedLazy => "restore-shared-lazy",
             Route::RestoreLazy => "restore-lazy",
             Route::RestorePipe => "restore-pipe",
             Route::RestoreS3 => "restore-s3",
@@ -124,6 +127,7 @@ impl Route {
             Route::Pack | Route::Unpack | Route::Flatten => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RestoreFile
             | Route::RestoreShared
+            | Route::RestoreSharedLazy
             | Route::RestoreLazy
             | Route::RestoreChain
             | Route::RestoreStream
@@ -141,6 +145,7 @@ impl Route {
             self,
             Route::RestoreFile
                 | Route::RestoreShared
+                | Route::RestoreSharedLazy
                 | Route::RestoreLazy
                 | Route::RestorePipe
                 | Route::RestoreS3
@@ -570,14 +575,16 @@ impl Ctx {
             | Route::RestoreStream
             | Route::RestoreVerifyFirst
             | Route::RestoreForeground => Route::RestoreFile,
+            Route::RestoreSharedLazy => Route::RestoreShared,
             Route::Flatten => Route::RestoreChain,
             r => r,
         };
         if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
             return Ok(i);
         }
-        // Shared memory, which a placed restore fills through the tree's
-        // mappings of it (`session::shmem`); else private memory.
+        // Shared memory, which a placed restore fills and a lazy one serves
+        // through the tree's mappings of it (`session::shmem`); else
+        // private memory.
         let workload = if key == Route::RestoreShared { "shared" } else { "mixed" };
         let mut w = Running::start(workload, self.mib, &self.work.join(format!("prep-{}", key.name())), &self.tools)?;
         let archive = match key {
@@ -618,7 +625,7 @@ impl Ctx {
         let mut c = self.criuz();
         c.arg("restore");
         match route {
-            Route::RestoreLazy => {
+            Route::RestoreLazy | Route::RestoreSharedLazy => {
                 c.arg("--lazy");
             }
             Route::RestoreVerifyFirst => {

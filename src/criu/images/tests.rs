@@ -576,9 +576,9 @@ fn shared_memory_is_filled_only_through_plain_shared_mappings() {
     assert_eq!(
         plain,
         vec![
-            SharedMapping { start: 0x10000, end: 0x14000, pgoff: 0, object: anon },
-            SharedMapping { start: 0x20000, end: 0x22000, pgoff: 8192, object: anon },
-            SharedMapping { start: 0x900000, end: 0x901000, pgoff: 0, object: SharedId::MemfdFile(3) },
+            SharedMapping { start: 0x10000, end: 0x14000, pgoff: 0, object: anon, writable: true },
+            SharedMapping { start: 0x20000, end: 0x22000, pgoff: 8192, object: anon, writable: true },
+            SharedMapping { start: 0x900000, end: 0x901000, pgoff: 0, object: SharedId::MemfdFile(3), writable: true },
         ]
     );
     assert_eq!(other, vec![SharedId::Anon(12), SharedId::Anon(13), SharedId::MemfdFile(4)]);
@@ -589,12 +589,13 @@ fn shared_memory_is_filled_only_through_plain_shared_mappings() {
     // A mapping that is not whole pages is not one CRIU wrote.
     let odd = MmEntry { vmas: vec![with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 100, 11)] };
     assert_eq!(shared_mappings(&image(MM_MAGIC, &[odd.encode_to_vec()])), None);
-    // A read-only mapping takes no copy (it may come from a descriptor
-    // opened read-only), but does not keep its object from another's.
+    // A read-only mapping is marked so (it may come from a descriptor
+    // opened read-only, which takes no copy).
     let mut read_only = with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11);
     read_only.prot = libc::PROT_READ as u32;
     let mm = MmEntry { vmas: vec![read_only] };
-    assert_eq!(shared_mappings(&image(MM_MAGIC, &[mm.encode_to_vec()])), Some((vec![], vec![])));
+    let only = SharedMapping { start: 0x10000, end: 0x14000, pgoff: 0, object: anon, writable: false };
+    assert_eq!(shared_mappings(&image(MM_MAGIC, &[mm.encode_to_vec()])), Some((vec![only], vec![])));
     // Nor are overlapping mappings: a copy through the first would land in
     // the second's object.
     let a = with(vma(0x10000, 0x14000, shared, VMA_AREA_REGULAR | VMA_ANON_SHARED), 0, 11);
