@@ -556,8 +556,8 @@ pub(crate) struct LazyRestore<'a> {
     pub fill: Fill,
     /// Shared memory a held tree's fill places (`session::shmem`).
     pub shared: Vec<SharedObject>,
-    /// Anonymous shared memory a lazy tree CRIU leaves stopped gets served
-    /// like its private memory (`shmem::plan_lazy`); ignored otherwise.
+    /// Shared memory a lazy tree CRIU leaves stopped is served like its
+    /// private memory (`shmem::plan_lazy`); ignored otherwise.
     pub served_shared: Vec<LazyShared>,
     /// Threads that fill a held tree, or (less one, for the tree) decode
     /// ahead of a running tree's fill.
@@ -628,9 +628,9 @@ impl LazyRestore<'_> {
         // container's) could touch shared memory not yet registered in
         // every process: CRIU restores its shared memory.
         let served_shared = if gated { self.served_shared } else { Vec::new() };
-        let left_empty: HashMap<&str, u32> = (self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)))
-            .chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id)))
-            .collect();
+        let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
+        let left_empty: HashMap<&str, u32> =
+            placed.chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id))).collect();
         // With `verify_first`, every stored byte is proven before the tree
         // may run, beside the images being written (which decode and prove
         // their own blocks); otherwise behind the running tree, below.
@@ -1035,7 +1035,8 @@ fn restore_through_pager(
         Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
         Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
     };
-    // A lazy tree's anonymous shared memory: served as it runs.
+    // A lazy tree's shared memory that no descriptor opens: served as it
+    // runs.
     let served_shared = match fill {
         Fill::Lazy { stopped: true } => shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?,
         _ => Vec::new(),

@@ -128,8 +128,8 @@ impl View {
     }
 }
 
-/// Anonymous shared memory a lazy restore serves (`shmem::LazyShared`):
-/// its pages not in yet, by offset in the object. A page copied in
+/// Shared memory a lazy restore serves (`shmem::LazyShared`): its pages
+/// not in yet, by offset in the object. A page copied in
 /// through one process's mapping is in for every mapping of it.
 struct ServedObject {
     pages_file: u32,
@@ -285,7 +285,7 @@ pub(crate) struct Pager<'a> {
     lazy: &'a HashMap<u32, LazyProcess>,
     /// Shared memory a held tree's fill places too (`session::shmem`).
     shared: &'a [SharedObject],
-    /// Anonymous shared memory a lazy tree is served (`shmem::LazyShared`).
+    /// Shared memory a lazy tree is served (`shmem::LazyShared`).
     served: Vec<ServedObject>,
     /// Its mappings by pid, until they are registered: once CRIU has
     /// handed the whole tree over (it maps shared memory last), before the
@@ -660,10 +660,7 @@ impl<'a> Pager<'a> {
     fn serve_faults(&mut self) -> Result<()> {
         while let Some((i, addr)) = self.faults.pop_front() {
             let s = &self.spaces[i];
-            let shared = s.view_at(addr).and_then(|(v, offset)| {
-                let range = missing_at(&self.served[v.object].missing, offset)?;
-                Some((v, offset, range))
-            });
+            let shared = self.shared_missing_at(i, addr);
             let private = s.missing_at(addr);
             if private.is_some() || shared.is_some() {
                 self.report.faults += 1;
@@ -697,10 +694,19 @@ impl<'a> Pager<'a> {
         let (block, first) = self.block(i, at, false)?;
         let before = (at * PAGE - first) / PAGE;
         let after = (block.len() as u64 - (at * PAGE - first)) / PAGE;
-        let from = start.max(addr - before * PAGE);
+        // Saturating: a crafted pagemap could put a page lower than the
+        // pages before it in its block would reach (CRIU's never do).
+        let from = start.max(addr.saturating_sub(before * PAGE));
         let to = end.min(addr + after * PAGE);
         let off = (at * PAGE - first) as usize - (addr - from) as usize;
         self.put(i, from, &block[off..off + (to - from) as usize])
+    }
+
+    /// Where `addr` of space `i` shows a page of served shared memory not in
+    /// yet.
+    fn shared_missing_at(&self, i: usize, addr: u64) -> Option<SharedAt> {
+        let (v, offset) = self.spaces[i].view_at(addr)?;
+        Some((v, offset, missing_at(&self.served[v.object].missing, offset)?))
     }
 
     /// Copies the missing rest of the block of served shared memory that
@@ -718,7 +724,7 @@ impl<'a> Pager<'a> {
             .context(|| format!("{label}: shared memory of restored process {pid}"))?;
         let before = (at * PAGE - first) / PAGE;
         let after = (block.len() as u64 - (at * PAGE - first)) / PAGE;
-        let from = start.max(offset - before * PAGE).max(v.pgoff);
+        let from = start.max(offset.saturating_sub(before * PAGE)).max(v.pgoff);
         let to = end.min(offset + after * PAGE).min(v.pgend());
         let skip = (at * PAGE - first - (offset - from)) as usize;
         let data = &block[skip..skip + (to - from) as usize];
@@ -831,6 +837,10 @@ impl<'a> Pager<'a> {
     /// working set still missing, else of the first missing range of the
     /// next space that has one.
     fn fill_one(&mut self) -> Result<()> {
+        // Private memory only: brought first, a block at a time, shared
+        // memory's recorded pages delayed the fill on every core behind
+        // them (1 GiB of `text` in shared memory, every page read at once:
+        // 1.19 s against 0.92-0.95 s; docs/BENCHMARKS.md, session 67).
         while let Some((pid, addr)) = self.working_set.pop_front() {
             let Some(i) = self.spaces.iter().position(|s| s.pid == pid) else { continue };
             if let Some(range) = self.spaces[i].missing_at(addr) {
