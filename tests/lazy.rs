@@ -155,6 +155,35 @@ fn shared_memory_moved_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
     }
 }
 
+/// Shared memory discarded (`MADV_DONTNEED`) while its pages still arrive:
+/// the event does not say whether the pages left the object or only the
+/// mapping, so the tree is killed; should every page be in first, the
+/// discard only drops the mapping's view and the memory keeps its bytes.
+#[test]
+fn shared_memory_discarded_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut w, arc, before) = big_shared_dumped(tmp.path());
+    let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
+    let discarded = w.dir.path().join("dontneed-root");
+    std::fs::write(w.dir.path().join("rewrite"), "dontneed").unwrap();
+    // SAFETY: signalling our own workload.
+    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("criuz restore --lazy, the shared memory discarded meanwhile: {}", err.trim());
+    if out.status.success() {
+        wait_for("the workload's discard", std::time::Duration::from_secs(30), || discarded.exists());
+        assert_eq!(memory_sum(&w.sums()["root"]), before, "shared memory changed by MADV_DONTNEED");
+        w.stop();
+    } else {
+        assert!(err.contains("discarded shared memory"), "{err}");
+        assert!(err.contains(&format!("pid {} killed by signal 9", w.pid)), "{err}");
+        assert!(!w.alive(), "the restored process was killed");
+    }
+}
+
 /// Anonymous memory resident in process `pid` (kB), from smaps_rollup: a
 /// page mapped to the kernel's zero page does not count.
 fn anonymous_kb(pid: i32) -> u64 {
