@@ -1138,17 +1138,20 @@ fn a_restore_whose_criuz_dies_as_criu_names_the_tree_leaves_nothing_stuck() {
         assert!(caught, "{said}: CRIU's pidfile was never seen while criuz ran");
         if outlives_its_criuz(&w) {
             let tree: Vec<i32> = [vec![w.pid], children_of(w.pid as u32)].concat();
-            match w.sums_within(Duration::from_secs(5)) {
+            let answered = w.sums_within(Duration::from_secs(5));
+            // The whole tree: its child outlives a killed root (it has no
+            // parent-death signal), and the reap waits for every pid.
+            for &p in &tree {
+                // SAFETY: the tree this test restored.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            match answered {
                 Ok(sums) => assert_eq!(sums, before, "{said}: a tree that outlived criuz must be whole"),
                 Err(role) => {
-                    for &p in &tree {
-                        // SAFETY: the tree this test restored.
-                        unsafe { libc::kill(p, libc::SIGKILL) };
-                    }
-                    panic!("{said}: criuz killed as CRIU named the tree left {role} running and answering nothing");
+                    panic!("{said}: criuz killed as CRIU named the tree left {role} running and answering nothing")
                 }
             }
-            w.kill_and_reap();
+            w.reap_original();
         }
         reap_zombies();
     }
