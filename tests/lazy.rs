@@ -131,28 +131,7 @@ fn a_child_forked_while_shared_memory_arrives_reads_it_whole() {
 /// process's own business and the memory keeps its bytes.
 #[test]
 fn shared_memory_moved_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
-    let Some(_criu) = criu() else { return };
-    let _g = serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let (mut w, arc, before) = big_shared_dumped(tmp.path());
-    let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
-    let mremapped = w.dir.path().join("mremapped-root");
-    std::fs::write(w.dir.path().join("rewrite"), "mremap").unwrap();
-    // SAFETY: signalling our own workload.
-    unsafe { libc::kill(w.pid, libc::SIGUSR2) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("criuz restore --lazy, the shared memory moved meanwhile: {}", err.trim());
-    if out.status.success() {
-        wait_for("the workload's move", std::time::Duration::from_secs(30), || mremapped.exists());
-        assert_eq!(memory_sum(&w.sums()["root"]), before, "moved shared memory changed");
-        w.stop();
-    } else {
-        // criuz, the tree's subreaper, reaped it and says how it ended.
-        assert!(err.contains("moved shared memory"), "{err}");
-        assert!(err.contains(&format!("pid {} killed by signal 9", w.pid)), "{err}");
-        assert!(!w.alive(), "the restored process was killed");
-    }
+    shared_memory_changed_while_pages_arrive("mremap", "mremapped-root", "moved shared memory");
 }
 
 /// Shared memory discarded (`MADV_DONTNEED`) while its pages still arrive:
@@ -161,24 +140,33 @@ fn shared_memory_moved_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
 /// discard only drops the mapping's view and the memory keeps its bytes.
 #[test]
 fn shared_memory_discarded_while_pages_arrive_kills_the_tree_or_keeps_its_bytes() {
+    shared_memory_changed_while_pages_arrive("dontneed", "dontneed-root", "discarded shared memory");
+}
+
+/// Restores 1 GiB of shared memory lazily and has the workload do `what`
+/// to it at once (it writes `done` when it has): either criuz fails saying
+/// `said` and the tree is killed, or, every page having been in first, the
+/// memory keeps its bytes.
+fn shared_memory_changed_while_pages_arrive(what: &str, done: &str, said: &str) {
     let Some(_criu) = criu() else { return };
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (mut w, arc, before) = big_shared_dumped(tmp.path());
     let child = lazy_restore_until_running(&arc, &tmp.path().join("restored.pid"));
-    let discarded = w.dir.path().join("dontneed-root");
-    std::fs::write(w.dir.path().join("rewrite"), "dontneed").unwrap();
+    let done = w.dir.path().join(done);
+    std::fs::write(w.dir.path().join("rewrite"), what).unwrap();
     // SAFETY: signalling our own workload.
     unsafe { libc::kill(w.pid, libc::SIGUSR2) };
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("criuz restore --lazy, the shared memory discarded meanwhile: {}", err.trim());
+    eprintln!("criuz restore --lazy, {what} of the shared memory meanwhile: {}", err.trim());
     if out.status.success() {
-        wait_for("the workload's discard", std::time::Duration::from_secs(30), || discarded.exists());
-        assert_eq!(memory_sum(&w.sums()["root"]), before, "shared memory changed by MADV_DONTNEED");
+        wait_for(&format!("the workload's {what}"), std::time::Duration::from_secs(30), || done.exists());
+        assert_eq!(memory_sum(&w.sums()["root"]), before, "shared memory changed by {what}");
         w.stop();
     } else {
-        assert!(err.contains("discarded shared memory"), "{err}");
+        // criuz, the tree's subreaper, reaped it and says how it ended.
+        assert!(err.contains(said), "{err}");
         assert!(err.contains(&format!("pid {} killed by signal 9", w.pid)), "{err}");
         assert!(!w.alive(), "the restored process was killed");
     }

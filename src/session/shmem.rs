@@ -289,9 +289,7 @@ fn candidates<T>(
 
 /// Where the pages of `runs` (an object's pagemap, offsets in the object)
 /// that are not zero go through `mappings`, the first that shows each, and
-/// the mappings used; `None` if a run is not stored whole in the image's
-/// `image_pages`, lies past the object's `size` (CRIU stops reading there),
-/// or holds a page that is not zero where no mapping shows it.
+/// the mappings used; `None` where [`served_runs`] refuses the runs.
 fn through_mappings(
     runs: &[images::PageRun],
     mappings: &[(u32, SharedMapping)],
@@ -301,26 +299,16 @@ fn through_mappings(
 ) -> Option<Through> {
     let mut used: Vec<(u32, u64, u64)> = Vec::new();
     let mut ranges = Vec::new();
-    for r in runs {
-        let end = r.vaddr.checked_add(r.nr.checked_mul(PAGE)?)?;
-        if r.first.checked_add(r.nr)? > image_pages || end > size || r.vaddr % PAGE != 0 {
-            return None;
-        }
-        let mut i = 0;
-        while i < r.nr {
-            if is_zero(r.first + i) {
-                i += 1;
-                continue;
-            }
-            let offset = r.vaddr + i * PAGE;
+    for (start, end, page) in served_runs(runs, mappings, size, image_pages, is_zero)? {
+        let mut offset = start;
+        while offset < end {
             let (pid, m, (addr, room)) = mappings.iter().find_map(|&(pid, m)| Some((pid, m, m.address_of(offset)?)))?;
-            let data = (i..r.nr).take_while(|&k| !is_zero(r.first + k)).count() as u64;
-            let n = data.min(room / PAGE);
+            let n = room.min(end - offset);
             if !used.contains(&(pid, m.start, m.end)) {
                 used.push((pid, m.start, m.end));
             }
-            ranges.push(SharedRange { pid, start: addr, end: addr + n * PAGE, page: r.first + i });
-            i += n;
+            ranges.push(SharedRange { pid, start: addr, end: addr + n, page: page + (offset - start) / PAGE });
+            offset += n;
         }
     }
     Some((used, ranges))
