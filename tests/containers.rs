@@ -507,6 +507,40 @@ fn a_container_whose_processes_share_memory_stores_it_once_and_restores_it_share
     assert_eq!(sums(), before, "every process's memory after the restore");
 }
 
+/// A container whose memory is shared (anonymous shared memory a child of
+/// its init filled and left, as a database's workers fill its shared
+/// buffers): restored lazily, its shared memory is served as the container
+/// runs (runc's CRIU holds the container at its pre-resume hook until criuz
+/// has registered that memory in every process; before, CRIU restored all
+/// of it first), and comes back intact. A damaged block of it, met once the
+/// container runs, kills the container: exit 3, no container left.
+#[test]
+fn a_container_s_shared_memory_is_served_as_it_runs() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let args = ["--mib", MIB, "--pattern", "mixed", "--shared", "1", "--filled-by-child", "1"];
+    let r = Runc::bundle_with(t.path(), "criuz-shm", &args);
+    r.start(&criu);
+    let before = r.sum();
+    let arc = t.path().join("shm.czr");
+    ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--criu", p(&criu)]), "criuz runc checkpoint");
+    let out = ok(r.restore(&arc, &["--json"], &criu), "criuz runc restore");
+    let json = &out.stderr[out.stderr.iter().position(|&b| b == b'{').unwrap()..];
+    let report: serde_json::Value = serde_json::from_slice(json).unwrap();
+    let served = report["lazy"]["shared_pages"].as_u64().unwrap_or(0);
+    assert!(served > 1000, "the shared memory was served as the container ran: {report}");
+    assert!(report["lazy"]["eager_pages"].as_u64().unwrap() < 1000, "not written for CRIU first: {report}");
+    assert_eq!(r.sum(), before, "memory after a lazy restore of shared memory");
+    let _ = r.cmd().args(["delete", "-f", &r.id]).output();
+    flip_a_byte_of_the_largest_pages_image(&arc);
+    let out = r.restore(&arc, &[], &criu);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("checksum") && err.contains("killed"), "{err}");
+    assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "no container is left: {err}");
+}
+
 /// A container whose memory its bundle's limit cannot hold is refused
 /// before runc runs, naming the group and the limit, lazily and eagerly (a
 /// lazy restore failed with a CRIU log that never said why, an eager one

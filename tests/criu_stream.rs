@@ -328,7 +328,7 @@ fn small_fs(dir: &Path) -> std::path::PathBuf {
 /// (`--tcp-established`); and a dump of it that fails after CRIU (the
 /// archive cannot be written) resumes the process with its connection
 /// working: CRIU leaves the connections locked and in repair for the
-/// restore, which only its own rollback undoes (`session::post_dump`).
+/// restore, which only its own rollback undoes (`session::criu_hook`).
 #[test]
 fn established_tcp_connection_round_trips() {
     let Some(_criu) = criu() else { return };

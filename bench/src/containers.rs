@@ -15,6 +15,10 @@
 //! - `criuz-runc-eager`: checkpoint as `criuz-runc`, restore `--eager` (every
 //!   page written for CRIU before it starts).
 //!
+//! The container's workload is `mixed` in private memory, or (`--workloads
+//! shared-cache`) in shared memory a child of the init filled and left, as
+//! a database's workers fill its shared buffers.
+//!
 //! Configurations alternate within each round so drift hits all alike, and
 //! each run starts after a `sync`, so no run pays for the writeback of the
 //! one before (runc-dir's images are never synced; a criuz archive is
@@ -31,9 +35,21 @@ use std::time::{Duration, Instant};
 
 pub const CONFIGS: [&str; 5] = ["runc-dir", "runc+zstd", "criuz-runc", "criuz-runc-follow", "criuz-runc-eager"];
 
+/// The workloads a container can run (see the module doc).
+pub const WORKLOADS: [&str; 2] = ["mixed", "shared-cache"];
+
+/// `criuz-workload`'s arguments after `--mib` for `workload`.
+fn workload_args(workload: &str) -> &'static [&'static str] {
+    match workload {
+        "shared-cache" => &["--pattern", "mixed", "--shared", "1", "--filled-by-child", "1"],
+        _ => &["--pattern", "mixed"],
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerRow {
     pub config: String,
+    pub workload: String,
     pub mib: u64,
     /// Medians over the runs, seconds.
     pub checkpoint_s: f64,
@@ -128,8 +144,8 @@ fn timed(cmd: Command, logs: &Path, what: &str) -> Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-pub fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Result<Bundle> {
-    let dir = work.join(format!("bundle-{mib}"));
+pub fn make_bundle(work: &Path, workload: &Path, kind: &str, mib: u64, criu: &Path) -> Result<Bundle> {
+    let dir = work.join(format!("bundle-{kind}-{mib}"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/rootfs.sh");
     quiet(Command::new("bash").arg(&script).arg(dir.join("rootfs")).arg(workload), "scripts/rootfs.sh")?;
     std::fs::create_dir_all(dir.join("rootfs/wl")).map_err(|e| Error::file(&dir, e))?;
@@ -138,12 +154,14 @@ pub fn make_bundle(work: &Path, workload: &Path, mib: u64, criu: &Path) -> Resul
     let text = std::fs::read(&cfg).map_err(|e| Error::file(&cfg, e))?;
     let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Invalid(e.to_string()))?;
     spec["process"]["terminal"] = false.into();
-    spec["process"]["args"] =
-        serde_json::json!(["/bin/criuz-workload", "--dir", "/wl", "--mib", mib.to_string(), "--pattern", "mixed"]);
+    let mut argv =
+        vec!["/bin/criuz-workload".to_string(), "--dir".into(), "/wl".into(), "--mib".into(), mib.to_string()];
+    argv.extend(workload_args(kind).iter().map(|a| a.to_string()));
+    spec["process"]["args"] = serde_json::json!(argv);
     spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
     std::fs::write(&cfg, serde_json::to_vec_pretty(&spec).map_err(|e| Error::Invalid(e.to_string()))?)
         .map_err(|e| Error::file(&cfg, e))?;
-    let root = work.join(format!("runc-root-{mib}"));
+    let root = work.join(format!("runc-root-{kind}-{mib}"));
     std::fs::create_dir_all(&root).map_err(|e| Error::file(&root, e))?;
     Ok(Bundle { dir, root, id: format!("criuz-bench-{}-{mib}", std::process::id()), criu: criu.to_path_buf() })
 }
@@ -241,8 +259,10 @@ fn lazy_running(stderr: &Path) -> Option<f64> {
     v["lazy"]["running_seconds"].as_f64()
 }
 
-/// Every configuration at `mib`, `runs` rounds, configurations rotating.
+/// Every configuration at `mib` with `kind` in the container, `runs`
+/// rounds, configurations rotating.
 pub fn measure(
+    kind: &str,
     mib: u64,
     runs: usize,
     work: &Path,
@@ -257,12 +277,12 @@ pub fn measure(
     }
     let logs = work.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
-    let b = make_bundle(work, workload, mib, criu)?;
+    let b = make_bundle(work, workload, kind, mib, criu)?;
     let mut runs_of: Vec<Vec<Run>> = CONFIGS.iter().map(|_| Vec::new()).collect();
     for round in 0..runs {
         for k in 0..CONFIGS.len() {
             let i = (k + round) % CONFIGS.len();
-            eprintln!("bench: containers: {} MiB, {}, run {}", mib, CONFIGS[i], round + 1);
+            eprintln!("bench: containers: {kind}, {} MiB, {}, run {}", mib, CONFIGS[i], round + 1);
             let r = one(CONFIGS[i], &b, criuz, work, &logs);
             if r.is_err() {
                 b.delete();
@@ -285,6 +305,7 @@ pub fn measure(
             let (raw, stored) = rs.last().map(|r| (r.raw, r.stored)).unwrap_or_default();
             ContainerRow {
                 config: cfg.to_string(),
+                workload: kind.to_string(),
                 mib,
                 checkpoint_s: med(d.clone()),
                 restore_s: med(s.clone()),
@@ -304,11 +325,12 @@ pub fn measure(
 
 pub fn table(rows: &[ContainerRow]) -> String {
     let mut s = String::from(
-        "| MiB | config | checkpoint s | vs runc | restore s | vs runc | running s | stored MiB | ratio | intact |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| workload | MiB | config | checkpoint s | vs runc | restore s | vs runc | running s | stored MiB | ratio | intact |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {:.2} | {:.2}x | {:.2} | {:.2}x | {} | {:.1} | {:.3} | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2}x | {:.2} | {:.2}x | {} | {:.1} | {:.3} | {} |\n",
+            r.workload,
             r.mib,
             r.config,
             r.checkpoint_s,

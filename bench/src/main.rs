@@ -91,9 +91,10 @@ pub struct BenchArgs {
     /// dumped with LZ4, or each codec --configs names of criuz-lz4,criuz-zstd
     #[arg(long, conflicts_with = "incremental")]
     pub lazy: bool,
-    /// Instead of the comparison: the mixed workload in a runc container,
-    /// runc-dir and runc+zstd against criuz-runc (and its routes), at --size MiB
-    /// [default: 256 and 1024, or 32 with --quick]
+    /// Instead of the comparison: a workload in a runc container (mixed, or
+    /// shared-cache with --workloads), runc-dir and runc+zstd against
+    /// criuz-runc (and its routes), at --size MiB [default: 256 and 1024, or 32
+    /// with --quick]
     #[arg(long, conflicts_with_all = ["incremental", "lazy"])]
     pub containers: bool,
     /// Where to put checkpoints and scratch files (on the disk to measure)
@@ -496,13 +497,23 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             None if args.quick => vec![32],
             None => vec![256, 1024],
         };
+        // `mixed` unless asked.
+        let kinds = args.workloads.clone().unwrap_or_else(|| vec!["mixed".into()]);
+        if let Some(k) = kinds.iter().find(|k| !containers::WORKLOADS.contains(&k.as_str())) {
+            return Err(Error::Usage(format!(
+                "--containers runs {} in a container, not {k}",
+                containers::WORKLOADS.join(" or ")
+            )));
+        }
         let mut rows = Vec::new();
-        for mib in sizes {
-            let r = containers::measure(mib, plan.runs, work.path(), &workload_bin, &criuz, &criu.path)?;
-            if r.iter().any(|r| !r.intact) {
-                return Err(Error::Invalid(format!("{mib} MiB: a container restore is not intact")));
+        for kind in &kinds {
+            for &mib in &sizes {
+                let r = containers::measure(kind, mib, plan.runs, work.path(), &workload_bin, &criuz, &criu.path)?;
+                if r.iter().any(|r| !r.intact) {
+                    return Err(Error::Invalid(format!("{kind}, {mib} MiB: a container restore is not intact")));
+                }
+                rows.extend(r);
             }
-            rows.extend(r);
         }
         print!("{}", containers::table(&rows));
         write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "containers": rows }))?;

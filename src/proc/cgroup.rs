@@ -62,7 +62,7 @@ pub fn cgroup_kill_of(pid: u32, owner: u32) -> Result<PathBuf, CgroupError> {
     // in a group shared with anything else (cgroups not managed) would make
     // the kill take that too.
     let procs = read(dir.join("cgroup.procs"))?;
-    if let Some(other) = procs.split_whitespace().find(|p| !p.parse().is_ok_and(|p| descends_from(p, owner))) {
+    if let Some(other) = procs.split_whitespace().find(|p| stranger_in(group, p, owner)) {
         let comm = std::fs::read_to_string(format!("/proc/{other}/comm")).unwrap_or_default();
         return Err(CgroupError::Stranger {
             group: group.to_string(),
@@ -76,6 +76,19 @@ pub fn cgroup_kill_of(pid: u32, owner: u32) -> Result<PathBuf, CgroupError> {
     } else {
         Err(CgroupError::NoKillFile(kill))
     }
+}
+
+/// Whether `pid` (as `cgroup.procs` lists it) is in `group` and does not
+/// descend from `owner`. A process gone since the list was read is none: a
+/// short-lived child of CRIU's (its action scripts, run at each step of a
+/// restore) exits between the list and the look at its parents.
+fn stranger_in(group: &str, pid: &str, owner: u32) -> bool {
+    let Ok(pid) = pid.parse::<u32>() else { return true };
+    if descends_from(pid, owner) {
+        return false;
+    }
+    let now = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
+    now.is_ok_and(|text| text.lines().any(|l| l.strip_prefix("0::") == Some(group)))
 }
 
 /// Where the whole cgroup v2 hierarchy is mounted (its root, from
@@ -252,6 +265,14 @@ mod tests {
         group.admit(stranger);
         let why = cgroup_kill_of(criu.id(), me).unwrap_err().to_string();
         assert!(why.contains(&format!("pid {stranger}")), "{why}");
+        // Gone since the group's list was read: no stranger (one of CRIU's
+        // action scripts ended meanwhile).
+        let group_name = format!("/{}", group.0.file_name().unwrap().to_string_lossy());
+        assert!(stranger_in(&group_name, &stranger.to_string(), me));
+        let ended = sleeper();
+        let gone = ended.id();
+        reap(vec![ended]);
+        assert!(!stranger_in(&group_name, &gone.to_string(), me));
         drop(group);
         reap(vec![criu, sibling]);
     }

@@ -4,7 +4,7 @@
 //! the tree CRIU left stopped (`--leave-stopped`, so that it ends only once
 //! its archive is committed), so a criuz killed meanwhile leaves the
 //! process running instead of stopped for good. A dump held at CRIU's
-//! post-dump hook (`session::post_dump`) is CRIU's to settle: its guard
+//! post-dump hook (`session::criu_hook`) is CRIU's to settle: its guard
 //! waits for CRIU to end, and ends the tree CRIU left stopped (the dump
 //! completed; resumed, its locked connections would be dead) or lets the
 //! tree CRIU rolled back run on.
@@ -190,7 +190,7 @@ impl Guard {
     }
 
     /// [`resuming`](Self::resuming) for a dump held at CRIU's post-dump
-    /// hook (`session::post_dump`), where CRIU, not criuz, says how it
+    /// hook (`session::criu_hook`), where CRIU, not criuz, says how it
     /// ended: should criuz die, the guard waits for the CRIU it is told of
     /// ([`wait_for`](Self::wait_for)) to end. A CRIU that rolled back has
     /// resumed the tree, its connections unlocked. One that completed (its

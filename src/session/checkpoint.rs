@@ -30,12 +30,12 @@ use crate::proc::tree::{self, end_aborted_tree};
 use crate::proc::{arriving, budget, claim, pipes};
 use crate::progress::Meter;
 use crate::session::capture;
+use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{
     cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread,
     publish_pidfile, restore_command, resume_cuda, run_criu_told, CriuThread, RestoreOptions, SharedPages,
     PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
 };
-use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::{criu_output, WorkDir};
 use std::path::{Path, PathBuf};
@@ -286,9 +286,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     }
     // A dump only CRIU can roll back whole (its connections locked for the
     // restore) waits at CRIU's post-dump hook until the archive is durable
-    // (`session::post_dump`).
-    let hook = (!o.leave_running && post_dump::needed(&CriuOptions::read(&o.extra)))
-        .then(|| PostDumpHook::bind(work.path()))
+    // (`session::criu_hook`).
+    let hook = (!o.leave_running && criu_hook::needed(&CriuOptions::read(&o.extra)))
+        .then(|| ActionHook::bind(work.path(), At::PostDump))
         .transpose()?;
     if let Some(h) = &hook {
         cmd.arg("--action-script").arg(h.script());

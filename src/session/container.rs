@@ -18,9 +18,11 @@
 //! - runc restore writes the images into a private work directory and runs
 //!   `runc restore --image-path` on it. By default (where the kernel gives
 //!   the userfaultfd CRIU needs) lazily: only what CRIU restores itself is
-//!   written, every stored byte of the archive proven first, and criuz
-//!   serves the rest as CRIU's lazy-pages daemon (`lazy`) until every page
-//!   is in, killing the container's cgroup should one fail to arrive. Runc
+//!   written, and criuz serves the rest as CRIU's lazy-pages daemon (`lazy`)
+//!   until every page is in, killing the container's cgroup should one fail
+//!   to arrive. runc's CRIU holds the container at its pre-resume hook
+//!   (`criu_hook`, through a wrapper runc runs as its CRIU) until criuz has
+//!   registered its shared memory in every process. Runc
 //!   cannot stream, so eagerly all of the pages are written to tmpfs before
 //!   CRIU starts reading them (`images_dir`, every check first): lazily that
 //!   copy overlaps CRIU's restore instead of preceding it, so the lazy
@@ -48,12 +50,15 @@ use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::proc::memory::{self, ChargedTo};
 use crate::proc::{arriving, claim};
 use crate::progress::Progress;
+use crate::session::criu_hook::{ActionHook, At};
 use crate::session::criu_run::{
     cannot_run, check_container_memory_room, criu_failure, cuda_plan, ids_by_default, run_criu, SharedPages, ToldAgain,
 };
 use crate::session::follow::follow_pages;
-use crate::session::lazy::{Fill, LazyRestore};
+use crate::session::lazy::{Fill, LazyRestore, Release};
 use crate::session::receive::{self, PageServer};
+use crate::session::serve::pages_images_named_once;
+use crate::session::shmem;
 use crate::session::workdir::WorkDir;
 use crate::tree::Before;
 use std::os::unix::fs::DirBuilderExt;
@@ -73,11 +78,16 @@ pub struct Runc {
 
 impl Runc {
     fn command(&self, criu: &Criu) -> Command {
+        self.command_running(&criu.path)
+    }
+
+    /// runc told to run `criu` as its CRIU.
+    fn command_running(&self, criu: &Path) -> Command {
         let mut c = Command::new(&self.binary);
         if let Some(root) = &self.root {
             c.arg("--root").arg(root);
         }
-        c.arg("--criu").arg(&criu.path);
+        c.arg("--criu").arg(criu);
         c
     }
 
@@ -509,11 +519,20 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         use std::os::unix::process::ExitStatusExt;
         (!o.detach && pid_file.exists()).then(|| status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
     };
-    let mut cmd = runc.command(criu);
-    cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
+    let restore = |criu: &Path| {
+        let mut cmd = runc.command_running(criu);
+        cmd.arg("restore").arg("--image-path").arg(&images).arg("--work-path").arg(work.path());
+        cmd
+    };
     if lazy {
+        // runc's CRIU waits at its pre-resume hook with the container
+        // stopped, until criuz has registered its shared memory in every
+        // process and the walks have proven the archive (`session::lazy`).
+        let hook = ActionHook::bind(work.path(), At::PreResume)?;
+        let mut cmd = restore(&hook.criu_wrapper(&criu.path)?);
         cmd.arg("--lazy-pages");
         runc_restore_args(&mut cmd, o, &pid_file, held);
+        let served_shared = shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?;
         let victim = Victim::Cgroup(OnceLock::new());
         let lazy = LazyRestore {
             source: archive,
@@ -522,9 +541,10 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             work: work.path(),
             victim: &victim,
             verify_first: o.verify_first,
-            fill: Fill::Lazy { stopped: false },
+            fill: Fill::Lazy,
             shared: Vec::new(),
-            served_shared: Vec::new(),
+            served_shared,
+            release: Release::AtPreResume(&hook),
             threads: crate::engine::default_threads(),
             meter: None,
             detached: o.detach,
@@ -554,6 +574,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
+    let mut cmd = restore(&criu.path);
     runc_restore_args(&mut cmd, o, &pid_file, held);
     let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
     let exit_status = ended(status);

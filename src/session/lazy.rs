@@ -10,16 +10,20 @@
 //! not marked lazy; the lazy ones are holes in a sparse file, which CRIU
 //! skips). Shared memory no descriptor opens gets an empty pagemap: CRIU
 //! makes and maps it, and criuz serves its pages as the tree runs, through
-//! every process's mappings of it (`shmem::plan_lazy`); a container's,
-//! whose tree runs before criuz could register them all, and any other
-//! page images are written whole.
+//! every process's mappings of it (`shmem::plan_lazy`); any other page
+//! images are written whole.
+//!
+//! The tree runs only once CRIU has handed all of it over and criuz has
+//! registered its shared memory in every process ([`Release`]): CRIU leaves
+//! a bare tree stopped, and holds a container's (which runc cannot leave
+//! stopped) at its pre-resume hook (`session::criu_hook`).
 //!
 //! Two proofs. The walk of the archive and its parents (do their records
-//! make the index the images and pages came from?) runs beside CRIU, which
-//! leaves a bare tree stopped until it is done: a reordered index stops the
-//! restore before the tree ran, and the tree does not wait for a walk before
-//! CRIU even starts (a container's, which runc cannot leave stopped, is
-//! walked first). The proof of the stored bytes: every stored byte of the
+//! make the index the images and pages came from?) runs beside CRIU, and
+//! the tree runs only once it is done: a reordered index stops the restore
+//! before the tree ran, and the tree does not wait for a walk before CRIU
+//! even starts (a container's archive is walked first, as its eager
+//! restore needs). The proof of the stored bytes: every stored byte of the
 //! archive and its parents is read against its check
 //! (`BlockSource::prove_stored`). By default it runs behind the process, so
 //! the tree runs as soon as CRIU has restored it, whatever the archive's
@@ -52,6 +56,7 @@ use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
 use crate::session::blocks::Blocks;
+use crate::session::criu_hook::ActionHook;
 use crate::session::criu_run::{
     cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command,
     resume_cuda, RestoreOptions, SharedPages, PIDFILE_FAILED,
@@ -66,6 +71,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -556,9 +562,11 @@ pub(crate) struct LazyRestore<'a> {
     pub fill: Fill,
     /// Shared memory a held tree's fill places (`session::shmem`).
     pub shared: Vec<SharedObject>,
-    /// Shared memory a lazy tree CRIU leaves stopped is served like its
-    /// private memory (`shmem::plan_lazy`); ignored otherwise.
+    /// Shared memory a lazy tree's pager serves like its private memory
+    /// (`shmem::plan_lazy`); ignored by a held fill.
     pub served_shared: Vec<LazyShared>,
+    /// How a lazy tree is let run.
+    pub release: Release<'a>,
     /// Threads that fill a held tree, or (less one, for the tree) decode
     /// ahead of a running tree's fill.
     pub threads: usize,
@@ -575,15 +583,26 @@ pub(crate) struct LazyRestore<'a> {
     pub dumped_stopped: &'a [(i32, i32)],
 }
 
+/// How a lazy tree CRIU restored stopped is let run.
+pub(crate) enum Release<'a> {
+    /// CRIU leaves it stopped (`--leave-stopped`) and exits; criuz
+    /// continues it (a bare tree).
+    Continued,
+    /// CRIU waits at its pre-resume hook with the tree stopped and resumes
+    /// it once criuz answers (a container: runc cannot leave a tree
+    /// stopped).
+    AtPreResume(&'a ActionHook),
+}
+
 /// When the restored tree runs, against when its memory is in.
 pub(crate) enum Fill {
     /// At once: its pages arrive on demand, the rest in the background.
-    /// `stopped`: CRIU leaves the tree stopped (`--leave-stopped`, a bare
-    /// tree), and it runs once the walks of the archive and its parents,
-    /// which ran beside CRIU's restore, have proven them; what they find
-    /// stops the restore before the tree ran. Otherwise (a container, which
-    /// runc cannot leave stopped) the archive must have been walked before.
-    Lazy { stopped: bool },
+    /// CRIU restores the tree stopped (see [`Release`]), and it runs once
+    /// CRIU has handed all of it over, criuz has registered its shared
+    /// memory in every process, and the walks of the archive and its
+    /// parents, which ran beside CRIU's restore, have proven them; what
+    /// they find stops the restore before the tree ran.
+    Lazy,
     /// Held stopped (CRIU's `--leave-stopped`) until every page is in, then
     /// let run: an eager restore whose memory criuz places itself, on
     /// `threads` threads (`session::place`). A bare tree only. `planned`:
@@ -606,12 +625,12 @@ impl LazyRestore<'_> {
         started: Instant,
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
-        // `gated`: a lazy tree CRIU leaves stopped, let run by the walks.
+        // `gated`: a lazy tree CRIU restores stopped, let run by the walks.
         let (hold, gated, planned, keep_zeros) = match self.fill {
             Fill::Held { planned, keep_zero_pages } => {
                 (true, false, planned.filter(|_| !keep_zero_pages), keep_zero_pages)
             }
-            Fill::Lazy { stopped } => (false, stopped, None, false),
+            Fill::Lazy => (false, true, None, false),
         };
         let blocks = Blocks::new(self.source.clone());
         // Until CRIU has restored the tree, what CRIU reads comes first: from
@@ -624,9 +643,6 @@ impl LazyRestore<'_> {
         // learn from, nor to bring first.
         let touch = if hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
-        // A tree that runs before CRIU has handed all of it over (a
-        // container's) could touch shared memory not yet registered in
-        // every process: CRIU restores its shared memory.
         let served_shared = if gated { self.served_shared } else { Vec::new() };
         let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
         let left_empty: HashMap<&str, u32> =
@@ -669,8 +685,8 @@ impl LazyRestore<'_> {
         let source = &*self.source;
         let fill_gate = if gated { Some(FillGate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
-        // Whether CRIU exited having restored the tree: a held or gated
-        // tree (never a container's) is let run only then. CRIU says the
+        // Whether CRIU exited having restored the tree: a held tree, or a
+        // lazy one CRIU left stopped, is let run only then. CRIU says the
         // restore finished (and a held fill starts) before it lets the
         // tasks out of its restorer: a CRIU that died in between (killed,
         // or with a criuz killed once the guard was told the tree is whole)
@@ -678,6 +694,9 @@ impl LazyRestore<'_> {
         // SIGCONT could not reach them.
         let (criu_ended_tx, criu_ended) = std::sync::mpsc::channel::<bool>();
         let (mut gate_waits, held_waits) = if gated { (Some(criu_ended), None) } else { (None, Some(criu_ended)) };
+        // Set once the command has returned: a pre-resume hook CRIU has not
+        // run by then it never runs.
+        let command_ended = AtomicBool::new(false);
         // Decoders for a fill one block at a time (one core): where zstd
         // blocks dominate, decoding is slower than copying, so every core but
         // one (left to the tree) decodes; LZ4 and raw blocks decode faster
@@ -712,34 +731,53 @@ impl LazyRestore<'_> {
                 })
             };
             let mut proving = None;
-            // A lazy tree CRIU leaves stopped runs once CRIU has handed over
-            // its memory (and stops and lets go of it) and the walks behind
-            // have proven the index its images and pages came from, which a
-            // reordered index with every check recomputed would not be:
-            // what the walks find fails the pager, which kills the tree
-            // before it ran. The pager serves faults meanwhile but fills
-            // nothing in (`FillGate`).
+            // A lazy tree runs once CRIU has handed over its memory (and the
+            // pager has registered its shared memory in every process) and
+            // the walks behind have proven the index its images and pages
+            // came from, which a reordered index with every check
+            // recomputed would not be: what the walks find fails the pager,
+            // which kills the tree before it ran. The pager serves faults
+            // meanwhile but fills nothing in (`FillGate`).
             let releasing = fill_gate.as_ref().map(|gate| {
-                let (resumed, abort) = (&resumed, &abort);
+                let (resumed, abort, command_ended) = (&resumed, &abort, &command_ended);
                 let criu_ended = gate_waits.take();
+                let release = &self.release;
                 s.spawn(move || {
-                    if finished.recv().is_err() {
-                        return false;
-                    }
-                    match source.proven().and_then(|()| source.parents_walked()) {
+                    // An error from the pager (it ended before CRIU handed
+                    // the tree over) kills the tree itself.
+                    let proven = finished.recv().is_ok()
+                        && match source.proven().and_then(|()| source.parents_walked()) {
+                            Ok(()) => true,
+                            Err(e) => {
+                                abort.fail(e);
+                                false
+                            }
+                        };
+                    let released = match release {
                         // Let run only once CRIU exited having restored it (above).
-                        Ok(()) if !criu_ended.is_some_and(|e| e.recv().unwrap_or(false)) => false,
-                        Ok(()) => {
-                            victim.resume(self.dumped_stopped);
-                            let _ = resumed.set(Instant::now());
-                            gate.open();
-                            true
+                        Release::Continued => {
+                            let restored = proven && criu_ended.is_some_and(|e| e.recv().unwrap_or(false));
+                            if restored {
+                                victim.resume(self.dumped_stopped);
+                            }
+                            restored
                         }
-                        Err(e) => {
-                            abort.fail(e);
-                            false
-                        }
+                        // CRIU waits at its hook whatever criuz found, so it
+                        // is answered either way; told to fail, the hook
+                        // kills the tree before CRIU would let it run.
+                        Release::AtPreResume(hook) => match hook.wait_asked(command_ended) {
+                            Ok(Some(asked)) => {
+                                asked.answer(proven);
+                                proven
+                            }
+                            Ok(None) | Err(_) => false,
+                        },
+                    };
+                    if released {
+                        let _ = resumed.set(Instant::now());
+                        gate.open();
                     }
+                    released
                 })
             });
             let gated = fill_gate.as_ref().map(|g| (g, finished_tx));
@@ -812,6 +850,7 @@ impl LazyRestore<'_> {
             let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
             criu_started = started.elapsed().as_secs_f64();
             let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
+            command_ended.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = criu_ended_tx.send(status.as_ref().is_ok_and(|s| s.success()));
             let mut running = started.elapsed().as_secs_f64();
             let mut published = Ok(());
@@ -954,7 +993,7 @@ pub fn restore_lazy(
     threads: usize,
 ) -> Result<LazyReport> {
     let walked = archive.clone();
-    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Lazy { stopped: true }, threads))
+    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Lazy, threads))
 }
 
 /// Restores eagerly, criuz placing the memory: CRIU restores the tree with
@@ -1031,14 +1070,14 @@ fn restore_through_pager(
     // The shared memory criuz places itself: a held tree's, planned once.
     let mut fill = fill;
     let shared = match &mut fill {
-        Fill::Held { keep_zero_pages: true, .. } | Fill::Lazy { .. } => Vec::new(),
+        Fill::Held { keep_zero_pages: true, .. } | Fill::Lazy => Vec::new(),
         Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
         Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
     };
     // A lazy tree's shared memory that no descriptor opens: served as it
     // runs.
     let served_shared = match fill {
-        Fill::Lazy { stopped: true } => shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?,
+        Fill::Lazy => shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?,
         _ => Vec::new(),
     };
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
@@ -1062,6 +1101,7 @@ fn restore_through_pager(
         fill,
         shared,
         served_shared,
+        release: Release::Continued,
         threads,
         meter: o.meter.clone(),
         // With or without -d (`restore_command`).

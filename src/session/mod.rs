@@ -10,8 +10,9 @@
 //! `receive` is criuz as the page server of a dump, `follow` packs a dump
 //! directory while CRIU writes it, `images_dir` writes one for a CRIU that
 //! reads a directory, and `container` runs runc and podman with them.
-//! `post_dump` answers CRIU's post-dump hook for dumps only CRIU can roll
-//! back. `restore` picks placed, streamed or lazy for `criuz restore`;
+//! `criu_hook` answers CRIU's action scripts where CRIU waits for criuz (a
+//! dump only CRIU can roll back; a container's lazy tree before it runs).
+//! `restore` picks placed, streamed or lazy for `criuz restore`;
 //! `standalone` is criuz on one side of a CRIU the user runs (capture,
 //! serve, page server). `workdir` holds the private directories CRIU runs
 //! in, and cleans up after a criuz that was killed. The OS machinery (/proc
@@ -22,13 +23,13 @@ pub mod blocks;
 pub mod capture;
 pub mod checkpoint;
 pub mod container;
+pub mod criu_hook;
 pub mod criu_run;
 pub mod follow;
 pub mod images_dir;
 pub mod lazy;
 pub mod pager;
 pub mod place;
-pub mod post_dump;
 pub mod receive;
 pub mod restore;
 pub mod serve;

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
 use crate::proc::{arriving, claim, tree};
+use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{join_criu_thread, run_criu_told};
-use crate::session::post_dump::{self, PostDumpHook};
 use crate::session::receive::{self, PageServer, ReceiveReport};
 use crate::session::serve::{self, ServeOptions, ServeReport};
 use crate::session::workdir::WorkDir;
@@ -95,7 +95,7 @@ impl Serve {
 /// (with a guard, should criuz die), as `criuz dump` does. A dump only
 /// CRIU can roll back whole (`--tcp-established`, `--link-remap`: its
 /// connections stay locked for the restore) is held at CRIU's post-dump
-/// hook as well (`session::post_dump`), so that a failure lets CRIU roll
+/// hook as well (`session::criu_hook`), so that a failure lets CRIU roll
 /// it back. Other commands end as they would alone.
 pub fn page_server_dump(
     server: &PageServer,
@@ -129,7 +129,7 @@ pub fn page_server_dump(
     let mut cmd = Command::new(program);
     cmd.args(args);
     let work = held.filter(|h| h.hooked).map(|_| WorkDir::new("criuz-page-server-")).transpose()?;
-    let hook = work.as_ref().map(|w| PostDumpHook::bind(w.path())).transpose()?;
+    let hook = work.as_ref().map(|w| ActionHook::bind(w.path(), At::PostDump)).transpose()?;
     let stopped_before = held.map(|h| tree::stopped_pids(&[h.pid])).unwrap_or_default();
     let guard = held.map(|h| Guard::of_dump(&[h.pid], &stopped_before, hook.is_some()).map(Arc::new)).transpose()?;
     if held.is_some() {
@@ -184,7 +184,7 @@ fn held_tree(program: &str, args: &[String]) -> Option<Held> {
     let given = CriuOptions::read(&options);
     let ends_it = ["leave-running", "leave-stopped", "lazy-pages"].iter().all(|name| !given.is_set(name));
     let pid = given.value("tree")?.parse().ok()?;
-    ends_it.then_some(Held { pid, hooked: post_dump::needed(&given) })
+    ends_it.then_some(Held { pid, hooked: criu_hook::needed(&given) })
 }
 
 /// [`receive::run_dump`] held at CRIU's post-dump hook: when CRIU asks, it
@@ -199,7 +199,7 @@ fn hooked_dump(
     (dir, before): (&Path, &Before),
     packer: Packer,
     guard: Option<Arc<Guard>>,
-    hook: &PostDumpHook,
+    hook: &ActionHook,
     commit: impl FnOnce() -> Result<()>,
 ) -> Result<(PackStats, ReceiveReport)> {
     let criu_ended = Arc::new(AtomicBool::new(false));

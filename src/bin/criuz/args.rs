@@ -409,10 +409,13 @@ pub enum Cmd {
         /// The restored tree's root
         pid: i32,
     },
-    /// CRIU's post-dump action script of a `criuz dump` (run by CRIU, not by hand)
+    /// CRIU's action script where CRIU waits for criuz: a dump's post-dump,
+    /// a container's lazy restore's pre-resume (run by CRIU, not by hand)
     #[command(hide = true)]
-    DumpHook {
-        /// The dump's hook socket
+    CriuHook {
+        /// The action criuz waits at (post-dump, pre-resume)
+        at: String,
+        /// criuz's hook socket
         socket: PathBuf,
     },
 }

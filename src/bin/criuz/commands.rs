@@ -138,9 +138,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Gpu(GpuCmd::Resume { pids }) => criuz::cuda::resume_command(&pids)?,
         Cmd::Keygen { output, force } => keygen(&output, force)?,
         Cmd::WaitTree { pid } => return wait_tree(pid),
-        Cmd::DumpHook { socket } => {
+        Cmd::CriuHook { at, socket } => {
+            use criuz::session::criu_hook::{run_hook, At};
+            let at = At::named(&at).ok_or_else(|| criuz::Error::Usage(format!("criu-hook: no such action {at:?}")))?;
             let action = std::env::var("CRTOOLS_SCRIPT_ACTION").unwrap_or_default();
-            let status = criuz::session::post_dump::run_hook(&action, &socket);
+            let init_pid = std::env::var("CRTOOLS_INIT_PID").ok().and_then(|p| p.parse().ok());
+            let status = run_hook(&action, at, &socket, init_pid);
             return Ok(ExitCode::from(status as u8));
         }
     }
