@@ -230,6 +230,13 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// Whether programs may run from `dir` (its file system is not mounted
+/// `noexec`, as a hardened `/dev/shm` or `/tmp` is); true where unknown.
+pub fn runs_programs(dir: &Path) -> bool {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    statvfs(dir).map_or(true, |st| !st.flags().contains(FsFlags::ST_NOEXEC))
+}
+
 /// Bytes shared between a reader and the pipe they are handed to: kept
 /// alive (and unchanged) until the other side has read them.
 pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;

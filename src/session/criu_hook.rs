@@ -26,7 +26,10 @@
 //!
 //! The script is a short shell file in the command's private work
 //! directory that runs `criuz criu-hook ACTION SOCKET` at its action: CRIU
-//! runs action scripts by path, without arguments, for every action. runc gives its
+//! runs action scripts by path, without arguments, for every action. Where
+//! that directory's file system runs no programs (a `/dev/shm` mounted
+//! `noexec`), the scripts go to a private directory of their own in
+//! `$TMPDIR`. runc gives its
 //! CRIU no options of criuz's: it runs a wrapper in the work directory
 //! ([`ActionHook::criu_wrapper`]) that adds `--action-script`, which CRIU's
 //! RPC mode runs beside runc's own notifications. The hook connects to
@@ -37,6 +40,7 @@
 use crate::criu::options::CriuOptions;
 use crate::criu::streamer::Listener;
 use crate::error::{Error, IoContext, Result};
+use crate::session::workdir::WorkDir;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -88,6 +92,9 @@ pub struct ActionHook {
     at: At,
     listener: Listener,
     script: PathBuf,
+    /// Where the scripts are when not in the work directory (see the
+    /// module doc), removed with the hook.
+    _scripts_dir: Option<WorkDir>,
 }
 
 impl ActionHook {
@@ -96,7 +103,8 @@ impl ActionHook {
     pub fn bind(work: &Path, at: At) -> Result<Self> {
         let listener = Listener::bind(work, &format!("{}.sock", at.name()))?;
         let exe = std::env::current_exe()?;
-        let script = work.join(format!("{}.sh", at.name()));
+        let scripts_dir = scripts_dir(work)?;
+        let script = scripts_dir.as_ref().map_or(work, |d| d.path()).join(format!("{}.sh", at.name()));
         // CRIU runs it at each of its actions (seven in a container's
         // restore): sh alone passes the others, not criuz's start each time
         // (it cost a container's lazy start 0.03 s).
@@ -107,7 +115,7 @@ impl ActionHook {
             name = at.name()
         );
         executable(&script, &text)?;
-        Ok(ActionHook { at, listener, script })
+        Ok(ActionHook { at, listener, script, _scripts_dir: scripts_dir })
     }
 
     /// The action script to give CRIU (`--action-script`).
@@ -135,6 +143,24 @@ impl ActionHook {
         }
         Ok(Some(Asked(conn)))
     }
+}
+
+/// Where the scripts go: `work` (None), or, where its file system runs no
+/// programs, a private directory in `$TMPDIR`.
+fn scripts_dir(work: &Path) -> Result<Option<WorkDir>> {
+    if crate::io::runs_programs(work) {
+        return Ok(None);
+    }
+    let dir = WorkDir::new("criuz-hook-")?;
+    if crate::io::runs_programs(dir.path()) {
+        return Ok(Some(dir));
+    }
+    Err(Error::Usage(format!(
+        "criuz runs CRIU's action script from a private directory, but {} and {} are on file systems mounted \
+         noexec: set TMPDIR to a directory programs may run from",
+        work.display(),
+        dir.path().parent().unwrap_or(dir.path()).display()
+    )))
 }
 
 /// Writes `text` to `path`, executable by its owner only.
@@ -259,5 +285,34 @@ mod tests {
         let said = String::from_utf8(out.stdout).unwrap();
         assert_eq!(said.trim(), format!("--action-script {} swrk 3", hook.script().display()));
         assert_eq!(wrapper.parent(), Some(dir.path()));
+    }
+
+    /// A work directory on a file system mounted `noexec` (a hardened
+    /// `/dev/shm`): the scripts go where they can run (CRIU failed to run
+    /// them, and runc its CRIU, "permission denied").
+    #[test]
+    fn the_scripts_run_from_a_work_directory_mounted_noexec() {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "noexec,size=1m", "criuz-test"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(mount.success(), "mount a noexec tmpfs (the tests run as root)");
+        assert!(!crate::io::runs_programs(dir.path()));
+        let ran = std::panic::catch_unwind(|| {
+            let hook = ActionHook::bind(dir.path(), At::PreResume).unwrap();
+            assert!(!hook.script().starts_with(dir.path()), "{}", hook.script().display());
+            assert!(hook.listener.path().starts_with(dir.path()));
+            let other = std::process::Command::new(hook.script()).env("CRTOOLS_SCRIPT_ACTION", "post-restore").output();
+            assert_eq!(other.unwrap().status.code(), Some(0));
+            let wrapper = hook.criu_wrapper(Path::new("/bin/true")).unwrap();
+            assert!(std::process::Command::new(&wrapper).status().unwrap().success());
+            let scripts = hook.script().parent().unwrap().to_path_buf();
+            drop(hook);
+            assert!(!scripts.exists(), "removed with the hook");
+        });
+        let _ = std::process::Command::new("umount").arg(dir.path()).status();
+        ran.unwrap();
     }
 }
