@@ -57,8 +57,6 @@ use crate::session::criu_run::{
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore, Release};
 use crate::session::receive::{self, PageServer};
-use crate::session::serve::pages_images_named_once;
-use crate::session::shmem;
 use crate::session::workdir::WorkDir;
 use crate::tree::Before;
 use std::os::unix::fs::DirBuilderExt;
@@ -532,7 +530,6 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         let mut cmd = restore(&hook.criu_wrapper(&criu.path)?);
         cmd.arg("--lazy-pages");
         runc_restore_args(&mut cmd, o, &pid_file, held);
-        let served_shared = shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?;
         let victim = Victim::Cgroup(OnceLock::new());
         let lazy = LazyRestore {
             source: archive,
@@ -543,7 +540,6 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             verify_first: o.verify_first,
             fill: Fill::Lazy,
             shared: Vec::new(),
-            served_shared,
             release: Release::AtPreResume(&hook),
             threads: crate::engine::default_threads(),
             meter: None,

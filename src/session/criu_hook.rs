@@ -29,10 +29,10 @@
 //! runs action scripts by path, without arguments, for every action. Where
 //! that directory's file system runs no programs (a `/dev/shm` mounted
 //! `noexec`), the scripts go to a private directory of their own in
-//! `$TMPDIR`. runc gives its
-//! CRIU no options of criuz's: it runs a wrapper in the work directory
-//! ([`ActionHook::criu_wrapper`]) that adds `--action-script`, which CRIU's
-//! RPC mode runs beside runc's own notifications. The hook connects to
+//! `$TMPDIR`. runc gives its CRIU no options of criuz's: it runs a wrapper
+//! beside the script ([`ActionHook::criu_wrapper`]) that adds
+//! `--action-script`, which CRIU's RPC mode runs beside runc's own
+//! notifications. The hook connects to
 //! criuz's socket there; a criuz that is gone (no listener, or a
 //! connection that closes) counts as a failure, so CRIU rolls back (or the
 //! tree dies) rather than wait for ever.

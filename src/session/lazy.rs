@@ -64,7 +64,7 @@ use crate::session::criu_run::{
 use crate::session::pager::{Abort, FillGate, LazyProcess, Pager, TOUCHED_MAX};
 use crate::session::place::HeldFill;
 use crate::session::serve::{pages_images_named_once, zero_plan};
-use crate::session::shmem::{self, LazyShared, SharedObject};
+use crate::session::shmem::{self, SharedObject};
 use crate::session::workdir::WorkDir;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
@@ -342,6 +342,7 @@ fn materialize(
     dir: &Path,
     min_zero_run: u64,
     mut planned: Option<Placement>,
+    named_once: &HashSet<u32>,
     left_empty: &HashMap<&str, u32>,
     threads: usize,
 ) -> Result<Materialized> {
@@ -349,9 +350,9 @@ fn materialize(
     let label = source.label().to_string();
     let files = &source.index().files;
     let mut lazy_images: HashMap<u32, LazyPagemap> = HashMap::new();
-    // A placed restore's plan found them already (`plan_placement`); a
-    // pagemap missing from it finds no image here and is refused.
-    let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&**source)? };
+    // A placed restore's plan found them already (`plan_placement`; empty
+    // `named_once`); a pagemap missing from it finds no image here and is
+    // refused.
     let shared_images: HashSet<u32> = left_empty.values().copied().collect();
     let mut zero_pages = 0;
     for f in files.iter().filter(|f| f.kind == FileKind::Plain).filter(|f| f.is_criu_image()) {
@@ -363,7 +364,7 @@ fn materialize(
         } else if let Some(pid) = images::process_pagemap_pid(&f.name) {
             let planned = planned.as_mut().and_then(|p| p.pagemaps.remove(&f.name));
             let (written, lazy) = planned
-                .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run, &named_once), |p| Ok(Some(p)))
+                .map_or_else(|| lazy_pagemap(&**source, pid, &bytes, min_zero_run, named_once), |p| Ok(Some(p)))
                 .context(|| format!("{label}: {}", f.name))?
                 .ok_or_else(|| {
                     // A usage error, not a damaged archive: an eager
@@ -562,9 +563,6 @@ pub(crate) struct LazyRestore<'a> {
     pub fill: Fill,
     /// Shared memory a held tree's fill places (`session::shmem`).
     pub shared: Vec<SharedObject>,
-    /// Shared memory a lazy tree's pager serves like its private memory
-    /// (`shmem::plan_lazy`); ignored by a held fill.
-    pub served_shared: Vec<LazyShared>,
     /// How a lazy tree is let run.
     pub release: Release<'a>,
     /// Threads that fill a held tree, or (less one, for the tree) decode
@@ -643,7 +641,13 @@ impl LazyRestore<'_> {
         // learn from, nor to bring first.
         let touch = if hold { None } else { touch_path(self.input) };
         let recorded = load_touches(touch.as_deref());
-        let served_shared = if gated { self.served_shared } else { Vec::new() };
+        // Found once: the lazy plan of shared memory and the images below
+        // both ask which pages images one pagemap alone names. A placed
+        // restore's plan found them already.
+        let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&*self.source)? };
+        // A lazy tree's shared memory that no descriptor opens: served as
+        // it runs, like its private memory.
+        let served_shared = if gated { shmem::plan_lazy(&*self.source, &named_once)? } else { Vec::new() };
         let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
         let left_empty: HashMap<&str, u32> =
             placed.chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id))).collect();
@@ -657,7 +661,8 @@ impl LazyRestore<'_> {
                 (false, true) => HELD_MIN_ZERO_RUN,
                 (false, false) => LAZY_MIN_ZERO_RUN,
             };
-            let materialized = materialize(&blocks, self.images, min_zero_run, planned, &left_empty, self.threads);
+            let materialized =
+                materialize(&blocks, self.images, min_zero_run, planned, &named_once, &left_empty, self.threads);
             (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
         });
         proven?;
@@ -1074,12 +1079,6 @@ fn restore_through_pager(
         Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
         Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
     };
-    // A lazy tree's shared memory that no descriptor opens: served as it
-    // runs.
-    let served_shared = match fill {
-        Fill::Lazy => shmem::plan_lazy(&*archive, &pages_images_named_once(&*archive)?)?,
-        _ => Vec::new(),
-    };
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
     crate::proc::tree::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
@@ -1100,7 +1099,6 @@ fn restore_through_pager(
         verify_first: o.verify_first,
         fill,
         shared,
-        served_shared,
         release: Release::Continued,
         threads,
         meter: o.meter.clone(),
