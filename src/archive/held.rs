@@ -12,8 +12,10 @@
 //! This is sound only while nothing can write those pages: the tree must
 //! stay stopped until every held block has been read, which the dump
 //! checks before it commits (`session::checkpoint`), and the pages must be
-//! the tree's private memory, not memory shared with processes outside it
-//! (`session::capture` holds only a process's own pages image). A pipe
+//! the tree's alone: its private memory, or shared memory no process
+//! outside the tree maps or holds a descriptor of (`proc::shmem`, checked
+//! before CRIU starts and again before the dump commits; `session::capture`
+//! holds only those pages images). A pipe
 //! that cannot be had (descriptors or pipe memory spent) leaves the block
 //! to the copying path. What a stopped tree's memory can still receive is
 //! the kernel's own writes for requests in flight (an AIO completing into

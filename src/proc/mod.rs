@@ -8,7 +8,8 @@
 //! TCP_CORK taken off through pidfd_getfd); `memory` is what memory criuz
 //! may count on (the machine's, or its memory cgroup's); `pipes` finds the
 //! pipes a tree shares with processes outside it; `shmem` what the shared
-//! memory objects a tree maps hold; `budget` is the
+//! memory objects a tree maps hold, and which of them only the tree
+//! reaches; `budget` is the
 //! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
 //! dump at a time checkpoint a tree; `arriving` tells a tree whose lazy
 //! restore is still copying its memory in; `interrupt` turns a

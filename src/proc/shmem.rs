@@ -15,8 +15,24 @@
 //! the machine's share (`budget`), where one that errs low compresses
 //! pages in haste and then again. Objects held only as descriptors, and
 //! System V segments no process attaches, are not found.
+//!
+//! Which objects only the tree reaches ([`reached_only_by`]): a dump may
+//! hold their pages by reference, as it holds the tree's private pages
+//! (`archive::held`), when no process outside the tree maps one or holds
+//! a descriptor of it, so that nothing can write it while the tree is
+//! stopped. Found by a walk of every other process's maps and descriptors
+//! (on every core, `proc::scan_processes`), and only for a tree that has
+//! such objects. System V memory is never one: any process of its IPC
+//! namespace may attach a segment; and CRIU names a segment's pages by its
+//! IPC id, which another object's inode number may equal, so such an
+//! object is not one either. The walk races
+//! with processes that gain a mapping after it; the dump walks again
+//! before it commits ([`reached_from_outside`]). Outside its view nothing
+//! is seen: a process in a pid namespace above criuz's, or a descriptor
+//! of a thread that keeps a table of its own (`clone` without
+//! `CLONE_FILES`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 
 /// Bytes the shared memory objects mapped by `pids` hold (each once).
@@ -49,6 +65,173 @@ struct SharedObject {
     /// Major and minor number.
     device: (u32, u32),
     inode: u64,
+    /// A System V segment (`/SYSV…`).
+    system_v: bool,
+}
+
+/// A shared memory object: its device (major, minor) and inode.
+type Object = ((u32, u32), u64);
+
+/// The shared memory objects of the tree `pids` whose pages CRIU dumps and
+/// that no process outside the tree maps or holds a descriptor of, by
+/// inode (as CRIU names their pagemaps, `pagemap-shmem-<inode>.img`):
+/// those a dump may hold by reference while the tree is stopped. Never a
+/// System V segment, nor an object whose inode number a segment's id in
+/// the tree's IPC namespace equals (CRIU names a segment's pagemap by its
+/// id); none at all where a process of the tree, or that namespace's
+/// segments, cannot be read.
+pub(crate) fn reached_only_by(pids: &[i32]) -> HashSet<u64> {
+    let Some(objects) = tree_objects(pids) else { return HashSet::new() };
+    if objects.is_empty() {
+        return HashSet::new();
+    }
+    let Some(segments) = system_v_ids(pids) else { return HashSet::new() };
+    let candidates: HashSet<Object> = objects.into_iter().filter(|o| !segments.contains(&o.1)).collect();
+    let Some(reached) = outside_reaches(pids, &|object: &Object| candidates.contains(object)) else {
+        return HashSet::new();
+    };
+    let reached: HashSet<u64> = reached.iter().map(|(object, _)| object.1).collect();
+    candidates.iter().map(|object| object.1).filter(|inode| !reached.contains(inode)).collect()
+}
+
+/// A process outside the tree `pids` that maps or holds one of the shared
+/// memory objects `inodes` names (whatever its device), named for the
+/// user; also where a process cannot be read, since it might.
+pub(crate) fn reached_from_outside(pids: &[i32], inodes: &HashSet<u64>) -> Option<String> {
+    if inodes.is_empty() {
+        return None;
+    }
+    match outside_reaches(pids, &|object: &Object| inodes.contains(&object.1)) {
+        None => Some("a process whose maps or descriptors criuz cannot read".into()),
+        Some(reached) => reached.first().map(|&(_, pid)| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("process {pid} ({})", comm.trim())
+        }),
+    }
+}
+
+/// Every shared memory object but System V segments that `pids` map or
+/// hold a descriptor of; `None` where a process of the tree cannot be read.
+fn tree_objects(pids: &[i32]) -> Option<HashSet<Object>> {
+    let mut objects = HashSet::new();
+    for &pid in pids {
+        objects.extend(reaches(pid, false)?.into_iter().filter(|(_, system_v)| !system_v).map(|(o, _)| o));
+    }
+    Some(objects)
+}
+
+/// The ids of the System V segments of every IPC namespace of `pids`
+/// (`/proc/sysvipc/shm`, read in each namespace: it lists the reader's);
+/// `None` where one cannot be read.
+fn system_v_ids(pids: &[i32]) -> Option<HashSet<u64>> {
+    let own = std::fs::read_link("/proc/self/ns/ipc").ok()?;
+    let mut spaces: HashMap<std::path::PathBuf, i32> = HashMap::new();
+    for &pid in pids {
+        match std::fs::read_link(format!("/proc/{pid}/ns/ipc")) {
+            Ok(space) => {
+                spaces.entry(space).or_insert(pid);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return None,
+        }
+    }
+    let mut ids = HashSet::new();
+    for (space, pid) in spaces {
+        ids.extend(if space == own { segment_ids()? } else { in_ipc_namespace_of(pid, segment_ids)?? });
+    }
+    Some(ids)
+}
+
+/// The ids `/proc/sysvipc/shm` lists (its second column): the segments of
+/// the reading thread's IPC namespace. None in a kernel without System V
+/// IPC.
+fn segment_ids() -> Option<HashSet<u64>> {
+    match std::fs::read_to_string("/proc/sysvipc/shm") {
+        Ok(table) => table.lines().skip(1).map(|l| l.split_whitespace().nth(1)?.parse().ok()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(HashSet::new()),
+        Err(_) => None,
+    }
+}
+
+/// `read` run on a thread of its own that has joined the IPC namespace of
+/// process `pid` (an IPC namespace is a thread's own: the rest of criuz
+/// stays where it is); `None` where it could not join.
+fn in_ipc_namespace_of<T: Send>(pid: i32, read: impl FnOnce() -> T + Send) -> Option<T> {
+    let space = std::fs::File::open(format!("/proc/{pid}/ns/ipc")).ok()?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns(2) on a namespace descriptor we hold open; it
+            // changes only this thread's IPC namespace, and the thread ends
+            // with the scope.
+            (unsafe { libc::setns(space.as_raw_fd(), libc::CLONE_NEWIPC) } == 0).then(read)
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
+/// What the processes outside the tree `pids` (and outside criuz's own
+/// tree: CRIU maps the objects to dump them) reach of the objects `wanted`
+/// picks, with one such process each; `None` where a process cannot be
+/// read.
+fn outside_reaches(pids: &[i32], wanted: &(dyn Fn(&Object) -> bool + Sync)) -> Option<Vec<(Object, i32)>> {
+    let skip: HashSet<i32> = pids.iter().copied().chain(super::tree::tree_pids(&[std::process::id() as i32])).collect();
+    let seen = super::scan_processes(
+        |pid| skip.contains(&pid),
+        |pid| {
+            reaches(pid, true)
+                .map(|found| found.into_iter().filter(|(o, _)| wanted(o)).map(|(o, _)| (o, pid)).collect())
+        },
+    )
+    .ok()?;
+    let mut reached: HashMap<Object, i32> = HashMap::new();
+    for found in seen {
+        let found: Vec<(Object, i32)> = found?;
+        for (object, pid) in found {
+            reached.entry(object).or_insert(pid);
+        }
+    }
+    Some(reached.into_iter().collect())
+}
+
+/// The shared memory objects CRIU would dump that `pid` maps or holds a
+/// descriptor of, each with whether it is a System V segment; nothing for
+/// a process gone meanwhile, `None` for one that cannot be read. Where
+/// `outside`, a process whose maps even root may not read (one holding
+/// capabilities criuz lacks: a sandbox's own init here) is known by its
+/// descriptors alone: such a process could as well write the tree's
+/// private memory, which a dump holds by reference in any case.
+fn reaches(pid: i32, outside: bool) -> Option<Vec<(Object, bool)>> {
+    use std::io::ErrorKind;
+    // Gone, or exiting (its maps then read ESRCH).
+    let gone = |e: &std::io::Error| e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(maps) => maps,
+        Err(e) if gone(&e) => return Some(Vec::new()),
+        Err(e) if outside && e.kind() == ErrorKind::PermissionDenied => String::new(),
+        Err(_) => return None,
+    };
+    let mut objects: Vec<(Object, bool)> =
+        maps.lines().filter_map(SharedObject::parse_reachable).map(|o| ((o.device, o.inode), o.system_v)).collect();
+    let links = match super::fd_links(pid) {
+        Ok(links) => links,
+        Err(e) if gone(&e) => return Some(objects),
+        Err(_) => return None,
+    };
+    for (fd, target) in links {
+        let Some(target) = target.to_str() else { continue };
+        if !SharedObject::is_shared_memory(target) {
+            continue;
+        }
+        // Closed meanwhile: it holds nothing.
+        if let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
+            let device = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            objects.push(((device, meta.ino()), target.starts_with("/SYSV")));
+        }
+    }
+    Some(objects)
 }
 
 impl SharedObject {
@@ -56,11 +239,23 @@ impl SharedObject {
     /// mapping (private anonymous memory is in the resident set already,
     /// file contents stay in their files).
     fn parse(line: &str) -> Option<SharedObject> {
+        SharedObject::parse_with(line, false)
+    }
+
+    /// [`parse`](Self::parse), and shared huge-page memory too (CRIU dumps
+    /// it as it dumps a memfd; its pages count in the resident set's
+    /// `HugetlbPages` already, so not in [`dumped_shared_bytes`]).
+    fn parse_reachable(line: &str) -> Option<SharedObject> {
+        SharedObject::parse_with(line, true)
+    }
+
+    fn parse_with(line: &str, huge: bool) -> Option<SharedObject> {
         let mut fields = line.splitn(6, ' ');
         let (range, perms, _offset, device, inode) =
             (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
         let path = fields.next()?.trim_start();
-        let shared_anonymous = perms.ends_with('s') && path == "/dev/zero (deleted)";
+        let shared_anonymous =
+            perms.ends_with('s') && (path == "/dev/zero (deleted)" || (huge && path.starts_with("/anon_hugepage")));
         let dumped_whole = path.starts_with("/SYSV") || path.starts_with("/memfd:");
         if !(shared_anonymous || dumped_whole) {
             return None;
@@ -72,7 +267,15 @@ impl SharedObject {
             end: u64::from_str_radix(end, 16).ok()?,
             device: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
             inode: inode.parse().ok()?,
+            system_v: path.starts_with("/SYSV"),
         })
+    }
+
+    /// Whether a descriptor's link (or a mapping's path) names a shared
+    /// memory object CRIU dumps: what a process holds of one through a
+    /// descriptor (a memfd, or /proc/PID/map_files opened).
+    fn is_shared_memory(target: &str) -> bool {
+        ["/memfd:", "/dev/zero (deleted)", "/SYSV", "/anon_hugepage"].iter().any(|p| target.starts_with(p))
     }
 }
 
@@ -109,12 +312,127 @@ mod tests {
         }
     }
 
-    /// A shared anonymous mapping written only by a child that then exited:
-    /// its parent's resident set holds none of it, the object all of it.
+    /// Shared memory a process outside the tree maps, or holds a descriptor
+    /// of, is not the tree's alone; what only the tree reaches is.
     #[test]
-    fn shared_memory_written_by_an_exited_child_is_counted_once() {
-        let len = 8 << 20;
-        // SAFETY: a fresh shared anonymous mapping of our own, unmapped below.
+    fn shared_memory_a_process_outside_the_tree_reaches_is_not_the_tree_s_alone() {
+        let len = 1 << 20;
+        // A new mapping (unmapped below) and its object's inode.
+        let shared = || {
+            let map = shared_anonymous(len);
+            (map, inode_mapped_at(map, len))
+        };
+        // Mapped here and by the process outside; a memfd held here and
+        // there as a descriptor only; one mapped here after it started.
+        let (inherited, inherited_inode) = shared();
+        // SAFETY: a name of our own; the descriptor is closed below.
+        let memfd = unsafe { libc::memfd_create(c"criuz-test".as_ptr(), 0) };
+        assert!(memfd >= 0);
+        let memfd_inode = std::fs::metadata(format!("/proc/self/fd/{memfd}")).unwrap().ino();
+        let (unmapped, unmapped_inode) = shared();
+        let mut ends = [0; 2];
+        // SAFETY: a pipe of our own, closed below.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: the children only make system calls (fork, munmap, write,
+        // pause, _exit): nothing of the parent's runs there.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above. The grandchild leaves our tree when its
+            // parent exits; it keeps the mapping and the memfd, drops the
+            // other mapping, and says its pid.
+            unsafe {
+                if libc::fork() == 0 {
+                    libc::munmap(unmapped, len);
+                    let pid = libc::getpid();
+                    libc::write(ends[1], (&pid as *const i32).cast(), 4);
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child; reading our pipe.
+        let (waited, outsider) = unsafe {
+            let waited = libc::waitpid(child, &mut status, 0);
+            let mut pid = 0i32;
+            let read = libc::read(ends[0], (&mut pid as *mut i32).cast(), 4);
+            (waited, if read == 4 { pid } else { 0 })
+        };
+        let (mine, mine_inode) = shared();
+        let me = std::process::id() as i32;
+        let only_mine = reached_only_by(&[me]);
+        let named = reached_from_outside(&[me], &HashSet::from([memfd_inode]));
+        let unnamed = reached_from_outside(&[me], &HashSet::from([unmapped_inode]));
+        // SAFETY: ending the process this test started; closing and
+        // unmapping what it made.
+        unsafe {
+            libc::kill(outsider, libc::SIGKILL);
+            libc::close(memfd);
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+            for map in [inherited, unmapped, mine] {
+                libc::munmap(map, len);
+            }
+        }
+        assert!(waited == child && outsider > 0, "the process outside the tree did not start");
+        assert!(!only_mine.contains(&inherited_inode), "a mapping the process outside holds: {only_mine:?}");
+        assert!(!only_mine.contains(&memfd_inode), "a memfd the process outside holds: {only_mine:?}");
+        assert!(only_mine.contains(&unmapped_inode), "unmapped outside: {only_mine:?}");
+        assert!(only_mine.contains(&mine_inode), "mapped after the fork: {only_mine:?}");
+        assert_eq!(named, Some(format!("process {outsider} ({})", current_comm())));
+        assert_eq!(unnamed, None);
+    }
+
+    /// PostgreSQL's shape: a System V segment beside anonymous shared
+    /// memory. The segment is never the tree's alone (any process of its
+    /// IPC namespace may attach it); the other memory still is. A tree in
+    /// an IPC namespace of its own has its own segments read there.
+    #[test]
+    fn system_v_memory_is_never_the_tree_s_alone_and_leaves_the_rest_so() {
+        let len = 1 << 20;
+        // SAFETY: a private segment of our own, removed below.
+        let id = unsafe { libc::shmget(libc::IPC_PRIVATE, len, libc::IPC_CREAT | 0o600) };
+        assert!(id >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: attaching that segment; detached below.
+        let attached = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+        let map = shared_anonymous(len);
+        let inode = |addr| inode_mapped_at(addr, len);
+        let (segment_inode, map_inode) = (inode(attached), inode(map));
+        let me = std::process::id() as i32;
+        let only_mine = reached_only_by(&[me]);
+        let ours = system_v_ids(&[me]);
+        let mut other = std::process::Command::new("unshare").args(["--ipc", "sleep", "30"]).spawn().unwrap();
+        let other_pid = other.id() as i32;
+        let own_space = std::fs::read_link("/proc/self/ns/ipc").unwrap();
+        let mut theirs = None;
+        for _ in 0..500 {
+            if std::fs::read_link(format!("/proc/{other_pid}/ns/ipc")).is_ok_and(|space| space != own_space) {
+                theirs = system_v_ids(&[other_pid]);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = other.kill();
+        let _ = other.wait();
+        // SAFETY: undoing what this test made.
+        unsafe {
+            libc::shmdt(attached);
+            libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+            libc::munmap(map, len);
+        }
+        assert_eq!(segment_inode, id as u64, "a segment's inode number is its id");
+        assert!(!only_mine.contains(&segment_inode), "{only_mine:?}");
+        assert!(only_mine.contains(&map_inode), "{only_mine:?}");
+        assert!(ours.is_some_and(|ids| ids.contains(&(id as u64))));
+        let theirs = theirs.expect("the segments of a new IPC namespace");
+        assert!(!theirs.contains(&(id as u64)), "read in our namespace, not theirs: {theirs:?}");
+    }
+
+    /// A fresh shared anonymous mapping of `len` bytes; the caller unmaps it.
+    fn shared_anonymous(len: usize) -> *mut libc::c_void {
+        // SAFETY: a new mapping that nothing else refers to.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -125,6 +443,27 @@ mod tests {
                 0,
             )
         };
+        assert_ne!(map, libc::MAP_FAILED);
+        map
+    }
+
+    /// The inode of the object this process maps at `map` (`len` bytes).
+    fn inode_mapped_at(map: *mut libc::c_void, len: usize) -> u64 {
+        let link = format!("/proc/self/map_files/{:x}-{:x}", map as usize, map as usize + len);
+        std::fs::metadata(link).unwrap().ino()
+    }
+
+    /// This thread's name, which a process it forks starts with.
+    fn current_comm() -> String {
+        std::fs::read_to_string("/proc/thread-self/comm").unwrap().trim().to_string()
+    }
+
+    /// A shared anonymous mapping written only by a child that then exited:
+    /// its parent's resident set holds none of it, the object all of it.
+    #[test]
+    fn shared_memory_written_by_an_exited_child_is_counted_once() {
+        let len = 8 << 20;
+        let map = shared_anonymous(len);
         assert_ne!(map, libc::MAP_FAILED);
         // SAFETY: the child only writes the mapping and exits without
         // running anything of the parent's (no allocation, no locks).

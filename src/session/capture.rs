@@ -6,9 +6,10 @@
 //! status 0 first, which a standalone `criuz capture` cannot see.
 
 use crate::archive::Packer;
-use crate::criu::scm;
 use crate::criu::streamer::{grow_pipe, read_request, Listener};
+use crate::criu::{images, scm};
 use crate::error::{Error, Result};
+use std::collections::HashSet;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,17 +18,38 @@ use std::sync::{Arc, Mutex, OnceLock};
 #[derive(Debug, Default, Clone)]
 pub struct CaptureReport {
     pub files: Vec<String>,
+    /// The shared memory objects (by inode) whose pages were held.
+    pub held_shared: HashSet<u64>,
 }
 
 /// How a capture takes in the tree's pages.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Pages {
     /// Copied as they arrive.
     Copied,
     /// A process's own pages held by reference until the archive is
-    /// finished (see `archive::held`): only for a tree that stays stopped
-    /// until then, which the caller checks before it commits.
-    HeldWhileStopped,
+    /// finished (see `archive::held`), and those of the shared memory
+    /// objects `shared` names (by inode, as CRIU names their pagemaps),
+    /// which only the tree reaches (`proc::shmem::reached_only_by`): only
+    /// for a tree that stays stopped until then, which the caller checks
+    /// before it commits, as it checks that those objects are still the
+    /// tree's alone. Other shared memory, which processes outside the tree
+    /// may write, is copied as it arrives.
+    HeldWhileStopped { shared: HashSet<u64> },
+}
+
+impl Pages {
+    pub fn holds(&self) -> bool {
+        matches!(self, Pages::HeldWhileStopped { .. })
+    }
+}
+
+/// Whose pages the pages image CRIU opens next holds: it opens one right
+/// after the pagemap that names it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PagesOf {
+    Process,
+    Shared(u64),
 }
 
 /// Receives CRIU's images on `listener` and writes them into `packer` until
@@ -39,7 +61,7 @@ pub fn capture(
     listener: &Listener,
     packer: &Packer,
     stop: &AtomicBool,
-    pages: Pages,
+    pages: &Pages,
     ends: Option<&OnceLock<UnixStream>>,
 ) -> Result<Option<CaptureReport>> {
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
@@ -50,13 +72,20 @@ pub fn capture(
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let mut readers = Vec::new();
     let result = (|| -> Result<()> {
-        // CRIU opens a pages image right after the pagemap that names it.
-        let mut after_private_pagemap = false;
+        let mut after_pagemap = None;
         while let Some(name) = read_request(&mut sock)? {
             let fd = scm::recv_fd(&sock, "the pipe")?;
             grow_pipe(&fd);
-            let held = pages == Pages::HeldWhileStopped && after_private_pagemap && name.starts_with("pages-");
-            after_private_pagemap = is_private_pagemap(&name);
+            let held = match (pages, after_pagemap) {
+                _ if !name.starts_with("pages-") => false,
+                (Pages::HeldWhileStopped { .. }, Some(PagesOf::Process)) => true,
+                (Pages::HeldWhileStopped { shared }, Some(PagesOf::Shared(inode))) if shared.contains(&inode) => {
+                    report.held_shared.insert(inode);
+                    true
+                }
+                _ => false,
+            };
+            after_pagemap = pages_named_by(&name);
             let mut sink = if held { packer.begin_file_held(&name)? } else { packer.begin_file(&name)? };
             report.files.push(name.clone());
             let failed = failed.clone();
@@ -74,6 +103,9 @@ pub fn capture(
         }
         Ok(())
     })();
+    if result.is_err() {
+        refuse_the_rest(&mut sock);
+    }
     for r in readers {
         let _ = r.join();
     }
@@ -85,12 +117,31 @@ pub fn capture(
     Ok(Some(report))
 }
 
-/// A process's own pagemap (`pagemap-<pid>.img`), not one of shared memory
-/// (`pagemap-shmem-<id>.img`), whose pages other processes may still write.
-fn is_private_pagemap(name: &str) -> bool {
+/// After a failure (the archive could not be written), what CRIU still
+/// sends is refused until it ends the connection: each pipe is closed as
+/// it arrives, so CRIU writing into it fails. Left in this connection's
+/// queue, its read end would keep it open and CRIU would wait on it for
+/// good, and with it the readers of the pipes CRIU had opened before and
+/// criuz waiting for CRIU: a dump onto a disk that filled while CRIU wrote
+/// held shared memory hung so.
+fn refuse_the_rest(sock: &mut UnixStream) {
+    while let Ok(Some(_)) = read_request(sock) {
+        if scm::recv_fd(sock, "the pipe").is_err() {
+            break;
+        }
+    }
+}
+
+/// Whose pages a pagemap names: a process's own (`pagemap-<pid>.img`) or
+/// a shared memory object's (`pagemap-shmem-<inode>.img`).
+fn pages_named_by(name: &str) -> Option<PagesOf> {
+    if let Some(inode) = images::shmem_pagemap_id(name) {
+        return Some(PagesOf::Shared(inode));
+    }
     name.strip_prefix("pagemap-")
         .and_then(|rest| rest.strip_suffix(".img"))
         .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(PagesOf::Process)
 }
 
 /// Applies the completeness rule to a capture's outcome. Complete: the packer

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
 use crate::proc::tree::{self, end_aborted_tree};
-use crate::proc::{arriving, budget, claim, pipes};
+use crate::proc::{arriving, budget, claim, pipes, shmem};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_hook::{self, ActionHook, At};
@@ -86,8 +86,9 @@ pub struct DumpReport {
     /// codec shrinks is not counted.
     pub hurried_blocks: u64,
     /// Blocks of the tree's pages held by reference until compressed
-    /// instead of copied in (`archive::held`): all of its own pages unless
-    /// descriptors ran short or the dump leaves the tree running.
+    /// instead of copied in (`archive::held`): all of its own pages, and
+    /// those of the shared memory only the tree reaches, unless descriptors
+    /// ran short or the dump leaves the tree running.
     pub held_blocks: u64,
     /// The archive was then rewritten with the codec asked for (see [`recompress`]).
     pub recompressed: bool,
@@ -295,7 +296,14 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     }
     cmd.args(options::anchored(&o.extra));
 
-    let pages = if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped };
+    // Before CRIU freezes the tree, so it costs no frozen time; walked
+    // again before the archive is committed.
+    let pages = if o.leave_running {
+        capture::Pages::Copied
+    } else {
+        capture::Pages::HeldWhileStopped { shared: shmem::reached_only_by(&tree::tree_pids(&[o.pid])) }
+    };
+    let pages = &pages;
     // Resumes the tree should criuz die while CRIU leaves it stopped; not
     // the processes stopped before, which CRIU's own failure leaves so too.
     // At a post-dump hook CRIU decides: the guard waits for it to end, and
@@ -344,18 +352,27 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             packer.abort();
             return Err(Error::Criu(format!("process {} did not stay stopped after CRIU dumped it", o.pid)));
         }
-        let (packer, _) = capture::settle(packer, captured)
+        let (packer, report) = capture::settle(packer, captured)
             .map_err(|e| e.context(format!("capture failed ({})", work.save_log("dump.log"))))?;
-        if let Some(bytes) = &stats {
-            let mut sink = packer.begin_file("stats-dump")?;
-            sink.write(bytes)?;
-            sink.finish()?;
-        }
-        if let Some(s) = &suspended {
-            let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
-            // A struct of numbers and strings: serialising cannot fail.
-            sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
-            sink.finish()?;
+        let added = (|| -> Result<()> {
+            if let Some(bytes) = &stats {
+                let mut sink = packer.begin_file("stats-dump")?;
+                sink.write(bytes)?;
+                sink.finish()?;
+            }
+            if let Some(s) = &suspended {
+                let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
+                // A struct of numbers and strings: serialising cannot fail.
+                sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
+                sink.finish()?;
+            }
+            Ok(())
+        })();
+        // A writer that failed after the capture (a disk that filled once
+        // every image was in) refuses these files: its error is the cause
+        // ("cancelled" alone said nothing).
+        if let Err(e) = added {
+            return Err(packer.abort().unwrap_or(e));
         }
         let (pack, _) = packer.finish()?;
         if let Some(Some(before)) = &stopped {
@@ -365,6 +382,13 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                     o.pid
                 )));
             }
+        }
+        if let Some(who) = shmem::reached_from_outside(&tree::tree_pids(&[o.pid]), &report.held_shared) {
+            return Err(Error::Criu(format!(
+                "{who} outside the tree of process {} mapped or opened its shared memory while its checkpoint was \
+                 written, and could have written pages held of it: dump again",
+                o.pid
+            )));
         }
         out.commit()?;
         Ok(pack)
@@ -415,7 +439,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // Held pages are the stopped tree's own: it must not run until
             // they have all been read, so what it has run is taken now and
             // again before the archive is committed.
-            let stopped = (pages == capture::Pages::HeldWhileStopped).then(|| tree::settled_runtimes(&[o.pid], 2_000));
+            let stopped = pages.holds().then(|| tree::settled_runtimes(&[o.pid], 2_000));
             let stats = std::fs::read(work.path().join("stats-dump")).ok();
             let written = write(packer, stopped, stats.clone());
             if written.is_err() && !o.leave_running {

@@ -46,7 +46,7 @@ impl Capture {
         let out = output.output(force)?;
         let packer = Packer::start(out.writer()?, opts, None)?;
         let never = AtomicBool::new(false);
-        let captured = capture::capture(&self.0, &packer, &never, capture::Pages::Copied, None);
+        let captured = capture::capture(&self.0, &packer, &never, &capture::Pages::Copied, None);
         let (packer, _) = capture::settle(packer, captured).map_err(|e| e.context(format!("{output} not written")))?;
         let (stats, _) = packer.finish()?;
         out.commit()?;

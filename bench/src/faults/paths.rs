@@ -25,6 +25,9 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     DumpFile,
+    /// A dump of shared memory only the tree reaches (`shared-cache`),
+    /// held by reference as the tree's private memory is.
+    DumpShared,
     DumpPipe,
     DumpS3,
     DumpChild,
@@ -56,6 +59,7 @@ pub enum Route {
 
 pub const ROUTES: &[Route] = &[
     Route::DumpFile,
+    Route::DumpShared,
     Route::DumpPipe,
     Route::DumpS3,
     Route::DumpChild,
@@ -87,6 +91,7 @@ impl Route {
     pub fn name(self) -> &'static str {
         match self {
             Route::DumpFile => "dump-file",
+            Route::DumpShared => "dump-shared",
             Route::DumpPipe => "dump-pipe",
             Route::DumpS3 => "dump-s3",
             Route::DumpChild => "dump-incremental",
@@ -119,9 +124,12 @@ impl Route {
     pub fn faults(self) -> &'static [Fault] {
         use Fault::*;
         match self {
-            Route::DumpFile | Route::DumpChild | Route::DumpPageServer | Route::DumpRunning | Route::DumpEncrypted => {
-                &[KillCriuz, KillCriu, Enospc, InterruptCriuz]
-            }
+            Route::DumpFile
+            | Route::DumpShared
+            | Route::DumpChild
+            | Route::DumpPageServer
+            | Route::DumpRunning
+            | Route::DumpEncrypted => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::DumpPipe => &[KillCriuz, KillCriu, PeerDies, InterruptCriuz],
             Route::DumpS3 => &[KillCriuz, KillCriu, KillS3, InterruptCriuz],
             // A killed CRIU leaves the connections it locked for the
@@ -357,6 +365,7 @@ impl Ctx {
         let mut f = Finding::default();
         match route {
             Route::DumpFile
+            | Route::DumpShared
             | Route::DumpPipe
             | Route::DumpS3
             | Route::DumpChild
@@ -408,6 +417,7 @@ impl Ctx {
             Route::DumpTcp | Route::DumpPageServerTcp => {
                 Running::start_with_tcp_peer("mixed", self.mib, &dir, &self.tools)?
             }
+            Route::DumpShared => Running::start("shared-cache", self.mib, &dir, &self.tools)?,
             _ => Running::start("mixed", self.mib, &dir, &self.tools)?,
         };
         let extra = self.restore_extra(route);
