@@ -220,6 +220,20 @@ impl std::ops::AddAssign for CodecCounts {
     }
 }
 
+/// `len` bytes no codec compresses (xorshift), the same every time.
+#[cfg(test)]
+pub(crate) fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

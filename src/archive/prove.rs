@@ -195,16 +195,7 @@ mod tests {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Packer::start(tmp.reopen().unwrap(), &Options::default(), None).unwrap();
         let mut sink = packer.begin_file("pages-1.img").unwrap();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let data: Vec<u8> = (0..(4usize << 20))
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        sink.write(&data).unwrap();
+        sink.write(&crate::archive::noise(4 << 20)).unwrap();
         sink.finish().unwrap();
         packer.finish().unwrap();
         tmp

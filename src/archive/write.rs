@@ -25,7 +25,7 @@ use crate::seal::{keyring, ChainKey};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 /// A file's start, passed through the workers in order.
@@ -83,6 +83,20 @@ enum PackResult {
     Failed(Error),
 }
 
+/// The writer's error, kept for those it refuses afterwards: once it has
+/// stopped, a submit fails only with `Cancelled`, and a caller that writes a
+/// file after the pages (CRIU's stats) would report "cancelled" for what was
+/// a full disk.
+type Failure = Arc<OnceLock<Error>>;
+
+/// `e`, or the writer's own error where `e` only says the writer is gone.
+fn cause(failure: &Failure, e: Error) -> Error {
+    match (&e, failure.get()) {
+        (Error::Cancelled, Some(first)) => first.duplicate(),
+        _ => e,
+    }
+}
+
 /// Builds an archive from files written concurrently.
 pub struct Packer {
     submitter: Option<Submitter<PackJob>>,
@@ -90,6 +104,7 @@ pub struct Packer {
     hold: Arc<engine::Hold>,
     meter: Arc<Meter>,
     aborted: Arc<AtomicBool>,
+    failure: Failure,
     writer: Option<JoinHandle<Result<(PackStats, Index)>>>,
     /// The next file's key, which is also its file id: held while its Begin
     /// is submitted, so keys are submitted in order.
@@ -214,51 +229,63 @@ impl Packer {
         let aborted = Arc::new(AtomicBool::new(false));
         let stop = aborted.clone();
         let stored = meter.clone();
+        let failure = Arc::new(OnceLock::new());
+        let failed = failure.clone();
         let writer = std::thread::Builder::new()
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
-                let mut w = ArchiveWriter::sealed(out, &header, &chain, sealing)?;
-                let mut ids: HashMap<u64, u32> = HashMap::new();
-                let mut stats = PackStats::default();
-                for r in collector {
+                let mut collector = collector;
+                let written = (|| {
+                    let mut w = ArchiveWriter::sealed(out, &header, &chain, sealing)?;
+                    let mut ids: HashMap<u64, u32> = HashMap::new();
+                    let mut stats = PackStats::default();
+                    for r in collector.by_ref() {
+                        if stop.load(Ordering::Relaxed) {
+                            return Err(Error::Cancelled);
+                        }
+                        match r {
+                            PackResult::Begin(FileStart { key, name, kind, meta }) => {
+                                ids.insert(key, w.begin_file(&name, kind, meta)?);
+                                // Files, as unpack and verify count them: a tree's
+                                // directories and links are entries, not files
+                                // (`packed 50050 files` then `unpacked 50000`
+                                // read as 50 lost).
+                                stats.files += u64::from(kind.is_file());
+                            }
+                            PackResult::Block { key, mut block, number, hurried, copied, held } => {
+                                debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
+                                block.header.file_id = ids[&key];
+                                if hurried {
+                                    stats.hurried.insert(block.header.file_id, number);
+                                }
+                                stats.blocks_copied += u64::from(copied);
+                                stats.blocks_held += u64::from(held);
+                                w.write_block(&block.header, &block.payload)?;
+                                if let Some(page_ids) = &block.ids {
+                                    w.write_ids(block.header.file_id, page_ids)?;
+                                }
+                                stats.add_block(&block.header);
+                                stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
+                            }
+                            PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
+                            PackResult::Failed(e) => return Err(e),
+                        }
+                    }
                     if stop.load(Ordering::Relaxed) {
                         return Err(Error::Cancelled);
                     }
-                    match r {
-                        PackResult::Begin(FileStart { key, name, kind, meta }) => {
-                            ids.insert(key, w.begin_file(&name, kind, meta)?);
-                            // Files, as unpack and verify count them: a tree's
-                            // directories and links are entries, not files
-                            // (`packed 50050 files` then `unpacked 50000`
-                            // read as 50 lost).
-                            stats.files += u64::from(kind.is_file());
-                        }
-                        PackResult::Block { key, mut block, number, hurried, copied, held } => {
-                            debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
-                            block.header.file_id = ids[&key];
-                            if hurried {
-                                stats.hurried.insert(block.header.file_id, number);
-                            }
-                            stats.blocks_copied += u64::from(copied);
-                            stats.blocks_held += u64::from(held);
-                            w.write_block(&block.header, &block.payload)?;
-                            if let Some(page_ids) = &block.ids {
-                                w.write_ids(block.header.file_id, page_ids)?;
-                            }
-                            stats.add_block(&block.header);
-                            stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
-                        }
-                        PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
-                        PackResult::Failed(e) => return Err(e),
-                    }
+                    let (mut out, index, len) = w.finish()?;
+                    out.flush()?;
+                    stats.archive_bytes = len;
+                    Ok((stats, index))
+                })();
+                // Set before the collector goes, so a submitter refused
+                // from then on finds the cause (see `Failure`).
+                if let Err(e) = &written {
+                    let _ = failed.set(e.duplicate());
                 }
-                if stop.load(Ordering::Relaxed) {
-                    return Err(Error::Cancelled);
-                }
-                let (mut out, index, len) = w.finish()?;
-                out.flush()?;
-                stats.archive_bytes = len;
-                Ok((stats, index))
+                drop(collector);
+                written
             })
             .map_err(|e| Error::thread_not_started("archive's writer", e))?;
         Ok(Packer {
@@ -266,6 +293,7 @@ impl Packer {
             hold,
             meter,
             aborted,
+            failure,
             writer: Some(writer),
             next_key: Mutex::new(0),
             block_size: opts.block_size,
@@ -295,11 +323,13 @@ impl Packer {
         let sub = self.submitter.as_ref().expect("packer running").clone();
         let mut next = self.next_key.lock().unwrap();
         let key = *next;
-        sub.submit(PackJob::Begin(FileStart { key, name: name.to_string(), kind, meta }))?;
+        sub.submit(PackJob::Begin(FileStart { key, name: name.to_string(), kind, meta }))
+            .map_err(|e| cause(&self.failure, e))?;
         *next += 1;
         drop(next);
         Ok(FileSink {
             sub,
+            failure: self.failure.clone(),
             key,
             page_aware: kind == FileKind::Pages,
             carver: Carver::new(self.block_size),
@@ -320,15 +350,13 @@ impl Packer {
 
     /// Waits until every block submitted so far has gone to the output
     /// (handed to it, not synced): a commit point for a sender that drops
-    /// its copy once told so. Fails if the writer has stopped; [`abort`]
-    /// then returns its error.
-    ///
-    /// [`abort`]: Self::abort
+    /// its copy once told so. Fails with the writer's error if it has
+    /// stopped.
     pub fn wait_written(&self) -> Result<()> {
         let m = &self.meter;
         while m.stored.load(Ordering::Relaxed) < m.taken.load(Ordering::Relaxed) {
             if self.writer.as_ref().is_none_or(|w| w.is_finished()) {
-                return Err(Error::Cancelled);
+                return Err(cause(&self.failure, Error::Cancelled));
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
@@ -367,6 +395,7 @@ impl Drop for Packer {
 /// Writes one file's bytes into a [`Packer`], cutting them into blocks.
 pub struct FileSink {
     sub: Submitter<PackJob>,
+    failure: Failure,
     key: u64,
     page_aware: bool,
     /// Where the block buffers come from (see `slab` for why not the heap).
@@ -454,7 +483,7 @@ impl FileSink {
         self.meter.taken.fetch_add(len as u64, Ordering::Relaxed);
         let block = self.blocks;
         self.blocks += 1;
-        self.sub.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })
+        self.submit(PackJob::Block { key: self.key, data, page_aware: self.page_aware, block })
     }
 
     /// As [`read_from`](Self::read_from), reading at most `limit` bytes
@@ -499,7 +528,7 @@ impl FileSink {
         // An opened sealed block carries no payload check; this archive's does.
         let header = BlockHeader { payload_check: xxhash_rust::xxh3::xxh3_64(&payload) as u32, ..header };
         let encoded = EncodedBlock { header, payload, ids: None };
-        self.sub.submit(PackJob::Encoded { key: self.key, encoded, block })
+        self.submit(PackJob::Encoded { key: self.key, encoded, block })
     }
 
     pub fn pending_len(&self) -> usize {
@@ -516,7 +545,11 @@ impl FileSink {
         if !self.buf.is_empty() {
             self.flush_block()?;
         }
-        self.sub.submit(PackJob::End { key: self.key })
+        self.submit(PackJob::End { key: self.key })
+    }
+
+    fn submit(&self, job: PackJob) -> Result<()> {
+        self.sub.submit(job).map_err(|e| cause(&self.failure, e))
     }
 }
 
@@ -655,5 +688,46 @@ mod tests {
         // Three whole blocks before `finish`, which adds the part one.
         assert_eq!(blocks as usize, sent.len() / block);
         drop(pieces);
+    }
+
+    /// A disk that fills under the writer: what is submitted afterwards
+    /// (a file written once CRIU's pages are in) fails with the writer's
+    /// own error, not with "cancelled", and `abort` returns it too.
+    #[test]
+    fn a_file_begun_after_the_writer_failed_gets_its_error() {
+        struct Full(usize);
+        impl Write for Full {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                if self.0 < buf.len() {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                self.0 -= buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let opts = Options { block_size: 64 << 10, ..Options::default() };
+        let packer = Packer::start(Full(100 << 10), &opts, None).unwrap();
+        let mut sink = packer.begin_file("pages-1.img").unwrap();
+        // The writer fails on one of these blocks; whether this sink sees it
+        // depends on timing, so only what comes after is asserted.
+        let _ = sink.write(&crate::archive::noise(1 << 20)).and_then(|()| sink.finish());
+        packer.capture_done();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while packer.failure.get().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the writer never failed");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let refused = packer.begin_file("stats-dump").and_then(|mut s| {
+            s.write(b"stats")?;
+            s.finish()
+        });
+        let e = refused.expect_err("a stopped writer refuses");
+        assert!(!e.is_cancelled(), "{e}");
+        assert!(e.to_string().contains("No space left on device"), "{e}");
+        let first = packer.abort().expect("the writer's error");
+        assert!(first.to_string().contains("No space left on device"), "{first}");
     }
 }

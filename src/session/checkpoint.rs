@@ -354,25 +354,19 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         }
         let (packer, report) = capture::settle(packer, captured)
             .map_err(|e| e.context(format!("capture failed ({})", work.save_log("dump.log"))))?;
-        let added = (|| -> Result<()> {
-            if let Some(bytes) = &stats {
-                let mut sink = packer.begin_file("stats-dump")?;
-                sink.write(bytes)?;
-                sink.finish()?;
-            }
-            if let Some(s) = &suspended {
-                let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
-                // A struct of numbers and strings: serialising cannot fail.
-                sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
-                sink.finish()?;
-            }
-            Ok(())
-        })();
         // A writer that failed after the capture (a disk that filled once
-        // every image was in) refuses these files: its error is the cause
-        // ("cancelled" alone said nothing).
-        if let Err(e) = added {
-            return Err(packer.abort().unwrap_or(e));
+        // every image was in) refuses these with its own error; the packer,
+        // dropped, writes no index.
+        if let Some(bytes) = &stats {
+            let mut sink = packer.begin_file("stats-dump")?;
+            sink.write(bytes)?;
+            sink.finish()?;
+        }
+        if let Some(s) = &suspended {
+            let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
+            // A struct of numbers and strings: serialising cannot fail.
+            sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
+            sink.finish()?;
         }
         let (pack, _) = packer.finish()?;
         if let Some(Some(before)) = &stopped {
