@@ -9,17 +9,17 @@
 //!
 //! The registration shows only in `/proc/PID/smaps` (`VmFlags: um`),
 //! which walks the page tables (about 20 ms a resident GiB). It is read
-//! only where a process outside the tree holds a userfaultfd (a scan of
-//! `/proc/*/fd` on every core, fractions of a millisecond on a quiet
-//! machine): nearly every dump pays only the scan. A holder that criuz
+//! only where a process outside the tree holds a userfaultfd (seen in the
+//! walk of their descriptors, `outside`): nearly every dump pays only
+//! that walk. A holder that criuz
 //! cannot see (in a pid namespace above it) goes unseen.
 
 use crate::error::{Error, Result};
 
-/// Refuses the tree of `root` while a process of it has memory still
-/// arriving through a userfaultfd that a process outside the tree holds.
-pub fn refuse_while_arriving(root: i32) -> Result<()> {
-    match memory_arriving(&super::tree::tree_pids(&[root])) {
+/// Refuses a tree of which process `arriving` ([`arriving_in`]) has memory
+/// still arriving.
+pub fn refuse(arriving: Option<i32>) -> Result<()> {
+    match arriving {
         None => Ok(()),
         Some(pid) => Err(Error::Criu(format!(
             "process {pid} of the tree has memory still arriving through a userfaultfd held outside it (a lazy \
@@ -30,30 +30,26 @@ pub fn refuse_while_arriving(root: i32) -> Result<()> {
     }
 }
 
-/// The first of `pids` with memory still arriving through a userfaultfd
-/// held outside them. One the tree holds itself is CRIU's to refuse (it
-/// cannot checkpoint a userfaultfd, and says so).
-fn memory_arriving(pids: &[i32]) -> Option<i32> {
-    if userfaultfd_holders().is_some_and(|holders| holders.iter().all(|h| pids.contains(h))) {
+/// The first of the tree `pids` with memory still arriving through a
+/// userfaultfd held outside it, given whether a process outside holds one
+/// (`None`: one that could not be read might). One the tree holds itself
+/// is CRIU's to refuse (it cannot checkpoint a userfaultfd, and says so).
+pub(crate) fn arriving_in(pids: &[i32], held_outside: Option<bool>) -> Option<i32> {
+    if held_outside == Some(false) {
         return None;
     }
     pids.iter().copied().find(|&pid| registered_for_missing_pages(pid))
 }
 
-/// The processes criuz can see that hold a userfaultfd; `None` where one
-/// whose descriptors cannot be read might.
-fn userfaultfd_holders() -> Option<Vec<i32>> {
-    let holds = |pid: i32| match super::fd_links(pid) {
-        Ok(links) => Some(links.iter().any(|(_, t)| t.as_os_str() == "anon_inode:[userfaultfd]").then_some(pid)),
+/// Whether a process whose descriptors read `links` holds a userfaultfd;
+/// `None` where they could not be read (it might).
+pub(crate) fn holds_userfaultfd(links: &std::io::Result<super::Links>) -> Option<bool> {
+    match links {
+        Ok(links) => Some(links.iter().any(|(_, t)| t.as_os_str() == "anon_inode:[userfaultfd]")),
         // Gone meanwhile: holds nothing.
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(None),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(false),
         Err(_) => None,
-    };
-    super::scan_processes(|_| false, holds)
-        .ok()?
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .map(|h| h.into_iter().flatten().collect())
+    }
 }
 
 /// Whether a mapping of `pid` is registered for missing-page faults. Read
@@ -74,7 +70,9 @@ mod tests {
 
     #[test]
     fn a_process_with_no_userfaultfd_has_nothing_arriving() {
-        assert_eq!(memory_arriving(&[std::process::id() as i32]), None);
+        let me = std::process::id() as i32;
+        assert_eq!(holds_userfaultfd(&crate::proc::fd_links(me)), Some(false));
+        assert_eq!(arriving_in(&[me], None), None);
         assert!(!registered_for_missing_pages(std::process::id() as i32));
     }
 }

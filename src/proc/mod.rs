@@ -12,7 +12,8 @@
 //! reaches; `budget` is the
 //! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
 //! dump at a time checkpoint a tree; `arriving` tells a tree whose lazy
-//! restore is still copying its memory in; `interrupt` turns a
+//! restore is still copying its memory in; `outside` walks every process
+//! outside a tree once for what `arriving`, `pipes` and `shmem` ask of them; `interrupt` turns a
 //! Ctrl-C into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
 //! its end on.
@@ -33,6 +34,7 @@ pub mod foreground;
 pub mod guard;
 pub mod interrupt;
 pub mod memory;
+pub mod outside;
 pub mod pipes;
 pub mod shmem;
 pub mod socket;
@@ -76,9 +78,12 @@ pub(crate) fn scan_processes<T: Send>(
     }))
 }
 
+/// What each descriptor of a process is, as its /proc link reads.
+pub(crate) type Links = Vec<(i32, std::path::PathBuf)>;
+
 /// What each descriptor of `pid` is, as its /proc link reads: (fd, target).
 /// A descriptor closed meanwhile is left out.
-pub(crate) fn fd_links(pid: i32) -> std::io::Result<Vec<(i32, std::path::PathBuf)>> {
+pub(crate) fn fd_links(pid: i32) -> std::io::Result<Links> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?
         .flatten()
         .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, std::fs::read_link(e.path()).ok()?)))

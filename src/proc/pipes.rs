@@ -7,13 +7,15 @@
 //! the restore a pipe of their own (`--inherit-fd`).
 //!
 //! Trade-off: finding the other end reads the descriptor links of every
-//! process on the machine (about 7 µs a descriptor, split over the cores);
-//! it is done only where the tree holds a pipe by one end, and before CRIU
-//! freezes anything. A process criuz cannot read is passed over: this is a
+//! process on the machine (about 7 µs a descriptor, split over the cores),
+//! in the one walk a dump makes of them before CRIU freezes anything
+//! (`outside`); an end's mode is read only where the tree holds a pipe by
+//! one end. A process criuz cannot read is passed over: this is a
 //! warning, never a refusal.
 
-use crate::proc::tree::{holder_of, tree_pids};
-use std::collections::{HashMap, HashSet};
+use super::Links;
+use crate::proc::tree::holder_of;
+use std::collections::HashMap;
 use std::fmt;
 
 /// A pipe the tree holds by one end whose other end a process outside it
@@ -57,38 +59,45 @@ impl fmt::Display for OutsideEnd {
 
 /// One end of a pipe as a process holds it.
 #[derive(Clone, Copy)]
-struct Held {
+pub(crate) struct Held {
     pid: i32,
     fd: i32,
     reads: bool,
     writes: bool,
 }
 
-/// The pipes of `tree` (its root and all it forked) whose other end only
-/// processes outside it hold, one report per pipe.
-pub fn ends_outside(tree: &[i32]) -> Vec<OutsideEnd> {
-    let members: HashSet<i32> = tree_pids(tree).into_iter().collect();
-    // Per pipe, what the tree holds of it.
-    let mut inside: HashMap<u64, (bool, bool, Held)> = HashMap::new();
-    for &pid in &members {
-        for (inode, held) in pipe_ends(pid) {
-            let e = inside.entry(inode).or_insert((false, false, held));
-            e.0 |= held.reads;
-            e.1 |= held.writes;
+/// The pipes a tree holds by one end: what the walk of the processes
+/// outside it (`outside`) looks for.
+pub(crate) struct OneSided {
+    /// Per pipe, whether the tree reads it, writes it, and one end it holds.
+    inside: HashMap<u64, (bool, bool, Held)>,
+}
+
+impl OneSided {
+    /// The pipes of the tree `pids` held by one end; `None` where there
+    /// are none.
+    pub(crate) fn of(pids: &[i32]) -> Option<OneSided> {
+        let mut inside: HashMap<u64, (bool, bool, Held)> = HashMap::new();
+        for &pid in pids {
+            for (inode, held) in pipe_ends(pid) {
+                let e = inside.entry(inode).or_insert((false, false, held));
+                e.0 |= held.reads;
+                e.1 |= held.writes;
+            }
         }
+        inside.retain(|_, (reads, writes, _)| reads != writes);
+        (!inside.is_empty()).then_some(OneSided { inside })
     }
-    inside.retain(|_, (reads, writes, _)| reads != writes);
-    if inside.is_empty() {
-        return Vec::new();
-    }
-    let me = std::process::id() as i32;
-    // An end's access mode is read only for the tree's pipes (4,000
-    // processes of 5 descriptors each added 140 ms to a dump on one core
-    // and reading every pipe's mode, 75 ms so on 2 cores).
-    let outside = |pid: i32| {
+
+    /// The other ends of those pipes that `pid`, outside the tree, holds
+    /// (its descriptors read `links`). An end's access mode is read only
+    /// for the tree's pipes (4,000 processes of 5 descriptors each added
+    /// 140 ms to a dump on one core reading every pipe's mode, 75 ms so on
+    /// 2 cores).
+    pub(crate) fn other_ends(&self, pid: i32, links: &Links) -> Vec<(u64, Held)> {
         let mut ends = Vec::new();
-        for (fd, inode) in pipe_links(pid) {
-            let Some((_, tree_writes, _)) = inside.get(&inode) else { continue };
+        for (fd, inode) in pipes_among(links) {
+            let Some((_, tree_writes, _)) = self.inside.get(&inode) else { continue };
             let Some(held) = held_end(pid, fd) else { continue };
             let other_side = if *tree_writes { held.reads } else { held.writes };
             if other_side {
@@ -96,28 +105,28 @@ pub fn ends_outside(tree: &[i32]) -> Vec<OutsideEnd> {
             }
         }
         ends
-    };
-    let Ok(other_ends) = super::scan_processes(|pid| pid == me || members.contains(&pid), outside) else {
-        return Vec::new();
-    };
-    let other_ends = other_ends.into_iter().flatten();
-    let mut found: Vec<OutsideEnd> = Vec::new();
-    for (inode, held) in other_ends {
-        let (_, tree_writes, ours) = inside[&inode];
-        if !found.iter().any(|f| f.inode == inode) {
-            found.push(OutsideEnd {
-                pid: ours.pid,
-                fd: ours.fd,
-                comm: comm_of(ours.pid),
-                writes: tree_writes,
-                inode,
-                other: held.pid,
-                other_comm: comm_of(held.pid),
-            });
-        }
     }
-    found.sort_by_key(|f| (f.pid, f.fd));
-    found
+
+    /// One report per pipe of the `found` other ends.
+    pub(crate) fn report(&self, found: impl IntoIterator<Item = (u64, Held)>) -> Vec<OutsideEnd> {
+        let mut reports: Vec<OutsideEnd> = Vec::new();
+        for (inode, held) in found {
+            let (_, tree_writes, ours) = self.inside[&inode];
+            if !reports.iter().any(|f| f.inode == inode) {
+                reports.push(OutsideEnd {
+                    pid: ours.pid,
+                    fd: ours.fd,
+                    comm: comm_of(ours.pid),
+                    writes: tree_writes,
+                    inode,
+                    other: held.pid,
+                    other_comm: comm_of(held.pid),
+                });
+            }
+        }
+        reports.sort_by_key(|f| (f.pid, f.fd));
+        reports
+    }
 }
 
 /// The pipe ends process `pid` holds: (inode, how). A process gone or not
@@ -128,8 +137,12 @@ fn pipe_ends(pid: i32) -> Vec<(u64, Held)> {
 
 /// The descriptors of `pid` that are pipes: (fd, the pipe's inode).
 fn pipe_links(pid: i32) -> Vec<(i32, u64)> {
-    let links = super::fd_links(pid).unwrap_or_default();
-    links.into_iter().filter_map(|(fd, link)| Some((fd, pipe_inode(link.to_str()?)?))).collect()
+    pipes_among(&super::fd_links(pid).unwrap_or_default())
+}
+
+/// The descriptors among `links` that are pipes: (fd, the pipe's inode).
+fn pipes_among(links: &Links) -> Vec<(i32, u64)> {
+    links.iter().filter_map(|(fd, link)| Some((*fd, pipe_inode(link.to_str()?)?))).collect()
 }
 
 /// How `pid` holds the pipe on its descriptor `fd` (`None` once it is gone).
@@ -162,46 +175,11 @@ fn comm_of(pid: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Command, Stdio};
 
     #[test]
     fn a_pipe_link_names_its_inode() {
         assert_eq!(pipe_inode("pipe:[21709259]"), Some(21709259));
         assert_eq!(pipe_inode("socket:[5]"), None);
         assert_eq!(pipe_inode("/tmp/pipe:[5]"), None);
-    }
-
-    /// A child writing to a pipe another process reads is reported with
-    /// its end, and one holding both ends of its own pipe is not. (What the
-    /// children inherit besides, from whoever runs the tests, may be
-    /// reported too.)
-    #[test]
-    fn a_pipe_read_outside_the_tree_is_found() {
-        let sleeper = || {
-            let mut c = Command::new("sleep");
-            c.arg("30").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-            c
-        };
-        let (read, write) = crate::io::pipe().unwrap();
-        let inode = |fd: &std::os::fd::OwnedFd| {
-            let link = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd))).unwrap();
-            pipe_inode(link.to_str().unwrap()).unwrap()
-        };
-        let ino = inode(&read);
-        let mut child = sleeper().stdout(Stdio::from(write)).spawn().unwrap();
-        let mut reader = sleeper().stdin(Stdio::from(read)).spawn().unwrap();
-        let pid = child.id() as i32;
-        let found = ends_outside(&[pid]);
-        let _ = (child.kill(), reader.kill(), child.wait(), reader.wait());
-        let f = found.iter().find(|f| f.inode == ino).unwrap_or_else(|| panic!("{found:?}"));
-        assert!(f.writes && f.pid == pid && f.fd == 1 && f.other == reader.id() as i32, "{f:?}");
-        assert!(f.to_string().contains("kills it (SIGPIPE)") && f.to_string().contains("fd[1]:pipe:["), "{f}");
-        // Both ends in the tree: nothing to say of that pipe.
-        let (r, w) = crate::io::pipe().unwrap();
-        let ino = inode(&r);
-        let mut both = sleeper().stdin(Stdio::from(r)).stdout(Stdio::from(w)).spawn().unwrap();
-        let found = ends_outside(&[both.id() as i32]);
-        let _ = (both.kill(), both.wait());
-        assert!(!found.iter().any(|f| f.inode == ino), "{found:?}");
     }
 }

@@ -16,24 +16,23 @@
 //! pages in haste and then again. Objects held only as descriptors, and
 //! System V segments no process attaches, are not found.
 //!
-//! Which objects only the tree reaches ([`reached_only_by`]): a dump may
-//! hold their pages by reference, as it holds the tree's private pages
+//! Which objects only the tree reaches ([`Candidates`]): a dump may hold
+//! their pages by reference, as it holds the tree's private pages
 //! (`archive::held`), when no process outside the tree maps one or holds
 //! a descriptor of it, so that nothing can write it while the tree is
-//! stopped. Found by a walk of every other process's shared mappings
-//! (asked of the kernel, `PROCMAP_QUERY`) and descriptors, on every core
-//! (`proc::scan_processes`), and only for a tree that has such objects:
-//! beside 5,000 idle processes it makes a 64 MiB dump durable about 0.3 s
-//! later on 2 cores, for the memory and frozen time it saves
-//! (docs/BENCHMARKS.md, session 69). System V memory is never one: any process of its IPC
-//! namespace may attach a segment; and CRIU names a segment's pages by its
-//! IPC id, which another object's inode number may equal, so such an
-//! object is not one either. The walk races
-//! with processes that gain a mapping after it; the dump walks again
-//! before it commits ([`reached_from_outside`]). Outside its view nothing
-//! is seen: a process in a pid namespace above criuz's, or a descriptor
-//! of a thread that keeps a table of its own (`clone` without
-//! `CLONE_FILES`).
+//! stopped. Found in the walk of every other process (`outside`), which
+//! then also asks for its shared mappings (of the kernel, `PROCMAP_QUERY`),
+//! only for a tree that has such objects: beside 5,000 idle processes
+//! that, and the walk again before the commit, make a 64 MiB dump durable
+//! 0.2-0.25 s later on 2 cores, for the memory and frozen time it saves
+//! (docs/BENCHMARKS.md, sessions 69 and 70).
+//! System V memory is never one: any process of its IPC namespace may
+//! attach a segment; and CRIU names a segment's pages by its IPC id, which
+//! another object's inode number may equal, so such an object is not one
+//! either. The walk races with processes that gain a mapping after it; the
+//! dump walks again before it commits. Outside its view nothing is seen: a
+//! process in a pid namespace above criuz's, or a descriptor of a thread
+//! that keeps a table of its own (`clone` without `CLONE_FILES`).
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -73,43 +72,41 @@ struct SharedObject {
 }
 
 /// A shared memory object: its device (major, minor) and inode.
-type Object = ((u32, u32), u64);
+pub(crate) type Object = ((u32, u32), u64);
 
-/// The shared memory objects of the tree `pids` whose pages CRIU dumps and
-/// that no process outside the tree maps or holds a descriptor of, by
-/// inode (as CRIU names their pagemaps, `pagemap-shmem-<inode>.img`):
-/// those a dump may hold by reference while the tree is stopped. Never a
-/// System V segment, nor an object whose inode number a segment's id in
-/// the tree's IPC namespace equals (CRIU names a segment's pagemap by its
-/// id); none at all where a process of the tree, or that namespace's
-/// segments, cannot be read.
-pub(crate) fn reached_only_by(pids: &[i32]) -> HashSet<u64> {
-    let Some(objects) = tree_objects(pids) else { return HashSet::new() };
-    if objects.is_empty() {
-        return HashSet::new();
-    }
-    let Some(segments) = system_v_ids(pids) else { return HashSet::new() };
-    let candidates: HashSet<Object> = objects.into_iter().filter(|o| !segments.contains(&o.1)).collect();
-    let Some(reached) = outside_reaches(pids, &|object: &Object| candidates.contains(object)) else {
-        return HashSet::new();
-    };
-    let reached: HashSet<u64> = reached.iter().map(|(object, _)| object.1).collect();
-    candidates.iter().map(|object| object.1).filter(|inode| !reached.contains(inode)).collect()
-}
+/// The shared memory objects of a tree whose pages CRIU dumps and that a
+/// dump may hold by reference while the tree is stopped, if no process
+/// outside the tree maps one or holds a descriptor of it (the walk of
+/// those processes, `outside`, tells). Never a System V segment, nor an
+/// object whose inode number a segment's id in the tree's IPC namespace
+/// equals (CRIU names a segment's pagemap by its id, and the others'
+/// `pagemap-shmem-<inode>.img`).
+pub(crate) struct Candidates(HashSet<Object>);
 
-/// A process outside the tree `pids` that maps or holds one of the shared
-/// memory objects `inodes` names (whatever its device), named for the
-/// user; also where a process cannot be read, since it might.
-pub(crate) fn reached_from_outside(pids: &[i32], inodes: &HashSet<u64>) -> Option<String> {
-    if inodes.is_empty() {
-        return None;
+impl Candidates {
+    /// Those of the tree `pids`; `None` where there are none, or a process
+    /// of the tree, or its IPC namespace's segments, cannot be read.
+    pub(crate) fn of(pids: &[i32]) -> Option<Candidates> {
+        let objects = tree_objects(pids)?;
+        if objects.is_empty() {
+            return None;
+        }
+        let segments = system_v_ids(pids)?;
+        let candidates: HashSet<Object> = objects.into_iter().filter(|o| !segments.contains(&o.1)).collect();
+        (!candidates.is_empty()).then_some(Candidates(candidates))
     }
-    match outside_reaches(pids, &|object: &Object| inodes.contains(&object.1)) {
-        None => Some("a process whose maps or descriptors criuz cannot read".into()),
-        Some(reached) => reached.first().map(|&(_, pid)| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            format!("process {pid} ({})", comm.trim())
-        }),
+
+    /// Those that `pid`, outside the tree, maps or holds (its descriptors
+    /// read `links`); `None` where it cannot be read.
+    pub(crate) fn reached_by(&self, pid: i32, links: &std::io::Result<super::Links>) -> Option<Vec<Object>> {
+        Some(outsider_reaches(pid, links)?.into_iter().filter(|o| self.0.contains(o)).collect())
+    }
+
+    /// Those none of `reached` is, by inode (as CRIU names their pagemaps):
+    /// what a dump may hold by reference.
+    pub(crate) fn unreached(self, reached: impl IntoIterator<Item = Object>) -> HashSet<u64> {
+        let reached: HashSet<u64> = reached.into_iter().map(|object| object.1).collect();
+        self.0.into_iter().map(|object| object.1).filter(|inode| !reached.contains(inode)).collect()
     }
 }
 
@@ -118,7 +115,7 @@ pub(crate) fn reached_from_outside(pids: &[i32], inodes: &HashSet<u64>) -> Optio
 fn tree_objects(pids: &[i32]) -> Option<HashSet<Object>> {
     let mut objects = HashSet::new();
     for &pid in pids {
-        objects.extend(reaches(pid, false)?.into_iter().filter(|(_, system_v)| !system_v).map(|(o, _)| o));
+        objects.extend(tree_reaches(pid)?.into_iter().filter(|(_, system_v)| !system_v).map(|(o, _)| o));
     }
     Some(objects)
 }
@@ -175,62 +172,64 @@ fn in_ipc_namespace_of<T: Send>(pid: i32, read: impl FnOnce() -> T + Send) -> Op
     })
 }
 
-/// What the processes outside the tree `pids` (and outside criuz's own
-/// tree: CRIU maps the objects to dump them) reach of the objects `wanted`
-/// picks, with one such process each; `None` where a process cannot be
-/// read.
-fn outside_reaches(pids: &[i32], wanted: &(dyn Fn(&Object) -> bool + Sync)) -> Option<Vec<(Object, i32)>> {
-    let skip: HashSet<i32> = pids.iter().copied().chain(super::tree::tree_pids(&[std::process::id() as i32])).collect();
-    let seen = super::scan_processes(
-        |pid| skip.contains(&pid),
-        |pid| {
-            reaches(pid, true)
-                .map(|found| found.into_iter().filter(|(o, _)| wanted(o)).map(|(o, _)| (o, pid)).collect())
-        },
-    )
-    .ok()?;
-    let mut reached: HashMap<Object, i32> = HashMap::new();
-    for found in seen {
-        let found: Vec<(Object, i32)> = found?;
-        for (object, pid) in found {
-            reached.entry(object).or_insert(pid);
-        }
-    }
-    Some(reached.into_iter().collect())
+/// Gone, or exiting (its maps then read ESRCH).
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// The shared memory objects CRIU would dump that `pid` maps or holds a
+/// The shared memory objects CRIU would dump that `pid`, a process of the
+/// tree, maps (read as text: it names System V segments) or holds a
 /// descriptor of, each with whether it is a System V segment; nothing for
-/// a process gone meanwhile, `None` for one that cannot be read. Where
-/// `outside`, a process whose maps even root may not read (one holding
-/// capabilities criuz lacks: a sandbox's own init here) is known by its
-/// descriptors alone: such a process could as well write the tree's
-/// private memory, which a dump holds by reference in any case.
-fn reaches(pid: i32, outside: bool) -> Option<Vec<(Object, bool)>> {
-    use std::io::ErrorKind;
-    // Gone, or exiting (its maps then read ESRCH).
-    let gone = |e: &std::io::Error| e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
-    let queried = if outside { shared_mappings(pid) } else { Err(std::io::ErrorKind::Unsupported.into()) };
-    let mut objects: Vec<(Object, bool)> = match queried {
-        Ok(objects) => objects.into_iter().map(|o| (o, false)).collect(),
+/// a process gone meanwhile, `None` for one that cannot be read.
+fn tree_reaches(pid: i32) -> Option<Vec<(Object, bool)>> {
+    let mut objects: Vec<(Object, bool)> = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(maps) => {
+            maps.lines().filter_map(SharedObject::parse_reachable).map(|o| ((o.device, o.inode), o.system_v)).collect()
+        }
         Err(e) if gone(&e) => return Some(Vec::new()),
-        Err(e) if outside && e.kind() == ErrorKind::PermissionDenied => Vec::new(),
+        Err(_) => return None,
+    };
+    match super::fd_links(pid) {
+        Ok(links) => objects.extend(descriptor_objects(pid, &links)),
+        Err(e) if gone(&e) => {}
+        Err(_) => return None,
+    }
+    Some(objects)
+}
+
+/// The shared memory objects that `pid`, a process outside the tree whose
+/// descriptors read `links`, maps or holds a descriptor of; nothing for a
+/// process gone meanwhile, `None` for one that cannot be read. A process
+/// whose maps even root may not read (one holding capabilities criuz
+/// lacks: a sandbox's own init here) is known by its descriptors alone:
+/// such a process could as well write the tree's private memory, which a
+/// dump holds by reference in any case.
+pub(crate) fn outsider_reaches(pid: i32, links: &std::io::Result<super::Links>) -> Option<Vec<Object>> {
+    let denied = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
+    let mut objects: Vec<Object> = match shared_mappings(pid) {
+        Ok(objects) => objects,
+        Err(e) if gone(&e) => return Some(Vec::new()),
+        Err(e) if denied(&e) => Vec::new(),
+        // A kernel without `PROCMAP_QUERY`: the text.
         Err(_) => match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            Ok(maps) => maps
-                .lines()
-                .filter_map(SharedObject::parse_reachable)
-                .map(|o| ((o.device, o.inode), o.system_v))
-                .collect(),
+            Ok(maps) => maps.lines().filter_map(SharedObject::parse_reachable).map(|o| (o.device, o.inode)).collect(),
             Err(e) if gone(&e) => return Some(Vec::new()),
-            Err(e) if outside && e.kind() == ErrorKind::PermissionDenied => Vec::new(),
+            Err(e) if denied(&e) => Vec::new(),
             Err(_) => return None,
         },
     };
-    let links = match super::fd_links(pid) {
-        Ok(links) => links,
-        Err(e) if gone(&e) => return Some(objects),
+    match links {
+        Ok(links) => objects.extend(descriptor_objects(pid, links).into_iter().map(|(o, _)| o)),
+        Err(e) if gone(e) => {}
         Err(_) => return None,
-    };
+    }
+    Some(objects)
+}
+
+/// The shared memory objects among the descriptors of `pid` (`links`),
+/// each with whether it is a System V segment.
+fn descriptor_objects(pid: i32, links: &super::Links) -> Vec<(Object, bool)> {
+    let mut objects = Vec::new();
     for (fd, target) in links {
         let Some(target) = target.to_str() else { continue };
         if !SharedObject::is_shared_memory(target) {
@@ -242,7 +241,7 @@ fn reaches(pid: i32, outside: bool) -> Option<Vec<(Object, bool)>> {
             objects.push(((device, meta.ino()), target.starts_with("/SYSV")));
         }
     }
-    Some(objects)
+    objects
 }
 
 /// `struct procmap_query` of linux/fs.h (Linux 6.11).
@@ -351,7 +350,7 @@ impl SharedObject {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -381,79 +380,6 @@ mod tests {
         ] {
             assert_eq!(object(line), None, "{line}");
         }
-    }
-
-    /// Shared memory a process outside the tree maps, or holds a descriptor
-    /// of, is not the tree's alone; what only the tree reaches is.
-    #[test]
-    fn shared_memory_a_process_outside_the_tree_reaches_is_not_the_tree_s_alone() {
-        let len = 1 << 20;
-        // A new mapping (unmapped below) and its object's inode.
-        let shared = || {
-            let map = shared_anonymous(len);
-            (map, inode_mapped_at(map, len))
-        };
-        // Mapped here and by the process outside; a memfd held here and
-        // there as a descriptor only; one mapped here after it started.
-        let (inherited, inherited_inode) = shared();
-        // SAFETY: a name of our own; the descriptor is closed below.
-        let memfd = unsafe { libc::memfd_create(c"criuz-test".as_ptr(), 0) };
-        assert!(memfd >= 0);
-        let memfd_inode = std::fs::metadata(format!("/proc/self/fd/{memfd}")).unwrap().ino();
-        let (unmapped, unmapped_inode) = shared();
-        let mut ends = [0; 2];
-        // SAFETY: a pipe of our own, closed below.
-        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
-        // SAFETY: the children only make system calls (fork, munmap, write,
-        // pause, _exit): nothing of the parent's runs there.
-        let child = unsafe { libc::fork() };
-        if child == 0 {
-            // SAFETY: as above. The grandchild leaves our tree when its
-            // parent exits; it keeps the mapping and the memfd, drops the
-            // other mapping, and says its pid.
-            unsafe {
-                if libc::fork() == 0 {
-                    libc::munmap(unmapped, len);
-                    let pid = libc::getpid();
-                    libc::write(ends[1], (&pid as *const i32).cast(), 4);
-                    loop {
-                        libc::pause();
-                    }
-                }
-                libc::_exit(0);
-            }
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child; reading our pipe.
-        let (waited, outsider) = unsafe {
-            let waited = libc::waitpid(child, &mut status, 0);
-            let mut pid = 0i32;
-            let read = libc::read(ends[0], (&mut pid as *mut i32).cast(), 4);
-            (waited, if read == 4 { pid } else { 0 })
-        };
-        let (mine, mine_inode) = shared();
-        let me = std::process::id() as i32;
-        let only_mine = reached_only_by(&[me]);
-        let named = reached_from_outside(&[me], &HashSet::from([memfd_inode]));
-        let unnamed = reached_from_outside(&[me], &HashSet::from([unmapped_inode]));
-        // SAFETY: ending the process this test started; closing and
-        // unmapping what it made.
-        unsafe {
-            libc::kill(outsider, libc::SIGKILL);
-            libc::close(memfd);
-            libc::close(ends[0]);
-            libc::close(ends[1]);
-            for map in [inherited, unmapped, mine] {
-                libc::munmap(map, len);
-            }
-        }
-        assert!(waited == child && outsider > 0, "the process outside the tree did not start");
-        assert!(!only_mine.contains(&inherited_inode), "a mapping the process outside holds: {only_mine:?}");
-        assert!(!only_mine.contains(&memfd_inode), "a memfd the process outside holds: {only_mine:?}");
-        assert!(only_mine.contains(&unmapped_inode), "unmapped outside: {only_mine:?}");
-        assert!(only_mine.contains(&mine_inode), "mapped after the fork: {only_mine:?}");
-        assert_eq!(named, Some(format!("process {outsider} ({})", current_comm())));
-        assert_eq!(unnamed, None);
     }
 
     /// The kernel's answer (`PROCMAP_QUERY`) names the shared mappings the
@@ -513,7 +439,7 @@ mod tests {
         let inode = |addr| inode_mapped_at(addr, len);
         let (segment_inode, map_inode) = (inode(attached), inode(map));
         let me = std::process::id() as i32;
-        let only_mine = reached_only_by(&[me]);
+        let only_mine = Candidates::of(&[me]).map_or_else(HashSet::new, |c| c.unreached([]));
         let ours = system_v_ids(&[me]);
         let mut other = std::process::Command::new("unshare").args(["--ipc", "sleep", "30"]).spawn().unwrap();
         let other_pid = other.id() as i32;
@@ -543,7 +469,7 @@ mod tests {
     }
 
     /// A fresh shared anonymous mapping of `len` bytes; the caller unmaps it.
-    fn shared_anonymous(len: usize) -> *mut libc::c_void {
+    pub(crate) fn shared_anonymous(len: usize) -> *mut libc::c_void {
         // SAFETY: a new mapping that nothing else refers to.
         let map = unsafe {
             libc::mmap(
@@ -560,13 +486,13 @@ mod tests {
     }
 
     /// The inode of the object this process maps at `map` (`len` bytes).
-    fn inode_mapped_at(map: *mut libc::c_void, len: usize) -> u64 {
+    pub(crate) fn inode_mapped_at(map: *mut libc::c_void, len: usize) -> u64 {
         let link = format!("/proc/self/map_files/{:x}-{:x}", map as usize, map as usize + len);
         std::fs::metadata(link).unwrap().ino()
     }
 
     /// This thread's name, which a process it forks starts with.
-    fn current_comm() -> String {
+    pub(crate) fn current_comm() -> String {
         std::fs::read_to_string("/proc/thread-self/comm").unwrap().trim().to_string()
     }
 

@@ -30,7 +30,7 @@ pub enum Pages {
     /// A process's own pages held by reference until the archive is
     /// finished (see `archive::held`), and those of the shared memory
     /// objects `shared` names (by inode, as CRIU names their pagemaps),
-    /// which only the tree reaches (`proc::shmem::reached_only_by`): only
+    /// which only the tree reaches (`proc::outside::survey`): only
     /// for a tree that stays stopped until then, which the caller checks
     /// before it commits, as it checks that those objects are still the
     /// tree's alone. Other shared memory, which processes outside the tree

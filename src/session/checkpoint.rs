@@ -26,8 +26,10 @@ use crate::engine;
 use crate::error::{Error, Result};
 use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
+use crate::proc::outside::{self, Ask};
+use crate::proc::pipes::OutsideEnd;
 use crate::proc::tree::{self, end_aborted_tree};
-use crate::proc::{arriving, budget, claim, pipes, shmem};
+use crate::proc::{arriving, budget, claim};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_hook::{self, ActionHook, At};
@@ -223,9 +225,8 @@ fn check_dumpable(pid: i32) -> Result<()> {
 
 /// Says which pipes of the tree lead to processes outside it (see
 /// `proc::pipes`): the checkpoint is made all the same, as CRIU makes it.
-fn warn_of_outside_pipes(pid: i32) {
+fn warn_of_outside_pipes(ends: &[OutsideEnd]) {
     const SAID: usize = 4;
-    let ends = pipes::ends_outside(&[pid]);
     for end in ends.iter().take(SAID) {
         crate::say!("criuz: warning: {end}");
     }
@@ -249,8 +250,13 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             name.trim()
         )));
     }
-    arriving::refuse_while_arriving(o.pid)?;
-    warn_of_outside_pipes(o.pid);
+    // One walk of every other process, before CRIU freezes the tree (it
+    // costs no frozen time); what it found of shared memory is asked again
+    // before the archive is committed.
+    let pids = tree::tree_pids(&[o.pid]);
+    let around = outside::survey(&pids, Ask { pipes: true, shared: !o.leave_running });
+    arriving::refuse(around.arriving)?;
+    warn_of_outside_pipes(&around.outside_pipes);
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
     let out = Output::open(&o.output, o.force)?;
@@ -296,12 +302,10 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     }
     cmd.args(options::anchored(&o.extra));
 
-    // Before CRIU freezes the tree, so it costs no frozen time; walked
-    // again before the archive is committed.
     let pages = if o.leave_running {
         capture::Pages::Copied
     } else {
-        capture::Pages::HeldWhileStopped { shared: shmem::reached_only_by(&tree::tree_pids(&[o.pid])) }
+        capture::Pages::HeldWhileStopped { shared: around.held_shared }
     };
     let pages = &pages;
     // Resumes the tree should criuz die while CRIU leaves it stopped; not
@@ -377,7 +381,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                 )));
             }
         }
-        if let Some(who) = shmem::reached_from_outside(&tree::tree_pids(&[o.pid]), &report.held_shared) {
+        if let Some(who) = outside::shared_reached_from_outside(&tree::tree_pids(&[o.pid]), &report.held_shared) {
             return Err(Error::Criu(format!(
                 "{who} outside the tree of process {} mapped or opened its shared memory while its checkpoint was \
                  written, and could have written pages held of it: dump again",

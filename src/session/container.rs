@@ -48,7 +48,7 @@ use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::proc::memory::{self, ChargedTo};
-use crate::proc::{arriving, claim};
+use crate::proc::{claim, outside};
 use crate::progress::Progress;
 use crate::session::criu_hook::{ActionHook, At};
 use crate::session::criu_run::{
@@ -202,7 +202,7 @@ pub fn runc_checkpoint(runc: &Runc, o: &RuncCheckpoint, opts: &Options, criu: &C
     // One checkpoint of its processes at a time, as for `criuz dump`.
     let _claim = init.as_ref().ok().map(|&pid| claim::claim_tree(pid)).transpose()?;
     if let Ok(pid) = init {
-        arriving::refuse_while_arriving(pid)?;
+        outside::refuse_while_arriving(pid)?;
     }
     let suspended = match (o.no_gpu, &init) {
         (false, Ok(pid)) => cuda::suspend_tree(*pid)?,

@@ -11,7 +11,7 @@ use crate::criu::streamer::{self, Listener};
 use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
-use crate::proc::{arriving, claim, tree};
+use crate::proc::{claim, outside, tree};
 use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{join_criu_thread, run_criu_told};
 use crate::session::receive::{self, PageServer, ReceiveReport};
@@ -117,7 +117,7 @@ pub fn page_server_dump(
     let held = held_tree(program, args);
     let _claim = held.map(|h| claim::claim_tree(h.pid)).transpose()?;
     if let Some(h) = held {
-        arriving::refuse_while_arriving(h.pid)?;
+        outside::refuse_while_arriving(h.pid)?;
     }
     let opts = Options { tree: true, ..opts.clone() };
     let out = output.output(force)?;
