@@ -9,7 +9,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn ok(out: std::process::Output, what: &str) -> std::process::Output {
     assert!(out.status.success(), "{what} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -405,18 +405,18 @@ fn a_tcp_dump_whose_criuz_dies_after_its_archive_is_committed_loses_nothing() {
         while !arc.exists() && dump.try_wait().unwrap().is_none() {
             std::hint::spin_loop();
         }
-        let committed = std::time::Instant::now();
+        let committed = Instant::now();
         while committed.elapsed() < Duration::from_micros(after) {
             std::hint::spin_loop();
         }
         let _ = dump.kill();
         dump.wait().unwrap();
         // Settled: gone, or running (neither stopped nor traced) for 300 ms.
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let mut running_since = None;
         while w.alive() && t.elapsed() < Duration::from_secs(20) {
             let runs = process_state(w.pid).is_some_and(|s| matches!(s, 'S' | 'R' | 'D'));
-            running_since = if runs { running_since.or(Some(std::time::Instant::now())) } else { None };
+            running_since = if runs { running_since.or(Some(Instant::now())) } else { None };
             if running_since.is_some_and(|s| s.elapsed() > Duration::from_millis(300)) {
                 break;
             }
@@ -1009,7 +1009,7 @@ fn dumped(spec: Spec) -> (Workload, std::collections::BTreeMap<String, String>, 
 /// Whether the restored workload still runs 10 s after its criuz was
 /// killed (zombies reaped meanwhile: the test is the tree's subreaper).
 fn outlives_its_criuz(w: &Workload) -> bool {
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     while w.alive() && t.elapsed() < Duration::from_secs(10) {
         reap_zombies();
         std::thread::sleep(Duration::from_millis(10));
@@ -1037,7 +1037,7 @@ fn a_foreground_restore_killed_as_criu_starts_ends_its_output() {
     let mut out = restore.stdout.take().unwrap();
     let reader = std::thread::spawn(move || std::io::Read::read_to_end(&mut out, &mut Vec::new()));
     // CRIU, then (if seen in time) its probe stopped under its ptrace.
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     let mut criu_pid = None;
     let mut stdout_of_criu = String::new();
     let mut helpers = Vec::new();
@@ -1107,7 +1107,7 @@ fn a_restore_whose_criuz_dies_as_criu_names_the_tree_leaves_nothing_stuck() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let mut criu_and_pidfile: Option<(i32, PathBuf)> = None;
         let mut caught = false;
         while t.elapsed() < Duration::from_secs(30) && !caught {
@@ -2159,7 +2159,7 @@ fn a_second_dump_of_a_tree_being_dumped_is_refused_and_the_first_completes() {
         .spawn()
         .unwrap();
     let claim = std::path::PathBuf::from(format!("/run/criuz/dump-{}.lock", w.pid));
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     while !claim.exists() {
         assert!(t.elapsed() < Duration::from_secs(30), "the first dump never claimed the tree");
         std::thread::sleep(Duration::from_millis(5));
@@ -2589,6 +2589,26 @@ fn voluntary_switches(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// Dumps `w` into DIR/fg.czr and restores it without -d, `how`, its
+/// `--pidfile` DIR/fg.pid (gone before): the waiting criuz, stderr piped,
+/// and the pidfile.
+fn dump_and_restore_in_the_foreground(w: &mut Workload, dir: &Path, how: &[&str]) -> (std::process::Child, PathBuf) {
+    let arc = dir.join("fg.czr");
+    let pidfile = dir.join("fg.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    dump(w, &arc, &["--force"]);
+    w.reap_original();
+    let restore = Command::new(CRIUZ)
+        .args(["restore", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()])
+        .args(how)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (restore, pidfile)
+}
+
 /// Without -d, criuz waits for the restored tree as its parent (a
 /// container's entrypoint, a service's main process): it exits as the
 /// tree's root does (its status, or 128 + the signal that killed it) and
@@ -2608,19 +2628,7 @@ fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
     for (how, end) in ends {
         let mut w = Workload::start(Spec { pattern: "mixed", mib: 32, ..Default::default() });
         let before = w.sums();
-        let arc = dir.path().join("fg.czr");
-        let pidfile = dir.path().join("fg.pid");
-        let _ = std::fs::remove_file(&pidfile);
-        dump(&w, &arc, &["--force"]);
-        w.reap_original();
-        let mut restore = Command::new(CRIUZ)
-            .args(["restore", "-i", arc.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()])
-            .args(how)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let (mut restore, pidfile) = dump_and_restore_in_the_foreground(&mut w, dir.path(), how);
         wait_for("the restored tree to run", Duration::from_secs(60), || pidfile.exists());
         assert_eq!(std::fs::read_to_string(&pidfile).unwrap().trim(), w.pid.to_string(), "{how:?}");
         assert!(children_of(restore.id()).contains(&w.pid), "{how:?}: the root must be criuz's own child");
@@ -2674,6 +2682,61 @@ fn a_restore_waited_for_ends_as_the_tree_does_and_passes_signals_on() {
     }
 }
 
+/// A signal sent to criuz the moment a foreground restore's pidfile names
+/// the tree goes on to the tree's root, as it does once criuz waits for it:
+/// before, in the few milliseconds between the pidfile and that wait (the
+/// summary, criuz's fresh image), a SIGTERM ended criuz while the tree ran
+/// on without it (found by the fault campaign, `restore-foreground`).
+/// Whatever the signal does, criuz never ends with the tree running on.
+#[test]
+fn a_signal_sent_as_the_pidfile_appears_goes_on_to_the_root() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    for how in [&["--fill", "place"][..], &["--fill", "stream"], &["--lazy"]] {
+        let mut w = Workload::start(Spec { pattern: "mixed", mib: 32, ..Default::default() });
+        let (mut restore, pidfile) = dump_and_restore_in_the_foreground(&mut w, dir.path(), how);
+        // Polled without a pause: the signal must land in the window.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&pidfile).is_ok_and(|p| p.trim() == w.pid.to_string()) {
+            assert!(Instant::now() < deadline, "{how:?}: the restored tree never ran");
+            assert!(restore.try_wait().unwrap().is_none(), "{how:?}: the restore ended before its tree ran");
+            std::hint::spin_loop();
+        }
+        // SAFETY: signalling the criuz this test started.
+        unsafe { libc::kill(restore.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = restore.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let alive = w.alive();
+        if alive {
+            // SAFETY: ending the restored workload of this test (it holds
+            // criuz's stderr too).
+            unsafe { libc::kill(w.pid, libc::SIGKILL) };
+        }
+        let _ = restore.kill();
+        let mut err = String::new();
+        std::io::Read::read_to_string(restore.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let _ = restore.wait();
+        let status = status.unwrap_or_else(|| panic!("{how:?}: the signal was lost, criuz still waits: {err}"));
+        assert!(!alive, "{how:?}: the tree runs on without criuz: {err}");
+        // The workload ends with status 0 on SIGTERM; criuz exits as it did.
+        // A lazy tree whose pages are not all in is ended by an interruption
+        // instead, as before its pidfile (`proc::interrupt`).
+        if how != ["--lazy"] || !err.contains("interrupted (SIGTERM)") {
+            assert_eq!((status.code(), status.signal()), (Some(0), None), "{how:?}: {err}");
+        }
+    }
+}
+
 /// Under a pids limit (a container's `pids.max`) criuz cannot start every
 /// thread it wants. Whatever the limit, it either works or fails in one
 /// line with exit status 1: never a hang, never a panic's backtrace. A
@@ -2699,7 +2762,7 @@ fn a_pids_limit_ends_criuz_in_one_line_never_in_a_hang() {
         group.limit("pids.max", "pids.max", max as u64);
         group.join_on_exec(&mut cmd);
         let mut child = cmd.spawn().unwrap();
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let status = loop {
             if let Some(st) = child.try_wait().unwrap() {
                 break st;
@@ -2965,7 +3028,7 @@ fn a_tree_is_not_restored_into_a_group_without_room_nor_with_a_process_killed() 
     let killer = {
         let pid = w.pid;
         std::thread::spawn(move || {
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             while t.elapsed() < Duration::from_secs(30) {
                 let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
                 let field =

@@ -12,7 +12,8 @@
 //! so the cleanup runs as ordinary code, not in a signal handler.
 //!
 //! While criuz waits for a tree it restored in the foreground
-//! ([`forward_to`]), it is that tree's stand-in: the signals a supervisor or
+//! ([`forward_to`]), and from the moment that tree runs whole
+//! ([`stand_in_once_restored`]), it is that tree's stand-in: the signals a supervisor or
 //! a user sends criuz (these three, SIGQUIT, SIGUSR1, SIGUSR2) go on to the
 //! tree's root instead, as a container's init passes them on, and criuz
 //! exits as the root does. A terminal's own signals are not sent twice: one
@@ -34,6 +35,9 @@ const INTERRUPTING: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 /// Taken as well while a tree restored in the foreground runs, to pass on
 /// (a service's dump, reload or rotate requests).
 const PASSED_ON: [i32; 3] = [SIGQUIT, SIGUSR1, SIGUSR2];
+
+/// A restore in the foreground is under way ([`stand_in_once_restored`]).
+static STAND_IN: AtomicBool = AtomicBool::new(false);
 
 /// The signal thread's handle, to take more signals once criuz forwards.
 static HANDLE: OnceLock<Handle> = OnceLock::new();
@@ -72,7 +76,8 @@ pub fn install() {
             if INTERRUPTING.contains(&origin.signal) {
                 end_now(Ending::Signal(origin.signal));
             }
-            // One of `PASSED_ON` after the root ended: criuz exits anyway.
+            // One of `PASSED_ON` before the tree ran, or after its root ended
+            // (criuz exits then anyway): dropped.
         }
     });
 }
@@ -80,13 +85,59 @@ pub fn install() {
 /// From now on, until [`stop_forwarding`], the signals criuz takes go on
 /// to `root` (a restored tree's root, criuz's own child, not yet reaped)
 /// instead of interrupting criuz. Best effort: where criuz could not take
-/// signals at all, they end it as before, and the tree runs on.
+/// signals at all, they end it as before, and the tree runs on. What
+/// [`hold_through_exec`] held back is taken from here on.
 pub fn forward_to(root: i32) {
     *FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner()) = Some(root);
+    take_passed_on();
+    set_held_back(libc::SIG_UNBLOCK);
+}
+
+/// Takes [`PASSED_ON`] too (those not ignored): a service's requests
+/// reach its root instead of ending criuz by their default action.
+fn take_passed_on() {
     if let Some(handle) = HANDLE.get() {
         for sig in PASSED_ON.into_iter().filter(|&sig| !ignored(sig)) {
             let _ = handle.add_signal(sig);
         }
+    }
+}
+
+/// For a restore in the foreground, before it starts: once its tree runs
+/// whole (`tree::restored_root_running`), the signals that would interrupt
+/// criuz go on to the tree's root, as they do once criuz waits for it
+/// ([`forward_to`]); before that, they interrupt the restore, which ends
+/// the tree. Without it, a SIGINT or SIGTERM in the few milliseconds
+/// between the pidfile's publication and that wait ended criuz while the
+/// tree ran on without it (a supervisor would start the service again
+/// beside it; found by the fault campaign, `restore-foreground`). The
+/// signals passed on are taken from now on: one that comes before the
+/// tree runs is dropped (it was meant for the service).
+pub fn stand_in_once_restored() {
+    STAND_IN.store(true, Ordering::Release);
+    take_passed_on();
+}
+
+/// Just before criuz replaces its image to wait for the tree it restored
+/// (`exec`, same pid): the signals it passes on are held back by this
+/// thread, which the new image is made of, so that one sent meanwhile
+/// waits, pending, for the new image's [`forward_to`] instead of finding
+/// its default action there (ending criuz).
+pub fn hold_through_exec() {
+    set_held_back(libc::SIG_BLOCK);
+}
+
+/// Blocks or unblocks, in the calling thread, the signals criuz passes on.
+fn set_held_back(how: libc::c_int) {
+    // SAFETY: a signal set of ours, filled by sigemptyset/sigaddset, given
+    // to pthread_sigmask, which changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in INTERRUPTING.into_iter().chain(PASSED_ON) {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
 }
 
@@ -101,7 +152,10 @@ pub fn stop_forwarding() {
 /// where the root is in criuz's group it has it already.
 fn forwarded(origin: &Origin) -> bool {
     let forward = FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(root) = *forward else { return false };
+    // Standing in before the wait: the root is criuz's child, not reaped
+    // while it runs (`restored_root_running` reads that it does).
+    let standing_in = || STAND_IN.load(Ordering::Acquire).then(tree::restored_root_running).flatten();
+    let Some(root) = forward.or_else(standing_in) else { return false };
     // SAFETY: getpgid and getpgrp only read process attributes; `root` is
     // our unreaped child while `forward` is held (see FORWARD_TO).
     let shares_group = unsafe { libc::getpgid(root) == libc::getpgrp() };

@@ -627,6 +627,10 @@ pub fn restore_opened(
     }
     let cuda_resume_seconds = resume_cuda(cuda.as_ref(), &pidfile)
         .map_err(|e| failed(e.context("CUDA resume failed, restored tree killed")))?;
+    // The tree runs whole: let go of even where CRIU ended before the
+    // watcher above saw its pidfile (an interruption from here on leaves it
+    // running, or passes on to it in the foreground: `proc::interrupt`).
+    tree::let_go_of_restored_tree(pid);
     // Before the guard goes: a pidfile that cannot be written fails the
     // restore, and a failed restore leaves nothing running.
     publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| failed(e.context(PIDFILE_FAILED)))?;

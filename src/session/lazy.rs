@@ -913,6 +913,12 @@ impl LazyRestore<'_> {
         let report = pager.into_report();
         guard.release();
         let whole = ran && paged.is_ok() && proof.is_ok();
+        if let (true, Victim::Tree(pids)) = (whole, victim) {
+            // Whole and unguarded: a lazy tree's proof behind is done, and
+            // from here an interruption leaves the tree running, or passes
+            // on to it in the foreground (`proc::interrupt`).
+            crate::proc::tree::let_go_of_restored_tree(pids.first().copied());
+        }
         if !whole && (paged.is_err() || proof.is_err() || !status.as_ref().is_ok_and(|s| s.success())) {
             // What CRIU abandoned, whether criuz learned of it or not.
             crate::proc::tree::end_orphans();

@@ -300,9 +300,17 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
     // An eager restore's progress is the pages served or placed; a lazy one
     // reports its own stages.
     let ticker = (how != How::Lazy).then(|| Ticker::start(move || meter.restore_line()));
+    if !o.detach {
+        criuz::proc::interrupt::stand_in_once_restored();
+    }
     let r = criuz::session::restore::restore(o, how, &threads.options(), &c);
     drop(ticker);
     let r = r?;
+    // Whatever path the restore took, its tree runs: criuz stands in for it
+    // from here (`interrupt`).
+    if let (false, Some(root)) = (o.detach, r.pid()) {
+        criuz::proc::interrupt::forward_to(root);
+    }
     if let Restored::Placed(LazyReport { not_lazy: Some(why), .. })
     | Restored::Eager(RestoreReport { not_placed: Some(why), .. }) = &r
     {
@@ -336,6 +344,7 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
         if let Some(e) = print::stdout_failure() {
             print::summary_lost(&e);
         }
+        criuz::proc::interrupt::hold_through_exec();
         let failed = std::process::Command::new(exe).args(["wait-tree", &root.to_string()]).exec();
         criuz::say!("criuz: waiting for the restored tree in place ({failed})");
     }
