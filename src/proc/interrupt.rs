@@ -11,14 +11,16 @@
 //! signals are taken on a thread of their own (`signal-hook`'s self-pipe),
 //! so the cleanup runs as ordinary code, not in a signal handler.
 //!
-//! While criuz waits for a tree it restored in the foreground
-//! ([`forward_to`]), and from the moment that tree runs whole
-//! ([`stand_in_once_restored`]), it is that tree's stand-in: the signals a supervisor or
-//! a user sends criuz (these three, SIGQUIT, SIGUSR1, SIGUSR2) go on to the
-//! tree's root instead, as a container's init passes them on, and criuz
-//! exits as the root does. A terminal's own signals are not sent twice: one
-//! the kernel raised (Ctrl-C) reached the root already where it shares
-//! criuz's process group.
+//! From the moment a tree criuz restores in the foreground runs whole
+//! ([`stand_in_once_restored`]), and while criuz waits for it
+//! ([`forward_to`]), criuz is that tree's stand-in: the signals a
+//! supervisor or a user sends criuz (these three, SIGQUIT, SIGUSR1,
+//! SIGUSR2) go on to the tree's root instead, as a container's init passes
+//! them on, and criuz exits as the root does. A terminal's own signals are
+//! not sent twice: one the kernel raised (Ctrl-C) reached the root already
+//! where it shares criuz's process group. Left: a signal criuz's signal
+//! thread has taken but not yet passed on as criuz replaces its image to
+//! wait ([`hold_through_exec`]) is lost, a window of microseconds.
 
 use crate::io::unfinished;
 use crate::proc::{guard, socket, tree};

@@ -8,9 +8,9 @@
 //! processes one walk instead of three is the difference.
 //!
 //! criuz itself is not looked at, nor, once CRIU runs, what criuz started
-//! (CRIU maps what it dumps). The walk races with the processes it looks at: a pipe is only warned of;
-//! what is arriving and who reaches shared memory are asked again where
-//! it matters ([`shared_reached_from_outside`], before a dump commits).
+//! (CRIU maps what it dumps). The walk races with the processes it looks
+//! at: a pipe is only warned of, and who reaches shared memory is asked
+//! again before a dump commits ([`shared_reached_from_outside`]).
 
 use super::pipes::{OneSided, OutsideEnd};
 use super::shmem::Candidates;
