@@ -287,6 +287,18 @@ pub fn cpu_seconds(pid: i32) -> Option<f64> {
     Some(ticks as f64 / hz)
 }
 
+/// Whether a workload's pid now names a process of another program: its
+/// tree is gone and the pid was given again (pids wrap at 32,768 on this
+/// VM). The fault campaign once signalled and killed such a pid: a
+/// restarted S3 server that had taken it (session 70). A process CRIU has
+/// not finished restoring (still `criu`) is the workload's.
+pub fn taken_by_another(pid: i32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+        let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        !(name.starts_with("criuz-workload") || name == "criu")
+    })
+}
+
 /// `root` and all its descendants, root first.
 pub fn tree(root: i32) -> Vec<i32> {
     let mut parent = Vec::new();
@@ -748,6 +760,14 @@ pub fn copy_exe(exe: &Path, dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pid of another program is not a workload's; a pid that names
+    /// nothing is left to whoever asks.
+    #[test]
+    fn a_pid_given_to_another_program_is_not_the_workload_s() {
+        assert!(taken_by_another(std::process::id() as i32), "this test's own process");
+        assert!(!taken_by_another(i32::MAX), "a pid that names nothing");
+    }
 
     #[test]
     fn idle_processes_run_until_dropped_and_are_reaped() {

@@ -481,7 +481,8 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if self.pid > 0 {
+        // A pid given to another program since is not this workload's.
+        if self.pid > 0 && !proc::taken_by_another(self.pid) {
             proc::kill_tree(&proc::tree(self.pid));
         }
     }

@@ -587,7 +587,7 @@ impl Ctx {
     /// [`Self::restore_and_check`], ending first a process its dump left
     /// running.
     fn end_and_restore(&mut self, archive: &str, extra: &[OsString], w: &mut Running, before: &str) -> Result<()> {
-        if !taken_by_another(w.pid) && check::settle(w.pid, Duration::ZERO) == Settled::Running {
+        if !proc::taken_by_another(w.pid) && check::settle(w.pid, Duration::ZERO) == Settled::Running {
             proc::kill_tree(&proc::tree(w.pid));
             if check::settle(w.pid, SETTLE) != Settled::Gone {
                 return Err(Error::Invalid(format!("pid {} outlived its kill", w.pid)));
@@ -609,7 +609,13 @@ impl Ctx {
             r => r,
         };
         if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
-            return Ok(i);
+            if !proc::taken_by_another(self.prepared[i].1.pid) {
+                return Ok(i);
+            }
+            // Its pid was given to another program meanwhile (a restarted S3
+            // server took one): no restore of it can run here until that
+            // program ends, so it is prepared again.
+            self.prepared.remove(i);
         }
         // Shared memory, which a placed restore fills and a lazy one serves
         // through the tree's mappings of it (`session::shmem`); else
@@ -696,13 +702,13 @@ impl Ctx {
         let mut o = self.run(self.restore_op(route, &archive), fault, delay, "restore")?;
         f.injected = o.injected && fault.is_some();
         f.seconds = o.seconds;
-        self.judge_restored(i, pid, &sum, &mut o, f);
+        self.judge_restored(i, pid, &sum, &mut o, fault == Some(Fault::InterruptCriuz), f);
         if f.broken.is_empty() {
             let mut o = self.run(self.restore_op(route, &archive), None, Duration::ZERO, "retry-restore")?;
             if !o.ok {
                 f.broke("next-run-failed", format!("restore after the fault: {}", o.said));
             } else {
-                self.judge_restored(i, pid, &sum, &mut o, f);
+                self.judge_restored(i, pid, &sum, &mut o, false, f);
             }
         }
         Ok(())
@@ -711,12 +717,16 @@ impl Ctx {
     /// After a restore: the tree runs intact, or there is none; then it is
     /// ended so the next restore finds its pids free. A foreground criuz
     /// still waiting for the tree must then end as its root did (SIGKILL).
-    fn judge_restored(&mut self, i: usize, pid: i32, sum: &str, o: &mut Outcome, f: &mut Finding) {
+    /// A SIGINT it was sent (`sigint`) once the tree ran whole, before its
+    /// pidfile was out, went on to the root (`proc::interrupt`): the root
+    /// may have ended by it, and criuz as the root did.
+    fn judge_restored(&mut self, i: usize, pid: i32, sum: &str, o: &mut Outcome, sigint: bool, f: &mut Finding) {
+        let passed_on = sigint && o.waiting.is_some();
         let w = &mut self.prepared[i].1.workload;
         match ask(w) {
             Asked::Stopped => f.broke("stuck-process", format!("restored pid {pid} left stopped ({})", o.said)),
             Asked::Silent(e) => f.broke("stuck-process", format!("restored pid {pid} does not answer: {e}")),
-            Asked::Gone if o.ok => {
+            Asked::Gone if o.ok && !passed_on => {
                 f.broke("lost-process", format!("the restore said done but pid {pid} is gone ({})", o.said))
             }
             Asked::Gone => {}
@@ -725,14 +735,16 @@ impl Ctx {
             }
             Asked::Sum(_) => {}
         }
-        if !taken_by_another(pid) {
+        if !proc::taken_by_another(pid) {
             proc::kill_tree(&proc::tree(pid));
             let _ = check::settle(pid, SETTLE);
         }
         if let Some(mut criuz) = o.waiting.take() {
             const KILLED: i32 = 128 + libc::SIGKILL;
+            const INTERRUPTED: i32 = 128 + libc::SIGINT;
             match proc::ended_as(&mut criuz, SETTLE) {
                 Some(KILLED) => {}
+                Some(INTERRUPTED) if passed_on => {}
                 Some(code) => f.broke("other", format!("criuz exited {code} after its tree was killed (not {KILLED})")),
                 None => {
                     let _ = criuz.kill();
@@ -784,7 +796,7 @@ impl Ctx {
         if !o.ok {
             f.broke("next-run-failed", format!("restore of the flattened archive: {}", o.said));
         }
-        self.judge_restored(i, pid, &sum, &mut o, f);
+        self.judge_restored(i, pid, &sum, &mut o, false, f);
         let _ = std::fs::remove_file(&target);
         Ok(())
     }
@@ -1051,7 +1063,7 @@ enum Asked {
 /// dies while asked (a guard ending a tree whose criuz was killed) is gone:
 /// the promise is about a process that runs, and it never answered.
 fn ask(w: &mut Running) -> Asked {
-    if taken_by_another(w.pid) {
+    if proc::taken_by_another(w.pid) {
         return Asked::Gone;
     }
     match check::settle(w.pid, SETTLE) {
@@ -1063,19 +1075,6 @@ fn ask(w: &mut Running) -> Asked {
             Err(e) => Asked::Silent(e.to_string()),
         },
     }
-}
-
-/// Whether the workload's pid now names a process of another program: its
-/// tree is gone and the pid was given again (pids wrap at 32,768 on this
-/// VM). Asked, it was sent the workload's signals and then killed: a
-/// restarted S3 server that had taken the pid died so, and every later
-/// trial failed on it (session 70). A process CRIU has not finished
-/// restoring (still `criu`) is the workload's.
-fn taken_by_another(pid: i32) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
-        let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        !(name.starts_with("criuz-workload") || name == "criu")
-    })
 }
 
 /// A staging entry (hidden) left in an unpack's target is a leftover.
@@ -1119,17 +1118,4 @@ fn same_files(images: &Path, dir: &Path) -> Result<Shown> {
         .cloned()
         .collect();
     Ok(if differ.is_empty() && want == got { Shown::All } else { Shown::Part(differ) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The pid of another program is not the workload's; a pid that names
-    /// nothing is left to the judge.
-    #[test]
-    fn a_pid_given_to_another_program_is_not_the_workload_s() {
-        assert!(taken_by_another(std::process::id() as i32), "this test's own process");
-        assert!(!taken_by_another(i32::MAX), "a pid that names nothing");
-    }
 }
