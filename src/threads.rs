@@ -12,7 +12,7 @@
 //! that wrapped). A tree of 301 processes restored from a counter just
 //! below its pids took 2,500 of them and failed, twice in two; now about
 //! 150, and it restored. (The restore also moves the counter past the
-//! tree's pids first, `proc::tree::allocate_new_pids_above`, where it may.)
+//! tree's pids first, `proc::holder::allocate_new_pids_above`, where it may.)
 //!
 //! [`spawn`] runs a job on a thread that finished its last one if there is
 //! one, and on a new thread otherwise, which then waits [`IDLE_FOR`] for

@@ -219,7 +219,7 @@ pub fn state(pid: i32) -> Option<char> {
 /// still running (the fault campaign once stopped on "outlived its dump"
 /// that way).
 pub fn exiting_or_ended(pid: i32) -> bool {
-    criuz::proc::tree::holder_of(pid).is_none_or(|h| h.exiting || h.zombie)
+    criuz::proc::holder::holder_of(pid).is_none_or(|h| h.exiting || h.zombie)
 }
 
 /// Stopped (by a signal, or under a tracer).

@@ -13,6 +13,7 @@ use super::{budget, tree};
 use crate::error::{Error, Result};
 use crate::io::leftover;
 use crate::io::unfinished::Unfinished;
+use crate::proc::holder;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
@@ -136,7 +137,7 @@ fn holder(file: &mut File) -> String {
 fn overlapping(dir: &Path, pid: i32) -> Option<(i32, String)> {
     let mut related = tree::tree_pids(&[pid]);
     let mut at = pid;
-    while let Some(parent) = tree::parent_of(at).filter(|&p| p > 1 && p != at) {
+    while let Some(parent) = holder::parent_of(at).filter(|&p| p > 1 && p != at) {
         related.push(parent);
         at = parent;
     }

@@ -10,7 +10,7 @@
 //! signals it is sent go on to the root (`interrupt::forward_to`).
 
 use crate::error::{Error, Result};
-use crate::proc::{interrupt, tree};
+use crate::proc::{interrupt, restored};
 
 /// How a restored tree's root ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ impl Ended {
 /// child, has ended, passing the signals criuz is sent on to it; reaps it
 /// and says how it ended.
 pub fn wait_for_root(root: i32) -> Result<Ended> {
-    tree::let_go_of_restored_tree(Some(root));
+    restored::let_go_of_restored_tree(Some(root));
     interrupt::forward_to(root);
     let waited = wait_unreaped(root);
     // Before the reap frees the pid for another process.
@@ -60,7 +60,7 @@ pub fn wait_for_root(root: i32) -> Result<Ended> {
 /// criuz's until its proof behind is done), which would stay a zombie.
 fn wait_unreaped(root: i32) -> Result<()> {
     // SAFETY: getpid has no preconditions.
-    if crate::proc::tree::parent_of(root) != Some(unsafe { libc::getpid() }) {
+    if crate::proc::holder::parent_of(root) != Some(unsafe { libc::getpid() }) {
         return Err(lost(root, std::io::Error::from_raw_os_error(libc::ECHILD)));
     }
     loop {

@@ -43,10 +43,9 @@
 
 use crate::criu::scm;
 use crate::error::{Error, Result};
-use crate::proc::tree::{
-    describe_end, end_aborted_tree, held_by_ours, holder_of, kill_tree, left_stopped, restored_root,
-    signal_tree_except, tree_pids, wait_ended, wait_untraced,
-};
+use crate::proc::holder::holder_of;
+use crate::proc::restored::{describe_end, end_aborted_tree, held_by_ours, restored_root};
+use crate::proc::tree::{kill_tree, left_stopped, signal_tree_except, tree_pids, wait_ended, wait_untraced};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;

@@ -23,7 +23,7 @@
 //! wait ([`hold_through_exec`]) is lost, a window of microseconds.
 
 use crate::io::unfinished;
-use crate::proc::{guard, socket, tree};
+use crate::proc::{guard, restored, socket};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::exfiltrator::WithOrigin;
 use signal_hook::iterator::{Handle, SignalsInfo};
@@ -106,7 +106,7 @@ fn take_passed_on() {
 }
 
 /// For a restore in the foreground, before it starts: once its tree runs
-/// whole (`tree::restored_root_running`), the signals that would interrupt
+/// whole (`restored::restored_root_running`), the signals that would interrupt
 /// criuz go on to the tree's root, as they do once criuz waits for it
 /// ([`forward_to`]); before that, they interrupt the restore, which ends
 /// the tree. Without it, a SIGINT or SIGTERM in the few milliseconds
@@ -156,7 +156,7 @@ fn forwarded(origin: &Origin) -> bool {
     let forward = FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner());
     // Standing in before the wait: the root is criuz's child, not reaped
     // while it runs (`restored_root_running` reads that it does).
-    let standing_in = || STAND_IN.load(Ordering::Acquire).then(tree::restored_root_running).flatten();
+    let standing_in = || STAND_IN.load(Ordering::Acquire).then(restored::restored_root_running).flatten();
     let Some(root) = forward.or_else(standing_in) else { return false };
     // SAFETY: getpgid and getpgrp only read process attributes; `root` is
     // our unreaped child while `forward` is held (see FORWARD_TO).
@@ -261,9 +261,9 @@ fn end_now(ending: Ending) -> ! {
     // again after that is removed.
     let end_processes = || {
         guard::end_guarded_children();
-        tree::end_restoring_criu();
+        restored::end_restoring_criu();
         socket::shut_down_tcp();
-        tree::wait_runc_children(std::time::Duration::from_secs(5));
+        restored::wait_runc_children(std::time::Duration::from_secs(5));
     };
     let (ended, mut line) = match &ending {
         Ending::Signal(sig) => {
@@ -289,9 +289,9 @@ fn end_now(ending: Ending) -> ! {
     for published in &ended.published {
         line.push_str(&format!("; {} was complete before it and stays", published.display()));
     }
-    if let Some(root) = tree::restored_root_running() {
+    if let Some(root) = restored::restored_root_running() {
         line.push_str(&format!("; the restored tree (pid {root}) was whole before it and runs on"));
-        match tree::write_running_pidfile(root) {
+        match restored::write_running_pidfile(root) {
             Some(Ok(file)) => line.push_str(&format!(" (its pid is in {})", file.display())),
             Some(Err(e)) => line.push_str(&format!(" (its pid could not be written to --pidfile: {e})")),
             None => {}

@@ -1,7 +1,10 @@
 //! OS machinery under the sessions: what criuz asks of Linux beyond plain
 //! files and pipes. `tree` walks a process tree through /proc and signals
-//! it without allocating, so that `guard`, a process forked from criuz that
-//! ends (or resumes) a tree should criuz die first, can use it too; `cgroup`
+//! it on the allocation-free reads of `signal_safe`, so that `guard`, a
+//! process forked from criuz that ends (or resumes) a tree should criuz die
+//! first, can use it too; `holder` says what holds a pid and waits for
+//! pids to be free; `restored` keeps a restore's processes criuz's own (the
+//! subreaper, what CRIU leaves, the root of a tree let go of); `cgroup`
 //! finds the cgroup v2 group of a container that may be killed whole;
 //! `socket` holds the page server's kernel socket tricks (a forced receive
 //! buffer, the owner of a loopback peer from /proc/net/tcp, and the dump's
@@ -9,12 +12,12 @@
 //! may count on (the machine's, or its memory cgroup's); `pipes` finds the
 //! pipes a tree shares with processes outside it; `shmem` what the shared
 //! memory objects a tree maps hold, and which of them only the tree
-//! reaches; `budget` is the
-//! machine-wide memory share every criuz's absorb memory comes from; `claim` lets one
-//! dump at a time checkpoint a tree; `arriving` tells a tree whose lazy
-//! restore is still copying its memory in; `outside` walks every process
-//! outside a tree once for what `arriving`, `pipes` and `shmem` ask of them; `interrupt` turns a
-//! Ctrl-C into a clean end (what criuz had not finished is removed);
+//! reaches; `budget` is the machine-wide memory share every criuz's absorb
+//! memory comes from; `claim` lets one dump at a time checkpoint a tree;
+//! `arriving` tells a tree whose lazy restore is still copying its memory
+//! in; `outside` walks every process outside a tree once for what
+//! `arriving`, `pipes` and `shmem` ask of them; `interrupt` turns a Ctrl-C
+//! into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
 //! its end on.
 //!
@@ -32,11 +35,14 @@ pub mod cgroup;
 pub mod claim;
 pub mod foreground;
 pub mod guard;
+pub mod holder;
 pub mod interrupt;
 pub mod memory;
 pub mod outside;
 pub mod pipes;
+pub mod restored;
 pub mod shmem;
+pub mod signal_safe;
 pub mod socket;
 pub mod tree;
 

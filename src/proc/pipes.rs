@@ -14,7 +14,7 @@
 //! warning, never a refusal.
 
 use super::Links;
-use crate::proc::tree::holder_of;
+use crate::proc::holder::holder_of;
 use std::collections::HashMap;
 use std::fmt;
 

@@ -28,8 +28,7 @@ use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
 use crate::proc::outside::{self, Ask};
 use crate::proc::pipes::OutsideEnd;
-use crate::proc::tree::{self, end_aborted_tree};
-use crate::proc::{arriving, budget, claim};
+use crate::proc::{arriving, budget, claim, holder, restored, signal_safe, tree};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_hook::{self, ActionHook, At};
@@ -198,16 +197,16 @@ fn check_dumpable(pid: i32) -> Result<()> {
         Some(leader) if leader != pid => {
             Err(Error::Usage(format!("{pid} is a thread of process {leader}: dump the process (-t {leader})")))
         }
-        _ if tree::holder_of(pid).is_some_and(|h| h.zombie) => {
+        _ if holder::holder_of(pid).is_some_and(|h| h.zombie) => {
             Err(Error::Usage(format!("process {pid} has exited (a zombie its parent has not reaped): nothing to dump")))
         }
-        _ if let Some(h) = tree::holder_of(pid).filter(|h| h.kernel_thread) => Err(Error::Usage(format!(
+        _ if let Some(h) = holder::holder_of(pid).filter(|h| h.kernel_thread) => Err(Error::Usage(format!(
             "process {pid} ({}) is a kernel thread: CRIU checkpoints user processes only",
             h.comm
         ))),
         // CRIU refuses to seize itself, and its log reads as a tracing
         // failure: the shell that runs criuz (`-t $$`) is the usual case.
-        _ if tree::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
+        _ if restored::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
             "process {pid} is criuz or an ancestor of it (the shell criuz runs in?), so its tree holds criuz and CRIU: \
              dump it from a process outside that tree"
         ))),
@@ -217,7 +216,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
         ))),
         _ if tree::too_large(&[pid]) => Err(Error::Criu(format!(
             "the tree of process {pid} has more than {} processes, more than criuz can end or resume after a dump",
-            tree::MAX_TREE - 1
+            signal_safe::MAX_TREE - 1
         ))),
         _ => Ok(()),
     }
@@ -547,7 +546,7 @@ pub fn restore_opened(
     let tree = check_pids_free(&*source)?;
     check_memory_room(&*source, SharedPages::KeptShared, o)?;
     let cuda = cuda_plan(&*source, &o.gpu_map, true)?;
-    tree::become_subreaper();
+    restored::become_subreaper();
     let work = WorkDir::new("criuz-restore-")?;
     let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
     let pidfile = work.path().join("restored.pid");
@@ -586,7 +585,7 @@ pub fn restore_opened(
             while !restored.load(Ordering::Relaxed) {
                 if pidfile.exists() {
                     let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
-                    tree::let_go_of_restored_tree(root);
+                    restored::let_go_of_restored_tree(root);
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -603,9 +602,9 @@ pub fn restore_opened(
         // The root CRIU named, if it got that far: let go of as soon as
         // the pidfile came, the tree may have gone to init as CRIU exited.
         let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
-        let _ = end_aborted_tree(&tree, root);
+        let _ = restored::end_aborted_tree(&tree, root);
         guard.release();
-        tree::end_orphans();
+        restored::end_orphans();
         e
     };
     let status = status.map_err(|e| failed(cannot_run(criu.path.display(), e)))?;
@@ -630,7 +629,7 @@ pub fn restore_opened(
     // The tree runs whole: let go of even where CRIU ended before the
     // watcher above saw its pidfile (an interruption from here on leaves it
     // running, or passes on to it in the foreground: `proc::interrupt`).
-    tree::let_go_of_restored_tree(pid);
+    restored::let_go_of_restored_tree(pid);
     // Before the guard goes: a pidfile that cannot be written fails the
     // restore, and a failed restore leaves nothing running.
     publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| failed(e.context(PIDFILE_FAILED)))?;

@@ -575,7 +575,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
     let exit_status = ended(status);
     if !status.success() && exit_status.is_none() {
-        crate::proc::tree::end_orphans();
+        crate::proc::restored::end_orphans();
         return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
     }
     let cuda_resume_seconds = resume()?;

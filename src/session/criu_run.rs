@@ -11,7 +11,7 @@ use crate::cuda;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{BlockHeader, FileKind};
 use crate::io::Location;
-use crate::proc::{memory, tree};
+use crate::proc::{holder, memory, restored, tree};
 use crate::progress::Meter;
 use crate::session::workdir::{criu_output, SavedLog};
 use std::collections::HashMap;
@@ -50,7 +50,7 @@ pub struct RestoreOptions {
 }
 
 /// Why a pid a process group or session still names is not free.
-fn still_named(n: &tree::Naming) -> String {
+fn still_named(n: &holder::Naming) -> String {
     let zombie = if n.holder.zombie { ", a zombie not reaped yet" } else { "" };
     format!(
         "pid {} of the checkpointed tree is still the {} of process {} ({}{zombie}), which outlived the process \
@@ -68,10 +68,11 @@ pub(crate) fn criu_failure(what: &str, status: std::process::ExitStatus, log: &S
     let errs = if errs.is_empty() { errs } else { format!("; {errs}") };
     // A pid CRIU could not have: named by the process keeping it, where a
     // session keeps it that the check before CRIU could not see.
-    let kept = criu::log_pid_taken(path).and_then(|pid| tree::namer_among(&[pid]));
+    let kept = criu::log_pid_taken(path).and_then(|pid| holder::namer_among(&[pid]));
     // A process CRIU could not stop that has ended since (or is ending)
     // was not traced by another: it exited while CRIU seized the tree.
-    let ended = criu::log_uninterrupted(path).filter(|&pid| tree::holder_of(pid).is_none_or(|h| h.exiting || h.zombie));
+    let ended =
+        criu::log_uninterrupted(path).filter(|&pid| holder::holder_of(pid).is_none_or(|h| h.exiting || h.zombie));
     let hint = match (kept, ended) {
         (Some(n), _) => format!(" ({})", still_named(&n)),
         (None, Some(pid)) => format!(
@@ -171,7 +172,7 @@ pub(crate) const PID_NAMESPACE_REFUSED: &str =
 /// named as a session or process group by a process that outlived its
 /// holder, would make CRIU fail with "Can't fork for PID: File exists".
 /// Returns the tree's pids, once it has moved the pid counter past them
-/// (`tree::allocate_new_pids_above`: no task started while CRIU restores
+/// (`holder::allocate_new_pids_above`: no task started while CRIU restores
 /// takes one); an archive that holds no process tree is refused before
 /// CRIU runs.
 pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
@@ -193,11 +194,11 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
         )));
     }
     // A tree dumped just before is killed but may still be on its way out.
-    tree::wait_exits(&pids, EXIT_WAIT);
+    holder::wait_exits(&pids, EXIT_WAIT);
     for &pid in &pids {
-        if let Some(tree::Holder { comm, zombie, exiting, parent, .. }) = tree::holder_of(pid) {
+        if let Some(holder::Holder { comm, zombie, exiting, parent, .. }) = holder::holder_of(pid) {
             let why = if zombie {
-                let by = tree::holder_of(parent).map_or(String::new(), |p| format!(", {}", p.comm));
+                let by = holder::holder_of(parent).map_or(String::new(), |p| format!(", {}", p.comm));
                 format!("a zombie its parent (pid {parent}{by}) has not reaped yet")
             } else if exiting {
                 "killed, still exiting".to_string()
@@ -210,11 +211,11 @@ pub(crate) fn check_pids_free(source: &dyn BlockSource) -> Result<Vec<i32>> {
             )));
         }
     }
-    tree::wait_unnamed(&pids, EXIT_WAIT);
-    if let Some(n) = tree::named_elsewhere(&pids) {
+    holder::wait_unnamed(&pids, EXIT_WAIT);
+    if let Some(n) = holder::named_elsewhere(&pids) {
         return Err(Error::Criu(format!("cannot restore: {}", still_named(&n))));
     }
-    tree::allocate_new_pids_above(&pids);
+    holder::allocate_new_pids_above(&pids);
     Ok(pids)
 }
 
@@ -726,7 +727,7 @@ pub(crate) fn restore_command(
 }
 
 /// Runs CRIU (or runc, which runs CRIU) to its end, ending meanwhile and
-/// after what CRIU forked and left behind (`tree::end_criu_strays`): a
+/// after what CRIU forked and left behind (`restored::end_criu_strays`): a
 /// probe left stopped by a killed CRIU holds copies of its sockets, so the
 /// runc above it, or criuz's own image socket, would wait for it forever.
 /// `keep` (a restored tree's pids) is spared.
@@ -741,7 +742,7 @@ pub(crate) fn run_criu_told(
     keep: &[i32],
     guard: Option<&crate::proc::guard::Guard>,
 ) -> std::io::Result<std::process::ExitStatus> {
-    tree::become_subreaper();
+    restored::become_subreaper();
     // Not once an interruption has begun: it ends the CRIU (or runc) it
     // finds, and one started after that would outlive criuz.
     let mut child = crate::io::unfinished::uninterrupted(|| cmd.spawn())?;
@@ -760,11 +761,11 @@ pub(crate) fn run_criu_told(
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        tree::end_criu_strays(&spared);
+        restored::end_criu_strays(&spared);
         exited.wait(between);
         between = exited.next(between);
     };
-    tree::end_criu_strays(keep);
+    restored::end_criu_strays(keep);
     Ok(status)
 }
 

@@ -831,7 +831,7 @@ impl LazyRestore<'_> {
                                 Victim::Tree(pids) => pids.first().copied(),
                                 Victim::Cgroup(_) => None,
                             };
-                            crate::proc::tree::let_go_of_restored_tree(root);
+                            crate::proc::restored::let_go_of_restored_tree(root);
                         }
                         if hold {
                             let _ = resumed.set(Instant::now());
@@ -917,11 +917,11 @@ impl LazyRestore<'_> {
             // Whole and unguarded: a lazy tree's proof behind is done, and
             // from here an interruption leaves the tree running, or passes
             // on to it in the foreground (`proc::interrupt`).
-            crate::proc::tree::let_go_of_restored_tree(pids.first().copied());
+            crate::proc::restored::let_go_of_restored_tree(pids.first().copied());
         }
         if !whole && (paged.is_err() || proof.is_err() || !status.as_ref().is_ok_and(|s| s.success())) {
             // What CRIU abandoned, whether criuz learned of it or not.
-            crate::proc::tree::end_orphans();
+            crate::proc::restored::end_orphans();
         }
         let program = cmd.get_program().to_string_lossy().into_owned();
         let status = status.map_err(|e| cannot_run(&program, e))?;
@@ -1086,7 +1086,7 @@ fn restore_through_pager(
         Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
     };
     let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
-    crate::proc::tree::become_subreaper();
+    crate::proc::restored::become_subreaper();
     let source: Arc<dyn BlockSource> = archive;
     let work = WorkDir::new("criuz-lazy-")?;
     let pidfile = work.path().join("restored.pid");

@@ -566,7 +566,7 @@ impl<'a> Pager<'a> {
     /// tree was restored into, which need not be criuz's), or something
     /// else killed it.
     pub(crate) fn killed_while_held(&self) -> Result<()> {
-        let killed = self.spaces.iter().find_map(|s| Some((s.pid, crate::proc::tree::killed(s.pid as i32)?)));
+        let killed = self.spaces.iter().find_map(|s| Some((s.pid, crate::proc::holder::killed(s.pid as i32)?)));
         match killed {
             Some((pid, how)) => Err(self.killed_error(pid, how, self.oom_killed(pid))),
             None => Ok(()),
@@ -958,7 +958,7 @@ impl<'a> Pager<'a> {
     /// last pages were in when it was killed for the next process's.
     fn oom_killed_any(&self) -> Result<()> {
         for s in &self.spaces {
-            let Some(how) = crate::proc::tree::killed(s.pid as i32) else { continue };
+            let Some(how) = crate::proc::holder::killed(s.pid as i32) else { continue };
             if let Some(oom) = self.oom_killed(s.pid) {
                 return Err(self.killed_error(s.pid, how, Some(oom)));
             }

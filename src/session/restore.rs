@@ -125,7 +125,7 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
     }
     // Should criuz be interrupted once the tree runs, before the pidfile is
     // published, the interruption writes it (`proc::interrupt`).
-    crate::proc::tree::note_restored_pidfile(o.pidfile.as_deref());
+    crate::proc::restored::note_restored_pidfile(o.pidfile.as_deref());
     let placed = |source, planned| {
         lazy::restore_placed(o, source, started, criu, archive.threads, planned).map(Restored::Placed)
     };

@@ -11,6 +11,7 @@ use crate::criu::streamer::{self, Listener};
 use crate::error::{Error, Result};
 use crate::io::Location;
 use crate::proc::guard::Guard;
+use crate::proc::holder;
 use crate::proc::{claim, outside, tree};
 use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{join_criu_thread, run_criu_told};
@@ -152,7 +153,7 @@ pub fn page_server_dump(
             tree::resume_dumped(pid, &stopped_before);
         }
         guard.release();
-        let resumed = tree::exists(pid);
+        let resumed = holder::exists(pid);
         return done.map_err(|e| {
             if resumed {
                 // The command may have failed before it stopped anything.
