@@ -490,7 +490,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
         _ if cuda.is_some() => (false, Some(CUDA_NOT_LAZY)),
         Memory::Lazy => (true, None),
         // As a default eager restore of such a tree streams (`session::restore`).
-        Memory::Auto if crate::session::lazy::shares_pages(&*archive) => (false, Some(SHARED_NOT_LAZY)),
+        Memory::Auto if crate::session::placement::shares_pages(&*archive) => (false, Some(SHARED_NOT_LAZY)),
         Memory::Auto if uffd::lazy_restore_available() => (true, None),
         Memory::Auto => (false, Some(NO_USERFAULTFD)),
     };

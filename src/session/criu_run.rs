@@ -245,7 +245,7 @@ pub(crate) enum SharedPages {
 /// Memory taken while the tree comes back is not foreseen: a process
 /// OOM-killed as its pages come in fails the restore (`session::pager`).
 pub(crate) fn check_memory_room(source: &dyn BlockSource, shared: SharedPages, o: &RestoreOptions) -> Result<()> {
-    if crate::session::lazy::shares_pages(source) && shared == SharedPages::KeptShared {
+    if crate::session::placement::shares_pages(source) && shared == SharedPages::KeptShared {
         return Ok(());
     }
     let (charged, made) = charged_to(source, &o.extra)?;
@@ -274,7 +274,7 @@ pub(crate) fn check_container_memory_room(
     config: &Path,
     spooled: bool,
 ) -> Result<()> {
-    let kept_shared = crate::session::lazy::shares_pages(source) && shared == SharedPages::KeptShared;
+    let kept_shared = crate::session::placement::shares_pages(source) && shared == SharedPages::KeptShared;
     let tree = tree_memory(source, false)?;
     check_huge_page_room(source.label(), &tree.huge)?;
     let copy: u64 = tree.by_pid.iter().map(|(_, b)| b).sum::<u64>() + tree.huge_bytes;
@@ -350,7 +350,7 @@ fn first_short(
     let (room, need, group) = std::iter::once((memory::machine_room(), machine, None))
         .chain(in_groups)
         .find(|(room, need, _)| need.tree + need.spool > *room)?;
-    let shares = crate::session::lazy::shares_pages(source);
+    let shares = crate::session::placement::shares_pages(source);
     Some(Short { label: source.label().to_string(), room, need, group, shares })
 }
 

@@ -6,7 +6,9 @@
 //! pidfile, CRIU failures and their log, the pids a restore needs free.
 //! `lazy` restores lazily, criuz serving the tree's page faults itself
 //! (`pager`, from decoded `blocks`) under a guard (`proc::guard`), and
-//! eagerly with the tree held stopped while `place` fills it on every core.
+//! eagerly with the tree held stopped while `place` fills it on every core;
+//! `placement` writes the images CRIU restores such a tree from, and
+//! `working_set` keeps the pages a lazy tree faulted first for the next.
 //! `receive` is criuz as the page server of a dump, `follow` packs a dump
 //! directory while CRIU writes it, `images_dir` writes one for a CRIU that
 //! reads a directory, and `container` runs runc and podman with them.
@@ -30,9 +32,11 @@ pub mod images_dir;
 pub mod lazy;
 pub mod pager;
 pub mod place;
+pub mod placement;
 pub mod receive;
 pub mod restore;
 pub mod serve;
 pub mod shmem;
 pub mod standalone;
 pub mod workdir;
+pub mod working_set;

@@ -36,6 +36,7 @@ use crate::io::Location;
 use crate::session::checkpoint::{self, RestoreReport};
 use crate::session::criu_run::RestoreOptions;
 use crate::session::lazy::{self, LazyReport};
+use crate::session::placement;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -180,10 +181,10 @@ pub fn restore(o: &RestoreOptions, how: How, archive: &Options, criu: &Criu) -> 
             if !placing_suits(o) {
                 return streamed(source, None);
             }
-            let plan = lazy::plan_placement(&*source)?;
+            let plan = placement::plan_placement(&*source)?;
             let holds_cuda = source.find(crate::cuda::RECORD_FILE).is_some();
             let sizes = plan.as_ref().map(|p| (p.eager_bytes, p.placed_bytes));
-            let copied_apart = if holds_cuda { 0 } else { lazy::pages_copied_apart(&*source)? };
+            let copied_apart = if holds_cuda { 0 } else { placement::pages_copied_apart(&*source)? };
             let not_placed = why_not_placed(sizes, copied_apart).or_else(|| {
                 let written = plan.as_ref().map_or(0, |p| p.written_bytes);
                 let free = crate::io::free_bytes(&crate::io::temp_root());
@@ -214,7 +215,7 @@ fn private_huge_pages(source: &dyn BlockSource) -> Result<Option<String>> {
 /// would restore itself and those criuz would place (`None`: pagemaps it
 /// cannot place), and the private memory its processes shared
 /// copy-on-write, which placing copies into each of them
-/// (`lazy::pages_copied_apart`). A tree whose processes share more than an
+/// (`placement::pages_copied_apart`). A tree whose processes share more than an
 /// eighth as much as placing copies in streams, so CRIU keeps it shared (a
 /// forked tree of workers); one that shares less is placed, its few shared
 /// pages copied apart (PostgreSQL: a postmaster's 2 MiB heap in each of its
