@@ -1,4 +1,9 @@
+use super::huge::MAP_HUGE_SHIFT;
+use super::process::TASK_STOPPED;
+use super::proto::*;
 use super::*;
+use crate::format::PageBits;
+use prost::Message;
 
 fn image(magic: u32, objs: &[Vec<u8>]) -> Vec<u8> {
     let mut v = IMG_COMMON_MAGIC.to_ne_bytes().to_vec();
