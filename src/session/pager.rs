@@ -37,7 +37,7 @@
 
 use crate::codec::{self, Decoder};
 use crate::criu::images::PageRun;
-use crate::criu::uffd::{self, Copied, CopiedAll, Event, Handover, Uffd};
+use crate::criu::uffd::{self, Copied, CopiedAll, Event, Handover};
 use crate::engine::Crew;
 use crate::error::{Error, Result, ResultContext};
 use crate::format::PAGE_SIZE;
@@ -49,10 +49,13 @@ use crate::session::shmem::{self, LazyShared, SharedObject};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
-use std::sync::OnceLock;
 use std::time::Instant;
+
+mod space;
+mod wake;
+
+use space::{missing_at, take_range, ServedObject, Space, View};
+pub(crate) use wake::{Abort, FillGate, Gated};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
@@ -63,118 +66,6 @@ pub(crate) struct LazyProcess {
     /// Its pagemap runs, sorted by address; `first` is the run's first page
     /// in the archive's pages image.
     pub runs: Vec<PageRun>,
-}
-
-/// Pages not in place yet: first address (or offset in a shared memory
-/// object) -> (end, the first one's page in the archive's image).
-type MissingPages = BTreeMap<u64, (u64, u64)>;
-
-/// The missing range holding `at`.
-fn missing_at(missing: &MissingPages, at: u64) -> Option<(u64, u64, u64)> {
-    let (&start, &(end, page)) = missing.range(..=at).next_back()?;
-    (at < end).then_some((start, end, page))
-}
-
-/// Takes `[from, to)` out of the missing ranges; returns the pieces that
-/// were inside, as (start, end, archive page of start).
-fn take_range(missing: &mut MissingPages, from: u64, to: u64) -> Vec<(u64, u64, u64)> {
-    let hit: Vec<(u64, u64, u64)> =
-        missing.range(..to).rev().take_while(|(_, &(end, _))| end > from).map(|(&s, &(e, p))| (s, e, p)).collect();
-    let mut inside = Vec::with_capacity(hit.len());
-    for (start, end, page) in hit {
-        missing.remove(&start);
-        if start < from {
-            missing.insert(start, (from, page));
-        }
-        if end > to {
-            missing.insert(to, (end, page + (to - start) / PAGE));
-        }
-        let (s, e) = (start.max(from), end.min(to));
-        inside.push((s, e, page + (s - start) / PAGE));
-    }
-    inside
-}
-
-/// An address space being filled: a restored process, or a child it forked
-/// before every page was in place (which misses the same pages).
-struct Space {
-    pid: u32,
-    uffd: Uffd,
-    file: u32,
-    /// Lazy private pages not in place yet, by address.
-    missing: MissingPages,
-    /// Its mappings of shared memory the pager serves, registered.
-    views: Vec<View>,
-}
-
-/// A mapping of served shared memory: `[start, end)` shows object `object`
-/// (of `Pager::served`) from byte `pgoff` on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct View {
-    start: u64,
-    end: u64,
-    pgoff: u64,
-    object: usize,
-}
-
-impl View {
-    fn shows(&self, offset: u64) -> bool {
-        offset >= self.pgoff && offset - self.pgoff < self.end - self.start
-    }
-
-    /// The object's offset one past the last byte it shows.
-    fn pgend(&self) -> u64 {
-        self.pgoff + (self.end - self.start)
-    }
-}
-
-/// Shared memory a lazy restore serves (`shmem::LazyShared`): its pages
-/// not in yet, by offset in the object. A page copied in
-/// through one process's mapping is in for every mapping of it.
-struct ServedObject {
-    pages_file: u32,
-    missing: MissingPages,
-}
-
-impl Space {
-    /// The missing range holding `addr`.
-    fn missing_at(&self, addr: u64) -> Option<(u64, u64, u64)> {
-        missing_at(&self.missing, addr)
-    }
-
-    fn drop_range(&mut self, from: u64, to: u64) {
-        take_range(&mut self.missing, from, to);
-    }
-
-    /// The view showing `addr`, and the offset it shows there.
-    fn view_at(&self, addr: u64) -> Option<(View, u64)> {
-        self.views.iter().find(|v| v.start <= addr && addr < v.end).map(|v| (*v, v.pgoff + (addr - v.start)))
-    }
-
-    /// Takes `[from, to)` out of its views (unmapped, or no longer served).
-    fn cut_views(&mut self, from: u64, to: u64) {
-        let mut kept = Vec::with_capacity(self.views.len());
-        for v in self.views.drain(..) {
-            if v.end <= from || v.start >= to {
-                kept.push(v);
-                continue;
-            }
-            if v.start < from {
-                kept.push(View { end: from, ..v });
-            }
-            if v.end > to {
-                kept.push(View { start: to, pgoff: v.pgoff + (to - v.start), ..v });
-            }
-        }
-        self.views = kept;
-    }
-
-    /// `mremap` moved `[from, from + len)` to `to`.
-    fn remap(&mut self, from: u64, to: u64, len: u64) {
-        for (s, e, p) in take_range(&mut self.missing, from, from + len) {
-            self.missing.insert(s - from + to, (e - from + to, p));
-        }
-    }
 }
 
 /// What the pager did.
@@ -201,81 +92,6 @@ pub(crate) struct PagerReport {
     /// one (also in `pages`).
     pub shared_pages: u64,
 }
-
-/// A failure found beside the pager (the proof of the stored bytes, behind
-/// the running tree). The pager fails with it once CRIU has handed over
-/// every userfaultfd, not before: then the victim is known (a container's
-/// cgroup is learnt from CRIU's connection) and no userfaultfd is still in
-/// flight to be dropped unserved, so the victim is killed before any copy
-/// of a userfaultfd closes, as for a copy that failed.
-pub(crate) struct Abort {
-    why: OnceLock<Error>,
-    wake: Wake,
-}
-
-impl Abort {
-    pub(crate) fn new() -> std::io::Result<Abort> {
-        Ok(Abort { why: OnceLock::new(), wake: Wake::new()? })
-    }
-
-    /// Makes the pager fail with `why` (the first failure given wins).
-    pub(crate) fn fail(&self, why: Error) {
-        let _ = self.why.set(why);
-        self.wake.ring();
-    }
-}
-
-/// What wakes the pager's poll from another thread, for good once rung
-/// (the shut side of a socket pair reads as ready, level-triggered).
-struct Wake {
-    ring: UnixStream,
-    woken: UnixStream,
-}
-
-impl Wake {
-    fn new() -> std::io::Result<Wake> {
-        let (ring, woken) = UnixStream::pair()?;
-        Ok(Wake { ring, woken })
-    }
-
-    fn ring(&self) {
-        let _ = self.ring.shutdown(std::net::Shutdown::Both);
-    }
-
-    /// The descriptor the poll waits on.
-    fn fd(&self) -> std::os::fd::RawFd {
-        self.woken.as_raw_fd()
-    }
-}
-
-/// For a tree CRIU leaves stopped until something else lets it run (a
-/// lazy restore's walks behind): holds the pager's fill back until the tree
-/// runs (on 2 cores the fill slowed the walks the tree waits for). Faults
-/// are served meanwhile: nothing waits on the pager.
-pub(crate) struct FillGate {
-    open: AtomicBool,
-    wake: Wake,
-}
-
-impl FillGate {
-    pub(crate) fn new() -> std::io::Result<FillGate> {
-        Ok(FillGate { open: AtomicBool::new(false), wake: Wake::new()? })
-    }
-
-    /// Lets the fill start (the tree runs).
-    pub(crate) fn open(&self) {
-        self.open.store(true, Ordering::Release);
-        self.wake.ring();
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-}
-
-/// A gated fill ([`Pager::run`]): the gate, and where to tell that CRIU has
-/// handed over all of the tree's memory (dropped untold if it never did).
-pub(crate) type Gated<'g> = (&'g FillGate, Sender<()>);
 
 /// How many faulted pages are kept for the working set record.
 pub(crate) const TOUCHED_MAX: usize = 1 << 20;
@@ -441,7 +257,7 @@ impl<'a> Pager<'a> {
         let mut criu: Option<UnixStream> = None;
         let mut woken = false;
         loop {
-            if let Some(why) = abort.why.get().filter(|_| self.finished) {
+            if let Some(why) = abort.failure().filter(|_| self.finished) {
                 return Err(why.duplicate());
             }
             // One look at the gate per turn: should it open after, the poll
@@ -459,9 +275,9 @@ impl<'a> Pager<'a> {
                 return Ok(());
             }
             let mut fds = vec![libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-            fds.push(libc::pollfd { fd: if woken { -1 } else { abort.wake.fd() }, events: libc::POLLIN, revents: 0 });
+            fds.push(libc::pollfd { fd: if woken { -1 } else { abort.fd() }, events: libc::POLLIN, revents: 0 });
             // Until the gate opens, its opening wakes the poll.
-            fds.push(libc::pollfd { fd: gate_shut.map_or(-1, |g| g.wake.fd()), events: libc::POLLIN, revents: 0 });
+            fds.push(libc::pollfd { fd: gate_shut.map_or(-1, |g| g.fd()), events: libc::POLLIN, revents: 0 });
             let conn_at = fds.len();
             fds.push(libc::pollfd {
                 fd: criu.as_ref().map_or(listener.as_raw_fd(), |c| c.as_raw_fd()),
@@ -1092,53 +908,5 @@ impl<'a> Pager<'a> {
                 Ok(Step::Done)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn space(ranges: &[(u64, u64, u64)]) -> BTreeMap<u64, (u64, u64)> {
-        ranges.iter().map(|&(s, e, p)| (s * PAGE, (e * PAGE, p))).collect()
-    }
-
-    fn with(missing: BTreeMap<u64, (u64, u64)>) -> Space {
-        let fd = std::fs::File::open("/dev/null").expect("/dev/null");
-        Space { pid: 1, uffd: Uffd(fd.into()), file: 0, missing, views: Vec::new() }
-    }
-
-    #[test]
-    fn dropping_splits_and_keeps_archive_pages() {
-        let mut s = with(space(&[(10, 20, 100), (30, 40, 200)]));
-        s.drop_range(12 * PAGE, 35 * PAGE);
-        assert_eq!(s.missing, space(&[(10, 12, 100), (35, 40, 205)]));
-        assert_eq!(s.missing_at(36 * PAGE), Some((35 * PAGE, 40 * PAGE, 205)));
-        assert_eq!(s.missing_at(12 * PAGE), None);
-    }
-
-    #[test]
-    fn unmapping_cuts_views_of_shared_memory_and_keeps_their_offsets() {
-        let mut s = with(BTreeMap::new());
-        let view = |start: u64, end: u64, pgoff: u64| View {
-            start: start * PAGE,
-            end: end * PAGE,
-            pgoff: pgoff * PAGE,
-            object: 0,
-        };
-        s.views = vec![view(10, 20, 0), view(30, 34, 100)];
-        s.cut_views(12 * PAGE, 15 * PAGE);
-        assert_eq!(s.views, vec![view(10, 12, 0), view(15, 20, 5), view(30, 34, 100)]);
-        assert_eq!(s.view_at(16 * PAGE + 5), Some((view(15, 20, 5), 6 * PAGE + 5)));
-        assert_eq!(s.view_at(13 * PAGE), None, "unmapped");
-        s.cut_views(0, 40 * PAGE);
-        assert!(s.views.is_empty());
-    }
-
-    #[test]
-    fn remapping_moves_pages_with_their_source() {
-        let mut s = with(space(&[(10, 20, 100)]));
-        s.remap(15 * PAGE, 50 * PAGE, 10 * PAGE);
-        assert_eq!(s.missing, space(&[(10, 15, 100), (50, 55, 105)]));
     }
 }
