@@ -33,10 +33,10 @@ use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{
-    cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread,
-    publish_pidfile, restore_command, resume_cuda, run_criu_told, CriuThread, RestoreOptions, SharedPages,
-    PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread, publish_pidfile,
+    restore_command, resume_cuda, run_criu_told, CriuThread, RestoreOptions, PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
 };
+use crate::session::memory_room::{check_memory_room, SharedPages};
 use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::{criu_output, WorkDir};
 use std::path::{Path, PathBuf};

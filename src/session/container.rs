@@ -51,11 +51,10 @@ use crate::proc::memory::{self, ChargedTo};
 use crate::proc::{claim, outside};
 use crate::progress::Progress;
 use crate::session::criu_hook::{ActionHook, At};
-use crate::session::criu_run::{
-    cannot_run, check_container_memory_room, criu_failure, cuda_plan, ids_by_default, run_criu, SharedPages, ToldAgain,
-};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu, ToldAgain};
 use crate::session::follow::follow_pages;
 use crate::session::lazy::{Fill, LazyRestore, Release};
+use crate::session::memory_room::{check_container_memory_room, SharedPages};
 use crate::session::receive::{self, PageServer};
 use crate::session::workdir::WorkDir;
 use crate::tree::Before;

@@ -57,9 +57,10 @@ use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_hook::ActionHook;
 use crate::session::criu_run::{
-    cannot_run, check_memory_room, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command,
-    resume_cuda, RestoreOptions, SharedPages, PIDFILE_FAILED,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda,
+    RestoreOptions, PIDFILE_FAILED,
 };
+use crate::session::memory_room::{check_memory_room, SharedPages};
 use crate::session::pager::{Abort, FillGate, Pager};
 use crate::session::place::HeldFill;
 use crate::session::placement::{

@@ -3,7 +3,8 @@
 //! dump and restore against them and owns the rules they follow: when a dump
 //! is complete, what a failure leaves behind. `criu_run` is what every
 //! command that runs CRIU shares: the restore command line and options, the
-//! pidfile, CRIU failures and their log, the pids a restore needs free.
+//! pidfile, CRIU failures and their log, the pids a restore needs free;
+//! `memory_room` refuses a restore whose memory cannot fit.
 //! `lazy` restores lazily, criuz serving the tree's page faults itself
 //! (`pager`, from decoded `blocks`) under a guard (`proc::guard`), and
 //! eagerly with the tree held stopped while `place` fills it on every core;
@@ -30,6 +31,7 @@ pub mod criu_run;
 pub mod follow;
 pub mod images_dir;
 pub mod lazy;
+pub mod memory_room;
 pub mod pager;
 pub mod place;
 pub mod placement;
