@@ -234,6 +234,64 @@ fn warn_of_outside_pipes(ends: &[OutsideEnd]) {
     }
 }
 
+/// Refuses a tree one of whose threads another process traces (a debugger,
+/// strace): CRIU must trace every thread itself, and fails otherwise with
+/// "Unable to interrupt task", which does not say why.
+fn refuse_traced(pid: i32) -> Result<()> {
+    let Some((tid, tracer)) = tree::traced_thread(&[pid]) else { return Ok(()) };
+    let name = std::fs::read_to_string(format!("/proc/{tracer}/comm")).unwrap_or_default();
+    Err(Error::Criu(format!(
+        "process {tid} is traced by process {tracer} ({}), and CRIU must trace it itself: detach the tracer and \
+         dump again",
+        name.trim()
+    )))
+}
+
+/// The `criu dump` of a streamed dump, its log and statistics in `work`,
+/// stopping at `hook` where one waits for the archive to be durable.
+fn dump_command(criu: &Criu, o: &DumpOptions, work: &Path, hook: Option<&ActionHook>) -> Command {
+    let (stdout, stderr) = criu_output(work);
+    let mut cmd = Command::new(&criu.path);
+    cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
+        .arg(work)
+        // Where the log and statistics go, whatever CRIU's config files say.
+        .arg("-W")
+        .arg(work)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+    // CRIU may finish before the archive does (it writes into the absorb
+    // budget): a tree that is to end is left stopped, and ended only once
+    // the archive is complete, so a failure after CRIU (a full disk, a
+    // refused upload) resumes the process instead of losing it with its
+    // checkpoint.
+    cmd.arg(if o.leave_running { "--leave-running" } else { "--leave-stopped" });
+    if o.shell_job {
+        cmd.arg("--shell-job");
+    }
+    if let Some(h) = hook {
+        cmd.arg("--action-script").arg(h.script());
+    }
+    cmd.args(options::anchored(&o.extra));
+    cmd
+}
+
+/// Once the process is done with and the archive durable: redoes the
+/// blocks compressed in haste, where rewriting the archive is cheap (a
+/// local file with no parent). The archive's size after, whether it was
+/// rewritten, and why not where that failed (the archive written first
+/// stands).
+fn redo_hurried(o: &DumpOptions, archive: &Options, pack: &PackStats) -> (u64, bool, Option<String>) {
+    let rewrite = !pack.hurried.is_empty()
+        && o.parent.is_none()
+        && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
+    match rewrite.then(|| recompress(&o.output, archive, &pack.hurried)) {
+        None => (pack.archive_bytes, false, None),
+        Some(Ok(rewritten)) => (rewritten.archive_bytes, true, None),
+        Some(Err(e)) => (pack.archive_bytes, false, Some(e.to_string())),
+    }
+}
+
 /// Checkpoints process tree `pid` into an archive through CRIU's stream mode.
 pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpReport> {
     archive.validate()?;
@@ -241,14 +299,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     check_dumpable(o.pid)?;
     let _claim = claim::claim_tree(o.pid)?;
     // After the claim: a tree another criuz dumps is said to be that.
-    if let Some((tid, tracer)) = tree::traced_thread(&[o.pid]) {
-        let name = std::fs::read_to_string(format!("/proc/{tracer}/comm")).unwrap_or_default();
-        return Err(Error::Criu(format!(
-            "process {tid} is traced by process {tracer} ({}), and CRIU must trace it itself: detach the tracer \
-             and dump again",
-            name.trim()
-        )));
-    }
+    refuse_traced(o.pid)?;
     // One walk of every other process, before CRIU freezes the tree (it
     // costs no frozen time); what it found of shared memory is asked again
     // before the archive is committed.
@@ -271,35 +322,13 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let packer = Packer::start_metered(out.writer()?, archive, dedup, meter)?;
     let stop = AtomicBool::new(false);
 
-    let (stdout, stderr) = criu_output(work.path());
-    let mut cmd = Command::new(&criu.path);
-    cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
-        .arg(work.path())
-        // Where the log and statistics go, whatever CRIU's config files say.
-        .arg("-W")
-        .arg(work.path())
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr);
-    // CRIU may finish before the archive does (it writes into the absorb
-    // budget): a tree that is to end is left stopped, and ended only once
-    // the archive is complete, so a failure after CRIU (a full disk, a
-    // refused upload) resumes the process instead of losing it with its
-    // checkpoint.
-    cmd.arg(if o.leave_running { "--leave-running" } else { "--leave-stopped" });
-    if o.shell_job {
-        cmd.arg("--shell-job");
-    }
     // A dump only CRIU can roll back whole (its connections locked for the
     // restore) waits at CRIU's post-dump hook until the archive is durable
     // (`session::criu_hook`).
     let hook = (!o.leave_running && criu_hook::needed(&CriuOptions::read(&o.extra)))
         .then(|| ActionHook::bind(work.path(), At::PostDump))
         .transpose()?;
-    if let Some(h) = &hook {
-        cmd.arg("--action-script").arg(h.script());
-    }
-    cmd.args(options::anchored(&o.extra));
+    let mut cmd = dump_command(criu, o, work.path(), hook.as_ref());
 
     let pages = if o.leave_running {
         capture::Pages::Copied
@@ -459,20 +488,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         Err(e) => return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid))),
     };
     let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
-    // The process is done with; the archive is durable. Only now are hurried
-    // blocks worth redoing, and only where rewriting the archive is cheap.
-    let rewrite = !pack.hurried.is_empty()
-        && o.parent.is_none()
-        && Location::parse(&o.output).is_ok_and(|at| at.path().is_some());
-    let mut archive_bytes = pack.archive_bytes;
-    let (recompressed, recompress_failed) = match rewrite.then(|| recompress(&o.output, archive, &pack.hurried)) {
-        None => (false, None),
-        Some(Ok(rewritten)) => {
-            archive_bytes = rewritten.archive_bytes;
-            (true, None)
-        }
-        Some(Err(e)) => (false, Some(e.to_string())),
-    };
+    let (archive_bytes, recompressed, recompress_failed) = redo_hurried(o, archive, &pack);
     let seconds = started.elapsed().as_secs_f64();
     Ok(DumpReport {
         output: o.output.clone(),

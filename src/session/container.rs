@@ -1,5 +1,5 @@
-//! Containers: `criuz runc checkpoint|restore` and `criuz podman
-//! checkpoint|restore`. runc and podman drive CRIU through its RPC mode,
+//! Containers under runc: `criuz runc checkpoint|restore` (podman:
+//! `session::podman`). runc and podman drive CRIU through its RPC mode,
 //! which cannot stream images (CRIU aborts with `stream` in `runc.conf`), so
 //! criuz goes in beside them:
 //!
@@ -30,8 +30,7 @@
 //!   the container (`criuz-bench --containers`, docs/BENCHMARKS.md).
 //!   `Memory::Eager` keeps the container from running until all of its
 //!   memory is in place.
-//! - podman's checkpoint is a tar stream (`--export`); criuz packs it as a
-//!   tree and unpacks it back to a private tar file for `--import`.
+//! - podman's checkpoint is a tar stream; `session::podman` packs it.
 //!
 //! runc is told which CRIU to use (`runc --criu`), the one criuz found. A
 //! failed runc leaves its CRIU log in `workdir::log_dir`, named in the
@@ -39,17 +38,15 @@
 //! only copy of a checkpoint.
 
 use crate::archive::OpenOptions;
-use crate::archive::{Options, PackStats, Packer};
+use crate::archive::{Options, Packer};
 use crate::criu::images::DumpedMemoryLimit;
 use crate::criu::{uffd, Criu};
 use crate::cuda::{self, CudaDumpReport, CudaRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::io::{Location, Output};
-use crate::offline::{self, Reading};
 use crate::proc::guard::{wait_guarded, Guard, Victim};
 use crate::proc::memory::{self, ChargedTo};
 use crate::proc::{claim, outside};
-use crate::progress::Progress;
 use crate::session::criu_hook::{ActionHook, At};
 use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, ids_by_default, run_criu, ToldAgain};
 use crate::session::follow::follow_pages;
@@ -160,7 +157,7 @@ pub struct CheckpointReport {
 
 /// A private work directory, on tmpfs when `/dev/shm` is one: a
 /// container's images never touch a disk this way.
-fn work_dir(prefix: &str) -> Result<WorkDir> {
+pub(crate) fn work_dir(prefix: &str) -> Result<WorkDir> {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         if let Ok(w) = WorkDir::new_in(shm, prefix) {
@@ -632,122 +629,6 @@ fn runc_restore_args(cmd: &mut Command, o: &RuncRestore, pid_file: &Path, held: 
     }
     cmd.arg("--pid-file").arg(pid_file);
     cmd.args(&o.extra).arg(&o.id);
-}
-
-/// podman finds CRIU on `PATH` (and hands that `PATH` to runc): a private
-/// directory holding `criu`, a link to the CRIU criuz found, goes first.
-fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command> {
-    let bin = work.path().join("bin");
-    // Made once per work directory (private to this command).
-    if !bin.is_dir() {
-        std::fs::DirBuilder::new().mode(0o700).create(&bin).at(&bin)?;
-        std::os::unix::fs::symlink(&criu.path, bin.join("criu")).at(&bin)?;
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![bin];
-    dirs.extend(std::env::split_paths(&path));
-    let mut c = Command::new(podman);
-    c.env("PATH", std::env::join_paths(dirs).map_err(|e| Error::Usage(format!("PATH: {e}")))?);
-    Ok(c)
-}
-
-/// What `criuz podman checkpoint` was asked.
-pub struct PodmanCheckpoint<'a> {
-    /// The container's name or id.
-    pub id: &'a str,
-    pub output: &'a Path,
-    pub force: bool,
-    /// More `podman container checkpoint` options.
-    pub extra: &'a [String],
-    /// Store page ids where the container's processes share much of their
-    /// memory (`criu_run::ids_by_default`, asked before podman checkpoints
-    /// it); off with `--no-ids`.
-    pub auto_ids: bool,
-}
-
-/// `podman container checkpoint --export` of container `o.id` into an
-/// archive. The export goes to a private tar file on tmpfs first, then is
-/// packed: podman ends the container as it exports (unless told
-/// `--leave-running`), so should packing fail, the export is kept and named
-/// instead of lost.
-pub fn podman_checkpoint(podman: &Path, criu: &Criu, o: &PodmanCheckpoint, opts: &Options) -> Result<PackStats> {
-    let out = Output::open(o.output, o.force)?;
-    let work = work_dir("criuz-podman-")?;
-    // Whether its processes share pages is asked of the running container;
-    // one podman cannot report is left to podman's checkpoint to refuse.
-    let shares = || podman_init_pid(podman, criu, &work, o.id).is_some_and(|pid| ids_by_default(pid, false));
-    let opts = &Options { ids: opts.ids || (o.auto_ids && shares()), ..opts.clone() };
-    let tar = work.path().join("export.tar");
-    // podman may end the container and leave its export here as the only
-    // copy, even if criuz is interrupted meanwhile.
-    work.keep_on_interrupt();
-    // Uncompressed: criuz compresses it, page-aware.
-    let status = podman_command(podman, criu, &work)?
-        .args(["container", "checkpoint", "--compress", "none", "--export"])
-        .arg(&tar)
-        .args(o.extra)
-        .arg(o.id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| cannot_run(podman.display(), e))?;
-    let id = o.id;
-    if !status.success() {
-        return Err(Error::Criu(format!("podman container checkpoint {id} failed ({status}); nothing written")));
-    }
-    let packed = std::fs::File::open(&tar).at(&tar).and_then(|f| {
-        let label = tar.display().to_string();
-        offline::pack_tar(Box::new(f), &label, out.writer()?, opts, &mut Progress::hidden())
-    });
-    match packed.and_then(|stats| out.commit().map(|_| stats)) {
-        Ok(stats) => Ok(stats),
-        Err(e) => {
-            let kept = work.keep();
-            Err(e.context(format!(
-                "podman checkpointed {id} but the archive could not be written; its export is kept as {}",
-                kept.join("export.tar").display()
-            )))
-        }
-    }
-}
-
-/// The host pid of container `id`'s init, as podman reports it (None where
-/// it cannot: no such container, not running).
-fn podman_init_pid(podman: &Path, criu: &Criu, work: &WorkDir, id: &str) -> Option<i32> {
-    let out = podman_command(podman, criu, work)
-        .ok()?
-        .args(["container", "inspect", "--format", "{{.State.Pid}}", id])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    (out.status.success() && pid > 0).then_some(pid)
-}
-
-/// `podman container restore --import` from an archive of a podman export:
-/// unpacked to a private tar file first (podman reads an import as a file).
-pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[String], opts: &Options) -> Result<()> {
-    let work = work_dir("criuz-podman-")?;
-    let tar = work.path().join("checkpoint.tar");
-    let out = Output::open(&tar, false)?;
-    let inp = Reading::for_tar(input, &OpenOptions::default())?;
-    let mut held = ToldAgain::default();
-    let mut note = |name: &str, size: u64| {
-        if let Some(image) = name.strip_prefix("checkpoint/").filter(|n| !n.contains('/')) {
-            held.note(image, size);
-        }
-    };
-    offline::unpack_tar_noting(inp, out.writer()?, opts, &mut note)?;
-    out.commit()?;
-    let mut cmd = podman_command(podman, criu, &work)?;
-    cmd.args(["container", "restore", "--import"]).arg(&tar);
-    cmd.args(held.options(|option| extra.iter().any(|a| a == option)));
-    let status = cmd.args(extra).stdin(Stdio::null()).status().map_err(|e| cannot_run(podman.display(), e))?;
-    if !status.success() {
-        return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@
 //! `working_set` keeps the pages a lazy tree faulted first for the next.
 //! `receive` is criuz as the page server of a dump, `follow` packs a dump
 //! directory while CRIU writes it, `images_dir` writes one for a CRIU that
-//! reads a directory, and `container` runs runc and podman with them.
+//! reads a directory, and `container` and `podman` run runc and podman with
+//! them.
 //! `criu_hook` answers CRIU's action scripts where CRIU waits for criuz (a
 //! dump only CRIU can roll back; a container's lazy tree before it runs).
 //! `restore` picks placed, streamed or lazy for `criuz restore`;
@@ -35,6 +36,7 @@ pub mod memory_room;
 pub mod pager;
 pub mod place;
 pub mod placement;
+pub mod podman;
 pub mod receive;
 pub mod restore;
 pub mod serve;

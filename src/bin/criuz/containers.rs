@@ -1,11 +1,12 @@
 //! `criuz page-server`, `criuz runc ...` and `criuz podman ...`: argument
-//! parsing and printing; the work is in `criuz::session::{receive, container}`.
+//! parsing and printing; the work is in `criuz::session::{receive, container, podman}`.
 
 use crate::args::{input_location, location, ArchiveArgs, CriuArgs, KeyArgs, ThreadArgs};
 use crate::print::{self, human};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use criuz::session::container::{self, Memory, RestoredHow, Runc, RuncCheckpoint, RuncRestore, Via};
+use criuz::session::podman;
 use criuz::session::receive::PageServer;
 use criuz::session::standalone;
 use std::path::PathBuf;
@@ -351,8 +352,8 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             let opts = write.options()?;
             let criu = criu.locate()?;
             let t = Instant::now();
-            let o = container::PodmanCheckpoint { id: &id, output: &output, force, extra: &extra, auto_ids: !no_ids };
-            let s = container::podman_checkpoint(&podman, &criu, &o, &opts)?;
+            let o = podman::PodmanCheckpoint { id: &id, output: &output, force, extra: &extra, auto_ids: !no_ids };
+            let s = podman::podman_checkpoint(&podman, &criu, &o, &opts)?;
             criuz::say!(
                 "checkpointed container {id} into {}: {}, {:.2}s",
                 output.display(),
@@ -364,7 +365,7 @@ pub fn podman(cmd: PodmanCmd) -> Result<()> {
             keys.load()?;
             let criu = criu.locate()?;
             let t = Instant::now();
-            container::podman_restore(&podman, &criu, &input_location(&input)?, &extra, &threads.options())?;
+            podman::podman_restore(&podman, &criu, &input_location(&input)?, &extra, &threads.options())?;
             criuz::say!("restored from {} in {:.2}s", input.display(), t.elapsed().as_secs_f64());
         }
     }
