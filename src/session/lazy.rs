@@ -207,56 +207,22 @@ impl LazyRestore<'_> {
     /// `cmd`'s status; an error if the pages could not all be served (the
     /// victim is then dead), `cmd` could not run, or `on_running` failed.
     pub(crate) fn run(
-        self,
+        mut self,
         mut cmd: Command,
         started: Instant,
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         // `gated`: a lazy tree CRIU restores stopped, let run by the walks.
-        let (hold, gated, planned, keep_zeros) = match self.fill {
+        let (hold, gated, planned, keep_zeros) = match std::mem::replace(&mut self.fill, Fill::Lazy) {
             Fill::Held { planned, keep_zero_pages } => {
                 (true, false, planned.filter(|_| !keep_zero_pages), keep_zero_pages)
             }
             Fill::Lazy => (false, true, None, false),
         };
         let blocks = Blocks::new(self.source.clone());
-        // Until CRIU has restored the tree, what CRIU reads comes first: from
-        // a cold cache the archive's read-ahead beside it made CRIU's part of
-        // a 1 GiB lazy restore 0.17 s instead of 0.03, and a placed restore
-        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). It resumes when the
-        // tree runs (lazy) or the held fill starts (`Pager::fill_held`).
-        self.source.read_ahead(false);
-        // A held tree never runs before every page is in: no working set to
-        // learn from, nor to bring first.
-        let touch = if hold { None } else { touch_path(self.input) };
-        let recorded = load_touches(touch.as_deref());
-        // Found once: the lazy plan of shared memory and the images below
-        // both ask which pages images one pagemap alone names. A placed
-        // restore's plan found them already.
-        let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&*self.source)? };
-        // A lazy tree's shared memory that no descriptor opens: served as
-        // it runs, like its private memory.
-        let served_shared = if gated { shmem::plan_lazy(&*self.source, &named_once)? } else { Vec::new() };
-        let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
-        let left_empty: HashMap<&str, u32> =
-            placed.chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id))).collect();
-        // With `verify_first`, every stored byte is proven before the tree
-        // may run, beside the images being written (which decode and prove
-        // their own blocks); otherwise behind the running tree, below.
-        let (proven, materialized) = std::thread::scope(|s| {
-            let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            let min_zero_run = match (keep_zeros, hold) {
-                (true, _) => KEPT_ZERO_RUN,
-                (false, true) => HELD_MIN_ZERO_RUN,
-                (false, false) => LAZY_MIN_ZERO_RUN,
-            };
-            let materialized =
-                materialize(&blocks, self.images, min_zero_run, planned, &named_once, &left_empty, self.threads);
-            (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
-        });
-        proven?;
-        let Materialized { processes, eager_pages, zero_pages } = materialized?;
-        blocks.reset_cursor();
+        let Prepared { touch, recorded, served_shared, materialized } =
+            self.prepare(&blocks, hold, gated, planned, keep_zeros)?;
+        let Materialized { processes, eager_pages, zero_pages } = materialized;
 
         let listener = uffd::listen(self.work).at(self.work.join(uffd::LAZY_SOCKET))?;
         let guard = Guard::start_for(self.victim)?;
@@ -276,7 +242,6 @@ impl LazyRestore<'_> {
         // decoded, which is what a streamed restore promises too.
         let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
-        let source = &*self.source;
         let fill_gate = if gated { Some(FillGate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
         // Whether CRIU exited having restored the tree: a held tree, or a
@@ -291,21 +256,7 @@ impl LazyRestore<'_> {
         // Set once the command has returned: a pre-resume hook CRIU has not
         // run by then it never runs.
         let command_ended = AtomicBool::new(false);
-        // Decoders for a fill one block at a time (one core): where zstd
-        // blocks dominate, decoding is slower than copying, so every core but
-        // one (left to the tree) decodes; LZ4 and raw blocks decode faster
-        // than one thread copies them in (2 cores: lz4 restores took
-        // 0.33-0.52 s with one decoder, 0.46-0.56 s with two; zstd 0.41-1.10 s
-        // with one, 0.49-0.84 s with two), so one decoder keeps up. A fill in
-        // steps, or of a held tree, needs none: its threads decode their own
-        // blocks (`session::place`).
-        let decoders = if hold || fill_threads > 1 {
-            0
-        } else if mostly_zstd(&*self.source) {
-            self.threads.saturating_sub(1).max(1)
-        } else {
-            1
-        };
+        let decoders = if hold { 0 } else { self.decoders(fill_threads) };
         let mut criu_started = 0.0;
         let (paged, proof, status, running, published, ran) = std::thread::scope(|s| {
             for _ in 0..decoders {
@@ -333,40 +284,10 @@ impl LazyRestore<'_> {
             // which kills the tree before it ran. The pager serves faults
             // meanwhile but fills nothing in (`FillGate`).
             let releasing = fill_gate.as_ref().map(|gate| {
-                let (resumed, abort, command_ended) = (&resumed, &abort, &command_ended);
+                let (this, resumed, abort, command_ended) = (&self, &resumed, &abort, &command_ended);
                 let criu_ended = gate_waits.take();
-                let release = &self.release;
                 s.spawn(move || {
-                    // An error from the pager (it ended before CRIU handed
-                    // the tree over) kills the tree itself.
-                    let proven = finished.recv().is_ok()
-                        && match source.proven().and_then(|()| source.parents_walked()) {
-                            Ok(()) => true,
-                            Err(e) => {
-                                abort.fail(e);
-                                false
-                            }
-                        };
-                    let released = match release {
-                        // Let run only once CRIU exited having restored it (above).
-                        Release::Continued => {
-                            let restored = proven && criu_ended.is_some_and(|e| e.recv().unwrap_or(false));
-                            if restored {
-                                victim.resume(self.dumped_stopped);
-                            }
-                            restored
-                        }
-                        // CRIU waits at its hook whatever criuz found, so it
-                        // is answered either way; told to fail, the hook
-                        // kills the tree before CRIU would let it run.
-                        Release::AtPreResume(hook) => match hook.wait_asked(command_ended) {
-                            Ok(Some(asked)) => {
-                                asked.answer(proven);
-                                proven
-                            }
-                            Ok(None) | Err(_) => false,
-                        },
-                    };
+                    let released = this.release_once_proven(finished, criu_ended, abort, command_ended);
                     if released {
                         let _ = resumed.set(Instant::now());
                         gate.open();
@@ -556,6 +477,136 @@ impl LazyRestore<'_> {
                 copied_apart_bytes: 0,
             },
         ))
+    }
+}
+
+/// What a lazy or held restore has ready before CRIU starts.
+struct Prepared {
+    /// Where this restore's faults are recorded (`session::working_set`),
+    /// and those earlier restores recorded.
+    touch: Option<std::path::PathBuf>,
+    recorded: Vec<(u32, u64)>,
+    /// A lazy tree's shared memory that no descriptor opens: served as it
+    /// runs, like its private memory.
+    served_shared: Vec<shmem::LazyShared>,
+    /// The images written for CRIU, and what of the memory criuz serves.
+    materialized: Materialized,
+}
+
+impl LazyRestore<'_> {
+    /// Writes CRIU's images (`session::placement`), with `planned` where a
+    /// placed restore worked the pagemaps out already, and plans the shared
+    /// memory a lazy (`gated`) tree is served; with `verify_first`, proves
+    /// every stored byte meanwhile. `hold`: a tree held stopped until every
+    /// page is in; `keep_zeros`: every zero page placed too.
+    fn prepare(
+        &self,
+        blocks: &Blocks,
+        hold: bool,
+        gated: bool,
+        planned: Option<Placement>,
+        keep_zeros: bool,
+    ) -> Result<Prepared> {
+        // Until CRIU has restored the tree, what CRIU reads comes first: from
+        // a cold cache the archive's read-ahead beside it made CRIU's part of
+        // a 1 GiB lazy restore 0.17 s instead of 0.03, and a placed restore
+        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). It resumes when the
+        // tree runs (lazy) or the held fill starts (`Pager::fill_held`).
+        self.source.read_ahead(false);
+        // A held tree never runs before every page is in: no working set to
+        // learn from, nor to bring first.
+        let touch = if hold { None } else { touch_path(self.input) };
+        let recorded = load_touches(touch.as_deref());
+        // Found once: the lazy plan of shared memory and the images below
+        // both ask which pages images one pagemap alone names. A placed
+        // restore's plan found them already.
+        let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&*self.source)? };
+        let served_shared = if gated { shmem::plan_lazy(&*self.source, &named_once)? } else { Vec::new() };
+        let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
+        let left_empty: HashMap<&str, u32> =
+            placed.chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id))).collect();
+        // With `verify_first`, every stored byte is proven before the tree
+        // may run, beside the images being written (which decode and prove
+        // their own blocks); otherwise behind the running tree.
+        let (proven, materialized) = std::thread::scope(|s| {
+            let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
+            let min_zero_run = match (keep_zeros, hold) {
+                (true, _) => KEPT_ZERO_RUN,
+                (false, true) => HELD_MIN_ZERO_RUN,
+                (false, false) => LAZY_MIN_ZERO_RUN,
+            };
+            let materialized =
+                materialize(blocks, self.images, min_zero_run, planned, &named_once, &left_empty, self.threads);
+            (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
+        });
+        proven?;
+        let materialized = materialized?;
+        blocks.reset_cursor();
+        Ok(Prepared { touch, recorded, served_shared, materialized })
+    }
+
+    /// Decoders for a running tree's fill one block at a time (one core):
+    /// where zstd blocks dominate, decoding is slower than copying, so every
+    /// core but one (left to the tree) decodes; LZ4 and raw blocks decode
+    /// faster than one thread copies them in (2 cores: lz4 restores took
+    /// 0.33-0.52 s with one decoder, 0.46-0.56 s with two; zstd 0.41-1.10 s
+    /// with one, 0.49-0.84 s with two), so one decoder keeps up. A fill in
+    /// steps needs none: its threads decode their own blocks
+    /// (`session::place`).
+    fn decoders(&self, fill_threads: usize) -> usize {
+        if fill_threads > 1 {
+            0
+        } else if mostly_zstd(&*self.source) {
+            self.threads.saturating_sub(1).max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Lets a lazy tree CRIU restored stopped run, once CRIU has handed all
+    /// of it over (`finished`) and the walks of the archive and its parents
+    /// have proven the index its images and pages came from; whether it
+    /// was let run. What the walks find fails the pager (`abort`), which
+    /// kills the tree. `criu_ended`: whether CRIU exited having restored
+    /// it; `command_ended`: set once the restore command has returned.
+    fn release_once_proven(
+        &self,
+        finished: std::sync::mpsc::Receiver<()>,
+        criu_ended: Option<std::sync::mpsc::Receiver<bool>>,
+        abort: &Abort,
+        command_ended: &AtomicBool,
+    ) -> bool {
+        let source = &*self.source;
+        // An error from the pager (it ended before CRIU handed the tree
+        // over) kills the tree itself.
+        let proven = finished.recv().is_ok()
+            && match source.proven().and_then(|()| source.parents_walked()) {
+                Ok(()) => true,
+                Err(e) => {
+                    abort.fail(e);
+                    false
+                }
+            };
+        match &self.release {
+            // Let run only once CRIU exited having restored it.
+            Release::Continued => {
+                let restored = proven && criu_ended.is_some_and(|e| e.recv().unwrap_or(false));
+                if restored {
+                    self.victim.resume(self.dumped_stopped);
+                }
+                restored
+            }
+            // CRIU waits at its hook whatever criuz found, so it is answered
+            // either way; told to fail, the hook kills the tree before CRIU
+            // would let it run.
+            Release::AtPreResume(hook) => match hook.wait_asked(command_ended) {
+                Ok(Some(asked)) => {
+                    asked.answer(proven);
+                    proven
+                }
+                Ok(None) | Err(_) => false,
+            },
+        }
     }
 }
 
