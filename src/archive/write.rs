@@ -21,7 +21,7 @@ use crate::format::{
     FLAG_PLANES, FLAG_SEALED, FLAG_TABLE, FLAG_TREE,
 };
 use crate::progress::Meter;
-use crate::seal::{keyring, ChainKey};
+use crate::seal::{keyring, ArchiveKey, ChainKey};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +88,119 @@ enum PackResult {
 /// file after the pages (CRIU's stats) would report "cancelled" for what was
 /// a full disk.
 type Failure = Arc<OnceLock<Error>>;
+
+/// What a worker makes of one job: a block encoded (after its pages are
+/// taken from CRIU's pipe, where they were held), its duplicate
+/// pages stored by reference where the archive dedups, sealed where it is
+/// encrypted; an already encoded block sealed; a file's start and end
+/// passed on. `backlog`: the absorb budget, whose state says whether to
+/// hurry.
+fn encode_job(
+    job: PackJob,
+    enc: &mut Encoder,
+    taken: &mut Vec<u8>,
+    backlog: &engine::Hold,
+    dedup: Option<&DedupIndex>,
+    block_key: Option<&ArchiveKey>,
+) -> PackResult {
+    match job {
+        PackJob::Begin(start) => PackResult::Begin(start),
+        PackJob::Block { key, data, page_aware, block } => {
+            let held = matches!(data, BlockData::Held(_));
+            // Keeps a copied block's buffer alive while `data` borrows it.
+            let buffer;
+            let data: &[u8] = match data {
+                BlockData::Copied(buf) => {
+                    buffer = buf;
+                    &buffer
+                }
+                BlockData::Held(pipe) => {
+                    taken.clear();
+                    if let Err(e) = pipe.read_into(taken) {
+                        return PackResult::Failed(Error::Io(e));
+                    }
+                    taken
+                }
+            };
+            // A held worker runs only when the budget is nearly spent:
+            // catch up fast rather than stall CRIU.
+            let hurried = backlog.hurried();
+            enc.hurry(hurried);
+            let mut encoded = match (dedup, page_aware) {
+                (Some(d), true) => encode_deduped(enc, d, key as u32, block, data),
+                _ => enc.encode(0, data, page_aware),
+            };
+            // Counted as hurried only where the rewrite may gain.
+            let hurried = enc.take_worth_redoing() && hurried;
+            if let Some(k) = block_key {
+                // The seal binds the file id: a file's key is its id.
+                encoded.header.file_id = key as u32;
+                encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
+            }
+            PackResult::Block { key, block: encoded, number: block, hurried, copied: false, held }
+        }
+        PackJob::Encoded { key, mut encoded, block } => {
+            if let Some(k) = block_key {
+                encoded.header.file_id = key as u32;
+                encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
+            }
+            PackResult::Block { key, block: encoded, number: block, hurried: false, copied: true, held: false }
+        }
+        PackJob::End { key } => PackResult::End { key },
+    }
+}
+
+/// The writer's loop: every result, in order, into the archive `w`, then
+/// its index and trailer; the archive's figures and index. `stop`: the
+/// packer was aborted (nothing more is written); `stored` counts the raw
+/// bytes written, for a progress line.
+fn write_results<W: Write>(
+    mut w: ArchiveWriter<W>,
+    collector: &mut engine::Collector<PackResult>,
+    stop: &AtomicBool,
+    stored: &Meter,
+) -> Result<(PackStats, Index)> {
+    let mut ids: HashMap<u64, u32> = HashMap::new();
+    let mut stats = PackStats::default();
+    for r in collector.by_ref() {
+        if stop.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        match r {
+            PackResult::Begin(FileStart { key, name, kind, meta }) => {
+                ids.insert(key, w.begin_file(&name, kind, meta)?);
+                // Files, as unpack and verify count them: a tree's
+                // directories and links are entries, not files (`packed
+                // 50050 files` then `unpacked 50000` read as 50 lost).
+                stats.files += u64::from(kind.is_file());
+            }
+            PackResult::Block { key, mut block, number, hurried, copied, held } => {
+                debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
+                block.header.file_id = ids[&key];
+                if hurried {
+                    stats.hurried.insert(block.header.file_id, number);
+                }
+                stats.blocks_copied += u64::from(copied);
+                stats.blocks_held += u64::from(held);
+                w.write_block(&block.header, &block.payload)?;
+                if let Some(page_ids) = &block.ids {
+                    w.write_ids(block.header.file_id, page_ids)?;
+                }
+                stats.add_block(&block.header);
+                stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
+            }
+            PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
+            PackResult::Failed(e) => return Err(e),
+        }
+    }
+    if stop.load(Ordering::Relaxed) {
+        return Err(Error::Cancelled);
+    }
+    let (mut out, index, len) = w.finish()?;
+    out.flush()?;
+    stats.archive_bytes = len;
+    Ok((stats, index))
+}
 
 /// `e`, or the writer's own error where `e` only says the writer is gone.
 fn cause(failure: &Failure, e: Error) -> Error {
@@ -180,50 +293,8 @@ impl Packer {
             engine::results_ahead(opts.block_size, opts.threads),
             hold.clone(),
             move || (Encoder::new(codec), Vec::new()),
-            move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| match job {
-                PackJob::Begin(start) => PackResult::Begin(start),
-                PackJob::Block { key, data, page_aware, block } => {
-                    let held = matches!(data, BlockData::Held(_));
-                    // Keeps a copied block's buffer alive while `data` borrows it.
-                    let buffer;
-                    let data: &[u8] = match data {
-                        BlockData::Copied(buf) => {
-                            buffer = buf;
-                            &buffer
-                        }
-                        BlockData::Held(pipe) => {
-                            taken.clear();
-                            if let Err(e) = pipe.read_into(taken) {
-                                return PackResult::Failed(Error::Io(e));
-                            }
-                            taken
-                        }
-                    };
-                    // A held worker runs only when the budget is nearly
-                    // spent: catch up fast rather than stall CRIU.
-                    let hurried = backlog.hurried();
-                    enc.hurry(hurried);
-                    let mut encoded = match (&dedup, page_aware) {
-                        (Some(d), true) => encode_deduped(enc, d, key as u32, block, data),
-                        _ => enc.encode(0, data, page_aware),
-                    };
-                    // Counted as hurried only where the rewrite may gain.
-                    let hurried = enc.take_worth_redoing() && hurried;
-                    if let Some(k) = &block_key {
-                        // The seal binds the file id: a file's key is its id.
-                        encoded.header.file_id = key as u32;
-                        encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
-                    }
-                    PackResult::Block { key, block: encoded, number: block, hurried, copied: false, held }
-                }
-                PackJob::Encoded { key, mut encoded, block } => {
-                    if let Some(k) = &block_key {
-                        encoded.header.file_id = key as u32;
-                        encoded.payload = k.seal_block(&mut encoded.header, block, &encoded.payload);
-                    }
-                    PackResult::Block { key, block: encoded, number: block, hurried: false, copied: true, held: false }
-                }
-                PackJob::End { key } => PackResult::End { key },
+            move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| {
+                encode_job(job, enc, taken, &backlog, dedup.as_deref(), block_key.as_deref())
             },
         );
         let aborted = Arc::new(AtomicBool::new(false));
@@ -235,50 +306,8 @@ impl Packer {
             .name("criuz-writer".into())
             .spawn(move || -> Result<(PackStats, Index)> {
                 let mut collector = collector;
-                let written = (|| {
-                    let mut w = ArchiveWriter::sealed(out, &header, &chain, sealing)?;
-                    let mut ids: HashMap<u64, u32> = HashMap::new();
-                    let mut stats = PackStats::default();
-                    for r in collector.by_ref() {
-                        if stop.load(Ordering::Relaxed) {
-                            return Err(Error::Cancelled);
-                        }
-                        match r {
-                            PackResult::Begin(FileStart { key, name, kind, meta }) => {
-                                ids.insert(key, w.begin_file(&name, kind, meta)?);
-                                // Files, as unpack and verify count them: a tree's
-                                // directories and links are entries, not files
-                                // (`packed 50050 files` then `unpacked 50000`
-                                // read as 50 lost).
-                                stats.files += u64::from(kind.is_file());
-                            }
-                            PackResult::Block { key, mut block, number, hurried, copied, held } => {
-                                debug_assert!(!block.header.sealed || block.header.file_id == ids[&key]);
-                                block.header.file_id = ids[&key];
-                                if hurried {
-                                    stats.hurried.insert(block.header.file_id, number);
-                                }
-                                stats.blocks_copied += u64::from(copied);
-                                stats.blocks_held += u64::from(held);
-                                w.write_block(&block.header, &block.payload)?;
-                                if let Some(page_ids) = &block.ids {
-                                    w.write_ids(block.header.file_id, page_ids)?;
-                                }
-                                stats.add_block(&block.header);
-                                stored.stored.fetch_add(u64::from(block.header.raw_len), Ordering::Relaxed);
-                            }
-                            PackResult::End { key } => w.end_file(ids.remove(&key).expect("file begun"))?,
-                            PackResult::Failed(e) => return Err(e),
-                        }
-                    }
-                    if stop.load(Ordering::Relaxed) {
-                        return Err(Error::Cancelled);
-                    }
-                    let (mut out, index, len) = w.finish()?;
-                    out.flush()?;
-                    stats.archive_bytes = len;
-                    Ok((stats, index))
-                })();
+                let w = ArchiveWriter::sealed(out, &header, &chain, sealing);
+                let written = w.and_then(|w| write_results(w, &mut collector, &stop, &stored));
                 // Set before the collector goes, so a submitter refused
                 // from then on finds the cause (see `Failure`).
                 if let Err(e) = &written {
