@@ -3,7 +3,7 @@
 //! be named by pid from here. Only a group that holds nothing but criuz's
 //! own descendants, and not criuz itself, is ever offered for killing.
 
-use crate::proc::restored::descends_from;
+use crate::proc::holder::descends_from;
 use std::path::PathBuf;
 
 /// Why the cgroup of a process is not one criuz may kill.

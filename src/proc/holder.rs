@@ -232,6 +232,20 @@ pub(crate) fn parent_of(pid: i32) -> Option<i32> {
     parent_in(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// Whether `pid` is `ancestor` or below it (parents through /proc).
+pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..4096 {
+        if pid == ancestor {
+            return true;
+        }
+        match parent_of(pid as i32) {
+            Some(parent) if parent > 0 && parent as u32 != pid => pid = parent as u32,
+            _ => return false,
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use crate::proc::tree::{kill_tree, signal_tree};

@@ -6,7 +6,7 @@
 //! this restore's is judged by descent from criuz or from that root, never
 //! by pid alone: pids are reused.
 
-use super::holder::{exists, holder_of, parent_of};
+use super::holder::{descends_from, exists, holder_of, parent_of};
 use super::tree::kill_tree;
 use std::time::Instant;
 
@@ -269,20 +269,6 @@ pub(crate) fn describe_end(status: i32) -> String {
     } else {
         format!("exited with status {}", libc::WEXITSTATUS(status))
     }
-}
-
-/// Whether `pid` is `ancestor` or below it (parents through /proc).
-pub(crate) fn descends_from(mut pid: u32, ancestor: u32) -> bool {
-    for _ in 0..4096 {
-        if pid == ancestor {
-            return true;
-        }
-        match parent_of(pid as i32) {
-            Some(parent) if parent > 0 && parent as u32 != pid => pid = parent as u32,
-            _ => return false,
-        }
-    }
-    false
 }
 
 /// The pids of `pids` that a process this criuz restored holds: one that

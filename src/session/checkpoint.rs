@@ -206,7 +206,7 @@ fn check_dumpable(pid: i32) -> Result<()> {
         ))),
         // CRIU refuses to seize itself, and its log reads as a tracing
         // failure: the shell that runs criuz (`-t $$`) is the usual case.
-        _ if restored::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
+        _ if holder::descends_from(std::process::id(), pid as u32) => Err(Error::Usage(format!(
             "process {pid} is criuz or an ancestor of it (the shell criuz runs in?), so its tree holds criuz and CRIU: \
              dump it from a process outside that tree"
         ))),

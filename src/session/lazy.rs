@@ -213,9 +213,10 @@ impl LazyRestore<'_> {
         on_running: impl FnOnce() -> Result<()>,
     ) -> Result<(ExitStatus, LazyReport)> {
         // `gated`: a lazy tree CRIU restores stopped, let run by the walks.
-        let (hold, gated, planned, keep_zeros) = match std::mem::replace(&mut self.fill, Fill::Lazy) {
+        // The plan is taken (the images consume it); the fill stays as asked.
+        let (hold, gated, planned, keep_zeros) = match &mut self.fill {
             Fill::Held { planned, keep_zero_pages } => {
-                (true, false, planned.filter(|_| !keep_zero_pages), keep_zero_pages)
+                (true, false, planned.take().filter(|_| !*keep_zero_pages), *keep_zero_pages)
             }
             Fill::Lazy => (false, true, None, false),
         };
