@@ -107,7 +107,7 @@ impl Ctx<'_> {
 /// Guest memory warmed before a timed restore of an `mib` workload: its
 /// memory and CRIU's, with room to spare. (Only the incremental restores,
 /// whose ratios decide a 20% target, are warmed so far; the main table's
-/// restores are not, so `docs/bench.json` stays comparable with its reruns.)
+/// restores are not, so `docs/results/bench.json` stays comparable with its reruns.)
 fn warm_bytes(mib: u64) -> usize {
     ((mib + mib / 4 + 256) << 20) as usize
 }
