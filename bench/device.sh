@@ -39,6 +39,9 @@ size=${SIZE:-4096}
 nproc
 # A dump holds at most (descriptors - spare) / 2 blocks by reference (src/archive/held.rs).
 echo "descriptors: $(ulimit -Sn) soft, $(ulimit -Hn) hard"
+# What criuz finds of the machine: CRIU and its own check, userfaultfd,
+# CRIU's kernel cache, the CUDA driver and its GPUs.
+criuz check --criu "$PWD/.dev/bin/criu" || true
 case ${1:-} in
   scale)
     "${B[@]}" --size "$size" --runs 1 --workloads mixed,text,random,elf \

@@ -104,33 +104,14 @@ pub struct Machine {
     pub idle_processes: usize,
 }
 
-/// Where `criu` keeps its kernel cache (`kerndat`), as CRIU itself says:
-/// the second of two `criu check` runs logs the file it loaded the cache
-/// from (the first one writes it, where CRIU can). CRIU keeps it only on a
-/// tmpfs, in a directory fixed when it was built (`/run`, or `/run/criu`
-/// from `scripts/setup.sh` on a machine whose `/run` is not a tmpfs), so
-/// asking CRIU is the one answer that holds for any build or wrapper.
+/// Where `criu` keeps its kernel cache (`kerndat`), as CRIU itself says
+/// (`criuz::criu::probe`: it keeps one only on a tmpfs, in a directory fixed
+/// when it was built).
 pub fn criu_kernel_cache(criu: &std::path::Path) -> Option<String> {
     let log = std::env::temp_dir().join(format!("criuz-bench-kerndat-{}.log", std::process::id()));
-    let mut loaded = None;
-    for _ in 0..2 {
-        let ran = std::process::Command::new(criu)
-            .args(["check", "-v4", "-o"])
-            .arg(&log)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        loaded = ran.ok().and_then(|_| {
-            text.lines().find_map(|l| l.split_once("Loaded kdat cache from ").map(|(_, f)| f.trim().to_string()))
-        });
-        if loaded.is_some() {
-            break;
-        }
-    }
+    let found = criuz::criu::probe::check_kernel(criu, &log).ok().and_then(|c| c.kernel_cache);
     let _ = std::fs::remove_file(&log);
-    loaded
+    found.map(|f| f.display().to_string())
 }
 
 impl Machine {

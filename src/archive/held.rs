@@ -42,7 +42,7 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// ceiling the first time) less the spare ones ([`SPARE_FDS`]), halved, as
 /// a pipe has two while it fills; a dump must never fail for want of a
 /// descriptor it could have had by copying.
-fn most_held() -> usize {
+pub(crate) fn most_held() -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     *MOST.get_or_init(|| {
         let limit = crate::io::open_files_limit();

@@ -1,8 +1,9 @@
 //! The CRIU side: finding a usable CRIU (>= 4.0) here; its streamer protocol
 //! (`streamer`), handing bytes to its pipes (`splice`), the few image files
 //! criuz reads (`images`), CRIU's dump statistics (`stats`), the options a
-//! run of it reads (`options`) and its version (`version`, remembered per
-//! binary) in the submodules.
+//! run of it reads (`options`), its version (`version`, remembered per
+//! binary) and what `criu check` says of this kernel (`probe`) in the
+//! submodules.
 //!
 //! Order: `--criu PATH`, then `$CRIUZ_CRIU`, then the build cache that
 //! `scripts/setup.sh` fills (`$CRIUZ_CACHE`, else `$XDG_CACHE_HOME/criuz`, else
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 pub mod images;
 pub mod options;
 pub mod page_server;
+pub mod probe;
 pub mod scm;
 pub mod splice;
 pub mod stats;
@@ -38,7 +40,7 @@ pub struct Criu {
 
 impl Criu {
     /// Major and minor version, where the version reads so.
-    fn release(&self) -> Option<(u32, u32)> {
+    pub(crate) fn release(&self) -> Option<(u32, u32)> {
         let mut parts = self.version.split('.').map(|p| p.parse().ok());
         Some((parts.next()??, parts.next()??))
     }

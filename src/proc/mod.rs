@@ -19,7 +19,7 @@
 //! `arriving`, `pipes` and `shmem` ask of them; `interrupt` turns a Ctrl-C
 //! into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
-//! its end on.
+//! its end on; `capabilities` reads which of CRIU's criuz holds.
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -31,6 +31,7 @@
 
 pub mod arriving;
 pub mod budget;
+pub mod capabilities;
 pub mod cgroup;
 pub mod claim;
 pub mod foreground;

@@ -18,13 +18,15 @@
 //! dump only CRIU can roll back; a container's lazy tree before it runs).
 //! `restore` picks placed, streamed or lazy for `criuz restore`;
 //! `standalone` is criuz on one side of a CRIU the user runs (capture,
-//! serve, page server). `workdir` holds the private directories CRIU runs
+//! serve, page server). `check` tells whether this machine can dump and
+//! restore, and which ways it can take. `workdir` holds the private directories CRIU runs
 //! in, and cleans up after a criuz that was killed. The OS machinery (/proc
 //! trees, the forked guard, cgroups, socket tricks) is in `proc`, which
 //! knows nothing of sessions.
 
 pub mod blocks;
 pub mod capture;
+pub mod check;
 pub mod checkpoint;
 pub mod container;
 pub mod criu_hook;

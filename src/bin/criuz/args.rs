@@ -393,6 +393,16 @@ pub enum Cmd {
     /// short, or a suspend made by hand)
     #[command(subcommand)]
     Gpu(GpuCmd),
+    /// Check whether this machine can dump and restore, and which of criuz's
+    /// ways it can take (CRIU and its own check, privileges, userfaultfd, the
+    /// CUDA driver, runc, podman); exit 0 unless none can run
+    Check {
+        #[command(flatten)]
+        criu: CriuArgs,
+        /// Print the findings as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Make an age identity for encrypted archives (mode 0600) and print its public key
     Keygen {
         /// Identity file to write (- for standard output, the public key then on standard error)
@@ -424,7 +434,7 @@ impl Cmd {
     /// Whether what the command prints on stdout is its product (a report
     /// read from an archive or a process), not a summary of work it did.
     pub fn reports_on_stdout(&self) -> bool {
-        matches!(self, Cmd::Inspect { .. } | Cmd::Verify { .. } | Cmd::Gpu(GpuCmd::State { .. }))
+        matches!(self, Cmd::Inspect { .. } | Cmd::Verify { .. } | Cmd::Check { .. } | Cmd::Gpu(GpuCmd::State { .. }))
     }
 }
 

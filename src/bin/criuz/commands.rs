@@ -136,6 +136,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Cmd::Gpu(GpuCmd::Resume { pids }) => criuz::cuda::resume_command(&pids)?,
+        Cmd::Check { criu, json } => check(&criu, json)?,
         Cmd::Keygen { output, force } => keygen(&output, force)?,
         Cmd::WaitTree { pid } => return wait_tree(pid),
         Cmd::CriuHook { at, socket } => {
@@ -377,6 +378,26 @@ fn serve(dir: &Path, o: &RestoreOptions, threads: &ThreadArgs) -> Result<()> {
         human(r.bytes)
     );
     Ok(())
+}
+
+/// `criuz check`: the findings, one a line (or as JSON); fails, after
+/// them, where no dump or restore can run.
+fn check(criu: &CriuArgs, json: bool) -> Result<()> {
+    use criuz::session::check::{check_machine, CheckOptions, Verdict};
+    let found = check_machine(&CheckOptions { criu: criu.criu.clone() })?;
+    let failed = found.iter().filter(|f| f.verdict == Verdict::Fail).count();
+    if json {
+        out!("{}", serde_json::json!({ "ok": failed == 0, "findings": found }));
+    } else {
+        for f in &found {
+            let verdict = serde_json::to_value(f.verdict).unwrap_or_default();
+            out!("{:<5} {:<13} {}", verdict.as_str().unwrap_or("?"), f.topic, f.text);
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(anyhow::anyhow!("this machine cannot dump or restore: {n} finding(s) marked fail")),
+    }
 }
 
 fn keygen(output: &Path, force: bool) -> Result<()> {
