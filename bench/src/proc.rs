@@ -287,16 +287,24 @@ pub fn cpu_seconds(pid: i32) -> Option<f64> {
     Some(ticks as f64 / hz)
 }
 
-/// Whether a workload's pid now names a process of another program: its
-/// tree is gone and the pid was given again (pids wrap at 32,768 on this
-/// VM). The fault campaign once signalled and killed such a pid: a
-/// restarted S3 server that had taken it (session 70). A process CRIU has
-/// not finished restoring (still `criu`) is the workload's.
-pub fn taken_by_another(pid: i32) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
-        let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        !(name.starts_with("criuz-workload") || name == "criu")
-    })
+/// The file name of the program a process runs (`/proc/PID/exe`).
+pub fn program(pid: i32) -> Option<String> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let name = exe.file_name()?.to_string_lossy().into_owned();
+    // A program whose file was replaced since reads "NAME (deleted)".
+    Some(name.strip_suffix(" (deleted)").map(str::to_string).unwrap_or(name))
+}
+
+/// Whether a workload's pid, whose process ran `workload_program`, now
+/// names a process of another program: its tree is gone and the pid was
+/// given again (pids wrap at 32,768 on this VM). The fault campaign once
+/// signalled and killed such a pid: a restarted S3 server that had taken it
+/// (session 70). A process CRIU has not finished restoring (still `criu`)
+/// is the workload's. The program is the workload's own, not
+/// `criuz-workload` alone: a restored Redis, JVM or Python once counted as
+/// another program and was left running after every cycle (session 73).
+pub fn taken_by_another(pid: i32, workload_program: &str) -> bool {
+    program(pid).is_some_and(|name| name != workload_program && name != "criu")
 }
 
 /// `root` and all its descendants, root first.
@@ -765,8 +773,11 @@ mod tests {
     /// nothing is left to whoever asks.
     #[test]
     fn a_pid_given_to_another_program_is_not_the_workload_s() {
-        assert!(taken_by_another(std::process::id() as i32), "this test's own process");
-        assert!(!taken_by_another(i32::MAX), "a pid that names nothing");
+        let me = std::process::id() as i32;
+        let mine = program(me).expect("this test's own program");
+        assert!(taken_by_another(me, "redis-server"), "this test's process is not a Redis");
+        assert!(!taken_by_another(me, &mine), "this test's process runs its own program");
+        assert!(!taken_by_another(i32::MAX, "redis-server"), "a pid that names nothing");
     }
 
     #[test]

@@ -140,6 +140,10 @@ fn compile_java(work: &Path) -> std::result::Result<PathBuf, String> {
 /// One running workload. Dropping it kills and reaps its process tree.
 pub struct Running {
     pub pid: i32,
+    /// The file name of the program it runs (`/proc/PID/exe`), read when it
+    /// was started: what tells the workload from another program given its
+    /// pid once it is gone.
+    program: String,
     dir: PathBuf,
     kind: Kind,
     nonce: u64,
@@ -209,6 +213,18 @@ pub fn redis_keys(mib: u64) -> u64 {
 }
 
 impl Running {
+    /// Takes the pid of the process just started, and the program it runs.
+    fn spawned(&mut self, pid: i32) {
+        self.pid = pid;
+        self.program = proc::program(pid).unwrap_or_default();
+    }
+
+    /// Whether its pid now names a process of another program
+    /// ([`proc::taken_by_another`]).
+    pub fn pid_given_away(&self) -> bool {
+        proc::taken_by_another(self.pid, &self.program)
+    }
+
     pub fn start(name: &str, mib: u64, dir: &Path, tools: &Tools) -> Result<Running> {
         Self::start_with(name, mib, dir, tools, None)
     }
@@ -240,7 +256,7 @@ impl Running {
         std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
         let log = dir.join("app.log");
         let ready = dir.join("ready");
-        let mut run = Running { pid: 0, dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
+        let mut run = Running { pid: 0, program: String::new(), dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
         match name {
             p if PATTERNS.contains(&p) || TREES.contains(&p) || ON_REQUEST.contains(&p) => {
                 let mut cmd = Command::new(&tools.workload_bin);
@@ -279,7 +295,7 @@ impl Running {
                 if let Some(peer) = tcp_peer {
                     cmd.args(["--tcp-peer", &peer.to_string()]);
                 }
-                run.pid = spawn_detached(cmd, &log)?;
+                run.spawned(spawn_detached(cmd, &log)?);
                 let filled_by_child = p == "shared-cache";
                 run.kind = Kind::Pattern { children, filled_by_child, untouched: filled_by_child };
                 wait_for("the workload to fill its memory", Duration::from_secs(900), run.pid, || ready.exists())
@@ -294,7 +310,7 @@ impl Running {
                     .arg(dir)
                     .arg("--logfile")
                     .arg(&log);
-                run.pid = spawn_detached(cmd, &dir.join("stdout.log"))?;
+                run.spawned(spawn_detached(cmd, &dir.join("stdout.log"))?);
                 wait_for("redis to listen", Duration::from_secs(60), run.pid, || TcpStream::connect(addr).is_ok())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
                 let idle_sockets = socket_fds(run.pid);
@@ -315,14 +331,14 @@ impl Running {
                     .arg("BenchApp")
                     .arg(dir)
                     .arg(mib.to_string());
-                run.pid = spawn_detached(cmd, &log)?;
+                run.spawned(spawn_detached(cmd, &log)?);
                 wait_for("the JVM to build its object graph", Duration::from_secs(900), run.pid, || ready.exists())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
             }
             "python" => {
                 let mut cmd = Command::new(&tools.python);
                 cmd.arg(&tools.python_script).arg(dir).arg(mib.to_string());
-                run.pid = spawn_detached(cmd, &log)?;
+                run.spawned(spawn_detached(cmd, &log)?);
                 wait_for("python to build its data", Duration::from_secs(900), run.pid, || ready.exists())
                     .map_err(|e| Error::Invalid(format!("{e}: {}", log_tail(&log))))?;
             }
@@ -482,7 +498,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         // A pid given to another program since is not this workload's.
-        if self.pid > 0 && !proc::taken_by_another(self.pid) {
+        if self.pid > 0 && !self.pid_given_away() {
             proc::kill_tree(&proc::tree(self.pid));
         }
     }

@@ -587,7 +587,7 @@ impl Ctx {
     /// [`Self::restore_and_check`], ending first a process its dump left
     /// running.
     fn end_and_restore(&mut self, archive: &str, extra: &[OsString], w: &mut Running, before: &str) -> Result<()> {
-        if !proc::taken_by_another(w.pid) && check::settle(w.pid, Duration::ZERO) == Settled::Running {
+        if !w.pid_given_away() && check::settle(w.pid, Duration::ZERO) == Settled::Running {
             proc::kill_tree(&proc::tree(w.pid));
             if check::settle(w.pid, SETTLE) != Settled::Gone {
                 return Err(Error::Invalid(format!("pid {} outlived its kill", w.pid)));
@@ -609,7 +609,7 @@ impl Ctx {
             r => r,
         };
         if let Some(i) = self.prepared.iter().position(|(r, _)| *r == key) {
-            if !proc::taken_by_another(self.prepared[i].1.pid) {
+            if !self.prepared[i].1.workload.pid_given_away() {
                 return Ok(i);
             }
             // Its pid was given to another program meanwhile (a restarted S3
@@ -735,7 +735,7 @@ impl Ctx {
             }
             Asked::Sum(_) => {}
         }
-        if !proc::taken_by_another(pid) {
+        if !self.prepared[i].1.workload.pid_given_away() {
             proc::kill_tree(&proc::tree(pid));
             let _ = check::settle(pid, SETTLE);
         }
@@ -1063,7 +1063,7 @@ enum Asked {
 /// dies while asked (a guard ending a tree whose criuz was killed) is gone:
 /// the promise is about a process that runs, and it never answered.
 fn ask(w: &mut Running) -> Asked {
-    if proc::taken_by_another(w.pid) {
+    if w.pid_given_away() {
         return Asked::Gone;
     }
     match check::settle(w.pid, SETTLE) {
