@@ -404,7 +404,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         proc::drop_caches()?;
     }
     proc::become_subreaper()?;
-    let _idle = proc::IdleProcesses::start(args.idle_processes)?;
+    let idle = proc::IdleProcesses::start(args.idle_processes)?;
     if args.idle_processes > 0 {
         eprintln!("bench: {} idle processes run beside it", args.idle_processes);
     }
@@ -690,6 +690,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     drop(tmpfs);
     drop(s3_server);
     drop(work);
+    drop(idle);
+    // A workload a cycle did not end runs on beside every later cycle, and
+    // its memory is taken from theirs: the run fails, and they are ended.
+    let left_running = proc::live_children();
+    proc::kill_tree(&left_running);
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
@@ -719,6 +724,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if INTERRUPTED.load(Ordering::SeqCst) {
         return Err(Error::Invalid("interrupted".into()));
+    }
+    if !left_running.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{} process(es) of the workloads were left running after their cycles ({left_running:?}; ended now): \
+             later cycles ran beside them",
+            left_running.len()
+        )));
     }
     let bad = doc.results.iter().filter(|r| !r.intact).count();
     if bad > 0 {

@@ -307,6 +307,16 @@ pub fn taken_by_another(pid: i32, workload_program: &str) -> bool {
     program(pid).is_some_and(|name| name != workload_program && name != "criu")
 }
 
+/// This process's children that still run (not zombies): once every cycle
+/// has ended its workload, none should.
+pub fn live_children() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut tree = tree(me);
+    tree.remove(0);
+    tree.retain(|&p| ppid(p) == Some(me) && alive(p));
+    tree
+}
+
 /// `root` and all its descendants, root first.
 pub fn tree(root: i32) -> Vec<i32> {
     let mut parent = Vec::new();

@@ -256,7 +256,8 @@ impl Running {
         std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
         let log = dir.join("app.log");
         let ready = dir.join("ready");
-        let mut run = Running { pid: 0, program: String::new(), dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
+        let mut run =
+            Running { pid: 0, program: String::new(), dir: dir.to_path_buf(), kind: Kind::Answering, nonce: 0 };
         match name {
             p if PATTERNS.contains(&p) || TREES.contains(&p) || ON_REQUEST.contains(&p) => {
                 let mut cmd = Command::new(&tools.workload_bin);
