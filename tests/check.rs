@@ -49,6 +49,9 @@ fn the_check_names_the_criu_a_dump_runs_and_passes_on_this_machine() {
     let gpu = the(&found, "GPU");
     assert_eq!(gpu.1, "note");
     assert!(gpu.2.contains("no CUDA driver"), "{gpu:?}");
+    let cores = the(&found, "cores");
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(cores.2.starts_with(&format!("{n} core(s) for criuz")), "{cores:?}");
     // The same findings, a line each, verdict first.
     let out = check(&[], "/nonexistent/libcuda.so.1", None);
     assert_eq!(out.status.code(), Some(0));
@@ -99,4 +102,33 @@ fn the_check_asks_the_cuda_driver_for_its_version_and_gpus() {
     let gpu = the(&findings(&out), "GPU").clone();
     assert_eq!(gpu.1, "warn", "{gpu:?}");
     assert!(gpu.2.contains("cuInit"), "{gpu:?}");
+}
+
+/// The cores a dump and a restore take are those criuz may run on: pinned
+/// to one, no worker compresses while CRIU writes.
+#[test]
+fn the_cores_reported_are_those_criuz_may_run_on() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(CRIUZ);
+    cmd.args(["check", "--json", "--criu", "/bin/true"]).env("CRIUZ_LIBCUDA", "/nonexistent/libcuda.so.1");
+    // SAFETY: sched_setaffinity on the child itself, between fork and exec,
+    // with a set built on its own stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run(&mut cmd);
+    let found = findings(&out);
+    let cores = the(&found, "cores");
+    assert_eq!(cores.1, "note", "{cores:?}");
+    assert!(
+        cores.2.starts_with("1 core(s) for criuz") && cores.2.contains("compresses on 0 worker(s) while CRIU writes"),
+        "{cores:?}"
+    );
 }

@@ -6,7 +6,7 @@
 //! it: the CRIU they would run (found as they find it) and its own `criu
 //! check`; criuz's capabilities; the userfaultfd that placed and lazy
 //! restores copy memory in through; the descriptors a dump holds pages by
-//! reference with; CRIU's kernel cache; the CUDA driver, loaded as a dump
+//! reference with; the cores and memory a dump takes; CRIU's kernel cache; the CUDA driver, loaded as a dump
 //! of a GPU process loads it; runc and podman for the container commands.
 //! A finding that stops every dump or restore fails the check; one that
 //! takes a way away (lazy restores, TCP, GPU processes) warns; the rest
@@ -72,6 +72,7 @@ pub fn check_machine(o: &CheckOptions) -> Result<Vec<Finding>> {
     }
     found.push(userfaultfd());
     found.push(descriptors());
+    found.push(cores_and_memory());
     found.push(gpu());
     found.push(containers());
     Ok(found)
@@ -213,6 +214,27 @@ fn descriptors() -> Finding {
     } else {
         Finding::new("descriptors", Verdict::Ok, text)
     }
+}
+
+/// The cores and memory a dump and a restore take here by default, as
+/// they reckon them.
+fn cores_and_memory() -> Finding {
+    use crate::engine;
+    let cores = engine::default_threads();
+    let available = crate::proc::memory::available();
+    let absorb = engine::default_absorb(available);
+    Finding::new(
+        "cores",
+        Verdict::Note,
+        format!(
+            "{cores} core(s) for criuz (as affinity and CPU quota allow): a dump compresses on {} worker(s) while \
+             CRIU writes and on {cores} after it, a restore decodes on {cores}; a dump to a file takes in up to \
+             {} MiB of CRIU's pages ahead of its workers (--absorb: a quarter of the {} MiB available now)",
+            engine::free_while_capturing(cores),
+            absorb >> 20,
+            available >> 20
+        ),
+    )
 }
 
 /// The CUDA driver, loaded as a dump of a GPU process loads it.

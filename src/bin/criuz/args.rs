@@ -395,7 +395,8 @@ pub enum Cmd {
     Gpu(GpuCmd),
     /// Check whether this machine can dump and restore, and which of criuz's
     /// ways it can take (CRIU and its own check, privileges, userfaultfd, the
-    /// CUDA driver, runc, podman); exit 0 unless none can run
+    /// cores and memory a dump takes, the CUDA driver, runc, podman); exit 0
+    /// unless none can run
     Check {
         #[command(flatten)]
         criu: CriuArgs,
