@@ -404,7 +404,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         proc::drop_caches()?;
     }
     proc::become_subreaper()?;
-    let idle = proc::IdleProcesses::start(args.idle_processes)?;
+    let _idle = proc::IdleProcesses::start(args.idle_processes)?;
     if args.idle_processes > 0 {
         eprintln!("bench: {} idle processes run beside it", args.idle_processes);
     }
@@ -690,11 +690,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     drop(tmpfs);
     drop(s3_server);
     drop(work);
-    drop(idle);
-    // A workload a cycle did not end runs on beside every later cycle, and
-    // its memory is taken from theirs: the run fails, and they are ended.
-    let left_running = proc::live_children();
-    proc::kill_tree(&left_running);
 
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
@@ -725,13 +720,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         return Err(Error::Invalid("interrupted".into()));
     }
-    if !left_running.is_empty() {
-        return Err(Error::Invalid(format!(
-            "{} process(es) of the workloads were left running after their cycles ({left_running:?}; ended now): \
-             later cycles ran beside them",
-            left_running.len()
-        )));
-    }
     let bad = doc.results.iter().filter(|r| !r.intact).count();
     if bad > 0 {
         return Err(Error::Invalid(format!(
@@ -744,7 +732,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 fn main() {
     let args = <BenchArgs as clap::Parser>::parse();
-    if let Err(e) = run(&args) {
+    let ran = run(&args);
+    // Every measurement has ended its processes by now (the run is their
+    // subreaper): one still running ran on beside every later cycle, its
+    // memory taken from theirs, in any mode. The run fails, and they end.
+    let left_running = proc::live_children();
+    proc::kill_tree(&left_running);
+    let ran = ran.and_then(|()| match left_running.len() {
+        0 => Ok(()),
+        n => Err(Error::Invalid(format!(
+            "{n} process(es) of the workloads were left running after their cycles ({left_running:?}; ended now): \
+             later cycles ran beside them"
+        ))),
+    });
+    if let Err(e) = ran {
         eprintln!("criuz-bench: {e}");
         std::process::exit(e.exit_code());
     }
