@@ -442,6 +442,15 @@ unsafe fn guard_main(
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
     }
+    // The forking thread's mask holds criuz's signals back
+    // (`interrupt::install`): a guard, and what it runs, start with none.
+    // SAFETY: sigemptyset and sigprocmask on a set of ours are
+    // async-signal-safe.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
     let mut fds = [
         libc::pollfd { fd: f.tell, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: f.fds, events: libc::POLLIN, revents: 0 },

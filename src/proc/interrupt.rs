@@ -18,9 +18,18 @@
 //! SIGUSR2) go on to the tree's root instead, as a container's init passes
 //! them on, and criuz exits as the root does. A terminal's own signals are
 //! not sent twice: one the kernel raised (Ctrl-C) reached the root already
-//! where it shares criuz's process group. Left: a signal criuz's signal
-//! thread has taken but not yet passed on as criuz replaces its image to
-//! wait ([`hold_through_exec`]) is lost, a window of microseconds.
+//! where it shares criuz's process group.
+//!
+//! Only the signal thread takes these signals: every other thread blocks
+//! them from birth (they inherit the mask [`install`] gives the main
+//! thread; children that exec get an empty one, as `std::process` and the
+//! guards set). So when criuz replaces its image to wait for the tree
+//! ([`hold_through_exec`]), the signal thread blocks them too and passes on
+//! what it had taken; one sent after that stays pending in the kernel,
+//! which keeps it across `exec` for the new image. Before, a signal the
+//! handler had recorded but the thread not yet passed on was lost with
+//! the old image (a clean-clone CI run's SIGTERM, sent as the pidfile
+//! appeared, never reached the root).
 
 use crate::io::unfinished;
 use crate::proc::{guard, restored, socket};
@@ -30,7 +39,7 @@ use signal_hook::iterator::{Handle, SignalsInfo};
 use signal_hook::low_level::siginfo::{Cause, Origin};
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 /// The signals that interrupt criuz.
 const INTERRUPTING: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
@@ -67,22 +76,77 @@ pub fn install() {
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     // One ignored when criuz started stays ignored (`nohup`, a shell's
     // background job without job control), as it would without this.
-    let taken: Vec<i32> = INTERRUPTING.into_iter().filter(|&sig| !ignored(sig)).collect();
+    let mut taken: Vec<i32> = INTERRUPTING.into_iter().filter(|&sig| !ignored(sig)).collect();
+    taken.push(hold_request());
     let Ok(mut signals) = SignalsInfo::<WithOrigin>::new(taken) else { return };
-    let _ = HANDLE.set(signals.handle());
-    let _ = std::thread::Builder::new().name("criuz-signals".into()).spawn(move || {
-        for origin in signals.forever() {
-            if forwarded(&origin) {
-                continue;
+    let handle = signals.handle();
+    // The mask criuz was started with: the signal thread's own. Where that
+    // holds these signals back (the image a foreground restore replaces
+    // itself with, `hold_through_exec`), they stay held until `forward_to`.
+    let inherited = set_held_back(libc::SIG_BLOCK);
+    let spawned = std::thread::Builder::new().name("criuz-signals".into()).spawn(move || {
+        // SAFETY: restores, in this thread only, a mask pthread_sigmask gave.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &inherited, std::ptr::null_mut()) };
+        loop {
+            let mut hold = false;
+            for origin in signals.wait() {
+                match origin.signal == hold_request() {
+                    true => hold |= HOLD.requested.load(Ordering::Acquire),
+                    false => take(&origin),
+                }
             }
-            if INTERRUPTING.contains(&origin.signal) {
-                end_now(Ending::Signal(origin.signal));
+            if hold {
+                // From now on no thread of this image takes them: one sent
+                // stays pending, for the next image. What the handlers had
+                // recorded before goes on now. The thread reads on, should
+                // `exec` fail and the main thread take them again.
+                set_held_back(libc::SIG_BLOCK);
+                signals.pending().filter(|o| o.signal != hold_request()).for_each(|o| take(&o));
+                *HOLD.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                HOLD.answered.notify_all();
             }
-            // One of `PASSED_ON` before the tree ran, or after its root ended
-            // (criuz exits then anyway): dropped.
         }
     });
+    match spawned {
+        Ok(_) => {
+            let _ = HANDLE.set(handle);
+        }
+        // Without the thread (its handlers went with it) they act as they
+        // would without criuz's: the main thread's mask as it was.
+        Err(_) => {
+            // SAFETY: as above, in the main thread.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &inherited, std::ptr::null_mut()) };
+        }
+    }
 }
+
+/// What the signal thread does with one signal it has taken.
+fn take(origin: &Origin) {
+    if forwarded(origin) {
+        return;
+    }
+    if INTERRUPTING.contains(&origin.signal) {
+        end_now(Ending::Signal(origin.signal));
+    }
+    // One of `PASSED_ON` before the tree ran, or after its root ended
+    // (criuz exits then anyway): dropped.
+}
+
+/// The signal by which [`hold_through_exec`] wakes the signal thread: a
+/// real-time one of criuz's own, which nothing else sends (one sent from
+/// outside without a request is dropped).
+fn hold_request() -> i32 {
+    libc::SIGRTMIN() + 2
+}
+
+/// [`hold_through_exec`]'s request to the signal thread, and its answer.
+struct Hold {
+    requested: AtomicBool,
+    done: Mutex<bool>,
+    answered: Condvar,
+}
+
+static HOLD: Hold = Hold { requested: AtomicBool::new(false), done: Mutex::new(false), answered: Condvar::new() };
 
 /// From now on, until [`stop_forwarding`], the signals criuz takes go on
 /// to `root` (a restored tree's root, criuz's own child, not yet reaped)
@@ -121,25 +185,41 @@ pub fn stand_in_once_restored() {
 }
 
 /// Just before criuz replaces its image to wait for the tree it restored
-/// (`exec`, same pid): the signals it passes on are held back by this
-/// thread, which the new image is made of, so that one sent meanwhile
-/// waits, pending, for the new image's [`forward_to`] instead of finding
-/// its default action there (ending criuz).
+/// (`exec`, same pid): the signals it passes on are held back by every
+/// thread, so that one sent meanwhile waits, pending, for the new image's
+/// [`forward_to`] instead of finding its default action there (ending
+/// criuz); what the signal thread had taken goes on to the root first.
+/// Waits for the signal thread at most a second (it may be busy ending
+/// criuz).
 pub fn hold_through_exec() {
     set_held_back(libc::SIG_BLOCK);
+    if HANDLE.get().is_none() {
+        return;
+    }
+    HOLD.requested.store(true, Ordering::Release);
+    let done = HOLD.done.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: raise(3) sends a signal to this thread, which has it
+    // unblocked; its handler (signal-hook's) wakes the signal thread.
+    if unsafe { libc::raise(hold_request()) } != 0 {
+        return;
+    }
+    let _ = HOLD.answered.wait_timeout_while(done, std::time::Duration::from_secs(1), |done| !*done);
 }
 
-/// Blocks or unblocks, in the calling thread, the signals criuz passes on.
-fn set_held_back(how: libc::c_int) {
-    // SAFETY: a signal set of ours, filled by sigemptyset/sigaddset, given
+/// Blocks or unblocks, in the calling thread, the signals criuz takes and
+/// passes on; the mask the thread had before.
+fn set_held_back(how: libc::c_int) -> libc::sigset_t {
+    // SAFETY: signal sets of ours, filled by sigemptyset/sigaddset, given
     // to pthread_sigmask, which changes only this thread's mask.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for sig in INTERRUPTING.into_iter().chain(PASSED_ON) {
             libc::sigaddset(&mut set, sig);
         }
-        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+        libc::pthread_sigmask(how, &set, &mut before);
+        before
     }
 }
 
