@@ -33,6 +33,18 @@ pub enum Verdict {
     Fail,
 }
 
+impl Verdict {
+    /// Its word, as a report line and the JSON (serde's name) give it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Note => "note",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
 /// One thing checked.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Finding {
@@ -304,5 +316,13 @@ mod tests {
         assert_eq!(release_of("5.15"), Some((5, 15)));
         assert_eq!(release_of(""), None);
         assert!(release_of("6.16.1") >= Some((6, 16)) && release_of("6.8.0") < Some((6, 16)));
+    }
+
+    /// The report's word and the JSON's are one.
+    #[test]
+    fn a_verdict_reads_the_same_in_a_line_and_in_json() {
+        for v in [Verdict::Ok, Verdict::Note, Verdict::Warn, Verdict::Fail] {
+            assert_eq!(serde_json::to_value(v).unwrap(), v.word());
+        }
     }
 }

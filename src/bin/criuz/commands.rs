@@ -390,8 +390,7 @@ fn check(criu: &CriuArgs, json: bool) -> Result<()> {
         out!("{}", serde_json::json!({ "ok": failed == 0, "findings": found }));
     } else {
         for f in &found {
-            let verdict = serde_json::to_value(f.verdict).unwrap_or_default();
-            out!("{:<5} {:<13} {}", verdict.as_str().unwrap_or("?"), f.topic, f.text);
+            out!("{:<5} {:<13} {}", f.verdict.word(), f.topic, f.text);
         }
     }
     match failed {
