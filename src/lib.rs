@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | layout | `format` | the byte layout, one file per record family; pure, no I/O |
 //! | blocks | `planes`, `huffman`, `codec`, `seal`, `engine` | the byte-plane transform of 16-bit words; zstd frames of a plane Huffman-coded from the planes' sample; zero elision and LZ4/zstd per block; AEAD seals; the worker pool |
-//! | storage | `io` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores (a local file read ahead), S3, what a killed criuz left, what an interrupted one removes |
+//! | storage | `io`, `spawn` | `io::Location` (where an archive is, parsed once), outputs published on commit, random-access stores (a local file read ahead), S3, what a killed criuz left, what an interrupted one removes; `spawn`: the programs criuz runs, started with the signal mask criuz was started with |
 //! | archive | `archive` | writing (`write`, `dedup`); reading through one door, `archive::open`: `prove` → `fetch` → `resolve` → `block` (the `BlockSource` seam, every block through `check`) → `stored` (the opened archive); `ids` for page ids |
 //! | CRIU | `criu` | everything CRIU speaks: streamer socket, page-server protocol, userfaultfd hand-over, images, stats |
 //! | OS | `proc`, `cuda` | process trees through /proc, the forked guard, cgroup v2, socket tricks; knows no session. `cuda`: the CUDA driver's checkpoint calls (libcuda loaded at run time), a tree's GPU state suspended and resumed |
@@ -27,6 +27,10 @@
 //! `session::receive`), and restores through a directory without the zero
 //! pages (`session::images_dir`). The command line (`src/bin/criuz`) only
 //! turns flags into these modules' option types and prints.
+
+// Tests start processes of their own; the rule (clippy.toml) is for the
+// programs criuz runs.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 /// `eprintln!` that never panics. What criuz says on stderr is for a reader
 /// that may be gone (a supervisor's log pipe closed, `2>&1 | head`): a dump
@@ -55,6 +59,7 @@ pub mod proc;
 pub mod progress;
 pub mod seal;
 pub mod session;
+pub mod spawn;
 pub mod threads;
 pub mod tree;
 

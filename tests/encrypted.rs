@@ -7,6 +7,10 @@
 //! with `--codec none` holds none of the workload's text or file names; an
 //! encrypted incremental child shares its parent's key and restores intact.
 
+// Tests start processes of their own; clippy.toml's rule is for the
+// programs criuz runs.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
 mod mutate;

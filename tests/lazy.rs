@@ -8,6 +8,10 @@
 //! tree's SIGKILL (and that of a child it forked meanwhile), not in a process
 //! running (or crashing) on zeros; memory discarded meanwhile reads as zero.
 
+// Tests start processes of their own; clippy.toml's rule is for the
+// programs criuz runs.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 #[path = "../fuzz/src/mutate.rs"]
 mod mutate;

@@ -4,6 +4,10 @@
 //! SCM_RIGHTS and one dummy byte, `img_streamer_reply_entry` on restore) to
 //! `criuz capture` and `criuz serve`.
 
+// Tests start processes of their own; clippy.toml's rule is for the
+// programs criuz runs.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 use common::CRIUZ;
 use std::io::{Read, Write};

@@ -10,7 +10,7 @@
 //! writes it, where CRIU can).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// What `criu check` found.
 pub struct KernelCheck {
@@ -28,7 +28,7 @@ pub struct KernelCheck {
 pub fn check_kernel(criu: &Path, log: &Path) -> std::io::Result<KernelCheck> {
     let mut found = KernelCheck { passed: false, errors: Vec::new(), kernel_cache: None };
     for _ in 0..2 {
-        let status = Command::new(criu)
+        let status = crate::spawn::command(criu)
             .args(["check", "-v4", "-o"])
             .arg(log)
             .stdin(Stdio::null())

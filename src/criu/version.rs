@@ -12,7 +12,6 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The record's first line; a record that does not start with it is ignored.
 const HEADER: &str = "criuz criu versions 1";
@@ -40,7 +39,7 @@ pub(crate) fn record_path(cache: &Path) -> PathBuf {
 
 /// `criu --version`, run.
 fn ask(path: &Path) -> Result<String, String> {
-    let out = Command::new(path).arg("--version").output().map_err(|e| format!("cannot run: {e}"))?;
+    let out = crate::spawn::command(path).arg("--version").output().map_err(|e| format!("cannot run: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
         .find_map(|l| l.strip_prefix("Version:"))
@@ -127,7 +126,7 @@ mod tests {
         // Another test thread's fork may hold the file open for writing a
         // moment longer (ETXTBSY): wait until it runs.
         for _ in 0..100 {
-            if Command::new(&path).output().is_ok() {
+            if std::process::Command::new(&path).output().is_ok() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));

@@ -46,6 +46,7 @@ use crate::error::{Error, Result};
 use crate::proc::holder::holder_of;
 use crate::proc::restored::{describe_end, end_aborted_tree, held_by_ours, restored_root};
 use crate::proc::tree::{kill_tree, left_stopped, signal_tree_except, tree_pids, wait_ended, wait_untraced};
+use crate::spawn::Mask;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -243,7 +244,7 @@ impl Guard {
         let (ours, theirs) = UnixStream::pair()?;
         let tree = tree.to_vec();
         let spared = spared.to_vec();
-        let fds = GuardFds { tell: tell_r.as_raw_fd(), fds: theirs.as_raw_fd() };
+        let fds = GuardFds { tell: tell_r.as_raw_fd(), fds: theirs.as_raw_fd(), mask: crate::spawn::started_with() };
         // SAFETY: the child runs only async-signal-safe calls on memory
         // prepared above (see the module documentation), and never returns.
         let pid = unsafe { libc::fork() };
@@ -406,11 +407,13 @@ enum AfterCriu {
     EndIfDumped,
 }
 
-/// Descriptors the guard works with.
+/// What the guard works with: its descriptors and its signal mask.
 #[derive(Clone, Copy)]
 struct GuardFds {
     tell: RawFd,
     fds: RawFd,
+    /// The signal mask the guard runs with (`spawn::started_with`).
+    mask: Option<Mask>,
 }
 
 /// The guard process (see the module documentation): only async-signal-safe
@@ -443,13 +446,12 @@ unsafe fn guard_main(
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
     }
     // The forking thread's mask holds criuz's signals back
-    // (`interrupt::install`): a guard, and what it runs, start with none.
-    // SAFETY: sigemptyset and sigprocmask on a set of ours are
-    // async-signal-safe.
-    unsafe {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    // (`interrupt::install`): a guard, and what it runs, start with the
+    // mask criuz was started with (`spawn`).
+    if let Some(Mask(mask)) = f.mask {
+        // SAFETY: sigprocmask is async-signal-safe; `mask` was copied
+        // before the fork.
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
     }
     let mut fds = [
         libc::pollfd { fd: f.tell, events: libc::POLLIN, revents: 0 },

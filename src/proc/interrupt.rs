@@ -22,8 +22,8 @@
 //!
 //! Only the signal thread takes these signals: every other thread blocks
 //! them from birth (they inherit the mask [`install`] gives the main
-//! thread; children that exec get an empty one, as `std::process` and the
-//! guards set). So when criuz replaces its image to wait for the tree
+//! thread; the programs criuz runs, and its guards, get the mask criuz was
+//! started with: `spawn`). So when criuz replaces its image to wait for the tree
 //! ([`hold_through_exec`]), the signal thread blocks them too and passes on
 //! what it had taken; one sent after that stays pending in the kernel,
 //! which keeps it across `exec` for the new image. Before, a signal the
@@ -84,6 +84,8 @@ pub fn install() {
     // holds these signals back (the image a foreground restore replaces
     // itself with, `hold_through_exec`), they stay held until `forward_to`.
     let inherited = set_held_back(libc::SIG_BLOCK);
+    // The programs criuz runs start with it (`spawn`), not with its own.
+    crate::spawn::note_started_with(crate::spawn::Mask(inherited));
     let spawned = std::thread::Builder::new().name("criuz-signals".into()).spawn(move || {
         // SAFETY: restores, in this thread only, a mask pthread_sigmask gave.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &inherited, std::ptr::null_mut()) };

@@ -298,7 +298,7 @@ fn containers() -> Finding {
 
 /// `NAME VERSION at PATH`, from its `--version`'s first line.
 fn version_line(name: &str, path: &Path) -> String {
-    let out = std::process::Command::new(path).arg("--version").output();
+    let out = crate::spawn::command(path).arg("--version").output();
     let first = out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_string));
     // "runc version 1.1.12", "podman version 4.3.1".
     let version = first.as_deref().and_then(|l| l.split_whitespace().last()).unwrap_or("(no version)");

@@ -251,7 +251,7 @@ fn refuse_traced(pid: i32) -> Result<()> {
 /// stopping at `hook` where one waits for the archive to be durable.
 fn dump_command(criu: &Criu, o: &DumpOptions, work: &Path, hook: Option<&ActionHook>) -> Command {
     let (stdout, stderr) = criu_output(work);
-    let mut cmd = Command::new(&criu.path);
+    let mut cmd = crate::spawn::command(&criu.path);
     cmd.args(["dump", "--stream", "-o", "dump.log", "-t", &o.pid.to_string(), "-D"])
         .arg(work)
         // Where the log and statistics go, whatever CRIU's config files say.

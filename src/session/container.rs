@@ -77,7 +77,7 @@ impl Runc {
 
     /// runc told to run `criu` as its CRIU.
     fn command_running(&self, criu: &Path) -> Command {
-        let mut c = Command::new(&self.binary);
+        let mut c = crate::spawn::command(&self.binary);
         if let Some(root) = &self.root {
             c.arg("--root").arg(root);
         }

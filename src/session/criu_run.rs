@@ -330,7 +330,7 @@ pub(crate) fn restore_command(
     dir: &Path,
     pidfile: &Path,
 ) -> Command {
-    let mut cmd = Command::new(&criu.path);
+    let mut cmd = crate::spawn::command(&criu.path);
     cmd.args(["restore", mode, "-o", "restore.log", "--pidfile"]).arg(pidfile).arg("-D").arg(dir);
     let given = CriuOptions::read(&o.extra);
     cmd.args(ToldAgain::of(source).options(|option| given.is_set(option.trim_start_matches("--"))));

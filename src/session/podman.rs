@@ -32,7 +32,7 @@ fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command>
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs = vec![bin];
     dirs.extend(std::env::split_paths(&path));
-    let mut c = Command::new(podman);
+    let mut c = crate::spawn::command(podman);
     c.env("PATH", std::env::join_paths(dirs).map_err(|e| Error::Usage(format!("PATH: {e}")))?);
     Ok(c)
 }

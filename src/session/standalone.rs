@@ -127,7 +127,7 @@ pub fn page_server_dump(
     // is never packed into itself.
     let before = Before::take(dir, out.own_files())?;
     let packer = Packer::start(out.writer()?, &opts, None)?;
-    let mut cmd = Command::new(program);
+    let mut cmd = crate::spawn::command(program);
     cmd.args(args);
     let work = held.filter(|h| h.hooked).map(|_| WorkDir::new("criuz-page-server-")).transpose()?;
     let hook = work.as_ref().map(|w| ActionHook::bind(w.path(), At::PostDump)).transpose()?;

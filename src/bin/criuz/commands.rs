@@ -346,6 +346,9 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
             print::summary_lost(&e);
         }
         criuz::proc::interrupt::hold_through_exec();
+        // Not `spawn::command`: the new image keeps the mask that holds
+        // criuz's signals back, until it passes them on.
+        #[allow(clippy::disallowed_methods)]
         let failed = std::process::Command::new(exe).args(["wait-tree", &root.to_string()]).exec();
         criuz::say!("criuz: waiting for the restored tree in place ({failed})");
     }
