@@ -38,11 +38,17 @@ pub struct Criu {
     pub source: &'static str,
 }
 
+/// Major and minor of a release, CRIU's (`4.2.1`) or the kernel's
+/// (`6.8.0-51-generic`).
+pub(crate) fn release_of(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
 impl Criu {
     /// Major and minor version, where the version reads so.
     pub(crate) fn release(&self) -> Option<(u32, u32)> {
-        let mut parts = self.version.split('.').map(|p| p.parse().ok());
-        Some((parts.next()??, parts.next()??))
+        release_of(&self.version)
     }
 
     /// The `CRIU_FAULT` that has this CRIU catch a restored task at the end
@@ -379,6 +385,19 @@ mod tests {
 
     fn criu(version: &str) -> Criu {
         Criu { path: "/x/criu".into(), version: version.into(), source: "PATH" }
+    }
+
+    /// CRIU's versions and the kernel's releases read the same way.
+    #[test]
+    fn a_release_reads_as_major_and_minor() {
+        use super::release_of;
+        assert_eq!(release_of("6.18.44"), Some((6, 18)));
+        assert_eq!(release_of("6.8.0-51-generic"), Some((6, 8)));
+        assert_eq!(release_of("5.15"), Some((5, 15)));
+        assert_eq!(release_of(""), None);
+        assert!(release_of("6.16.1") >= Some((6, 16)) && release_of("6.8.0") < Some((6, 16)));
+        assert_eq!(criu("4.2.1").release(), Some((4, 2)));
+        assert_eq!(criu("3.19").release(), Some((3, 19)));
     }
 
     #[test]

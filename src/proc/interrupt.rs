@@ -58,9 +58,11 @@ static HANDLE: OnceLock<Handle> = OnceLock::new();
 /// lock keeps a forward from racing the reap).
 static FORWARD_TO: Mutex<Option<i32>> = Mutex::new(None);
 
-/// Takes SIGINT, SIGTERM and SIGHUP for the rest of the process's life.
-/// Best effort: where the thread or the handlers cannot be had, a signal
-/// kills criuz as before, and the next run sweeps what it left.
+/// Takes SIGINT, SIGTERM and SIGHUP for the rest of the process's life, on
+/// the signal thread alone (the calling thread, and every thread it starts
+/// after, holds them back). Call it before any other thread exists. Best
+/// effort: where the thread or the handlers cannot be had, a signal kills
+/// criuz as before, and the next run sweeps what it left.
 pub fn install() {
     // A write past the file-size limit (`ulimit -f`) then fails with EFBIG,
     // reported naming the file, and what was unfinished is removed; by

@@ -6,8 +6,9 @@
 //! it: the CRIU they would run (found as they find it) and its own `criu
 //! check`; criuz's capabilities; the userfaultfd that placed and lazy
 //! restores copy memory in through; the descriptors a dump holds pages by
-//! reference with; the cores and memory a dump takes; CRIU's kernel cache; the CUDA driver, loaded as a dump
-//! of a GPU process loads it; runc and podman for the container commands.
+//! reference with; the cores and memory a dump takes; CRIU's kernel cache;
+//! the CUDA driver, loaded as a dump of a GPU process loads it; runc and
+//! podman for the container commands.
 //! A finding that stops every dump or restore fails the check; one that
 //! takes a way away (lazy restores, TCP, GPU processes) warns; the rest
 //! are notes. Nothing is changed on the machine but CRIU's kernel cache,
@@ -128,7 +129,9 @@ fn find_criu(o: &CheckOptions, kernel: &str, found: &mut Vec<Finding>) -> Result
                     format!("skipped {} (from {}): {}", r.path.display(), r.source, r.why),
                 ));
             }
-            let (verdict, tail) = if c.release().is_some_and(|v| v < (4, 2)) && release_of(kernel) >= Some((6, 16)) {
+            let (verdict, tail) = if c.release().is_some_and(|v| v < (4, 2))
+                && criu::release_of(kernel) >= Some((6, 16))
+            {
                 (Verdict::Warn, format!(": on Linux {kernel} it cannot dump TCP sockets (4.2 is the first that can)"))
             } else {
                 (Verdict::Ok, String::new())
@@ -146,12 +149,6 @@ fn find_criu(o: &CheckOptions, kernel: &str, found: &mut Vec<Finding>) -> Result
             Ok(None)
         }
     }
-}
-
-/// Major and minor of a kernel release (`6.18.44-...`).
-fn release_of(kernel: &str) -> Option<(u32, u32)> {
-    let mut parts = kernel.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().ok());
-    Some((parts.next()??, parts.next()??))
 }
 
 /// CRIU's own check of this kernel, and where it keeps its kernel cache.
@@ -308,15 +305,6 @@ fn version_line(name: &str, path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_kernel_release_reads_as_major_and_minor() {
-        assert_eq!(release_of("6.18.44"), Some((6, 18)));
-        assert_eq!(release_of("6.8.0-51-generic"), Some((6, 8)));
-        assert_eq!(release_of("5.15"), Some((5, 15)));
-        assert_eq!(release_of(""), None);
-        assert!(release_of("6.16.1") >= Some((6, 16)) && release_of("6.8.0") < Some((6, 16)));
-    }
 
     /// The report's word and the JSON's are one.
     #[test]
