@@ -6,17 +6,17 @@
 //! nothing is published (no file under the output name; on stdout, an archive
 //! without its trailer, which every reader rejects). CRIU's `stats-dump`
 //! (written locally, not streamed; `criu::stats`) is added to the archive and reported.
-//! Restore: the archive is proven whole before CRIU starts (`archive::open`)
-//! and every block is checked as it is served; a failed check aborts CRIU's
-//! restore before the process runs.
+//! Restore, streamed (`streamed`): every block is checked as it is served,
+//! and no process runs before the archive is proven whole; a failed check
+//! aborts CRIU's restore before the process runs.
 //!
 //! The work directory is always removed. When CRIU fails, its log is kept in
 //! [`log_dir`](crate::session::workdir::log_dir) (the newest few only, so failures do not pile up) and named in
 //! the error.
 
 use crate::archive::dedup::DedupIndex;
-use crate::archive::{Archive, BlockSource, Options, PackStats, Packer};
-use crate::archive::{OpenOptions, Parents, Proof};
+use crate::archive::OpenOptions;
+use crate::archive::{Options, PackStats, Packer};
 use crate::criu::options::{self, CriuOptions};
 use crate::criu::stats::{parse_stats, CriuDumpStats};
 use crate::criu::streamer::{self, Listener};
@@ -28,22 +28,23 @@ use crate::io::{Location, Output};
 use crate::proc::guard::Guard;
 use crate::proc::outside::{self, Ask};
 use crate::proc::pipes::OutsideEnd;
-use crate::proc::{arriving, budget, claim, holder, restored, signal_safe, tree};
+use crate::proc::{arriving, budget, claim, holder, signal_safe, tree};
 use crate::progress::Meter;
 use crate::session::capture;
 use crate::session::criu_hook::{self, ActionHook, At};
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, ids_by_default, join_criu_thread, publish_pidfile,
-    restore_command, resume_cuda, run_criu_told, CriuThread, RestoreOptions, PIDFILE_FAILED, PID_NAMESPACE_REFUSED,
+    cannot_run, criu_failure, ids_by_default, join_criu_thread, run_criu_told, CriuThread, PID_NAMESPACE_REFUSED,
 };
-use crate::session::memory_room::{check_memory_room, SharedPages};
-use crate::session::serve::{self, ServeOptions};
 use crate::session::workdir::{criu_output, WorkDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+mod streamed;
+
+pub use streamed::{open_for_restore, restore_opened, RestoreReport};
 
 #[derive(Clone, Debug, Default)]
 pub struct DumpOptions {
@@ -511,153 +512,5 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         peak_rss_bytes: crate::proc::memory::own_peak_rss(),
         cuda,
         pack,
-    })
-}
-
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct RestoreReport {
-    pub pid: Option<i32>,
-    pub seconds: f64,
-    pub served_bytes: u64,
-    pub zero_pages_skipped: u64,
-    pub files: usize,
-    pub criu_exit: i32,
-    /// CUDA restore and unlock of the restored processes, after CRIU.
-    pub cuda_resume_seconds: Option<f64>,
-    /// Why a default restore streamed where it would otherwise place.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_placed: Option<&'static str>,
-}
-
-/// Opens a restore's archive. Missing or foreign parents are found here,
-/// before CRIU starts; the parents are walked while CRIU starts and reads
-/// its metadata images (ten parents of a 1 GiB process: 0.03-0.05 s, a
-/// tenth of the restore), and the first page that needs them waits for that
-/// walk. The archive itself is opened from its index and block table
-/// (checked as a walk would check them) and walked behind, as its blocks
-/// are read: from a cold page cache the walk reads the whole file (0.15 s
-/// of 1 GiB mixed memory on this project's VM), which then no longer delays
-/// CRIU. No process runs before that walk has proven the archive: a
-/// streamed restore's last page of each image, and the release of a placed
-/// or lazy restore's tree (CRIU leaves it stopped), wait for it
-/// (`BlockSource::proven`).
-pub fn open_for_restore(o: &RestoreOptions) -> Result<Arc<Archive>> {
-    let how = OpenOptions {
-        search: o.parents.clone(),
-        spool_cap: o.pipe_buffer,
-        proof: Proof::Behind,
-        parents: Parents::Behind,
-    };
-    crate::archive::open(&o.input, &how)
-}
-
-/// `restore`, of an archive opened by [`open_for_restore`] at `started`.
-pub fn restore_opened(
-    o: &RestoreOptions,
-    source: Arc<Archive>,
-    started: Instant,
-    archive: &Options,
-    criu: &Criu,
-) -> Result<RestoreReport> {
-    let tree = check_pids_free(&*source)?;
-    check_memory_room(&*source, SharedPages::KeptShared, o)?;
-    let cuda = cuda_plan(&*source, &o.gpu_map, true)?;
-    restored::become_subreaper();
-    let work = WorkDir::new("criuz-restore-")?;
-    let listener = Listener::bind(work.path(), streamer::SERVE_SOCKET)?;
-    let pidfile = work.path().join("restored.pid");
-    let stop = AtomicBool::new(false);
-    let opts = ServeOptions {
-        meter: o.meter.clone().unwrap_or_default(),
-        threads: archive.threads,
-        prefetch_bytes: serve::PREFETCH_BYTES,
-        skip_zero_pages: !o.keep_zero_pages,
-    };
-
-    let mut cmd = restore_command(criu, o, &*source, "--stream", work.path(), &pidfile);
-
-    // Should criuz die mid-restore, its CRIU dies with it (`restore_command`)
-    // and the half-restored tree would wait forever for a CRIU that is gone:
-    // the guard kills it, and again once that CRIU has ended (it may have
-    // forked more of the tree meanwhile). Released once CRIU has exited
-    // having let the tree run, or when criuz ends the tree itself. Not at
-    // CRIU's pidfile: CRIU writes it before it lets the tasks out of its
-    // restorer, where a criuz killed in between left them waiting, every
-    // signal blocked, for good.
-    let guard = Guard::start(&tree)?;
-    let restored = AtomicBool::new(false);
-    let (status, served) = std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let served = serve::serve(&listener, source.clone(), opts, &stop);
-            match source.parents_walked() {
-                // Pages that needed the parents failed as cancelled (CRIU
-                // aborted before the process ran): the walk says why. A
-                // restore that needed nothing of them stands.
-                Err(e) if served.is_err() => Err(e),
-                _ => served,
-            }
-        });
-        s.spawn(|| {
-            while !restored.load(Ordering::Relaxed) {
-                if pidfile.exists() {
-                    let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
-                    restored::let_go_of_restored_tree(root);
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        });
-        let status = run_criu_told(&mut cmd, &tree, Some(&guard));
-        stop.store(true, Ordering::Relaxed);
-        restored.store(true, Ordering::Relaxed);
-        (status, srv.join().unwrap_or(Err(Error::Cancelled)))
-    });
-    let failed = |e: Error| {
-        // Whatever CRIU left of the tree is killed and reaped before the
-        // guard goes, so no half-restored process waits forever.
-        // The root CRIU named, if it got that far: let go of as soon as
-        // the pidfile came, the tree may have gone to init as CRIU exited.
-        let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
-        let _ = restored::end_aborted_tree(&tree, root);
-        guard.release();
-        restored::end_orphans();
-        e
-    };
-    let status = status.map_err(|e| failed(cannot_run(criu.path.display(), e)))?;
-    let pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
-    let report = match served {
-        Err(e) => {
-            let log = work.save_log("restore.log");
-            return Err(failed(e.context(format!("restore aborted ({log})"))));
-        }
-        Ok(None) if !status.success() => {
-            return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))))
-        }
-        Ok(None) => return Err(failed(Error::Criu("CRIU never connected to the serve socket".into()))),
-        Ok(Some(report)) => report,
-    };
-    // CRIU returns once the tree runs (`restore_command`).
-    if !status.success() {
-        return Err(failed(criu_failure("criu restore", status, &work.save_log("restore.log"))));
-    }
-    let cuda_resume_seconds = resume_cuda(cuda.as_ref(), &pidfile)
-        .map_err(|e| failed(e.context("CUDA resume failed, restored tree killed")))?;
-    // The tree runs whole: let go of even where CRIU ended before the
-    // watcher above saw its pidfile (an interruption from here on leaves it
-    // running, or passes on to it in the foreground: `proc::interrupt`).
-    restored::let_go_of_restored_tree(pid);
-    // Before the guard goes: a pidfile that cannot be written fails the
-    // restore, and a failed restore leaves nothing running.
-    publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| failed(e.context(PIDFILE_FAILED)))?;
-    guard.release();
-    Ok(RestoreReport {
-        pid,
-        seconds: started.elapsed().as_secs_f64(),
-        served_bytes: report.bytes,
-        zero_pages_skipped: report.zero_pages_skipped,
-        files: report.served.len(),
-        criu_exit: status.code().unwrap_or(-1),
-        cuda_resume_seconds,
-        not_placed: None,
     })
 }

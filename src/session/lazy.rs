@@ -46,37 +46,34 @@
 //! --lazy-pages`, whose tree lives in a pid namespace of its own, and names
 //! the container's cgroup.
 
-use crate::archive::{Archive, BlockSource};
-use crate::criu::images;
-use crate::criu::{uffd, Criu};
+use crate::archive::BlockSource;
+use crate::criu::uffd;
 use crate::error::{Error, IoContext, Result};
-use crate::format::FileKind;
 use crate::io::Location;
 use crate::proc::guard::{Guard, Victim};
 use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_hook::ActionHook;
-use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda,
-    RestoreOptions, PIDFILE_FAILED,
-};
-use crate::session::memory_room::{check_memory_room, SharedPages};
+use crate::session::criu_run::cannot_run;
 use crate::session::pager::{Abort, FillGate, Pager};
 use crate::session::place::HeldFill;
-use crate::session::placement::{
-    materialize, Materialized, Placement, HELD_MIN_ZERO_RUN, KEPT_ZERO_RUN, LAZY_MIN_ZERO_RUN,
-};
-use crate::session::serve::pages_images_named_once;
-use crate::session::shmem::{self, SharedObject};
-use crate::session::workdir::WorkDir;
-use crate::session::working_set::{load_touches, save_touches, touch_path};
-use std::collections::{HashMap, HashSet};
+use crate::session::placement::{Materialized, Placement};
+use crate::session::shmem::SharedObject;
+use crate::session::working_set::save_touches;
+use std::collections::HashSet;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+mod bare;
+mod prepare;
+
+pub use bare::restore_lazy;
+pub(crate) use bare::restore_placed;
+use prepare::Prepared;
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LazyReport {
@@ -481,89 +478,7 @@ impl LazyRestore<'_> {
     }
 }
 
-/// What a lazy or held restore has ready before CRIU starts.
-struct Prepared {
-    /// Where this restore's faults are recorded (`session::working_set`),
-    /// and those earlier restores recorded.
-    touch: Option<std::path::PathBuf>,
-    recorded: Vec<(u32, u64)>,
-    /// A lazy tree's shared memory that no descriptor opens: served as it
-    /// runs, like its private memory.
-    served_shared: Vec<shmem::LazyShared>,
-    /// The images written for CRIU, and what of the memory criuz serves.
-    materialized: Materialized,
-}
-
 impl LazyRestore<'_> {
-    /// Writes CRIU's images (`session::placement`), with `planned` where a
-    /// placed restore worked the pagemaps out already, and plans the shared
-    /// memory a lazy (`gated`) tree is served; with `verify_first`, proves
-    /// every stored byte meanwhile. `hold`: a tree held stopped until every
-    /// page is in; `keep_zeros`: every zero page placed too.
-    fn prepare(
-        &self,
-        blocks: &Blocks,
-        hold: bool,
-        gated: bool,
-        planned: Option<Placement>,
-        keep_zeros: bool,
-    ) -> Result<Prepared> {
-        // Until CRIU has restored the tree, what CRIU reads comes first: from
-        // a cold cache the archive's read-ahead beside it made CRIU's part of
-        // a 1 GiB lazy restore 0.17 s instead of 0.03, and a placed restore
-        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). It resumes when the
-        // tree runs (lazy) or the held fill starts (`Pager::fill_held`).
-        self.source.read_ahead(false);
-        // A held tree never runs before every page is in: no working set to
-        // learn from, nor to bring first.
-        let touch = if hold { None } else { touch_path(self.input) };
-        let recorded = load_touches(touch.as_deref());
-        // Found once: the lazy plan of shared memory and the images below
-        // both ask which pages images one pagemap alone names. A placed
-        // restore's plan found them already.
-        let named_once = if planned.is_some() { HashSet::new() } else { pages_images_named_once(&*self.source)? };
-        let served_shared = if gated { shmem::plan_lazy(&*self.source, &named_once)? } else { Vec::new() };
-        let placed = self.shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id));
-        let left_empty: HashMap<&str, u32> =
-            placed.chain(served_shared.iter().map(|o| (o.pagemap.as_str(), o.pages_id))).collect();
-        // With `verify_first`, every stored byte is proven before the tree
-        // may run, beside the images being written (which decode and prove
-        // their own blocks); otherwise behind the running tree.
-        let (proven, materialized) = std::thread::scope(|s| {
-            let proving = self.verify_first.then(|| s.spawn(|| self.source.prove_stored()));
-            let min_zero_run = match (keep_zeros, hold) {
-                (true, _) => KEPT_ZERO_RUN,
-                (false, true) => HELD_MIN_ZERO_RUN,
-                (false, false) => LAZY_MIN_ZERO_RUN,
-            };
-            let materialized =
-                materialize(blocks, self.images, min_zero_run, planned, &named_once, &left_empty, self.threads);
-            (proving.map_or(Ok(()), |p| p.join().unwrap_or(Err(Error::Cancelled))), materialized)
-        });
-        proven?;
-        let materialized = materialized?;
-        blocks.reset_cursor();
-        Ok(Prepared { touch, recorded, served_shared, materialized })
-    }
-
-    /// Decoders for a running tree's fill one block at a time (one core):
-    /// where zstd blocks dominate, decoding is slower than copying, so every
-    /// core but one (left to the tree) decodes; LZ4 and raw blocks decode
-    /// faster than one thread copies them in (2 cores: lz4 restores took
-    /// 0.33-0.52 s with one decoder, 0.46-0.56 s with two; zstd 0.41-1.10 s
-    /// with one, 0.49-0.84 s with two), so one decoder keeps up. A fill in
-    /// steps needs none: its threads decode their own blocks
-    /// (`session::place`).
-    fn decoders(&self, fill_threads: usize) -> usize {
-        if fill_threads > 1 {
-            0
-        } else if mostly_zstd(&*self.source) {
-            self.threads.saturating_sub(1).max(1)
-        } else {
-            1
-        }
-    }
-
     /// Lets a lazy tree CRIU restored stopped run, once CRIU has handed all
     /// of it over (`finished`) and the walks of the archive and its parents
     /// have proven the index its images and pages came from; whether it
@@ -613,161 +528,4 @@ impl LazyRestore<'_> {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
-}
-
-/// Whether most page blocks of the archive are zstd blocks.
-fn mostly_zstd(source: &dyn BlockSource) -> bool {
-    let (mut zstd, mut all) = (0usize, 0usize);
-    for f in source.index().files.iter().filter(|f| f.kind == FileKind::Pages) {
-        let mut i = 0;
-        while let Some((h, _)) = source.block_header(f.file_id, i) {
-            zstd += usize::from(h.codec.without_planes() == crate::format::BlockCodec::Zstd);
-            all += 1;
-            i += 1;
-        }
-    }
-    zstd * 2 > all
-}
-
-/// Restores `archive` lazily (see the module documentation), opened as
-/// every restore opens it (`checkpoint::open_for_restore`: from its index,
-/// the archive and its parents walked behind). CRIU restores the tree
-/// stopped while the walks run, and the tree runs once they have proven the
-/// index its images and pages came from: an archive whose records disagree
-/// with its index (reordered entries with every check recomputed pass each
-/// block's own checks) stops the restore while nothing runs. The proof of
-/// the stored bytes runs behind the tree (first with `verify_first`).
-pub fn restore_lazy(
-    o: &RestoreOptions,
-    archive: Arc<Archive>,
-    started: Instant,
-    criu: &Criu,
-    threads: usize,
-) -> Result<LazyReport> {
-    let walked = archive.clone();
-    parents_say_why(&walked, restore_through_pager(o, archive, started, criu, Fill::Lazy, threads))
-}
-
-/// Restores eagerly, criuz placing the memory: CRIU restores the tree with
-/// lazy pages and leaves it stopped; criuz copies every page in on `threads`
-/// threads (never through CRIU's pipe), each page from a block checked as it
-/// is decoded, and only then lets the tree run. No process runs with a page
-/// missing or unproven; a failure kills the tree before it ran. `archive`
-/// opened as a streamed restore opens it (`checkpoint::open_for_restore`:
-/// parents walked behind, an arriving object proven behind): the tree runs
-/// only once both are done. `planned`: the archive's `plan_placement`, where
-/// the caller worked it out already.
-pub(crate) fn restore_placed(
-    o: &RestoreOptions,
-    archive: Arc<Archive>,
-    started: Instant,
-    criu: &Criu,
-    threads: usize,
-    planned: Option<Placement>,
-) -> Result<LazyReport> {
-    let walked = archive.clone();
-    parents_say_why(
-        &walked,
-        restore_through_pager(
-            o,
-            archive,
-            started,
-            criu,
-            Fill::Held { planned, keep_zero_pages: o.keep_zero_pages },
-            threads,
-        ),
-    )
-}
-
-/// The processes of the archive's tree (`pids`) that were stopped when it
-/// was dumped (a job a shell had stopped, a process paused with SIGSTOP),
-/// with the signal that had stopped each, from their core images. CRIU
-/// restores those stopped; a tree CRIU leaves stopped for criuz
-/// (`--leave-stopped`) must be let run without them, or they would come
-/// back running.
-fn stopped_at_dump(source: &dyn BlockSource, pids: &[i32]) -> Result<Vec<(i32, i32)>> {
-    let mut stopped = Vec::new();
-    for &pid in pids {
-        let Some(entry) = source.find(&format!("core-{pid}.img")) else { continue };
-        if let Some(sig) = images::core_stopped_by(&source.read_file(entry)?) {
-            stopped.push((pid, sig));
-        }
-    }
-    Ok(stopped)
-}
-
-/// What a restore through the pager ended with. Its archive's parents are
-/// walked behind (`checkpoint::open_for_restore`): pages that needed them
-/// fail as cancelled, and the walk says why.
-fn parents_say_why(archive: &Archive, restored: Result<LazyReport>) -> Result<LazyReport> {
-    restored.map_err(|e| match archive.parents_walked() {
-        Err(why) => why,
-        Ok(()) => e,
-    })
-}
-
-fn restore_through_pager(
-    o: &RestoreOptions,
-    archive: Arc<Archive>,
-    started: Instant,
-    criu: &Criu,
-    fill: Fill,
-    threads: usize,
-) -> Result<LazyReport> {
-    let pids = check_pids_free(&*archive)?;
-    // Shared memory's zero pages count: those criuz leaves holes
-    // (`session::shmem`) are pages of memory again once the tree reads
-    // them, as they were when it was dumped.
-    check_memory_room(&*archive, SharedPages::CopiedToEach, o)?;
-    // The shared memory criuz places itself: a held tree's, planned once.
-    let mut fill = fill;
-    let shared = match &mut fill {
-        Fill::Held { keep_zero_pages: true, .. } | Fill::Lazy => Vec::new(),
-        Fill::Held { planned: Some(p), .. } => std::mem::take(&mut p.shared),
-        Fill::Held { planned: None, .. } => shmem::plan(&*archive, &pages_images_named_once(&*archive)?)?,
-    };
-    let cuda = cuda_plan(&*archive, &o.gpu_map, true)?;
-    crate::proc::restored::become_subreaper();
-    let source: Arc<dyn BlockSource> = archive;
-    let work = WorkDir::new("criuz-lazy-")?;
-    let pidfile = work.path().join("restored.pid");
-    let mut cmd = restore_command(criu, o, &*source, "--lazy-pages", work.path(), &pidfile);
-    // Held until every page is in (placed), or until the walks behind have
-    // proven the archive (lazy).
-    cmd.arg("--leave-stopped");
-    let dumped_stopped = stopped_at_dump(&*source, &pids)?;
-    let victim = Victim::Tree(pids);
-    let lazy = LazyRestore {
-        source,
-        input: &o.input,
-        images: work.path(),
-        work: work.path(),
-        victim: &victim,
-        verify_first: o.verify_first,
-        fill,
-        shared,
-        release: Release::Continued,
-        threads,
-        meter: o.meter.clone(),
-        // With or without -d (`restore_command`).
-        detached: true,
-        dumped_stopped: &dumped_stopped,
-    };
-    let cuda_resumed = std::cell::Cell::new(None);
-    let (status, mut report) = lazy.run(cmd, started, || {
-        // The tree runs (its CUDA calls wait for the unlock) while its
-        // pages still arrive; a held tree runs once every page is in.
-        let resumed = resume_cuda(cuda.as_ref(), &pidfile).map_err(|e| {
-            victim.kill();
-            e.context("CUDA resume failed, restored tree killed")
-        })?;
-        cuda_resumed.set(resumed);
-        publish_pidfile(&pidfile, o.pidfile.as_deref()).map_err(|e| e.context(PIDFILE_FAILED))
-    })?;
-    report.cuda_resume_seconds = cuda_resumed.get();
-    if !status.success() {
-        return Err(criu_failure("criu restore", status, &work.save_log("restore.log")));
-    }
-    report.pid = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
-    Ok(report)
 }

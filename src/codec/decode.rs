@@ -1,0 +1,165 @@
+//! The decoding side: one reader's [`Decoder`] (its zstd context and
+//! scratch kept across blocks) checks a stored block against its record
+//! and rebuilds the image bytes, zero pages included.
+
+use super::{check_parts, scatter, DecodeError};
+use crate::format::{BlockCodec, BlockHeader, PlanesPrefix};
+use crate::planes;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub struct Decoder {
+    zstd: zstd::bulk::Decompressor<'static>,
+    scratch: Vec<u8>,
+    planes: Vec<u8>,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Decoder {
+            zstd: zstd::bulk::Decompressor::new().expect("zstd context"),
+            scratch: Vec::new(),
+            planes: Vec::new(),
+        }
+    }
+
+    /// Decodes a block into `out` (replacing its contents) and checks its data
+    /// checksum. The error says what is wrong; the caller adds where.
+    pub fn decode(&mut self, header: &BlockHeader, payload: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        if header.zero_pages() == 0 {
+            return self.decode_stored(header, payload, out);
+        }
+        let mut stored = std::mem::take(&mut self.scratch);
+        let r = self.decode_stored(header, payload, &mut stored);
+        if r.is_ok() {
+            scatter(header, &stored, &|_| false, out);
+        }
+        self.scratch = stored;
+        r
+    }
+
+    /// Checks a raw block's payload, which is its stored pages as they are.
+    pub fn check_raw(&self, header: &BlockHeader, payload: &[u8]) -> Result<(), DecodeError> {
+        check_parts(header, &[payload])
+    }
+
+    /// Decodes only the stored pages of a block (zero pages left out) into
+    /// `stored` and checks them against the block's data check.
+    pub fn decode_stored(
+        &mut self,
+        header: &BlockHeader,
+        payload: &[u8],
+        stored: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        self.decompress(header.codec, payload, header.stored_raw_len(), stored)?;
+        let check = xxh3_64(stored);
+        if check != header.data_check {
+            return Err(DecodeError::DataCheck);
+        }
+        Ok(())
+    }
+
+    /// Decompresses `payload` to exactly `expect` bytes (no data check: the
+    /// caller checks what the bytes become part of).
+    pub fn decompress(
+        &mut self,
+        codec: BlockCodec,
+        payload: &[u8],
+        expect: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        out.clear();
+        self.decompress_after(codec, payload, expect, out)
+    }
+
+    /// As [`decompress`](Self::decompress), appending to what `out` holds
+    /// (without moving it when its capacity suffices: a caller can decode
+    /// onto a page boundary it chose).
+    pub fn decompress_after(
+        &mut self,
+        codec: BlockCodec,
+        payload: &[u8],
+        expect: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let at = out.len();
+        match codec {
+            BlockCodec::Dedup => return Err(DecodeError::Unresolved),
+            BlockCodec::Lz4Planes | BlockCodec::ZstdPlanes => {
+                let (prefix, low, high) = PlanesPrefix::decode(payload)?;
+                // A raw plane is joined from where it lies in the payload; a
+                // compressed one is decoded first (the low plane before the
+                // high one, into one buffer).
+                let mut planar = std::mem::take(&mut self.planes);
+                planar.clear();
+                let (low_len, high_len) = (expect.div_ceil(2), expect / 2);
+                let mut plane = |compressed: bool, stored: &[u8], len: usize, planar: &mut Vec<u8>| {
+                    if compressed {
+                        self.decompress_after(codec.without_planes(), stored, len, planar)
+                    } else if stored.len() != len {
+                        Err(DecodeError::RawLength { got: stored.len(), expect: len })
+                    } else {
+                        Ok(())
+                    }
+                };
+                let decoded = plane(prefix.low_compressed, low, low_len, &mut planar).and_then(|()| {
+                    let at = planar.len();
+                    plane(prefix.high_compressed, high, high_len, &mut planar).map(|()| at)
+                });
+                if let Ok(at) = decoded {
+                    let even = if prefix.low_compressed { &planar[..at] } else { low };
+                    let odd = if prefix.high_compressed { &planar[at..] } else { high };
+                    planes::join_into(even, odd, out);
+                }
+                self.planes = planar;
+                return decoded.map(|_| ());
+            }
+            BlockCodec::Raw => {
+                if payload.len() != expect {
+                    return Err(DecodeError::RawLength { got: payload.len(), expect });
+                }
+                out.extend_from_slice(payload);
+            }
+            BlockCodec::Lz4 => {
+                out.reserve(expect);
+                // SAFETY: LZ4_decompress_safe reads `payload.len()` bytes and
+                // writes at most `expect` bytes into `out`'s spare capacity
+                // (at least `expect` after `reserve`); it returns the count
+                // written, or a negative value on bad input.
+                let n = unsafe {
+                    lz4::liblz4::LZ4_decompress_safe(
+                        payload.as_ptr().cast(),
+                        out.as_mut_ptr().add(at).cast(),
+                        payload.len() as i32,
+                        expect as i32,
+                    )
+                };
+                if n < 0 {
+                    return Err(DecodeError::Lz4);
+                }
+                // SAFETY: LZ4 initialised the `n` (<= expect) bytes after `at`.
+                unsafe { out.set_len(at + n as usize) };
+                if n as usize != expect {
+                    return Err(DecodeError::Lz4Length { got: n as usize, expect });
+                }
+            }
+            BlockCodec::Zstd => {
+                out.reserve(expect);
+                let mut after = std::io::Cursor::new(&mut *out);
+                after.set_position(at as u64);
+                let n =
+                    self.zstd.decompress_to_buffer(payload, &mut after).map_err(|e| DecodeError::Zstd(Arc::new(e)))?;
+                if n != expect {
+                    return Err(DecodeError::ZstdLength { got: n, expect });
+                }
+            }
+        }
+        Ok(())
+    }
+}

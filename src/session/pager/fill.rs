@@ -1,0 +1,271 @@
+//! The fill, between faults: a running tree's in steps (the recorded
+//! working set first, then address order, a few blocks a thread, on a
+//! pool made at the first step), a held tree's all at once on every
+//! granted thread before it runs, and served shared memory once every
+//! private page is in.
+
+use super::space::{take_range, View};
+use super::{Pager, Step, PAGE};
+use crate::engine::Crew;
+use crate::error::Result;
+use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
+use crate::session::shmem;
+use std::time::Instant;
+
+/// Blocks each thread of a running tree's fill takes in one step: a fault
+/// that arrives meanwhile waits for the step, so a step is short; two
+/// blocks a thread even out blocks that take longer than others.
+const STEP_BLOCKS: u64 = 2;
+
+impl<'a> Pager<'a> {
+    /// One step of the fill of served shared memory, once every private
+    /// page is in: the next missing pages of each object, through the first
+    /// space with a view that shows them (a process CRIU handed over comes
+    /// before the children it forked), on the fill's threads
+    /// (`session::place`). Pages no view of any process shows any more
+    /// (every mapping gone) are dropped: nothing can read them.
+    pub(super) fn fill_served_step(&mut self) -> Result<()> {
+        let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
+        let budget = self.fill_threads.max(1) as u64 * STEP_BLOCKS * block_pages;
+        // Per target: (space, view); ranges are in the view's addresses.
+        let mut routes: Vec<(usize, View)> = Vec::new();
+        let mut ranges: Vec<Missing> = Vec::new();
+        let mut unseen: Vec<(usize, u64, u64)> = Vec::new();
+        let mut pages = 0;
+        'objects: for (o, object) in self.served.iter().enumerate() {
+            for (&start, &(end, page)) in &object.missing {
+                let mut offset = start;
+                while offset < end {
+                    if pages == budget {
+                        break 'objects;
+                    }
+                    let views = self.spaces.iter().enumerate().flat_map(|(i, s)| s.views.iter().map(move |v| (i, *v)));
+                    let views = views.filter(|(_, v)| v.object == o);
+                    let Some((i, v)) = views.clone().find(|(_, v)| v.shows(offset)) else {
+                        let next = views.map(|(_, v)| v.pgoff).filter(|&p| p > offset).min().unwrap_or(end).min(end);
+                        unseen.push((o, offset, next));
+                        offset = next;
+                        continue;
+                    };
+                    let n = ((end.min(v.pgend()) - offset) / PAGE).min(budget - pages);
+                    let target = match routes.iter().position(|r| *r == (i, v)) {
+                        Some(t) => t,
+                        None => {
+                            routes.push((i, v));
+                            routes.len() - 1
+                        }
+                    };
+                    let at = v.start + (offset - v.pgoff);
+                    ranges.push(Missing {
+                        space: target,
+                        start: at,
+                        end: at + n * PAGE,
+                        page: page + (offset - start) / PAGE,
+                    });
+                    offset += n * PAGE;
+                    pages += n;
+                }
+            }
+        }
+        for (o, from, to) in unseen {
+            take_range(&mut self.served[o].missing, from, to);
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        self.pool();
+        let crew = self.crew.as_ref().map_or(Crew::Spawn(1), Crew::Pool);
+        let (spaces, served) = (&self.spaces, &self.served);
+        let targets: Vec<Target> = routes
+            .iter()
+            .map(|&(i, v)| Target { pid: spaces[i].pid, uffd: &spaces[i].uffd, file: served[v.object].pages_file })
+            .collect();
+        let blocks = self.blocks;
+        let starts = |file| blocks.starts(file);
+        let filled = place::fill(&*blocks.source, &starts, &targets, &ranges, crew, ZeroPages::Copy, None)?;
+        self.report.pages += filled.pages;
+        self.report.shared_pages += filled.pages;
+        // Back to offsets in the object, through the view each range used.
+        let offsets = |m: &Missing| {
+            let v = routes[m.space].1;
+            (v.object, v.pgoff + (m.start - v.start), v.pgoff + (m.end - v.start))
+        };
+        for r in &ranges {
+            let (o, from, to) = offsets(r);
+            take_range(&mut self.served[o].missing, from, to);
+        }
+        // A process gone: what was for it goes through another view (a page
+        // it took before it went is then found there, and skipped).
+        let back = filled.left.iter().filter(|m| !filled.gone.contains(&m.space));
+        for m in back.chain(ranges.iter().filter(|r| filled.gone.contains(&r.space))) {
+            let (o, from, to) = offsets(m);
+            self.served[o].missing.insert(from, (to, m.page));
+        }
+        for t in filled.gone {
+            self.ended(routes[t].0)?;
+        }
+        Ok(())
+    }
+
+    /// Copies one block's worth: around the next page of the recorded
+    /// working set still missing, else of the first missing range of the
+    /// next space that has one.
+    pub(super) fn fill_one(&mut self) -> Result<()> {
+        // Private memory only: brought first, a block at a time, shared
+        // memory's recorded pages delayed the fill on every core behind
+        // them (1 GiB of `text` in shared memory, every page read at once:
+        // 1.19 s against 0.92-0.95 s; docs/BENCHMARKS.md, session 67).
+        while let Some((pid, addr)) = self.working_set.pop_front() {
+            let Some(i) = self.spaces.iter().position(|s| s.pid == pid) else { continue };
+            if let Some(range) = self.spaces[i].missing_at(addr) {
+                if let Step::Changing = self.put_block_around(i, addr, range)? {
+                    self.working_set.push_front((pid, addr));
+                }
+                return Ok(());
+            }
+        }
+        self.working_set_done();
+        let n = self.spaces.len();
+        for k in 0..n {
+            let i = (self.fill_next + k) % n;
+            let Some((&start, &(end, page))) = self.spaces[i].missing.iter().next() else { continue };
+            self.fill_next = i;
+            let (block, first) = self.block(i, page, true)?;
+            let off = (page * PAGE - first) as usize;
+            let pages = ((block.len() - off) as u64 / PAGE).min((end - start) / PAGE);
+            self.put(i, start, &block[off..off + (pages * PAGE) as usize])?;
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    /// Notes when the recorded working set was all in (once the fill has
+    /// moved past it).
+    pub(super) fn working_set_done(&mut self) {
+        if self.report.working_set_in.is_none() && self.had_working_set {
+            self.report.working_set_in = Some(Instant::now());
+        }
+    }
+
+    /// One step of a running tree's fill on the threads of a pool: the next
+    /// missing pages, [`STEP_BLOCKS`] blocks a thread, each block decoded
+    /// once and copied in by the thread that took it (`session::place`),
+    /// while this thread waits. No event is read during a step, just as none
+    /// is read between `fill_one`'s look at the missing ranges and its copy:
+    /// a copy that meets an unread event is refused (`EAGAIN`), and the rest
+    /// of its range stays missing for a step after this thread has read the
+    /// events. With one thread copying (decoders ahead of it), a lazy
+    /// restore of 4 GiB on 16 cores had every page in after 1.5-1.7 s, where
+    /// a placed restore, filled on every core, took 0.4-0.5 s in all
+    /// (docs/BENCHMARKS.md, sessions 27-31).
+    pub(super) fn fill_step(&mut self) -> Result<()> {
+        self.working_set_done();
+        if self.pool().is_none() {
+            return self.fill_one();
+        }
+        let block_pages = (u64::from(self.blocks.source.header().block_size) / PAGE).max(1);
+        let budget = self.fill_threads as u64 * STEP_BLOCKS * block_pages;
+        let (mut ranges, mut pages) = (Vec::new(), 0);
+        let n = self.spaces.len();
+        'spaces: for k in 0..n {
+            let i = (self.fill_next + k) % n;
+            for (&start, &(end, page)) in &self.spaces[i].missing {
+                let take = ((end - start) / PAGE).min(budget - pages);
+                ranges.push(Missing { space: i, start, end: start + take * PAGE, page });
+                pages += take;
+                if pages == budget {
+                    self.fill_next = i;
+                    break 'spaces;
+                }
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let targets: Vec<Target> =
+            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+        let blocks = self.blocks;
+        let crew = Crew::Pool(self.crew.as_ref().expect("made by `pool`"));
+        let filled =
+            place::fill(&*blocks.source, &|file| blocks.starts(file), &targets, &ranges, crew, self.zeros, None)?;
+        self.note_filled(&ranges, filled)
+    }
+
+    /// The fill's thread pool, made at its first step; `None` where the fill
+    /// has one thread, or no threads were to be had (a task limit): this
+    /// thread then fills alone rather than failing the restore.
+    pub(super) fn pool(&mut self) -> Option<&rayon::ThreadPool> {
+        if self.crew.is_none() && self.fill_threads > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(self.fill_threads)
+                .thread_name(|i| format!("criuz-fill-{i}"))
+                .build();
+            match pool {
+                Ok(pool) => self.crew = Some(pool),
+                Err(_) => self.fill_threads = 1,
+            }
+        }
+        self.crew.as_ref()
+    }
+
+    /// Takes what a fill of `ranges` copied out of the missing ranges: all
+    /// of them but what an event kept out, and every range of a space whose
+    /// process has gone.
+    pub(super) fn note_filled(&mut self, ranges: &[Missing], filled: place::Filled) -> Result<()> {
+        self.report.pages += filled.pages;
+        self.report.zero_pages += filled.zero_pages;
+        for r in ranges {
+            self.spaces[r.space].drop_range(r.start, r.end);
+        }
+        for m in filled.left {
+            self.spaces[m.space].missing.insert(m.start, (m.end, m.page));
+        }
+        for i in filled.gone {
+            self.ended(i)?;
+        }
+        Ok(())
+    }
+
+    /// Fills every space at once, on several threads (the tree is held:
+    /// nothing in it runs, see `session::place`); what an event kept out is
+    /// left missing, for `fill_one`.
+    pub(super) fn fill_held(&mut self, how: &HeldFill) -> Result<()> {
+        self.report.held_fill_started = Some(Instant::now());
+        // Paused while CRIU restored the tree (`LazyRestore::run`).
+        self.blocks.source.read_ahead(true);
+        let mut ranges = Vec::new();
+        for (i, s) in self.spaces.iter().enumerate() {
+            ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
+        }
+        let targets: Vec<Target> =
+            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+        let blocks = self.blocks;
+        let crew = Crew::Spawn(how.threads);
+        let filled = place::fill(
+            &*blocks.source,
+            &|file| blocks.starts(file),
+            &targets,
+            &ranges,
+            crew,
+            self.zeros,
+            how.meter.as_deref(),
+        )?;
+        self.note_filled(&ranges, filled)?;
+        if self.shared.is_empty() {
+            return Ok(());
+        }
+        let spaces = &self.spaces;
+        let uffd_of = |pid| spaces.iter().find(|s| s.pid == pid).map(|s| &s.uffd);
+        let starts = |file| blocks.starts(file);
+        let crew = Crew::Spawn(how.threads);
+        let filled = shmem::fill(&*blocks.source, &starts, self.shared, uffd_of, crew, how.meter.as_deref())?;
+        self.report.pages += filled.pages;
+        self.report.shared_pages = filled.pages;
+        for pid in filled.gone {
+            if let Some(i) = self.spaces.iter().position(|s| s.pid == pid) {
+                self.ended(i)?;
+            }
+        }
+        Ok(())
+    }
+}
