@@ -2,7 +2,7 @@
 # criuz test suite: unit, format, golden and corruption tests, the streamer
 # protocol against a fake CRIU (no root needed), real-CRIU round trips and
 # attacks (as root; CI always runs them and fails if CRIU is missing), the
-# fuzz regressions and a short fuzz run, lint, a benchmark smoke run and the
+# fuzz regressions and a short fuzz run, lint and doc links, a benchmark smoke run and the
 # fault campaign's short form (criuz-faults).
 # Run scripts/setup.sh first.
 set -euo pipefail
@@ -12,6 +12,8 @@ cd "$ROOT"
 
 cargo fmt --all -- --check
 cargo clippy --release --locked --workspace --all-targets -q -- -D warnings
+# Module docs are the design notes: every link in them must resolve.
+RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --locked --workspace --no-deps --document-private-items -q
 cargo build --release --locked --workspace -q
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

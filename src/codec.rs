@@ -110,7 +110,7 @@ impl CodecConfig {
 
     /// The setting for a block's planes: zstd, whatever the codec asked, at
     /// level 1 unless zstd at level 12 or more was asked (see
-    /// [`planes_compressor`]). What the planes of 16-bit floats gain is
+    /// `encode::planes_compressor`). What the planes of 16-bit floats gain is
     /// entropy coding, which LZ4 does not do: by measurement on the `bf16`
     /// workload (1 GiB, 2 cores), LZ4 over the planes stores 0.826 of raw
     /// and made the dump 2.27 s, zstd 0.663 in 1.44 s; zstd's planes decode

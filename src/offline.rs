@@ -136,7 +136,7 @@ pub enum Reading {
 impl Reading {
     /// Opens the archive at `at` as its header asks: a self-contained
     /// archive is streamed (from a pipe too, without spooling it), one with
-    /// page ids or parents is opened through [`crate::archive::open`].
+    /// page ids or parents is opened through [`crate::archive::open`](fn@crate::archive::open).
     pub fn new(at: &Location, o: &OpenOptions) -> Result<Reading> {
         let header = at.head(HEADER_LEN).and_then(|head| Header::decode(head[..].try_into().ok()?).ok());
         if header.as_ref().is_some_and(|h| h.flags & (FLAG_PARENT | FLAG_IDS) != 0) {

@@ -1,7 +1,7 @@
 //! The archive side. Byte layout lives in `crate::format`; this module adds
 //! I/O and checks.
 //!
-//! Reading: [`open`] is the one way in (`open`: a location and options ->
+//! Reading: [`open`](fn@open) is the one way in (`open`: a location and options ->
 //! a proven [`Archive`] with its parents). Below it, in the order data
 //! flows up: `records` frames records, `check` holds every reading rule,
 //! `prove` proves an archive as it is opened (a walk, or its index with the

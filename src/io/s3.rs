@@ -17,7 +17,7 @@
 //! replaced meanwhile fails instead of mixing two archives) into a private
 //! unnamed temporary file: the last chunk first (trailer and index), then
 //! the chunks readers wait for, then the rest in order. It is a
-//! [`RecordStore`]: a read waits only for the chunks it needs, so a restore
+//! [`RecordStore`](super::RecordStore): a read waits only for the chunks it needs, so a restore
 //! opens the archive from its index and CRIU reads while the rest arrives
 //! (`archive::open` with `Proof::BehindIfArriving`). Memory: the chunks in flight.
 //!

@@ -96,6 +96,6 @@ impl FillGate {
     }
 }
 
-/// A gated fill ([`Pager::run`]): the gate, and where to tell that CRIU has
+/// A gated fill ([`Pager::run`](super::Pager::run)): the gate, and where to tell that CRIU has
 /// handed over all of the tree's memory (dropped untold if it never did).
 pub(crate) type Gated<'g> = (&'g FillGate, Sender<()>);
