@@ -7,6 +7,7 @@
 
 pub mod aead;
 pub mod codecs;
+pub mod compare;
 pub mod config;
 pub mod containers;
 pub mod error;

@@ -5,16 +5,16 @@
 //! process about its own state; a restore that does not check out is a
 //! failure, never a time. See docs/BENCHMARKS.md.
 
-use config::{Config, Env, Place};
+mod tables;
+
+use compare::{mkdir, Ctx, Matrix};
+use config::{Config, Env};
 use criuz_bench::error::{Error, Result};
-use criuz_bench::{
-    aead, codecs, config, containers, gpu, incremental, lazy, load, output, plot, proc, report, s3, workload,
-};
-use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Sample, Settings};
+use criuz_bench::{compare, config, output, plot, proc, report, s3, workload};
+use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Settings};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
-use workload::{Running, Tools};
+use std::time::Instant;
+use workload::Tools;
 
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
@@ -166,14 +166,8 @@ fn parse_rate(s: &str) -> std::result::Result<u64, String> {
     Ok(r as u64)
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
 /// What the run needs from the args, defaults applied.
-struct Plan {
+pub(crate) struct Plan {
     workloads: Vec<String>,
     configs: Vec<Config>,
     mib: u64,
@@ -219,7 +213,12 @@ impl Plan {
 /// A table run's JSON, where `--json` asked for it (`path`): the machine,
 /// the size and runs, and `rows` (an object whose fields are added to the
 /// document).
-fn write_table_json(path: Option<&Path>, machine: &Machine, plan: &Plan, rows: serde_json::Value) -> Result<()> {
+pub(crate) fn write_table_json(
+    path: Option<&Path>,
+    machine: &Machine,
+    plan: &Plan,
+    rows: serde_json::Value,
+) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
     let mut doc = serde_json::json!({ "machine": machine, "size_mib": plan.mib, "runs": plan.runs });
     if let (Some(d), serde_json::Value::Object(r)) = (doc.as_object_mut(), rows) {
@@ -229,134 +228,14 @@ fn write_table_json(path: Option<&Path>, machine: &Machine, plan: &Plan, rows: s
     output::write(path, &(text + "\n"))
 }
 
-/// Removes a directory when the run ends, however it ends.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn mkdir(p: &Path) -> Result<()> {
-    std::fs::create_dir_all(p).map_err(|e| Error::file(p, e))
-}
-
-struct Ctx<'a> {
-    env: &'a Env,
-    tools: &'a Tools,
-    work: &'a Path,
-    tmpfs: Option<&'a Path>,
-    mib: u64,
-    cold: bool,
-}
-
-/// One checkpoint and restore of a fresh workload; Ok only if the restored
-/// process answers exactly as it did before the dump.
-fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
-    let dir = ctx.work.join(format!("run-{id}"));
-    let _dir = Scratch(dir.clone());
-    let logs = dir.join("logs");
-    mkdir(&logs)?;
-    let store = match (cfg.on_tmpfs(), ctx.tmpfs) {
-        (true, Some(t)) => t.join(format!("run-{id}")),
-        (true, None) => return Err(Error::Invalid("no tmpfs".into())),
-        (false, _) => dir.join("store"),
-    };
-    let _store = Scratch(store.clone());
-    mkdir(&store)?;
-    let place = Place { store, logs, key: format!("run-{id}.czr") };
-
-    let mut app = Running::start(w, ctx.mib, &dir.join("app"), ctx.tools)
-        .map_err(|e| Error::Invalid(format!("starting {w}: {e}")))?;
-    let before = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} before the dump: {e}")))?;
-    let pids = proc::tree(app.pid);
-    let cpu_before: f64 = pids.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
-    let tree_before_kib = proc::pss_anon_kib(&pids);
-
-    // The previous run's writeback must not run inside this one's dump.
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
-    let d = config::dump(cfg, ctx.env, &place, app.pid)?;
-
-    // CRIU ended the tree: reap it so its pids are free for the restore. Its
-    // CPU during the dump (CRIU's parasite code runs inside it) counts.
-    let mut cpu_after = 0.0;
-    let mut all_ours = true;
-    for p in &pids {
-        match proc::reap(*p, Duration::from_secs(30))? {
-            Some(u) => cpu_after += u.cpu_s,
-            None => all_ours = false,
-        }
-    }
-    let dumped_cpu = if all_ours { (cpu_after - cpu_before).max(0.0) } else { 0.0 };
-
-    // Cold: the disk's plain sequential read of the same checkpoint first,
-    // then the restore, each from a dropped page cache.
-    let mut disk_read_bps = None;
-    if ctx.cold {
-        if let Some(path) = config::checkpoint_path(cfg, ctx.env, &place) {
-            proc::drop_caches()?;
-            let (n, secs) = proc::read_through(&path)?;
-            disk_read_bps = Some(n as f64 / secs.max(1e-9));
-        }
-        proc::drop_caches()?;
-    }
-    let r = config::restore(cfg, ctx.env, &place)?;
-    // CPU the restored processes spent being restored (CRIU fills their memory
-    // from inside them).
-    let restored = proc::tree(app.pid);
-    let restored_cpu: f64 = restored.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
-    let tree_restored_kib = proc::pss_anon_kib(&restored);
-    if !proc::alive(app.pid) {
-        return Err(Error::Invalid(format!("the restored process {} is not running", app.pid)));
-    }
-    let after = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} after the restore: {e}")))?;
-    if after != before {
-        return Err(Error::Invalid(format!("restored {w} is not intact: before {before:?}, after {after:?}")));
-    }
-    // Cold: the same checkpoint again from the now warm page cache, so that
-    // what the cold reads added shows (pattern workloads answer the same
-    // request again; restores that unpack first would need their directory
-    // emptied).
-    let mut warm_restore_s = None;
-    if ctx.cold && workload::PATTERNS.contains(&w) && cfg.restores_from_checkpoint() && ctx.env.link.is_none() {
-        let restored = proc::tree(app.pid);
-        proc::kill_tree(&restored);
-        for p in &restored {
-            proc::reap(*p, Duration::from_secs(30))?;
-        }
-        let again = config::restore(cfg, ctx.env, &place)?;
-        let answer = app.fingerprint().map_err(|e| Error::Invalid(format!("asking {w} after a warm restore: {e}")))?;
-        if answer != before {
-            return Err(Error::Invalid(format!("{w} restored again is not intact: {answer:?}")));
-        }
-        warm_restore_s = Some(again.restore_s);
-    }
-    drop(app);
-    let cold_extra = warm_restore_s.map(|warm| r.restore_s - warm).filter(|&extra| extra > 0.0);
-    Ok(Sample {
-        run: 0,
-        dump_s: d.dump_s,
-        frozen_s: d.frozen_s,
-        restore_s: r.restore_s,
-        bytes: d.bytes,
-        raw_bytes: d.raw_bytes,
-        cpu_s: d.usage.cpu_s + dumped_cpu + r.usage.cpu_s + restored_cpu,
-        dump_cpu_s: d.usage.cpu_s + dumped_cpu,
-        peak_rss_kib: d.usage.maxrss_kib.max(r.usage.maxrss_kib),
-        dump_rss_kib: d.usage.maxrss_kib,
-        criuz_rss_kib: d.criuz_rss_kib,
-        warm_restore_s,
-        cold_read_bps: cold_extra.map(|extra| d.bytes as f64 / extra),
-        disk_read_bps,
-        tree_before_kib,
-        tree_restored_kib,
-    })
-}
-
-fn human(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+/// The run's scratch space, removed when the run ends, however it ends: the
+/// tmpfs (mounted inside it) and the S3 server (serving from it) go first,
+/// as the fields' order drops them.
+struct Site {
+    tmpfs: Option<proc::Tmpfs>,
+    /// Held for the run: the S3 configurations reach it by its address.
+    _s3_server: Option<s3::Server>,
+    work: tempfile::TempDir,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -369,20 +248,97 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: pinned to CPUs {pinned:?}");
     }
     if args.aead {
-        let rows = aead::rows();
-        print!("{}", aead::table(&rows));
-        if let Some(path) = &args.json {
-            let doc = serde_json::json!({ "aead": rows });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Invalid(e.to_string()))?;
-            output::write(path, &(text + "\n"))?;
-        }
-        return Ok(());
+        return tables::aead_table(args.json.as_deref());
     }
     let plan = Plan::of(args)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Error::Invalid("criuz-bench needs root (CRIU checkpoints and restores processes)".into()));
     }
+    let (criu, machine) = criu_and_machine(args)?;
+    // criuz and criuz-workload are built beside this binary.
+    let criuz = std::env::current_exe()?.with_file_name("criuz");
+    let workload_bin = criuz.with_file_name("criuz-workload");
+    if args.cold {
+        proc::drop_caches()?;
+    }
+    proc::become_subreaper()?;
+    let _idle = proc::IdleProcesses::start(args.idle_processes)?;
+    if args.idle_processes > 0 {
+        eprintln!("bench: {} idle processes run beside it", args.idle_processes);
+    }
+    let started = Instant::now();
+    let mut unavailable = missing_tools(&plan, &workload_bin);
+    let site = Site::prepare(args, &plan, &mut unavailable)?;
+    let work = site.work.path();
+    let tmp = work.join("tmp");
+    mkdir(&tmp)?;
+    // Private copies of our binaries: CRIU refuses to restore a process whose
+    // executable changed size since the dump, as a rebuild during a long run
+    // would do; and every run then measures the same criuz.
+    let bin = work.join("bin");
+    mkdir(&bin)?;
+    if !criuz.is_file() {
+        return Err(Error::Invalid(format!("{}: not built (cargo build --release --workspace)", criuz.display())));
+    }
+    let criuz = proc::copy_exe(&criuz, &bin)?;
+    let workload_bin = if workload_bin.is_file() { proc::copy_exe(&workload_bin, &bin)? } else { workload_bin };
+    let table = tables::Table { json: args.json.as_deref(), machine: &machine, plan: &plan };
+    if args.gpu {
+        return tables::gpu_table(args, &table, work, &criu, &criuz);
+    }
+    if args.containers {
+        return tables::containers_table(args, &table, work, &workload_bin, &criuz, &criu.path);
+    }
+    let tools = Tools::prepare(work, &plan.workloads, workload_bin, plan.mib)?;
+    if let Err(why) = &tools.java_classes {
+        if plan.workloads.iter().any(|w| w == "jvm") {
+            unavailable.push(("jvm".into(), why.clone()));
+        }
+    }
+    if args.incremental {
+        return tables::incremental_table(args, &table, work, &tools, &criuz);
+    }
+    if args.lazy {
+        return tables::lazy_table(args, &table, work, &tools, &criuz, &criu.path);
+    }
+    if args.codec_table {
+        return tables::codec_table(&table, work, &tools, &criu, &criuz);
+    }
+    let key =
+        if plan.configs.iter().any(|c| Config::SEALED.contains(c)) { Some(make_key(&criuz, work)?) } else { None };
+    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone(), key };
+    if let Some(n) = args.load {
+        return tables::load_table(n, &table, work, &tools, &env);
+    }
+    let ctx = Ctx {
+        env: &env,
+        tools: &tools,
+        work,
+        tmpfs: site.tmpfs.as_ref().map(|t| t.path()),
+        mib: plan.mib,
+        cold: args.cold,
+    };
+    eprintln!(
+        "bench: {} workload(s) x {} configuration(s) x {} run(s), {} MiB, CRIU {} at {}{}{}",
+        plan.workloads.len(),
+        plan.configs.len(),
+        plan.runs,
+        plan.mib,
+        criu.version,
+        criu.path.display(),
+        if args.cold { ", cold cache" } else { "" },
+        args.link.map(|r| format!(", link {:.1} MB/s", r as f64 / 1e6)).unwrap_or_default()
+    );
+    let matrix =
+        Matrix { workloads: &plan.workloads, configs: &plan.configs, runs: plan.runs, unavailable: &unavailable };
+    let pairs = compare::measure(&ctx, &matrix);
+    drop(site);
+    report_comparison(args, &plan, machine, &pairs, started)
+}
+
+/// The CRIU every run uses, and the machine it runs on.
+fn criu_and_machine(args: &BenchArgs) -> Result<(criuz::criu::Criu, Machine)> {
     let (criu, _) = criuz::criu::locate(args.criu.as_deref())?;
     // Every criuz the bench runs runs this CRIU too: the baselines and
     // criuz are measured on the same one. Set before any thread starts.
@@ -397,20 +353,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     // Probed once, after any pinning (its cores are the run's).
     let machine = Machine::probe(&criu.version, kernel_cache, args.idle_processes);
-    // criuz and criuz-workload are built beside this binary.
-    let criuz = std::env::current_exe()?.with_file_name("criuz");
-    let workload_bin = criuz.with_file_name("criuz-workload");
-    if args.cold {
-        proc::drop_caches()?;
-    }
-    proc::become_subreaper()?;
-    let _idle = proc::IdleProcesses::start(args.idle_processes)?;
-    if args.idle_processes > 0 {
-        eprintln!("bench: {} idle processes run beside it", args.idle_processes);
-    }
-    let started = Instant::now();
+    Ok((criu, machine))
+}
 
-    // Why a workload or configuration cannot run at all on this machine.
+/// Why a workload or configuration cannot run at all on this machine: a
+/// program it needs is not installed.
+fn missing_tools(plan: &Plan, workload_bin: &Path) -> Vec<(String, String)> {
     let mut unavailable: Vec<(String, String)> = Vec::new();
     for c in &plan.configs {
         for t in c.tools() {
@@ -433,264 +381,40 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             unavailable.push((w.clone(), format!("{t} is not installed")));
         }
     }
+    unavailable
+}
 
-    std::fs::create_dir_all(&args.work_dir).map_err(|e| Error::file(&args.work_dir, e))?;
-    let work = tempfile::Builder::new().prefix("criuz-bench-").tempdir_in(&args.work_dir)?;
-    let tmpfs = if plan.configs.iter().any(|c| c.on_tmpfs()) {
-        match proc::Tmpfs::mount(&work.path().join("tmpfs")) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                unavailable.push((Config::CriuTmpfs.name().to_string(), e.to_string()));
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let tmp = work.path().join("tmp");
-    mkdir(&tmp)?;
-    let s3_server = match plan.configs.iter().find(|c| c.uses_s3()) {
-        Some(c) if !unavailable.iter().any(|(n, _)| n == c.name()) => {
-            Some(s3::Server::start(&work.path().join("s3"), args.link)?)
-        }
-        _ => None,
-    };
-    // Private copies of our binaries: CRIU refuses to restore a process whose
-    // executable changed size since the dump, as a rebuild during a long run
-    // would do; and every run then measures the same criuz.
-    let bin = work.path().join("bin");
-    mkdir(&bin)?;
-    if !criuz.is_file() {
-        return Err(Error::Invalid(format!("{}: not built (cargo build --release --workspace)", criuz.display())));
-    }
-    let criuz = proc::copy_exe(&criuz, &bin)?;
-    let workload_bin = if workload_bin.is_file() { proc::copy_exe(&workload_bin, &bin)? } else { workload_bin };
-    if args.gpu {
-        let known = ["criu-dir", "criuz-lz4", "criuz-zstd"];
-        let configs: Vec<&str> = match &args.configs {
-            None => known.to_vec(),
-            Some(_) => known.iter().copied().filter(|k| plan.configs.iter().any(|c| c.name() == *k)).collect(),
-        };
-        if let Some(why) = gpu::unavailable() {
-            println!("criuz-bench --gpu: skipped, no GPU to measure here: {why}");
-            return Ok(());
-        }
-        let gpu_plan = gpu::GpuPlan {
-            weights_gib: args.gpu_weights,
-            kv_gib: args.gpu_kv,
-            kv_fill: args.gpu_kv_fill,
-            no_ids: args.gpu_no_ids,
-            no_planes: args.gpu_no_planes,
-            eager_only: args.gpu_eager_only,
-        };
-        let rows = gpu::measure(&configs, gpu_plan, plan.runs, args.cold, work.path(), &criu, &criuz)?;
-        print!("{}", gpu::table(&rows));
-        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "gpu": rows, "app": gpu_plan }))?;
-        if rows.iter().any(|r| !r.intact) {
-            return Err(Error::Invalid("a GPU restore is not intact".into()));
-        }
-        return Ok(());
-    }
-    if args.containers {
-        let sizes = match args.size {
-            Some(s) => vec![s],
-            None if args.quick => vec![32],
-            None => vec![256, 1024],
-        };
-        // `mixed` unless asked.
-        let kinds = args.workloads.clone().unwrap_or_else(|| vec!["mixed".into()]);
-        if let Some(k) = kinds.iter().find(|k| !containers::WORKLOADS.contains(&k.as_str())) {
-            return Err(Error::Usage(format!(
-                "--containers runs {} in a container, not {k}",
-                containers::WORKLOADS.join(" or ")
-            )));
-        }
-        let mut rows = Vec::new();
-        for kind in &kinds {
-            for &mib in &sizes {
-                let r = containers::measure(kind, mib, plan.runs, work.path(), &workload_bin, &criuz, &criu.path)?;
-                if r.iter().any(|r| !r.intact) {
-                    return Err(Error::Invalid(format!("{kind}, {mib} MiB: a container restore is not intact")));
+impl Site {
+    /// A work directory under `--work-dir`, with a tmpfs where a
+    /// configuration keeps its checkpoints there and an S3 server where one
+    /// uses S3; what cannot be had goes to `unavailable`.
+    fn prepare(args: &BenchArgs, plan: &Plan, unavailable: &mut Vec<(String, String)>) -> Result<Site> {
+        std::fs::create_dir_all(&args.work_dir).map_err(|e| Error::file(&args.work_dir, e))?;
+        let work = tempfile::Builder::new().prefix("criuz-bench-").tempdir_in(&args.work_dir)?;
+        let tmpfs = if plan.configs.iter().any(|c| c.on_tmpfs()) {
+            match proc::Tmpfs::mount(&work.path().join("tmpfs")) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    unavailable.push((Config::CriuTmpfs.name().to_string(), e.to_string()));
+                    None
                 }
-                rows.extend(r);
             }
-        }
-        print!("{}", containers::table(&rows));
-        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "containers": rows }))?;
-        return Ok(());
-    }
-    let tools = Tools::prepare(work.path(), &plan.workloads, workload_bin, plan.mib)?;
-    if let Err(why) = &tools.java_classes {
-        if plan.workloads.iter().any(|w| w == "jvm") {
-            unavailable.push(("jvm".into(), why.clone()));
-        }
-    }
-    if args.incremental {
-        let mut rows = Vec::new();
-        for w in &plan.workloads {
-            let default: &[f64] = if workload::PATTERNS.contains(&w.as_str()) { &[1.0, 5.0, 25.0] } else { &[5.0] };
-            let shares = args.shares.as_deref().unwrap_or(default);
-            for &p in shares.iter().filter(|&&p| p > 0.0) {
-                eprintln!("bench: incremental: {w}, {p}% rewritten, {} MiB", plan.mib);
-                let row = incremental::measure(w, p, plan.mib, plan.runs, work.path(), &tools, &criuz)?;
-                if !row.intact {
-                    return Err(Error::Invalid(format!("{w}: the restored child is not intact")));
-                }
-                rows.push(row);
-            }
-        }
-        let mut chains = Vec::new();
-        if plan.workloads.iter().any(|w| w == "mixed") {
-            eprintln!("bench: incremental: chain of 10 x 5% (mixed), {} MiB", plan.mib);
-            let c = incremental::chain("mixed", (10, 5.0), plan.mib, plan.runs, work.path(), &tools, &criuz)?;
-            if !c.intact {
-                return Err(Error::Invalid("the chain restore is not intact".into()));
-            }
-            chains.push(c);
-        }
-        print!("{}", incremental::table(&rows, &chains));
-        write_table_json(
-            args.json.as_deref(),
-            &machine,
-            &plan,
-            serde_json::json!({ "incremental": rows, "chains": chains }),
-        )?;
-        return Ok(());
-    }
-    if args.lazy {
-        // The dump's codec: criuz-zstd among --configs adds zstd rows; LZ4
-        // (the default) unless --configs leaves it out.
-        let codecs: Vec<&str> = match &args.configs {
-            None => vec!["lz4"],
-            Some(_) => [(Config::CriuzLz4, "lz4"), (Config::CriuzZstd, "zstd")]
-                .into_iter()
-                .filter(|(c, _)| plan.configs.contains(c))
-                .map(|(_, codec)| codec)
-                .collect(),
+        } else {
+            None
         };
-        if codecs.is_empty() {
-            return Err(Error::Usage("--lazy measures criuz-lz4 and criuz-zstd; --configs names neither".into()));
-        }
-        let mut rows = Vec::new();
-        for w in &plan.workloads {
-            for codec in &codecs {
-                eprintln!("bench: lazy: {w}, {codec}, {} MiB", plan.mib);
-                let shape = lazy::Shape { workload: w, codec, mib: plan.mib, runs: plan.runs, cold: args.cold };
-                let row = lazy::measure(&shape, work.path(), &tools, &criuz, &criu.path)?;
-                if !row.intact {
-                    return Err(Error::Invalid(format!("{w}: a restore is not intact")));
-                }
-                rows.push(row);
+        let s3_server = match plan.configs.iter().find(|c| c.uses_s3()) {
+            Some(c) if !unavailable.iter().any(|(n, _)| n == c.name()) => {
+                Some(s3::Server::start(&work.path().join("s3"), args.link)?)
             }
-        }
-        print!("{}", lazy::table(&rows));
-        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "lazy": rows }))?;
-        return Ok(());
+            _ => None,
+        };
+        Ok(Site { tmpfs, _s3_server: s3_server, work })
     }
-    if args.codec_table {
-        let mut rows = Vec::new();
-        for w in plan.workloads.iter().filter(|w| workload::PATTERNS.contains(&w.as_str())) {
-            eprintln!("bench: codec table: {w}, {} MiB", plan.mib);
-            rows.extend(codecs::measure(w, plan.mib, plan.runs, work.path(), &tools, &criu, &criuz)?);
-        }
-        print!("{}", codecs::table(&rows));
-        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "codec_table": rows }))?;
-        return Ok(());
-    }
-    let key = if plan.configs.iter().any(|c| Config::SEALED.contains(c)) {
-        Some(make_key(&criuz, work.path())?)
-    } else {
-        None
-    };
-    let env = Env { criu: criu.clone(), criuz, link: args.link, tmp, absorb: args.absorb.clone(), key };
-    if let Some(n) = args.load {
-        let mut rows = Vec::new();
-        for w in &plan.workloads {
-            eprintln!("bench: load: {n} x {w}, {} MiB", plan.mib);
-            let row = load::measure(w, n, plan.mib, work.path(), &tools, &env)?;
-            if !row.intact {
-                return Err(Error::Invalid(format!("{w}: a restore under load is not intact")));
-            }
-            rows.push(row);
-        }
-        print!("{}", load::table(&rows));
-        write_table_json(args.json.as_deref(), &machine, &plan, serde_json::json!({ "load": rows }))?;
-        return Ok(());
-    }
-    let ctx = Ctx {
-        env: &env,
-        tools: &tools,
-        work: work.path(),
-        tmpfs: tmpfs.as_ref().map(|t| t.path()),
-        mib: plan.mib,
-        cold: args.cold,
-    };
+}
 
-    eprintln!(
-        "bench: {} workload(s) x {} configuration(s) x {} run(s), {} MiB, CRIU {} at {}{}{}",
-        plan.workloads.len(),
-        plan.configs.len(),
-        plan.runs,
-        plan.mib,
-        criu.version,
-        criu.path.display(),
-        if args.cold { ", cold cache" } else { "" },
-        args.link.map(|r| format!(", link {:.1} MB/s", r as f64 / 1e6)).unwrap_or_default()
-    );
-    // SAFETY: the handler only stores to an atomic.
-    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
-
-    let mut pairs: Vec<Pair> = Vec::new();
-    for w in &plan.workloads {
-        for c in &plan.configs {
-            pairs.push(Pair { workload: w.clone(), config: c.name(), runs: 0, samples: vec![], failures: vec![] });
-        }
-    }
-    let total = pairs.len() * plan.runs;
-    let mut k = 0;
-    'all: for (wi, w) in plan.workloads.iter().enumerate() {
-        for run in 1..=plan.runs {
-            for (ci, c) in plan.configs.iter().enumerate() {
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    break 'all;
-                }
-                k += 1;
-                let pair = &mut pairs[wi * plan.configs.len() + ci];
-                pair.runs += 1;
-                let tag = format!("[{k}/{total}] {w} / {} run {run}/{}", c.name(), plan.runs);
-                if let Some((_, why)) = unavailable.iter().find(|(n, _)| n == w || n == c.name()) {
-                    eprintln!("bench: {tag}: FAILED: {why}");
-                    pair.failures.push(format!("run {run}: {why}"));
-                    continue;
-                }
-                match one_run(&ctx, w, *c, k) {
-                    Ok(mut s) => {
-                        s.run = run;
-                        eprintln!(
-                            "bench: {tag}: dump {:.2}s (frozen {}), restore {:.2}s, {} -> {}, cpu {:.2}s{}, intact",
-                            s.dump_s,
-                            s.frozen_s.map(|f| format!("{f:.2}s")).unwrap_or_else(|| "?".into()),
-                            s.restore_s,
-                            human(s.raw_bytes),
-                            human(s.bytes),
-                            s.cpu_s,
-                            s.criuz_rss_kib.map(|k| format!(", criuz RSS {}", human(k << 10))).unwrap_or_default()
-                        );
-                        pair.samples.push(s);
-                    }
-                    Err(e) => {
-                        eprintln!("bench: {tag}: FAILED: {e}");
-                        pair.failures.push(format!("run {run}: {e}"));
-                    }
-                }
-                proc::reap_zombies();
-            }
-        }
-    }
-    drop(tmpfs);
-    drop(s3_server);
-    drop(work);
-
+/// The comparison's table, JSON and plot; an error if it was interrupted
+/// or a result is not intact.
+fn report_comparison(args: &BenchArgs, plan: &Plan, machine: Machine, pairs: &[Pair], started: Instant) -> Result<()> {
     let results: Vec<ResultJson> = pairs.iter().filter(|p| p.runs > 0).map(ResultJson::of).collect();
     let doc = Document {
         machine,
@@ -717,7 +441,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         plot::draw(path, &doc)?;
         eprintln!("bench: wrote {}", path.display());
     }
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if compare::interrupted() {
         return Err(Error::Invalid("interrupted".into()));
     }
     let bad = doc.results.iter().filter(|r| !r.intact).count();
