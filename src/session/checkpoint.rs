@@ -36,6 +36,7 @@ use crate::session::criu_run::{
     cannot_run, criu_failure, ids_by_default, join_criu_thread, run_criu_told, CriuThread, PID_NAMESPACE_REFUSED,
 };
 use crate::session::workdir::{criu_output, WorkDir};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -301,16 +302,12 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     let _claim = claim::claim_tree(o.pid)?;
     // After the claim: a tree another criuz dumps is said to be that.
     refuse_traced(o.pid)?;
-    // One walk of every other process, before CRIU freezes the tree (it
-    // costs no frozen time); what it found of shared memory is asked again
-    // before the archive is committed.
-    let pids = tree::tree_pids(&[o.pid]);
-    let around = outside::survey(&pids, Ask { pipes: true, shared: !o.leave_running });
-    arriving::refuse(around.arriving)?;
-    warn_of_outside_pipes(&around.outside_pipes);
+    // Before the walk below, which a busy host makes long: an output that
+    // cannot be written (an archive already there) is said at once.
+    let out = Output::open(&o.output, o.force)?;
+    let held_shared = survey_around(o)?;
     let (archive, _grant) = &granted(archive, o.pid);
     let started = Instant::now();
-    let out = Output::open(&o.output, o.force)?;
     let work = WorkDir::new("criuz-dump-")?;
     let listener = Listener::bind(work.path(), streamer::CAPTURE_SOCKET)?;
     let dedup = dedup_for(o.parent.as_deref(), &o.output)?;
@@ -331,11 +328,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         .transpose()?;
     let mut cmd = dump_command(criu, o, work.path(), hook.as_ref());
 
-    let pages = if o.leave_running {
-        capture::Pages::Copied
-    } else {
-        capture::Pages::HeldWhileStopped { shared: around.held_shared }
-    };
+    let pages =
+        if o.leave_running { capture::Pages::Copied } else { capture::Pages::HeldWhileStopped { shared: held_shared } };
     let pages = &pages;
     // Resumes the tree should criuz die while CRIU leaves it stopped; not
     // the processes stopped before, which CRIU's own failure leaves so too.
@@ -376,50 +370,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         };
         (status, asked, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
-    // Writes the archive from what was captured: complete (`capture::settle`),
-    // with CRIU's stats where it wrote them already, and, where the tree's
-    // own pages were held, only if it did not run meanwhile (`stopped`: its
-    // run times once CRIU was done).
-    let write = |packer: Packer, stopped: Option<Option<Vec<(i32, u64)>>>, stats: Option<Vec<u8>>| {
-        if stopped == Some(None) {
-            packer.abort();
-            return Err(Error::Criu(format!("process {} did not stay stopped after CRIU dumped it", o.pid)));
-        }
-        let (packer, report) = capture::settle(packer, captured)
-            .map_err(|e| e.context(format!("capture failed ({})", work.save_log("dump.log"))))?;
-        // A writer that failed after the capture (a disk that filled once
-        // every image was in) refuses these with its own error; the packer,
-        // dropped, writes no index.
-        if let Some(bytes) = &stats {
-            let mut sink = packer.begin_file("stats-dump")?;
-            sink.write(bytes)?;
-            sink.finish()?;
-        }
-        if let Some(s) = &suspended {
-            let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
-            // A struct of numbers and strings: serialising cannot fail.
-            sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
-            sink.finish()?;
-        }
-        let (pack, _) = packer.finish()?;
-        if let Some(Some(before)) = &stopped {
-            if tree::stopped_runtimes(&[o.pid]).as_ref() != Some(before) {
-                return Err(Error::Criu(format!(
-                    "process {} ran while its checkpoint was written (resumed by another process?)",
-                    o.pid
-                )));
-            }
-        }
-        if let Some(who) = outside::shared_reached_from_outside(&tree::tree_pids(&[o.pid]), &report.held_shared) {
-            return Err(Error::Criu(format!(
-                "{who} outside the tree of process {} mapped or opened its shared memory while its checkpoint was \
-                 written, and could have written pages held of it: dump again",
-                o.pid
-            )));
-        }
-        out.commit()?;
-        Ok(pack)
-    };
+    let commit = Commit { o, work: &work, suspended: suspended.as_ref(), out };
+    let write = |packer, stopped, stats| commit.write(packer, captured, stopped, stats);
     let resume = || tree::resume_dumped(o.pid, &stopped_before);
     let (written, stats_bytes) = match (asked, status) {
         (Some(asked), _) => {
@@ -489,28 +441,123 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         Err(e) => return Err(e.context(format!("no checkpoint written; process {} was resumed", o.pid))),
     };
     let cuda = suspended.map(|s| s.conclude(o.leave_running)).transpose()?;
-    let (archive_bytes, recompressed, recompress_failed) = redo_hurried(o, archive, &pack);
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(DumpReport {
-        output: o.output.clone(),
-        criu: criu.path.clone(),
-        criu_version: criu.version.clone(),
-        criu_source: criu.source.to_string(),
-        raw_bytes: pack.raw_bytes,
-        archive_bytes,
-        ratio: archive_bytes as f64 / pack.raw_bytes.max(1) as f64,
-        seconds,
-        raw_bytes_per_second: pack.raw_bytes as f64 / seconds.max(1e-9),
-        files: pack.files,
-        zero_pages: pack.zero_pages,
-        hurried_blocks: pack.hurried.len(),
-        held_blocks: pack.blocks_held,
-        recompressed,
-        recompress_failed,
-        criu_stats: stats_bytes.as_deref().and_then(parse_stats),
-        absorb_budget: archive.memory_budget as u64,
-        peak_rss_bytes: crate::proc::memory::own_peak_rss(),
-        cuda,
-        pack,
-    })
+    let stats = stats_bytes.as_deref().and_then(parse_stats);
+    Ok(DumpReport::of(o, criu, archive, pack, stats, cuda, started))
+}
+
+impl DumpReport {
+    /// The report of a dump started at `started` whose archive was
+    /// committed with `pack`, once the blocks compressed in haste were redone
+    /// where that is cheap ([`redo_hurried`]).
+    fn of(
+        o: &DumpOptions,
+        criu: &Criu,
+        archive: &Options,
+        pack: PackStats,
+        criu_stats: Option<CriuDumpStats>,
+        cuda: Option<CudaDumpReport>,
+        started: Instant,
+    ) -> DumpReport {
+        let (archive_bytes, recompressed, recompress_failed) = redo_hurried(o, archive, &pack);
+        let seconds = started.elapsed().as_secs_f64();
+        DumpReport {
+            output: o.output.clone(),
+            criu: criu.path.clone(),
+            criu_version: criu.version.clone(),
+            criu_source: criu.source.to_string(),
+            raw_bytes: pack.raw_bytes,
+            archive_bytes,
+            ratio: archive_bytes as f64 / pack.raw_bytes.max(1) as f64,
+            seconds,
+            raw_bytes_per_second: pack.raw_bytes as f64 / seconds.max(1e-9),
+            files: pack.files,
+            zero_pages: pack.zero_pages,
+            hurried_blocks: pack.hurried.len(),
+            held_blocks: pack.blocks_held,
+            recompressed,
+            recompress_failed,
+            criu_stats,
+            absorb_budget: archive.memory_budget as u64,
+            peak_rss_bytes: crate::proc::memory::own_peak_rss(),
+            cuda,
+            pack,
+        }
+    }
+}
+
+/// One walk of every other process, before CRIU freezes the tree (it costs
+/// no frozen time) and before a CUDA tree is suspended (the walk would
+/// lengthen the time its GPU work stands still; a process that maps the
+/// tree's shared memory after the walk is caught by the walk again before
+/// the commit, [`Commit::write`]): a tree whose pages would arrive from
+/// outside is refused, pipes to outside are warned of. The shared memory
+/// only the tree reaches, held by reference while it stays stopped.
+fn survey_around(o: &DumpOptions) -> Result<HashSet<u64>> {
+    let pids = tree::tree_pids(&[o.pid]);
+    let around = outside::survey(&pids, Ask { pipes: true, shared: !o.leave_running });
+    arriving::refuse(around.arriving)?;
+    warn_of_outside_pipes(&around.outside_pipes);
+    Ok(around.held_shared)
+}
+
+/// What a dump commits its archive with, once CRIU is done.
+struct Commit<'a> {
+    o: &'a DumpOptions,
+    work: &'a WorkDir,
+    suspended: Option<&'a cuda::Suspended>,
+    out: Output,
+}
+
+impl Commit<'_> {
+    /// Writes the archive from what was `captured`: complete
+    /// (`capture::settle`), with CRIU's `stats` where it wrote them already
+    /// and the CUDA record, and commits it; where the tree's own pages were
+    /// held, only if it did not run meanwhile (`stopped`: its run times
+    /// once CRIU was done; `Some(None)`: they could not be had) and no
+    /// process outside it reached its held shared memory.
+    fn write(
+        self,
+        packer: Packer,
+        captured: Result<Option<capture::CaptureReport>>,
+        stopped: Option<Option<Vec<(i32, u64)>>>,
+        stats: Option<Vec<u8>>,
+    ) -> Result<PackStats> {
+        let pid = self.o.pid;
+        if stopped == Some(None) {
+            packer.abort();
+            return Err(Error::Criu(format!("process {pid} did not stay stopped after CRIU dumped it")));
+        }
+        let (packer, report) = capture::settle(packer, captured)
+            .map_err(|e| e.context(format!("capture failed ({})", self.work.save_log("dump.log"))))?;
+        // A writer that failed after the capture (a disk that filled once
+        // every image was in) refuses these with its own error; the packer,
+        // dropped, writes no index.
+        if let Some(bytes) = &stats {
+            let mut sink = packer.begin_file("stats-dump")?;
+            sink.write(bytes)?;
+            sink.finish()?;
+        }
+        if let Some(s) = self.suspended {
+            let mut sink = packer.begin_file(cuda::RECORD_FILE)?;
+            // A struct of numbers and strings: serialising cannot fail.
+            sink.write(&serde_json::to_vec_pretty(s.record()).unwrap_or_default())?;
+            sink.finish()?;
+        }
+        let (pack, _) = packer.finish()?;
+        if let Some(Some(before)) = &stopped {
+            if tree::stopped_runtimes(&[pid]).as_ref() != Some(before) {
+                return Err(Error::Criu(format!(
+                    "process {pid} ran while its checkpoint was written (resumed by another process?)"
+                )));
+            }
+        }
+        if let Some(who) = outside::shared_reached_from_outside(&tree::tree_pids(&[pid]), &report.held_shared) {
+            return Err(Error::Criu(format!(
+                "{who} outside the tree of process {pid} mapped or opened its shared memory while its checkpoint was \
+                 written, and could have written pages held of it: dump again"
+            )));
+        }
+        self.out.commit()?;
+        Ok(pack)
+    }
 }
