@@ -303,7 +303,8 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
     // After the claim: a tree another criuz dumps is said to be that.
     refuse_traced(o.pid)?;
     // Before the walk below, which a busy host makes long: an output that
-    // cannot be written (an archive already there) is said at once.
+    // cannot be written (a read-only directory, a refused object store) is
+    // said at once.
     let out = Output::open(&o.output, o.force)?;
     let held_shared = survey_around(o)?;
     let (archive, _grant) = &granted(archive, o.pid);
