@@ -59,8 +59,7 @@ use crate::session::pager::{Abort, FillGate, Pager};
 use crate::session::place::HeldFill;
 use crate::session::placement::{Materialized, Placement};
 use crate::session::shmem::SharedObject;
-use crate::session::working_set::save_touches;
-use std::collections::HashSet;
+use crate::session::working_set::record_new_faults;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
@@ -312,41 +311,7 @@ impl LazyRestore<'_> {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
                 } else if pager.all_in() && criu_restored() {
-                    // Every page is in: the userfaultfds (ours and the
-                    // guard's copies) are let go, so that pages left out as
-                    // zero read as zero from now on (a runc in the
-                    // foreground waits for the tree, and the tree must not
-                    // wait for us). Done whole, uninterrupted; and a held
-                    // tree's guard is told it is whole first and released
-                    // only once it runs, so that a criuz killed in between
-                    // leaves the guard to let it run (released first, it
-                    // left the tree stopped for good).
-                    crate::io::unfinished::uninterrupted(|| {
-                        if hold {
-                            // A guard that cannot be told is gone already.
-                            let _ = guard.whole(self.dumped_stopped);
-                        }
-                        pager.let_go();
-                        if !hold {
-                            guard.release();
-                        }
-                        // Not where a lazy tree's proof behind may still
-                        // kill it by its pids and criuz returns once that is
-                        // done: until then they stay criuz's to hold (and
-                        // without -d, `proc::foreground` lets go after).
-                        if hold || !self.detached {
-                            let root = match victim {
-                                Victim::Tree(pids) => pids.first().copied(),
-                                Victim::Cgroup(_) => None,
-                            };
-                            crate::proc::restored::let_go_of_restored_tree(root);
-                        }
-                        if hold {
-                            let _ = resumed.set(Instant::now());
-                            victim.resume(self.dumped_stopped);
-                            guard.release();
-                        }
-                    });
+                    self.let_go_whole(&mut pager, &guard, hold, &resumed);
                 }
                 let whole = r.is_ok() && pager.all_in();
                 (r, whole)
@@ -444,13 +409,7 @@ impl LazyRestore<'_> {
         // Its error says the tree was killed (`PIDFILE_FAILED`, or the CUDA
         // resume's).
         published?;
-        // Beside the archive, where the archive's directory allows it: a
-        // read-only place costs the next restore its head start, not this one.
-        let faults = &report.touched;
-        let known: HashSet<&(u32, u64)> = recorded.iter().collect();
-        let new_faults = faults.iter().any(|f| !known.contains(f));
-        let working_set_file =
-            touch.filter(|t| new_faults && save_touches(t, &recorded, faults).is_ok()).map(|t| t.display().to_string());
+        let working_set_file = record_new_faults(touch.as_deref(), &recorded, &report.touched);
         Ok((
             status,
             LazyReport {
@@ -479,6 +438,44 @@ impl LazyRestore<'_> {
 }
 
 impl LazyRestore<'_> {
+    /// Lets go of a tree whose every page is in (and, held, that CRIU
+    /// restored whole): the userfaultfds, criuz's and the guard's copies, are
+    /// closed, so that pages left out as zero read as zero from now on, and
+    /// a held tree is let run.
+    fn let_go_whole(&self, pager: &mut Pager, guard: &Guard, hold: bool, resumed: &OnceLock<Instant>) {
+        // Done whole, uninterrupted (a runc in the foreground waits for the
+        // tree, and the tree must not wait for us). A held tree's guard is
+        // told it is whole first and released only once it runs, so that a
+        // criuz killed in between leaves the guard to let it run (released
+        // first, it left the tree stopped for good).
+        crate::io::unfinished::uninterrupted(|| {
+            if hold {
+                // A guard that cannot be told is gone already.
+                let _ = guard.whole(self.dumped_stopped);
+            }
+            pager.let_go();
+            if !hold {
+                guard.release();
+            }
+            // Not where a lazy tree's proof behind may still kill it by its
+            // pids and criuz returns once that is done: until then they stay
+            // criuz's to hold (and without -d, `proc::foreground` lets go
+            // after).
+            if hold || !self.detached {
+                let root = match self.victim {
+                    Victim::Tree(pids) => pids.first().copied(),
+                    Victim::Cgroup(_) => None,
+                };
+                crate::proc::restored::let_go_of_restored_tree(root);
+            }
+            if hold {
+                let _ = resumed.set(Instant::now());
+                self.victim.resume(self.dumped_stopped);
+                guard.release();
+            }
+        });
+    }
+
     /// Lets a lazy tree CRIU restored stopped run, once CRIU has handed all
     /// of it over (`finished`) and the walks of the archive and its parents
     /// have proven the index its images and pages came from; whether it

@@ -61,7 +61,7 @@ pub(super) fn load_touches(path: Option<&Path>) -> Vec<(u32, u64)> {
 
 /// Writes the old record followed by the new faults (complete or not at all,
 /// 0600: it maps the process's memory).
-pub(super) fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<()> {
+fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) -> Result<()> {
     let mut seen = HashSet::new();
     let mut text = format!("{TOUCH_HEADER}\n");
     for &(pid, vaddr) in old.iter().chain(new).take(TOUCHED_MAX) {
@@ -70,6 +70,20 @@ pub(super) fn save_touches(path: &Path, old: &[(u32, u64)], new: &[(u32, u64)]) 
         }
     }
     crate::io::replace_small_file(path, 0o600, text.as_bytes())
+}
+
+/// Records `faults` after the `recorded` ones at `touch` (beside the
+/// archive) where some are new; the file, if written. Where the archive's
+/// directory is read-only, the next restore loses its head start, not this
+/// one.
+pub(super) fn record_new_faults(
+    touch: Option<&Path>,
+    recorded: &[(u32, u64)],
+    faults: &[(u32, u64)],
+) -> Option<String> {
+    let known: HashSet<&(u32, u64)> = recorded.iter().collect();
+    let new_faults = faults.iter().any(|f| !known.contains(f));
+    touch.filter(|t| new_faults && save_touches(t, recorded, faults).is_ok()).map(|t| t.display().to_string())
 }
 
 #[cfg(test)]
