@@ -440,14 +440,14 @@ impl LazyRestore<'_> {
 impl LazyRestore<'_> {
     /// Lets go of a tree whose every page is in (and, held, that CRIU
     /// restored whole): the userfaultfds, criuz's and the guard's copies, are
-    /// closed, so that pages left out as zero read as zero from now on, and
-    /// a held tree is let run.
+    /// closed now, so that pages left out as zero read as zero from now on (a
+    /// runc in the foreground waits for the tree, and the tree must not wait
+    /// for us), and a held tree is let run.
     fn let_go_whole(&self, pager: &mut Pager, guard: &Guard, hold: bool, resumed: &OnceLock<Instant>) {
-        // Done whole, uninterrupted (a runc in the foreground waits for the
-        // tree, and the tree must not wait for us). A held tree's guard is
-        // told it is whole first and released only once it runs, so that a
-        // criuz killed in between leaves the guard to let it run (released
-        // first, it left the tree stopped for good).
+        // Done whole, uninterrupted. A held tree's guard is told it is whole
+        // first and released only once it runs, so that a criuz killed in
+        // between leaves the guard to let it run (released first, it left
+        // the tree stopped for good).
         crate::io::unfinished::uninterrupted(|| {
             if hold {
                 // A guard that cannot be told is gone already.
