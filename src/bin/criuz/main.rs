@@ -16,8 +16,14 @@ fn main() -> ExitCode {
     // Blocks are 4 KiB..4 MiB buffers allocated and freed at a high rate on
     // several threads; with glibc's default threshold each one is a fresh
     // mmap (page faults, zeroing, munmap). Keeping them on the heap lets freed
-    // blocks be reused. (Not measured on its own: with 2 cores, the dump's
-    // time was dominated by CRIU and by writing the archive.)
+    // blocks be reused. Measured on 2 cores against a build without these
+    // two calls (docs/BENCHMARKS.md, session 76; 1 GiB, three rounds in
+    // turn): durable LZ4 dumps 0.57-0.60 s against 0.63-0.72 s (mixed) and
+    // 0.72-0.88 s against 0.81-1.05 s (random), bought with dump memory
+    // (28-31 MiB against 24; random 109-120 against 90-95) and, on random,
+    // frozen time (0.35-0.39 s against 0.27-0.31 s); zstd's dumps and every
+    // restore alike. Kept for the durable time, which a dump that ends its
+    // process is waited for by.
     // SAFETY: mallopt only tunes the allocator, before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
