@@ -372,7 +372,6 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
         (status, asked, cap.join().unwrap_or(Err(Error::Cancelled)))
     });
     let commit = Commit { o, work: &work, suspended: suspended.as_ref(), out };
-    let write = |packer, stopped, stats| commit.write(packer, captured, stopped, stats);
     let resume = || tree::resume_dumped(o.pid, &stopped_before);
     let (written, stats_bytes) = match (asked, status) {
         (Some(asked), _) => {
@@ -380,7 +379,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // by CRIU: nothing can run it meanwhile). It rolls back if the
             // archive could not be written (the tree resumed as it was, its
             // connections unlocked), and leaves the tree stopped otherwise.
-            let written = write(packer, None, None);
+            let written = commit.write(packer, captured, None, None);
             asked.answer(written.is_ok());
             // How CRIU ended matters no more: with the archive durable the
             // tree is ended below (a CRIU killed after the answer left it
@@ -421,7 +420,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // again before the archive is committed.
             let stopped = pages.holds().then(|| tree::settled_runtimes(&[o.pid], 2_000));
             let stats = std::fs::read(work.path().join("stats-dump")).ok();
-            let written = write(packer, stopped, stats.clone());
+            let written = commit.write(packer, captured, stopped, stats.clone());
             if written.is_err() && !o.leave_running {
                 resume();
             }
