@@ -379,7 +379,7 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
             // by CRIU: nothing can run it meanwhile). It rolls back if the
             // archive could not be written (the tree resumed as it was, its
             // connections unlocked), and leaves the tree stopped otherwise.
-            let written = commit.write(packer, captured, None, None);
+            let written = commit.write(packer, captured, RunCheck::NotNeeded, None);
             asked.answer(written.is_ok());
             // How CRIU ended matters no more: with the archive durable the
             // tree is ended below (a CRIU killed after the answer left it
@@ -415,12 +415,9 @@ pub fn dump(o: &DumpOptions, archive: &Options, criu: &Criu) -> Result<DumpRepor
                 }
                 return Err(criu_failure("criu dump", status, &work.save_log("dump.log")));
             }
-            // Held pages are the stopped tree's own: it must not run until
-            // they have all been read, so what it has run is taken now and
-            // again before the archive is committed.
-            let stopped = pages.holds().then(|| tree::settled_runtimes(&[o.pid], 2_000));
+            let run_check = RunCheck::once_criu_is_done(o.pid, pages.holds());
             let stats = std::fs::read(work.path().join("stats-dump")).ok();
-            let written = commit.write(packer, captured, stopped, stats.clone());
+            let written = commit.write(packer, captured, run_check, stats.clone());
             if written.is_err() && !o.leave_running {
                 resume();
             }
@@ -500,6 +497,37 @@ fn survey_around(o: &DumpOptions) -> Result<HashSet<u64>> {
     Ok(around.held_shared)
 }
 
+/// Whether the tree must be shown not to have run before the archive is
+/// committed: it must where the archive holds pages of the tree's own
+/// memory by reference, which it reads after CRIU is done.
+#[derive(Debug, PartialEq, Eq)]
+enum RunCheck {
+    /// No page held, or the tree frozen by CRIU until the commit answers
+    /// its post-dump hook: nothing can have changed a page meanwhile.
+    NotNeeded,
+    /// Pages held; what each thread of the tree had run (`(tid, run
+    /// time)`) once CRIU was done, read again before the commit.
+    Since(Vec<(i32, u64)>),
+    /// Pages held, but the tree did not settle stopped (a thread running,
+    /// or its run times unreadable): its held pages cannot be trusted.
+    Unsettled,
+}
+
+impl RunCheck {
+    /// Held pages are the stopped tree's own: it must not run until they
+    /// have all been read, so what it has run is taken once CRIU is done
+    /// and again before the archive is committed.
+    fn once_criu_is_done(pid: i32, holds: bool) -> RunCheck {
+        if !holds {
+            return RunCheck::NotNeeded;
+        }
+        match tree::settled_runtimes(&[pid], 2_000) {
+            Some(runtimes) => RunCheck::Since(runtimes),
+            None => RunCheck::Unsettled,
+        }
+    }
+}
+
 /// What a dump commits its archive with, once CRIU is done.
 struct Commit<'a> {
     o: &'a DumpOptions,
@@ -512,18 +540,17 @@ impl Commit<'_> {
     /// Writes the archive from what was `captured`: complete
     /// (`capture::settle`), with CRIU's `stats` where it wrote them already
     /// and the CUDA record, and commits it; where the tree's own pages were
-    /// held, only if it did not run meanwhile (`stopped`: its run times
-    /// once CRIU was done; `Some(None)`: they could not be had) and no
-    /// process outside it reached its held shared memory.
+    /// held, only if it did not run meanwhile (`run_check`) and no process
+    /// outside it reached its held shared memory.
     fn write(
         self,
         packer: Packer,
         captured: Result<Option<capture::CaptureReport>>,
-        stopped: Option<Option<Vec<(i32, u64)>>>,
+        run_check: RunCheck,
         stats: Option<Vec<u8>>,
     ) -> Result<PackStats> {
         let pid = self.o.pid;
-        if stopped == Some(None) {
+        if run_check == RunCheck::Unsettled {
             packer.abort();
             return Err(Error::Criu(format!("process {pid} did not stay stopped after CRIU dumped it")));
         }
@@ -544,7 +571,7 @@ impl Commit<'_> {
             sink.finish()?;
         }
         let (pack, _) = packer.finish()?;
-        if let Some(Some(before)) = &stopped {
+        if let RunCheck::Since(before) = &run_check {
             if tree::stopped_runtimes(&[pid]).as_ref() != Some(before) {
                 return Err(Error::Criu(format!(
                     "process {pid} ran while its checkpoint was written (resumed by another process?)"
