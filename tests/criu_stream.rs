@@ -2534,19 +2534,20 @@ fn a_dump_short_of_descriptors_copies_what_it_cannot_hold() {
     let arc = tmp.path().join("few-fds.czr");
     let mut cmd = Command::new(CRIUZ);
     cmd.args(["dump", "--json", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]);
-    // 256 descriptors, no more to raise to: at most 96 blocks held at once,
+    // 128 descriptors, no more to raise to: 96 of them for held blocks, so
+    // at most 95 held at once (one descriptor each, two while one fills),
     // of the 384 this memory makes.
     // SAFETY: setrlimit only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            let few = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
+            let few = libc::rlimit { rlim_cur: 128, rlim_max: 128 };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &few) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    let out = ok(run(&mut cmd), "criuz dump with 256 descriptors");
+    let out = ok(run(&mut cmd), "criuz dump with 128 descriptors");
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let held = r["held_blocks"].as_u64().unwrap();
     assert!(held > 0 && held < 300, "{held} of the 384 blocks of pages held: {r}");

@@ -35,19 +35,46 @@ use std::sync::OnceLock;
 /// this many, or a quarter of a smaller limit.
 const SPARE_FDS: u64 = 1024;
 
-/// Held pipes alive now in this process.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Descriptors the held pipes alive now in this process take: two for a
+/// pipe still filling, one once it is sealed.
+static LIVE_FDS: Descriptors = Descriptors::new();
 
-/// Most held pipes at once: the descriptor limit (raised to its hard
-/// ceiling the first time) less the spare ones ([`SPARE_FDS`]), halved, as
-/// a pipe has two while it fills; a dump must never fail for want of a
-/// descriptor it could have had by copying.
+/// A count of descriptors in use against a ceiling.
+struct Descriptors(AtomicUsize);
+
+impl Descriptors {
+    const fn new() -> Self {
+        Descriptors(AtomicUsize::new(0))
+    }
+
+    /// Takes a new pipe's two, if they fit under `most`.
+    fn claim_pipe(&self, most: usize) -> bool {
+        if self.0.fetch_add(2, Ordering::Relaxed) + 2 > most {
+            self.0.fetch_sub(2, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn give_back(&self, n: usize) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// Descriptors held pipes may take at once: the descriptor limit (raised
+/// to its hard ceiling the first time) less the spare ones
+/// ([`SPARE_FDS`]). A sealed block keeps only its read end, so this is
+/// also about how many blocks a dump holds at once; counting a pipe as two
+/// for its whole life held half as many (at 20,000 descriptors, 2.3 of a
+/// 4 GiB dump's 4 GiB, the rest copied: docs/BENCHMARKS.md, session 78).
+/// A dump must never fail for want of a descriptor it could have had by
+/// copying: the spare ones stay free whatever is held.
 pub(crate) fn most_held() -> usize {
     static MOST: OnceLock<usize> = OnceLock::new();
     *MOST.get_or_init(|| {
         let limit = crate::io::open_files_limit();
         let spare = SPARE_FDS.min(limit / 4);
-        usize::try_from(limit.saturating_sub(spare) / 2).unwrap_or(usize::MAX)
+        usize::try_from(limit.saturating_sub(spare)).unwrap_or(usize::MAX)
     })
 }
 
@@ -59,18 +86,18 @@ pub struct HeldPipe {
     len: usize,
 }
 
-/// A place counted in [`LIVE`] that no pipe took.
+/// A new pipe's two descriptors, counted in [`LIVE_FDS`], that no pipe took.
 struct Unclaimed;
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+        LIVE_FDS.give_back(2);
     }
 }
 
 impl Drop for HeldPipe {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+        LIVE_FDS.give_back(1 + usize::from(self.write.is_some()));
     }
 }
 
@@ -87,8 +114,7 @@ impl HeldPipe {
     /// as whole pages; pieces, which would take more slots, leave the block
     /// to be copied: [`Spliced::Full`]), or `None` where none can be had.
     pub fn new(block: usize) -> Option<HeldPipe> {
-        if LIVE.fetch_add(1, Ordering::Relaxed) >= most_held() {
-            LIVE.fetch_sub(1, Ordering::Relaxed);
+        if !LIVE_FDS.claim_pipe(most_held()) {
             return None;
         }
         // From here on a `HeldPipe` or `Unclaimed` gives the count back.
@@ -157,9 +183,12 @@ impl HeldPipe {
         }
     }
 
-    /// No more bytes will be added.
+    /// No more bytes will be added: the write end closes, and its
+    /// descriptor is free for another block.
     pub fn seal(&mut self) {
-        self.write = None;
+        if self.write.take().is_some() {
+            LIVE_FDS.give_back(1);
+        }
     }
 
     /// Appends every byte held to `buf`.
@@ -234,6 +263,20 @@ mod tests {
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) }, 0);
         // SAFETY: both were just created and are ours alone.
         unsafe { (std::fs::File::from_raw_fd(fds[1]), OwnedFd::from_raw_fd(fds[0])) }
+    }
+
+    #[test]
+    fn a_sealed_pipe_leaves_room_for_another_under_the_ceiling() {
+        let fds = Descriptors::new();
+        assert!(fds.claim_pipe(5) && fds.claim_pipe(5), "two filling pipes: 4 of 5");
+        assert!(!fds.claim_pipe(5), "a third would take 6");
+        fds.give_back(1);
+        assert!(fds.claim_pipe(5), "one sealed: 3, and a third pipe fits");
+        assert!(!fds.claim_pipe(5));
+        fds.give_back(2);
+        fds.give_back(1);
+        fds.give_back(2);
+        assert_eq!(fds.0.load(Ordering::Relaxed), 0);
     }
 
     #[test]
