@@ -65,8 +65,8 @@ impl Descriptors {
 /// to its hard ceiling the first time) less the spare ones
 /// ([`SPARE_FDS`]). A sealed block keeps only its read end, so this is
 /// also about how many blocks a dump holds at once; counting a pipe as two
-/// for its whole life held half as many (at 20,000 descriptors, 2.3 of a
-/// 4 GiB dump's 4 GiB, the rest copied: docs/BENCHMARKS.md, session 78).
+/// for its whole life held half as many (at 20,000 descriptors, 2.3 GiB of
+/// a 4 GiB dump, the rest copied: docs/BENCHMARKS.md, session 78).
 /// A dump must never fail for want of a descriptor it could have had by
 /// copying: the spare ones stay free whatever is held.
 pub(crate) fn most_held() -> usize {
