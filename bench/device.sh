@@ -37,7 +37,8 @@ B=(criuz-bench --criu "$PWD/.dev/bin/criu")
 mkdir -p -m 0700 /run/criu
 size=${SIZE:-4096}
 nproc
-# A dump holds at most (descriptors - spare) / 2 blocks by reference (src/archive/held.rs).
+# A dump holds about (descriptors - spare) blocks by reference, a sealed block one
+# descriptor (src/archive/held.rs).
 echo "descriptors: $(ulimit -Sn) soft, $(ulimit -Hn) hard"
 # What criuz finds of the machine: CRIU and its own check, userfaultfd,
 # CRIU's kernel cache, the CUDA driver and its GPUs.

@@ -59,7 +59,13 @@ impl Chunk {
 /// (a fifth of a restore's CPU, on two cores taken from the decoders). So
 /// chunks are queued and handed over in batches that fill the pipe, and a
 /// full pipe is waited on with poll: the kernel wakes a writer of a full pipe
-/// only once the read has ended and let go of the lock.
+/// only once the read has ended and let go of the lock. Then it waits on
+/// until a quarter of the pipe is free ([`ROOM_NAP`]): CRIU reads a forked
+/// child's pages one at a time (it compares each with its parent's), and a
+/// writer woken by each read handed over one page per wake (up to 73,000
+/// context switches in a 1 GiB tree's restore on 2 cores; 1,500-5,500 so,
+/// and with LZ4 it restores in 0.53-0.63 s instead of 0.69-0.83:
+/// docs/BENCHMARKS.md, session 79).
 pub struct SplicePipe {
     pipe: std::fs::File,
     /// Bytes handed to the pipe so far.
@@ -81,6 +87,14 @@ const IOV_MAX: usize = 1024;
 /// The pipe size asked for (see `streamer::grow_pipe`), and the most worth
 /// gathering before handing over. CRIU never resizes the pipes it passes.
 pub const PIPE_BYTES: usize = 1 << 20;
+
+/// How long a writer waiting for room sleeps between looks at the pipe,
+/// and how many looks before it hands over what room there is. A reader
+/// taking a page at a time frees a few dozen pages per nap (the timer's
+/// slack makes it about 0.1 ms), while the three quarters still in the
+/// pipe keep it busy for several.
+const ROOM_NAP: std::time::Duration = std::time::Duration::from_micros(50);
+const ROOM_NAPS: usize = 40;
 
 impl SplicePipe {
     pub fn new(pipe: std::fs::File) -> Self {
@@ -233,9 +247,27 @@ impl SplicePipe {
                 return Ok(());
             }
             if pfd.revents & libc::POLLOUT != 0 {
-                return Ok(());
+                return self.wait_room();
             }
         }
+    }
+
+    /// Once the full pipe has room, waits (briefly) until it has a quarter
+    /// of it, so that a reader taking a page at a time does not hand the
+    /// writer each page it frees. FIONREAD takes the pipe's lock, but such
+    /// a reader holds it a page at a time, and one that read the whole pipe
+    /// waits for more without it.
+    fn wait_room(&mut self) -> Result<()> {
+        if self.capacity == u64::MAX {
+            return Ok(());
+        }
+        for _ in 0..ROOM_NAPS {
+            if self.capacity - self.unread()?.min(self.capacity) >= self.capacity / 4 {
+                break;
+            }
+            std::thread::sleep(ROOM_NAP);
+        }
+        Ok(())
     }
 
     /// Waits until CRIU has read everything handed over (or closed the
