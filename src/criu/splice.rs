@@ -59,13 +59,13 @@ impl Chunk {
 /// (a fifth of a restore's CPU, on two cores taken from the decoders). So
 /// chunks are queued and handed over in batches that fill the pipe, and a
 /// full pipe is waited on with poll: the kernel wakes a writer of a full pipe
-/// only once the read has ended and let go of the lock. Then it waits on
-/// until a quarter of the pipe is free ([`ROOM_NAP`]): CRIU reads a forked
-/// child's pages one at a time (it compares each with its parent's), and a
-/// writer woken by each read handed over one page per wake (up to 73,000
-/// context switches in a 1 GiB tree's restore on 2 cores; 1,500-5,500 so,
-/// and with LZ4 it restores in 0.53-0.63 s instead of 0.69-0.83:
-/// docs/BENCHMARKS.md, session 79).
+/// only once the read has ended and let go of the lock. Where CRIU frees
+/// little per read, the writer then naps before it hands more over
+/// ([`ROOM_NAP`]): CRIU reads a forked child's pages one at a time (it
+/// compares each with its parent's), and a writer woken by each read handed
+/// over one page per wake (up to 73,000 context switches in a 1 GiB tree's
+/// restore on 2 cores). The room is what the next vmsplice takes: asking
+/// the pipe (FIONREAD) takes its lock and spins there while CRIU reads.
 pub struct SplicePipe {
     pipe: std::fs::File,
     /// Bytes handed to the pipe so far.
@@ -79,6 +79,11 @@ pub struct SplicePipe {
     /// The pipe's size: at most this much of what was handed is unread.
     capacity: u64,
     closed: bool,
+    /// The pipe was full and a read made room: the next vmsplice takes it.
+    woken: bool,
+    /// What the last such vmsplice took filled the pipe from less than a
+    /// quarter of it: CRIU frees little per read, and a wake is a nap.
+    little_room: bool,
 }
 
 /// Iovecs per vmsplice call (the kernel's UIO_MAXIOV).
@@ -88,13 +93,11 @@ const IOV_MAX: usize = 1024;
 /// gathering before handing over. CRIU never resizes the pipes it passes.
 pub const PIPE_BYTES: usize = 1 << 20;
 
-/// How long a writer waiting for room sleeps between looks at the pipe,
-/// and how many looks before it hands over what room there is. A reader
-/// taking a page at a time frees a few dozen pages per nap (the timer's
-/// slack makes it about 0.1 ms), while the three quarters still in the
-/// pipe keep it busy for several.
+/// How long a writer woken with little room sleeps before it hands more
+/// over: a reader taking a page at a time frees a few dozen pages meanwhile
+/// (the timer's slack makes it about 0.1 ms), while what is still in the
+/// pipe keeps it busy.
 const ROOM_NAP: std::time::Duration = std::time::Duration::from_micros(50);
-const ROOM_NAPS: usize = 40;
 
 impl SplicePipe {
     pub fn new(pipe: std::fs::File) -> Self {
@@ -112,6 +115,8 @@ impl SplicePipe {
             first_done: 0,
             capacity,
             closed: false,
+            woken: false,
+            little_room: false,
         }
     }
 
@@ -180,10 +185,18 @@ impl SplicePipe {
                     _ => return Err(e.into()),
                 }
             }
+            let filled = (n as usize) < want;
+            if std::mem::take(&mut self.woken) {
+                self.little_room = filled && (n as u64) < self.capacity / 4;
+            }
             self.advance(n as usize);
             self.release_before(self.handed.saturating_sub(self.capacity));
-            if (n as usize) < want && !self.queued.is_empty() {
+            if filled && !self.queued.is_empty() {
                 self.wait_writable()?;
+                if self.little_room {
+                    std::thread::sleep(ROOM_NAP);
+                }
+                self.woken = true;
             }
         }
         Ok(true)
@@ -247,27 +260,9 @@ impl SplicePipe {
                 return Ok(());
             }
             if pfd.revents & libc::POLLOUT != 0 {
-                return self.wait_room();
+                return Ok(());
             }
         }
-    }
-
-    /// Once the full pipe has room, waits (briefly) until it has a quarter
-    /// of it, so that a reader taking a page at a time does not hand the
-    /// writer each page it frees. FIONREAD takes the pipe's lock, but such
-    /// a reader holds it a page at a time, and one that read the whole pipe
-    /// waits for more without it.
-    fn wait_room(&mut self) -> Result<()> {
-        if self.capacity == u64::MAX {
-            return Ok(());
-        }
-        for _ in 0..ROOM_NAPS {
-            if self.capacity - self.unread()?.min(self.capacity) >= self.capacity / 4 {
-                break;
-            }
-            std::thread::sleep(ROOM_NAP);
-        }
-        Ok(())
     }
 
     /// Waits until CRIU has read everything handed over (or closed the
