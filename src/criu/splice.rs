@@ -63,9 +63,10 @@ impl Chunk {
 /// little per read, the writer then naps before it hands more over
 /// ([`ROOM_NAP`]): CRIU reads a forked child's pages one at a time (it
 /// compares each with its parent's), and a writer woken by each read handed
-/// over one page per wake (up to 73,000 context switches in a 1 GiB tree's
-/// restore on 2 cores). The room is what the next vmsplice takes: asking
-/// the pipe (FIONREAD) takes its lock and spins there while CRIU reads.
+/// over one page per wake (up to 99,000 context switches in a 1 GiB tree's
+/// restore on 2 cores; 3,000-7,800 so: docs/BENCHMARKS.md, session 79).
+/// The room is what the next vmsplice takes: asking the pipe (FIONREAD)
+/// takes its lock, and spun there while CRIU read.
 pub struct SplicePipe {
     pipe: std::fs::File,
     /// Bytes handed to the pipe so far.
