@@ -2533,7 +2533,12 @@ fn a_dump_short_of_descriptors_copies_what_it_cannot_hold() {
     let tmp = tempfile::tempdir().unwrap();
     let arc = tmp.path().join("few-fds.czr");
     let mut cmd = Command::new(CRIUZ);
-    cmd.args(["dump", "--json", "-t", &w.pid.to_string(), "-o", arc.to_str().unwrap()]);
+    // A slow codec, so that CRIU writes far ahead of the worker that
+    // compresses while it writes: with LZ4 that worker kept pace, gave
+    // each held block's descriptor back soon after, and a dump held 358
+    // blocks in all at 128 descriptors (a CI run, session 79).
+    let pid = w.pid.to_string();
+    cmd.args(["dump", "--json", "--codec", "zstd", "--level", "15", "-t", &pid, "-o", arc.to_str().unwrap()]);
     // 128 descriptors, no more to raise to: 96 of them for held blocks, so
     // at most 95 held at once (one descriptor each, two while one fills),
     // of the 384 this memory makes.
