@@ -80,10 +80,9 @@ pub struct SplicePipe {
     /// The pipe's size: at most this much of what was handed is unread.
     capacity: u64,
     closed: bool,
-    /// The pipe was full and a read made room: the next vmsplice takes it.
-    woken: bool,
-    /// What the last such vmsplice took filled the pipe from less than a
-    /// quarter of it: CRIU frees little per read, and a wake is a nap.
+    /// The last vmsplice after a wait (the room a read made) filled the
+    /// pipe from less than a quarter of it: CRIU frees little per read, and
+    /// a wake is a nap.
     little_room: bool,
 }
 
@@ -116,7 +115,6 @@ impl SplicePipe {
             first_done: 0,
             capacity,
             closed: false,
-            woken: false,
             little_room: false,
         }
     }
@@ -160,6 +158,8 @@ impl SplicePipe {
     /// Hands every queued chunk to the pipe, waiting while it is full.
     /// Returns false once CRIU has closed its end (it wants no more).
     pub fn flush(&mut self) -> Result<bool> {
+        // The pipe was full and a read made room: this vmsplice takes it.
+        let mut woken = false;
         while !self.queued.is_empty() {
             if self.closed {
                 return Ok(false);
@@ -187,7 +187,7 @@ impl SplicePipe {
                 }
             }
             let filled = (n as usize) < want;
-            if std::mem::take(&mut self.woken) {
+            if std::mem::take(&mut woken) {
                 self.little_room = filled && (n as u64) < self.capacity / 4;
             }
             self.advance(n as usize);
@@ -197,7 +197,7 @@ impl SplicePipe {
                 if self.little_room {
                     std::thread::sleep(ROOM_NAP);
                 }
-                self.woken = true;
+                woken = true;
             }
         }
         Ok(true)
