@@ -13,7 +13,7 @@ cd "$ROOT"
 cargo fmt --all -- --check
 cargo clippy --release --locked --workspace --all-targets -q -- -D warnings
 # Module docs are the design notes: every link in them must resolve.
-RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --locked --workspace --no-deps --document-private-items -q
+RUSTDOCFLAGS="-D warnings" cargo doc --release --locked --workspace --no-deps --document-private-items -q
 cargo build --release --locked --workspace -q
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

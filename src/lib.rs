@@ -31,6 +31,10 @@
 // Tests start processes of their own; the rule (clippy.toml) is for the
 // programs criuz runs.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
+// The module docs are the design notes, read as built with
+// `--document-private-items` (scripts/test.sh): they link the private items
+// a design turns on, which resolve there.
+#![allow(rustdoc::private_intra_doc_links)]
 
 /// `eprintln!` that never panics. What criuz says on stderr is for a reader
 /// that may be gone (a supervisor's log pipe closed, `2>&1 | head`): a dump

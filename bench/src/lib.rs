@@ -5,6 +5,9 @@
 //! the workloads, the S3 server, the container bundle and the process
 //! helpers below.
 
+// Read as built with `--document-private-items`, as the library's docs.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod aead;
 pub mod codecs;
 pub mod compare;

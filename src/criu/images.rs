@@ -8,9 +8,9 @@
 //! zeroed page cannot come back as the parent's bytes (criu/mem.c,
 //! restore_priv_vma_content). It does not hold for private file mappings (a
 //! missing page shows the file) nor for shared memory (its own pagemaps), so
-//! only zero pages inside private anonymous VMAs (from mm-<pid>.img) are left
-//! out. The plan rewrites pagemap-<pid>.img accordingly and tells the page
-//! server which pages of pages-<id>.img to skip.
+//! only zero pages inside private anonymous VMAs (from `mm-<pid>.img`) are left
+//! out. The plan rewrites `pagemap-<pid>.img` accordingly and tells the page
+//! server which pages of `pages-<id>.img` to skip.
 //!
 //! Anything unexpected (magics, fields, flags) means no plan: the images are
 //! served untouched, which is always correct.

@@ -2,7 +2,7 @@
 //! work and staging directories. An interrupted criuz (SIGINT, SIGTERM,
 //! SIGHUP; `proc::interrupt`) removes them before it dies, so a Ctrl-C
 //! leaves nothing behind, where a SIGKILL leaves them to the next run's
-//! sweep ([`leftover`](super::leftover)).
+//! sweep ([`leftover`]).
 //!
 //! One registry for the whole process, behind one lock. Publishing (the
 //! rename that makes a file or directory the user's) runs under that lock

@@ -17,16 +17,16 @@
 //! workers filled its shared cache (PostgreSQL's shared buffers).
 //!
 //! Writes DIR/ready (root pid) once set up; on SIGUSR1 every process writes
-//! DIR/sum-<role> ("root", "child1", ...); on SIGUSR2 every process rewrites
+//! `DIR/sum-<role>` ("root", "child1", ...); on SIGUSR2 every process rewrites
 //! the share of its pages that DIR/rewrite names ("P" percent, or "P SEED")
-//! in place with random bytes, then writes DIR/rewrote-<role> (the page
+//! in place with random bytes, then writes `DIR/rewrote-<role>` (the page
 //! count): what an incremental checkpoint then has to store; if DIR/rewrite
 //! says "fork", the root forks a child instead (see `fork_late`), and
 //! "dontneed" discards the second half of the memory (MADV_DONTNEED: it then
-//! reads as zero) and writes DIR/dontneed-<role>; "mremap" moves the second
+//! reads as zero) and writes `DIR/dontneed-<role>`; "mremap" moves the second
 //! half of the memory elsewhere and back (its bytes unchanged) and writes
-//! DIR/mremapped-<role>; "orphans N" leaves N short-lived processes
-//! orphaned (see `orphan`) and writes DIR/orphaned-<role>; "exit N" ends the
+//! `DIR/mremapped-<role>`; "orphans N" leaves N short-lived processes
+//! orphaned (see `orphan`) and writes `DIR/orphaned-<role>`; "exit N" ends the
 //! tree, the root with exit status N; SIGTERM ends the tree (status 0).
 
 use std::ffi::CString;

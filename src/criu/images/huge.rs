@@ -6,7 +6,7 @@ use super::pagemap::*;
 use super::proto::*;
 use prost::Message;
 
-/// Whether a process (mm-<pid>.img) has private memory of huge pages
+/// Whether a process (`mm-<pid>.img`) has private memory of huge pages
 /// (`MAP_HUGETLB` without `MAP_SHARED`). CRIU restores such memory in its
 /// restorer, reading the pages image at random (`preadv`), which its image
 /// stream cannot do: a streamed restore of it fails "Can't read pages data
@@ -52,8 +52,8 @@ pub struct HugeMemory {
     pub shared: Vec<(u64, u64)>,
 }
 
-/// The huge-page memory of a process, from its mm-<pid>.img and
-/// pagemap-<pid>.img; `default_size` is the system's huge page size, for a
+/// The huge-page memory of a process, from its `mm-<pid>.img` and
+/// `pagemap-<pid>.img`; `default_size` is the system's huge page size, for a
 /// mapping that names none. `None` if an image is not as expected.
 pub fn huge_memory(mm: &[u8], pagemap: &[u8], default_size: u64) -> Option<HugeMemory> {
     let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;

@@ -9,7 +9,7 @@ use super::proto::*;
 use super::zero_plan::*;
 use prost::Message;
 
-/// The VMAs (mm-<pid>.img) a lazy restore's CRIU registers with
+/// The VMAs (`mm-<pid>.img`) a lazy restore's CRIU registers with
 /// userfaultfd, sorted: private anonymous memory neither locked nor huge,
 /// other than the vDSO, its data and vsyscall (`vma_entry_can_be_lazy` in
 /// criu/include/vma.h, v4.2).
@@ -36,7 +36,7 @@ fn registered_vmas(mm: &[u8]) -> Option<Vec<(u64, u64)>> {
 }
 
 /// Whether every run of `runs` flagged lazy lies in memory a lazy restore's
-/// CRIU registers with userfaultfd (`registered_vmas` of mm-<pid>.img);
+/// CRIU registers with userfaultfd (`registered_vmas` of `mm-<pid>.img`);
 /// false if the image is not as expected. CRIU leaves each page flagged
 /// lazy to the page server, whatever memory it is in: one where no
 /// userfaultfd is registered would be copied by nobody (a copy there

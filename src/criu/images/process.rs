@@ -135,7 +135,7 @@ pub fn cgroup_memory_paths(img: &[u8]) -> Option<Vec<(u32, String, bool)>> {
     Some(entry.sets.iter().filter_map(|set| memory_of(set).map(|(path, v2)| (set.id, path, v2))).collect())
 }
 
-/// The stack pointer a thread was dumped with (core-<tid>.img); x86_64
+/// The stack pointer a thread was dumped with (`core-<tid>.img`); x86_64
 /// only, `None` otherwise or if the image is not as expected.
 pub fn core_stack_pointer(core: &[u8]) -> Option<u64> {
     let c = CoreEntry::decode(*objects(core, CORE_MAGIC)?.first()?).ok()?;

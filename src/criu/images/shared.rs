@@ -22,7 +22,7 @@ pub enum SharedId {
     MemfdFile(u64),
 }
 
-/// A shared mapping (mm-<pid>.img): `[start, end)` shows `object` from
+/// A shared mapping (`mm-<pid>.img`): `[start, end)` shows `object` from
 /// byte `pgoff` on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SharedMapping {

@@ -118,7 +118,7 @@ pub fn plan_runs(mm: &[u8], pagemap: &[u8], zero: &PageBits, min_run: u64) -> Op
     Some(ZeroPlan { pages_id: head.pages_id, pagemap: out, skipped, skipped_pages })
 }
 
-/// The VMAs of plain private anonymous memory (mm-<pid>.img), sorted, none
+/// The VMAs of plain private anonymous memory (`mm-<pid>.img`), sorted, none
 /// of whose flags has any of the bits in `not`.
 pub(super) fn anon_vmas(mm: &[u8], not: u32) -> Option<Vec<(u64, u64)>> {
     let mm = MmEntry::decode(*objects(mm, MM_MAGIC)?.first()?).ok()?;
