@@ -191,10 +191,10 @@ pub fn check_parts(header: &BlockHeader, parts: &[&[u8]]) -> Result<(), DecodeEr
     Ok(())
 }
 
-/// Rebuilds block bytes from its stored pages, leaving out the zero pages for
-/// which `omit(page)` is true (they are then not part of `out` at all).
+/// Rebuilds block bytes from its stored pages onto the end of `out`, leaving
+/// out the zero pages for which `omit(page)` is true (they are then not part
+/// of `out` at all).
 pub fn scatter(header: &BlockHeader, stored: &[u8], omit: &dyn Fn(usize) -> bool, out: &mut Vec<u8>) {
-    out.clear();
     out.reserve(header.raw_len as usize);
     let raw_len = header.raw_len as usize;
     let mut src = 0;

@@ -111,6 +111,17 @@ impl CheckedBlock {
         dec.decode_stored(&self.header, &self.contiguous(), out).map_err(|e| self.damaged(e))
     }
 
+    /// As [`decode_stored`](Self::decode_stored), into a buffer of its own
+    /// where the pages start on a page boundary (each then one slot of
+    /// CRIU's pipe: see [`super::fetch::page_aligned`]); gives back the
+    /// buffer and where the pages lie in it.
+    pub fn decode_stored_page_aligned(&self, dec: &mut Decoder) -> Result<(Vec<u8>, std::ops::Range<usize>)> {
+        let len = self.header.stored_raw_len();
+        let (mut buf, start) = super::fetch::page_aligned(len);
+        dec.decode_stored_after(&self.header, &self.contiguous(), &mut buf).map_err(|e| self.damaged(e))?;
+        Ok((buf, start..start + len))
+    }
+
     /// For a raw block: checks its data and gives back the record with the
     /// range of its payload, which is then the data itself (no copy).
     pub fn into_raw_checked(self, dec: &Decoder) -> Result<(Vec<u8>, std::ops::Range<usize>)> {

@@ -11,7 +11,7 @@
 
 use super::records::Input;
 use crate::error::{Error, Result, TruncatedUnderReader};
-use crate::format::{BlockHeader, BlockRef, DecodedBlockHeader, PAGE_SIZE, SEAL_OVERHEAD};
+use crate::format::{BlockCodec, BlockHeader, BlockRef, DecodedBlockHeader, PAGE_SIZE, SEAL_OVERHEAD};
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
 use std::io;
@@ -162,8 +162,10 @@ impl RecordReader {
     /// With `end_aligned`, a record read on its own ends on a page boundary:
     /// its stored pages, the payload's tail (raw literal pages, a raw
     /// block's pages), then lie on page boundaries and are pieced into the
-    /// blocks handed to CRIU where they lie (see [`page_aligned`]). A block
-    /// served whole needs no such care (one slot more per block).
+    /// blocks handed to CRIU where they lie (see [`page_aligned`]); a raw
+    /// block's payload is handed over where it lies too. A block decoded
+    /// for CRIU is decoded onto a page boundary instead
+    /// ([`CheckedBlock::decode_stored_page_aligned`](super::CheckedBlock::decode_stored_page_aligned)).
     fn read_ahead(&self, len: usize, offset: u64, end_aligned: bool) -> io::Result<(Arc<Vec<u8>>, usize)> {
         let direct = || {
             if !end_aligned {
@@ -219,7 +221,8 @@ impl RecordReader {
         file: &str,
         pieced: bool,
     ) -> Result<Fetched> {
-        let end_aligned = pieced || proven.codec == crate::format::BlockCodec::Dedup;
+        // A raw block's payload is handed to CRIU where it lies.
+        let end_aligned = pieced || matches!(proven.codec, BlockCodec::Dedup | BlockCodec::Raw);
         let (buf, start) = self
             .read_ahead(at.record_len as usize, at.offset, end_aligned)
             .map_err(|e| TruncatedUnderReader::wrap(e, at.offset))?;

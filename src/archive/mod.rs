@@ -29,6 +29,7 @@ mod stored;
 pub mod write;
 
 pub use block::{BlockSource, CheckedBlock, PIN_FACTOR};
+pub(crate) use fetch::page_aligned;
 pub(crate) use held::most_held;
 pub use open::{ancestor_at, open, OpenOptions, ParentSearch, Parents, Proof};
 pub use read::{read_sequential, read_source, EntryStart, SeqSink};

@@ -38,6 +38,7 @@ impl Decoder {
         let mut stored = std::mem::take(&mut self.scratch);
         let r = self.decode_stored(header, payload, &mut stored);
         if r.is_ok() {
+            out.clear();
             scatter(header, &stored, &|_| false, out);
         }
         self.scratch = stored;
@@ -57,9 +58,21 @@ impl Decoder {
         payload: &[u8],
         stored: &mut Vec<u8>,
     ) -> Result<(), DecodeError> {
-        self.decompress(header.codec, payload, header.stored_raw_len(), stored)?;
-        let check = xxh3_64(stored);
-        if check != header.data_check {
+        stored.clear();
+        self.decode_stored_after(header, payload, stored)
+    }
+
+    /// As [`decode_stored`](Self::decode_stored), appending to what `stored`
+    /// holds (onto a page boundary its caller chose).
+    pub fn decode_stored_after(
+        &mut self,
+        header: &BlockHeader,
+        payload: &[u8],
+        stored: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let at = stored.len();
+        self.decompress_after(header.codec, payload, header.stored_raw_len(), stored)?;
+        if xxh3_64(&stored[at..]) != header.data_check {
             return Err(DecodeError::DataCheck);
         }
         Ok(())

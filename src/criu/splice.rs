@@ -67,6 +67,20 @@ impl Chunk {
 /// restore on 2 cores; 3,000-7,800 so: docs/BENCHMARKS.md, session 79).
 /// The room is what the next vmsplice takes: asking the pipe (FIONREAD)
 /// takes its lock, and spun there while CRIU read.
+///
+/// CRIU reads a process's pages one pagemap entry per read call (1 MiB
+/// runs, as it dumps them), and a read keeps the lock until it has its
+/// length or the pipe is empty. A handover that ended inside an entry left
+/// the next read draining the rest while the writer's next vmsplice spun on
+/// the lock: a sixth of a 1 GiB stream restore's CPU on 2 cores. So a
+/// handover ends where one of CRIU's reads ends ([`with_read_ends`], from the
+/// pagemap criuz serves), a pipe's worth at most, and is handed over only
+/// once it is all queued; its pages lie on page boundaries, one slot each
+/// (a page across two took 65 slots a block, so a 1 MiB entry no longer
+/// fit). A whole entry then fills the pipe exactly, and the writer's next
+/// vmsplice finds it full and sleeps until CRIU's read has ended.
+///
+/// [`with_read_ends`]: SplicePipe::with_read_ends
 pub struct SplicePipe {
     pipe: std::fs::File,
     /// Bytes handed to the pipe so far.
@@ -84,6 +98,11 @@ pub struct SplicePipe {
     /// pipe from less than a quarter of it: CRIU frees little per read, and
     /// a wake is a nap.
     little_room: bool,
+    /// Where CRIU's reads of this stream end, as byte offsets into it,
+    /// ascending (those at or before `handed` dropped); empty where unknown.
+    read_ends: std::collections::VecDeque<u64>,
+    /// Where the handover under way ends, once part of it is handed.
+    handover_end: Option<u64>,
 }
 
 /// Iovecs per vmsplice call (the kernel's UIO_MAXIOV).
@@ -116,7 +135,33 @@ impl SplicePipe {
             capacity,
             closed: false,
             little_room: false,
+            read_ends: Default::default(),
+            handover_end: None,
         }
+    }
+
+    /// Where CRIU's reads of the stream will end (byte offsets, ascending):
+    /// handovers end there (see [`SplicePipe`]). Ends that are wrong cost
+    /// only time: every byte is handed over in order whatever they say.
+    pub fn with_read_ends(mut self, ends: Vec<u64>) -> Self {
+        self.read_ends = ends.into();
+        self
+    }
+
+    /// The length of the next handover: up to the last of CRIU's read ends
+    /// within a pipe's worth; `None` where there is none (a read longer
+    /// than the pipe, or ends unknown), and a handover is what is queued.
+    /// A handover part of which is handed runs on to its end.
+    fn next_handover(&mut self) -> Option<usize> {
+        if let Some(end) = self.handover_end.filter(|&end| end > self.handed) {
+            return Some((end - self.handed) as usize);
+        }
+        while self.read_ends.front().is_some_and(|&end| end <= self.handed) {
+            self.read_ends.pop_front();
+        }
+        let reach = self.handed + self.capacity.min(PIPE_BYTES as u64);
+        let end = self.read_ends.iter().take_while(|&&end| end <= reach).last()?;
+        Some((end - self.handed) as usize)
     }
 
     fn unread(&self) -> std::io::Result<u64> {
@@ -150,21 +195,44 @@ impl SplicePipe {
         self.queued.push_back(chunk);
     }
 
-    /// Whether enough is queued to fill the pipe.
-    pub fn has_pipe_full(&self) -> bool {
-        self.queued_bytes >= PIPE_BYTES
+    /// Whether the next handover is all queued (without read ends: a pipe's
+    /// worth).
+    pub fn has_handover(&mut self) -> bool {
+        self.queued_bytes >= self.next_handover().unwrap_or(PIPE_BYTES)
     }
 
-    /// Hands every queued chunk to the pipe, waiting while it is full.
-    /// Returns false once CRIU has closed its end (it wants no more).
+    /// Hands the queued chunks to the pipe, as far as whole handovers go,
+    /// waiting while it is full. Returns false once CRIU has closed its end
+    /// (it wants no more).
     pub fn flush(&mut self) -> Result<bool> {
+        self.hand_over(false)
+    }
+
+    /// As [`flush`](Self::flush), handing over everything queued (the end
+    /// of the stream).
+    pub fn flush_all(&mut self) -> Result<bool> {
+        self.hand_over(true)
+    }
+
+    fn hand_over(&mut self, all: bool) -> Result<bool> {
         // The pipe was full and a read made room: this vmsplice takes it.
         let mut woken = false;
         while !self.queued.is_empty() {
             if self.closed {
                 return Ok(false);
             }
-            let iovs = self.queued_iovecs();
+            let limit = self.next_handover();
+            // A handover goes whole; but where CRIU frees a little at a time
+            // (a forked child's pages, compared one by one) one already
+            // begun goes on as chunks come: CRIU's reads then hold the lock
+            // only briefly, and holding the rest back left it waiting
+            // (twice the context switches of such a restore).
+            let begun = self.little_room && self.handover_end.is_some_and(|end| end > self.handed);
+            if !all && !begun && limit.is_some_and(|len| self.queued_bytes < len) {
+                break;
+            }
+            self.handover_end = limit.map(|len| self.handed + len as u64);
+            let iovs = self.queued_iovecs(limit.unwrap_or(usize::MAX));
             if iovs.is_empty() {
                 // Only empty chunks are left.
                 self.advance(0);
@@ -203,8 +271,8 @@ impl SplicePipe {
         Ok(true)
     }
 
-    /// Iovecs for what is queued, up to IOV_MAX.
-    fn queued_iovecs(&self) -> Vec<libc::iovec> {
+    /// Iovecs for what is queued, up to `limit` bytes and IOV_MAX iovecs.
+    fn queued_iovecs(&self, mut limit: usize) -> Vec<libc::iovec> {
         let mut skip = self.first_done;
         let mut iovs = Vec::new();
         'chunks: for chunk in &self.queued {
@@ -214,10 +282,11 @@ impl SplicePipe {
                     skip -= bytes.len();
                     continue;
                 }
-                let bytes = &bytes[skip..];
+                let bytes = &bytes[skip..bytes.len().min(skip.saturating_add(limit))];
                 skip = 0;
+                limit -= bytes.len();
                 iovs.push(libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() });
-                if iovs.len() == IOV_MAX {
+                if iovs.len() == IOV_MAX || limit == 0 {
                     break 'chunks;
                 }
             }
@@ -282,5 +351,83 @@ impl SplicePipe {
             self.release_consumed()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::PAGE_SIZE;
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors, then ours.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors nobody else owns.
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) }
+    }
+
+    /// `pages` pages of `byte`, on page boundaries (one pipe slot each).
+    fn pages(pages: usize, byte: u8) -> Chunk {
+        let (mut v, start) = crate::archive::page_aligned(pages * PAGE_SIZE);
+        v.resize(start + pages * PAGE_SIZE, byte);
+        Chunk::range(v, start..start + pages * PAGE_SIZE)
+    }
+
+    fn unread(pipe: &std::fs::File) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        assert_eq!(unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut n) }, 0);
+        n as usize
+    }
+
+    fn read_pages(reader: &mut std::fs::File, pages: usize) -> Vec<u8> {
+        let mut buf = vec![0; pages * PAGE_SIZE];
+        reader.read_exact(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn a_handover_ends_where_criu_reads_end_and_goes_only_whole() {
+        let (mut reader, writer) = pipe();
+        // A pipe of 16 slots; CRIU's reads end after 3, 10 and 20 pages.
+        let slots = 16 * PAGE_SIZE as libc::c_int;
+        // SAFETY: F_SETPIPE_SZ on our own pipe.
+        assert_eq!(unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETPIPE_SZ, slots) }, slots);
+        let ends = [3, 10, 20].map(|p| (p * PAGE_SIZE) as u64).to_vec();
+        let mut out = SplicePipe::new(writer).with_read_ends(ends);
+        let mut got = Vec::new();
+
+        // The next handover runs to the last read end within a pipe's
+        // worth (10 pages), and nothing goes before all of it is queued.
+        out.queue(pages(2, 1));
+        assert!(!out.has_handover());
+        assert!(out.flush().unwrap());
+        assert_eq!(unread(&reader), 0);
+        out.queue(pages(9, 2));
+        assert!(out.has_handover());
+        assert!(out.flush().unwrap());
+        assert_eq!(unread(&reader), 10 * PAGE_SIZE, "the handover stops at the read end inside the chunk");
+        got.extend(read_pages(&mut reader, 10));
+
+        // Then up to the next end (20 pages), once it is all queued; past
+        // the last end, what is queued goes with it.
+        out.queue(pages(8, 3));
+        assert!(!out.has_handover());
+        out.queue(pages(3, 4));
+        assert!(out.has_handover());
+        assert!(out.flush().unwrap());
+        assert_eq!(unread(&reader), 12 * PAGE_SIZE);
+        got.extend(read_pages(&mut reader, 12));
+        out.queue(pages(1, 5));
+        assert!(out.flush_all().unwrap());
+        got.extend(read_pages(&mut reader, 1));
+        out.finish().unwrap();
+
+        let want: Vec<u8> =
+            [(2, 1u8), (9, 2), (8, 3), (3, 4), (1, 5)].iter().flat_map(|&(n, b)| vec![b; n * PAGE_SIZE]).collect();
+        assert!(got == want, "every byte in order, whatever the read ends");
     }
 }

@@ -69,6 +69,8 @@ pub fn serve(
     let Some(mut sock) = listener.accept(stop)? else { return Ok(None) };
     let mut report = ServeReport::default();
     let mut plans: HashMap<u32, Arc<ZeroPlan>> = HashMap::new();
+    // Where CRIU's reads of each process's pages image end, by pages id.
+    let mut read_ends: HashMap<u32, Vec<u64>> = HashMap::new();
     let named_once = if opts.skip_zero_pages { pages_images_named_once(&*source)? } else { HashSet::new() };
     let failed: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -107,6 +109,12 @@ pub fn serve(
                     }
                 }
             }
+            if let (Some(_), Some(pagemap)) = (images::process_pagemap_pid(&name), whole.as_ref()) {
+                if let Some((pages_id, ends)) = pagemap_read_ends(pagemap) {
+                    read_ends.insert(pages_id, ends);
+                }
+            }
+            let ends = images::pages_image_id(&name).and_then(|id| read_ends.remove(&id)).unwrap_or_default();
             send_reply(&mut sock, true)?;
             let fd = scm::recv_fd(&sock, "the pipe")?;
             grow_pipe(&fd);
@@ -121,7 +129,7 @@ pub fn serve(
                     let mut pipe = std::fs::File::from(fd);
                     let r = match whole {
                         Some(data) => write_pipe(&mut pipe, &data).map(|_| data.len() as u64),
-                        None => stream_pages(source, &entry, pipe, opts, plan),
+                        None => stream_pages(source, &entry, pipe, opts, plan, ends),
                     };
                     match r {
                         Ok(n) => {
@@ -218,8 +226,18 @@ pub(crate) fn zero_pages_of(source: &dyn BlockSource, pages: &FileEntry) -> Opti
     Some(zero)
 }
 
+/// Where CRIU's reads of the pages image a process's pagemap (as served)
+/// names end: one read per entry (`restore_priv_vma_content`, criu/mem.c,
+/// v4.2), so at each entry's last byte in the stream. A pagemap criuz
+/// cannot read gives none.
+fn pagemap_read_ends(pagemap: &[u8]) -> Option<(u32, Vec<u64>)> {
+    let (pages_id, runs) = images::pagemap_runs(pagemap)?;
+    Some((pages_id, runs.iter().map(|r| (r.first + r.nr) * PAGE_SIZE as u64).collect()))
+}
+
 /// One block made ready for CRIU's pipe: the bytes CRIU must read, without
-/// the zero pages the plan leaves out.
+/// the zero pages the plan leaves out, on page boundaries (see
+/// `SplicePipe`).
 fn prepare(dec: &mut Decoder, b: CheckedBlock, plan: Option<&ZeroPlan>) -> Result<Chunk> {
     let first = b.raw_pos / PAGE_SIZE as u64;
     let omit = |p: usize| plan.is_some_and(|pl| pl.is_skipped(first + p as u64));
@@ -236,14 +254,14 @@ fn prepare(dec: &mut Decoder, b: CheckedBlock, plan: Option<&ZeroPlan>) -> Resul
         let (buf, range) = b.into_raw_checked(dec)?;
         return Ok(Chunk::range(buf, range));
     }
-    let mut stored = Vec::new();
-    b.decode_stored(dec, &mut stored)?;
+    let (stored, range) = b.decode_stored_page_aligned(dec)?;
     if stored_is_output {
-        return Ok(Chunk::whole(stored));
+        return Ok(Chunk::range(stored, range));
     }
-    let mut out = Vec::new();
-    crate::codec::scatter(&b.header, &stored, &omit, &mut out);
-    Ok(Chunk::whole(out))
+    let (mut out, start) = crate::archive::page_aligned(h.raw_len as usize);
+    crate::codec::scatter(h, &stored[range], &omit, &mut out);
+    let end = out.len();
+    Ok(Chunk::range(out, start..end))
 }
 
 /// Streams a page image, decoding ahead of CRIU on the worker pool. With a
@@ -254,6 +272,7 @@ fn stream_pages(
     pipe: std::fs::File,
     opts: ServeOptions,
     plan: Option<Arc<ZeroPlan>>,
+    read_ends: Vec<u64>,
 ) -> Result<u64> {
     let n = entry.blocks.len();
     let meter = opts.meter.clone();
@@ -283,10 +302,10 @@ fn stream_pages(
         }
     })
     .map_err(|e| Error::thread_not_started("page decoding", e))?;
-    let mut out = SplicePipe::new(pipe);
-    // Ready chunks are gathered up to a pipe's worth and handed over together
-    // (see `SplicePipe`); the writer waits for the next one only when none is
-    // ready.
+    let mut out = SplicePipe::new(pipe).with_read_ends(read_ends);
+    // Ready chunks are gathered up to the next handover's end and handed over
+    // together (see `SplicePipe`); the writer waits for the next one only
+    // when none is ready.
     let result = (|| -> Result<u64> {
         let mut written = 0u64;
         while let Some(first) = results.next() {
@@ -296,14 +315,15 @@ fn stream_pages(
                 written += chunk.len() as u64;
                 meter.taken.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 out.queue(chunk);
-                if !out.has_pipe_full() {
+                if !out.has_handover() {
                     next = results.try_next();
                 }
             }
             if !out.flush()? {
-                break;
+                return Ok(written);
             }
         }
+        out.flush_all()?;
         Ok(written)
     })();
     stop.store(true, Ordering::Relaxed);
