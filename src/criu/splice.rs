@@ -24,11 +24,6 @@ pub struct Chunk {
 }
 
 impl Chunk {
-    pub fn whole(buf: Vec<u8>) -> Self {
-        let len = buf.len();
-        Chunk::range(buf, 0..len)
-    }
-
     pub fn range(buf: Vec<u8>, range: Range<usize>) -> Self {
         Chunk { parts: vec![(Arc::new(buf), range)] }
     }
@@ -57,7 +52,8 @@ impl Chunk {
 /// CRIU's read holds the pipe's lock while it copies everything the pipe
 /// holds into fresh memory; a vmsplice arriving meanwhile spins on that lock
 /// (a fifth of a restore's CPU, on two cores taken from the decoders). So
-/// chunks are queued and handed over in batches that fill the pipe, and a
+/// chunks are queued and handed over in batches (each up to where one of
+/// CRIU's reads ends, below), and a
 /// full pipe is waited on with poll: the kernel wakes a writer of a full pipe
 /// only once the read has ended and let go of the lock. Where CRIU frees
 /// little per read, the writer then naps before it hands more over
@@ -99,7 +95,8 @@ pub struct SplicePipe {
     /// a wake is a nap.
     little_room: bool,
     /// Where CRIU's reads of this stream end, as byte offsets into it,
-    /// ascending (those at or before `handed` dropped); empty where unknown.
+    /// ascending (those at or before `handed` dropped as it passes them);
+    /// empty where unknown.
     read_ends: std::collections::VecDeque<u64>,
     /// Where the handover under way ends, once part of it is handed.
     handover_end: Option<u64>,
@@ -152,15 +149,13 @@ impl SplicePipe {
     /// within a pipe's worth; `None` where there is none (a read longer
     /// than the pipe, or ends unknown), and a handover is what is queued.
     /// A handover part of which is handed runs on to its end.
-    fn next_handover(&mut self) -> Option<usize> {
+    fn next_handover(&self) -> Option<usize> {
         if let Some(end) = self.handover_end.filter(|&end| end > self.handed) {
             return Some((end - self.handed) as usize);
         }
-        while self.read_ends.front().is_some_and(|&end| end <= self.handed) {
-            self.read_ends.pop_front();
-        }
         let reach = self.handed + self.capacity.min(PIPE_BYTES as u64);
-        let end = self.read_ends.iter().take_while(|&&end| end <= reach).last()?;
+        let ahead = self.read_ends.iter().skip_while(|&&end| end <= self.handed);
+        let end = ahead.take_while(|&&end| end <= reach).last()?;
         Some((end - self.handed) as usize)
     }
 
@@ -197,7 +192,7 @@ impl SplicePipe {
 
     /// Whether the next handover is all queued (without read ends: a pipe's
     /// worth).
-    pub fn has_handover(&mut self) -> bool {
+    pub fn has_handover(&self) -> bool {
         self.queued_bytes >= self.next_handover().unwrap_or(PIPE_BYTES)
     }
 
@@ -226,7 +221,7 @@ impl SplicePipe {
             // (a forked child's pages, compared one by one) one already
             // begun goes on as chunks come: CRIU's reads then hold the lock
             // only briefly, and holding the rest back left it waiting
-            // (twice the context switches of such a restore).
+            // (two to three times the context switches of such a restore).
             let begun = self.little_room && self.handover_end.is_some_and(|end| end > self.handed);
             if !all && !begun && limit.is_some_and(|len| self.queued_bytes < len) {
                 break;
@@ -297,6 +292,9 @@ impl SplicePipe {
     /// Moves `n` handed bytes from the queue to `in_flight`.
     fn advance(&mut self, n: usize) {
         self.handed += n as u64;
+        while self.read_ends.front().is_some_and(|&end| end <= self.handed) {
+            self.read_ends.pop_front();
+        }
         self.queued_bytes -= n;
         let mut left = self.first_done + n;
         while let Some(front) = self.queued.front() {
