@@ -55,6 +55,13 @@ fn a_tree_restored_lazily_keeps_its_checksums() {
     let lazy = rep["lazy_pages"].as_u64().unwrap();
     assert!(lazy > (48 << 20) / 4096 / 2, "{rep}");
     assert!(rep["eager_pages"].as_u64().unwrap() < lazy / 10, "{rep}");
+    // The start's steps, in the order the tree waits for them: it runs
+    // only once CRIU handed it over, the index was proven and CRIU exited.
+    let at = |step: &str| rep[step].as_f64().unwrap_or_else(|| panic!("no {step}: {rep}"));
+    assert!(at("criu_started_seconds") <= at("handed_over_seconds"), "{rep}");
+    assert!(at("handed_over_seconds") <= at("index_proven_seconds"), "{rep}");
+    assert!(at("index_proven_seconds") <= at("running_seconds"), "{rep}");
+    assert!(at("criu_exited_seconds") <= at("running_seconds"), "{rep}");
     assert_eq!(w.sums(), before, "a lazily restored process sees other memory");
     w.stop();
 }

@@ -47,6 +47,12 @@ pub struct LazyRow {
     /// Of `lazy_running_s`, criuz's own part before it started CRIU
     /// (opening the archive, writing CRIU's images; criuz's report).
     pub lazy_criu_started_s: f64,
+    /// Then, on criuz's clock (its report): CRIU had handed the tree over,
+    /// the walks had proven the index (no earlier than the handover), and
+    /// CRIU exited; the tree runs once the last of these has passed.
+    pub lazy_handed_over_s: f64,
+    pub lazy_index_proven_s: f64,
+    pub lazy_criu_exited_s: f64,
     pub lazy_resident_s: f64,
     pub lazy_running_read_s: f64,
     /// With the working set a first lazy restore + read recorded
@@ -172,7 +178,8 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
     let (mut plain, mut plain_read, mut running, mut resident, mut running_read) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_rss, mut lazy_rss, mut report) = (0u64, 0u64, serde_json::Value::Null);
-    let mut criu_started = Vec::new();
+    let (mut criu_started, mut handed_over, mut index_proven, mut criu_exited) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_tree, mut lazy_tree) = (Vec::new(), Vec::new());
     let tree_mib = |app: &Running| proc::pss_anon_kib(&proc::tree(app.pid)) as f64 / 1024.0;
     let mut intact = true;
@@ -208,7 +215,11 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
                     lazy_rss = lazy_rss.max(usage.maxrss_kib);
                     lazy_tree.push(tree_mib(&app));
                     report = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
-                    criu_started.push(report["criu_started_seconds"].as_f64().unwrap_or(f64::NAN));
+                    let seconds = |key: &str| report[key].as_f64().unwrap_or(f64::NAN);
+                    criu_started.push(seconds("criu_started_seconds"));
+                    handed_over.push(seconds("handed_over_seconds"));
+                    index_proven.push(seconds("index_proven_seconds"));
+                    criu_exited.push(seconds("criu_exited_seconds"));
                     end(&mut app, &mut intact);
                 }
                 _ => {
@@ -271,6 +282,9 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
         criu_restore_s: median(&criu_restore),
         lazy_running_s: median(&running),
         lazy_criu_started_s: median(&criu_started),
+        lazy_handed_over_s: median(&handed_over),
+        lazy_index_proven_s: median(&index_proven),
+        lazy_criu_exited_s: median(&criu_exited),
         lazy_resident_s: median(&resident),
         lazy_running_read_s: median(&running_read),
         ws_running_s: median(&ws_running),
@@ -343,11 +357,15 @@ pub fn table(rows: &[LazyRow]) -> String {
     for r in rows {
         s.push_str(&format!(
             "{} {}: of the lazy tree's start, criuz's own (opening the archive, writing CRIU's images) {:.1} ms, \
-             then CRIU's restore and the tree's release {:.1} ms\n",
+             then CRIU's restore and the tree's release {:.1} ms; on criuz's clock, CRIU handed the tree over at \
+             {:.1} ms, the index was proven at {:.1} ms, CRIU exited at {:.1} ms\n",
             r.workload,
             r.codec,
             r.lazy_criu_started_s * 1e3,
-            (r.lazy_running_s - r.lazy_criu_started_s) * 1e3
+            (r.lazy_running_s - r.lazy_criu_started_s) * 1e3,
+            r.lazy_handed_over_s * 1e3,
+            r.lazy_index_proven_s * 1e3,
+            r.lazy_criu_exited_s * 1e3
         ));
     }
     for r in rows {

@@ -87,6 +87,15 @@ pub struct LazyReport {
     /// (and criuz's start); the rest is the fill.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fill_started_seconds: Option<f64>,
+    /// A lazy tree's start, step by step (what of `running_seconds` is
+    /// whose): until CRIU had handed all of it over, until the walks behind
+    /// had proven the index (no later than the handover where they were
+    /// done first), and until CRIU exited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handed_over_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_proven_seconds: Option<f64>,
+    pub criu_exited_seconds: f64,
     /// Until the tree runs (CRIU returned; a lazy tree CRIU left stopped
     /// let run; a placed one's pages all in).
     pub running_seconds: f64,
@@ -255,6 +264,8 @@ impl LazyRestore<'_> {
         let command_ended = AtomicBool::new(false);
         let decoders = if hold { 0 } else { self.decoders(fill_threads) };
         let mut criu_started = 0.0;
+        let mut criu_exited = 0.0;
+        let steps = ReleaseSteps::default();
         let (paged, proof, status, running, published, ran) = std::thread::scope(|s| {
             for _ in 0..decoders {
                 s.spawn(|| blocks.decode_ahead());
@@ -281,10 +292,10 @@ impl LazyRestore<'_> {
             // which kills the tree before it ran. The pager serves faults
             // meanwhile but fills nothing in (`FillGate`).
             let releasing = fill_gate.as_ref().map(|gate| {
-                let (this, resumed, abort, command_ended) = (&self, &resumed, &abort, &command_ended);
+                let (this, resumed, abort, command_ended, steps) = (&self, &resumed, &abort, &command_ended, &steps);
                 let criu_ended = gate_waits.take();
                 s.spawn(move || {
-                    let released = this.release_once_proven(finished, criu_ended, abort, command_ended);
+                    let released = this.release_once_proven(finished, criu_ended, abort, command_ended, steps);
                     if released {
                         let _ = resumed.set(Instant::now());
                         gate.open();
@@ -328,6 +339,7 @@ impl LazyRestore<'_> {
             let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
             criu_started = started.elapsed().as_secs_f64();
             let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
+            criu_exited = started.elapsed().as_secs_f64();
             command_ended.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = criu_ended_tx.send(status.as_ref().is_ok_and(|s| s.success()));
             let mut running = started.elapsed().as_secs_f64();
@@ -417,6 +429,9 @@ impl LazyRestore<'_> {
                 cuda_resume_seconds: None,
                 criu_started_seconds: criu_started,
                 fill_started_seconds: report.held_fill_started.map(|t| (t - started).as_secs_f64()),
+                handed_over_seconds: steps.handed_over.get().map(|t| (*t - started).as_secs_f64()),
+                index_proven_seconds: steps.index_proven.get().map(|t| (*t - started).as_secs_f64()),
+                criu_exited_seconds: criu_exited,
                 running_seconds: running,
                 resident_seconds: resident,
                 eager_pages,
@@ -481,20 +496,29 @@ impl LazyRestore<'_> {
     /// have proven the index its images and pages came from; whether it
     /// was let run. What the walks find fails the pager (`abort`), which
     /// kills the tree. `criu_ended`: whether CRIU exited having restored
-    /// it; `command_ended`: set once the restore command has returned.
+    /// it; `command_ended`: set once the restore command has returned;
+    /// `steps`: when each step passed.
     fn release_once_proven(
         &self,
         finished: std::sync::mpsc::Receiver<()>,
         criu_ended: Option<std::sync::mpsc::Receiver<bool>>,
         abort: &Abort,
         command_ended: &AtomicBool,
+        steps: &ReleaseSteps,
     ) -> bool {
         let source = &*self.source;
         // An error from the pager (it ended before CRIU handed the tree
         // over) kills the tree itself.
-        let proven = finished.recv().is_ok()
+        let handed_over = finished.recv().is_ok();
+        if handed_over {
+            let _ = steps.handed_over.set(Instant::now());
+        }
+        let proven = handed_over
             && match source.proven().and_then(|()| source.parents_walked()) {
-                Ok(()) => true,
+                Ok(()) => {
+                    let _ = steps.index_proven.set(Instant::now());
+                    true
+                }
                 Err(e) => {
                     abort.fail(e);
                     false
@@ -521,6 +545,13 @@ impl LazyRestore<'_> {
             },
         }
     }
+}
+
+/// When a lazy tree's release passed its steps (for the report).
+#[derive(Default)]
+struct ReleaseSteps {
+    handed_over: OnceLock<Instant>,
+    index_proven: OnceLock<Instant>,
 }
 
 fn is_zero(n: &u64) -> bool {

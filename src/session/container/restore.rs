@@ -85,7 +85,7 @@ pub enum RestoredHow {
         /// Zero pages CRIU was spared.
         zero_pages_skipped: u64,
     },
-    Lazy(crate::session::lazy::LazyReport),
+    Lazy(Box<crate::session::lazy::LazyReport>),
 }
 
 /// `runc restore` of container `o.id` from an archive. Eagerly, the
@@ -194,7 +194,7 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             seconds: started.elapsed().as_secs_f64(),
             cuda_resume_seconds: cuda_resumed.get(),
             not_lazy,
-            how: RestoredHow::Lazy(report),
+            how: RestoredHow::Lazy(Box::new(report)),
             exit_status,
         });
     }
