@@ -89,8 +89,9 @@ pub struct LazyReport {
     pub fill_started_seconds: Option<f64>,
     /// A lazy tree's start, step by step (what of `running_seconds` is
     /// whose): until CRIU had handed all of it over, until the walks behind
-    /// had proven the index (no later than the handover where they were
-    /// done first), and until CRIU exited.
+    /// had proven the index (stamped where the release waits for them, so
+    /// never before the handover), and until the restore command (CRIU, or
+    /// runc for a container) returned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handed_over_seconds: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
