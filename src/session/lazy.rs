@@ -343,7 +343,7 @@ impl LazyRestore<'_> {
             criu_exited = started.elapsed().as_secs_f64();
             command_ended.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = criu_ended_tx.send(status.as_ref().is_ok_and(|s| s.success()));
-            let mut running = started.elapsed().as_secs_f64();
+            let mut running = criu_exited;
             let mut published = Ok(());
             let mut paging = Some(paging);
             let mut paged = None;
