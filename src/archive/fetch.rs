@@ -54,6 +54,17 @@ impl<'a> StoreInput<'a> {
     pub(crate) fn heads(store: &'a dyn RecordStore) -> Self {
         StoreInput { heads_only: true, ..Self::new(store) }
     }
+
+    /// As [`heads`](Self::heads), from `pos` of a store taken to be `len`
+    /// bytes long (as the walk it reads ahead of found it).
+    pub(crate) fn heads_from(store: &'a dyn RecordStore, len: u64, pos: u64) -> Self {
+        StoreInput { len, pos: pos.min(len), ..Self::heads(store) }
+    }
+
+    /// The store's length as this input takes it, and its position.
+    pub(crate) fn len_and_pos(&self) -> (u64, u64) {
+        (self.len, self.pos)
+    }
 }
 
 impl Input for StoreInput<'_> {

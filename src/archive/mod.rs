@@ -5,7 +5,8 @@
 //! a proven [`Archive`] with its parents). Below it, in the order data
 //! flows up: `records` frames records, `check` holds every reading rule,
 //! `prove` proves an archive as it is opened (a walk, or its index with the
-//! walk behind), `fetch` reads a record against that proof, `resolve`
+//! walk behind; `walk_ahead` parses the walk's records ahead on other
+//! cores), `fetch` reads a record against that proof, `resolve`
 //! pieces dedup blocks together, `block` is the [`BlockSource`] seam every
 //! reader reads through, `stored` is the opened archive. `read` decodes
 //! whole archives (unpack, verify); `ids` gives a chain's page ids.
@@ -26,6 +27,7 @@ pub mod records;
 mod resolve;
 pub(crate) mod slab;
 mod stored;
+mod walk_ahead;
 pub mod write;
 
 pub use block::{BlockSource, CheckedBlock, PIN_FACTOR};

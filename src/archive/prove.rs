@@ -12,6 +12,10 @@
 //! first asks for every record start its index places, all at once
 //! (`RecordStore::prefetch_heads`), and its reads never move a store's
 //! read-ahead (which would read every payload it skips).
+//! On four cores or more, worker threads read and parse the records ahead
+//! of the walk from those same starts (`walk_ahead`), and the walk checks
+//! them in order: on 16 cores a lazy restore of a 4 GiB archive had its
+//! proof 0.6-1.2 ms after CRIU's handover instead of 12-18 ms (session 83).
 //!
 //! [`from_table`] is the one exception, for a restore from an object still
 //! arriving: header, C record and index alone (every archive criuz writes
@@ -23,6 +27,8 @@
 
 use super::check::{check_table, Checked, CheckedRecords, Payloads};
 use super::fetch::StoreInput;
+use super::records::Input;
+use super::walk_ahead::{AheadInput, RecordsAhead};
 use crate::error::{Error, Result, TruncatedUnderReader};
 use crate::format::{
     BlockCodec, BlockHeader, ChainEntry, Header, Index, IndexFixed, Trailer, FLAG_PARENT, FLAG_TABLE, HEADER_LEN,
@@ -30,7 +36,7 @@ use crate::format::{
 };
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What the opening walk proved about a block.
 pub(crate) struct ProvenBlock {
@@ -51,12 +57,59 @@ pub(crate) struct Walked {
     pub(crate) key: Option<Arc<ArchiveKey>>,
 }
 
-/// Walks every record header of `store` through the checks.
+/// Walks every record header of `store` through the checks, with the heads
+/// read and parsed ahead on other cores where the index places enough
+/// records (`walk_ahead`).
 pub(crate) fn walk(store: &dyn RecordStore) -> Result<Walked> {
-    let mut records = CheckedRecords::new(StoreInput::heads(store), Payloads::None)?;
+    walk_guessing(store, RecordsAhead::workers(), |header, key| prefetch_heads(store, header, key)).0
+}
+
+/// [`walk`] with `workers` threads parsing ahead (none: the walk reads
+/// alone) from the record starts `guess` gives (the index's, in a walk);
+/// and how many records the walk took parsed.
+fn walk_guessing(
+    store: &dyn RecordStore,
+    workers: usize,
+    guess: impl FnOnce(&Header, Option<&ArchiveKey>) -> Option<Vec<u64>>,
+) -> (Result<Walked>, usize) {
+    let ahead = OnceLock::new();
+    let input = StoreInput::heads(store);
+    let (len, _) = input.len_and_pos();
+    let mut records = match CheckedRecords::new(AheadInput::new(input, &ahead), Payloads::None) {
+        Ok(records) => records,
+        Err(e) => return (Err(e), 0),
+    };
     let header = records.header().clone();
     let key = records.key().cloned();
-    prefetch_heads(store, &header, key.as_deref());
+    let starts = guess(&header, key.as_deref());
+    let parse =
+        starts.filter(|_| workers > 0).and_then(|s| RecordsAhead::new(store, len, header.clone(), key.clone(), &s));
+    let Some(parse) = parse else {
+        return (walk_records(&mut records, header, key), 0);
+    };
+    let parse = ahead.get_or_init(|| parse);
+    std::thread::scope(|s| {
+        let started = (0..workers)
+            .filter(|i| {
+                let worker = std::thread::Builder::new().name(format!("criuz-walk-{i}"));
+                worker.spawn_scoped(s, || parse.work()).is_ok()
+            })
+            .count();
+        if started == 0 {
+            parse.stop();
+        }
+        let walked = walk_records(&mut records, header, key);
+        parse.stop();
+        (walked, parse.taken())
+    })
+}
+
+/// The walk proper: every record of `records` through the checks.
+fn walk_records<I: Input>(
+    records: &mut CheckedRecords<I>,
+    header: Header,
+    key: Option<Arc<ArchiveKey>>,
+) -> Result<Walked> {
     let mut blocks: Vec<Vec<ProvenBlock>> = Vec::new();
     let mut chain = Vec::new();
     loop {
@@ -86,12 +139,12 @@ const PREFETCH_INDEX_MAX: u64 = 64 << 20;
 /// cold cache waits for the device once, not once per block. Only a hint:
 /// the walk checks whatever it reads, and an index that cannot be read
 /// (or is too large to read on speculation) leaves the walk to say why.
-fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) {
+fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Option<Vec<u64>> {
     // A download's index comes last: reading it first would wait for all.
     if store.arriving() {
-        return;
+        return None;
     }
-    let Ok((index, _)) = read_index(store, header, key, PREFETCH_INDEX_MAX) else { return };
+    let (index, _) = read_index(store, header, key, PREFETCH_INDEX_MAX).ok()?;
     let mut offsets: Vec<u64> = index
         .files
         .iter()
@@ -99,6 +152,7 @@ fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&Archive
         .collect();
     offsets.sort_unstable();
     store.prefetch_heads(&offsets);
+    Some(offsets)
 }
 
 /// Reads and checks the trailer and the index it points at (refused when
@@ -199,6 +253,92 @@ mod tests {
         sink.finish().unwrap();
         packer.finish().unwrap();
         tmp
+    }
+
+    /// What a walk proved, or the error it stopped at, to compare walks.
+    type Summary = std::result::Result<(Index, Vec<Vec<(BlockHeader, u64, Option<u32>)>>, Vec<ChainEntry>), String>;
+
+    fn summary(walked: Result<Walked>) -> Summary {
+        walked.map_err(|e| e.to_string()).map(|w| {
+            let blocks =
+                w.blocks.iter().map(|f| f.iter().map(|b| (b.header.clone(), b.raw_pos, b.literal_pages)).collect());
+            (w.index, blocks.collect(), w.chain)
+        })
+    }
+
+    /// An archive of 1,300 small blocks with page ids (a P record after
+    /// each): noise, zero pages and text, and a second file.
+    fn many_blocks() -> Vec<u8> {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let opts = Options { block_size: crate::format::MIN_BLOCK, ids: true, ..Options::default() };
+        let packer = Packer::start(tmp.reopen().unwrap(), &opts, None).unwrap();
+        let mut sink = packer.begin_file("pages-1.img").unwrap();
+        let noise = crate::archive::noise(1 << 20);
+        for i in 0..600usize {
+            let page = match i % 3 {
+                0 => noise[(i * 4096) % (1 << 20)..][..4096].to_vec(),
+                1 => vec![0u8; 4096],
+                _ => format!("page {i} ").repeat(1000).into_bytes()[..4096].to_vec(),
+            };
+            sink.write(&page).unwrap();
+            sink.write(&noise[(i * 977) % (1 << 19)..][..4096]).unwrap();
+        }
+        sink.finish().unwrap();
+        let mut sink = packer.begin_file("pages-2.img").unwrap();
+        sink.write(&noise[..400 << 10]).unwrap();
+        sink.finish().unwrap();
+        packer.finish().unwrap();
+        std::fs::read(tmp.path()).unwrap()
+    }
+
+    /// Records parsed ahead on other threads change nothing a walk proves
+    /// or refuses, whatever starts the index gives them: honest ones, ones
+    /// off by a byte, ones a record late, made up, out of order; over an
+    /// intact archive, and over the same one damaged in a block header, a
+    /// page id record, the index, or cut short.
+    #[test]
+    fn a_walk_parsed_ahead_proves_and_refuses_what_a_walk_alone_does() {
+        let intact = many_blocks();
+        let honest = prefetch_heads(&intact, &Header::decode(intact[..HEADER_LEN].try_into().unwrap()).unwrap(), None)
+            .expect("the index's starts");
+        assert!(honest.len() > 1300, "{} records", honest.len());
+        let at = |i: usize| honest[i] as usize;
+        let mut damaged = vec![("intact", intact.clone())];
+        for (what, offset) in [
+            ("a block header", at(700) + 9),
+            ("a page id record", at(900) - 20),
+            ("the index", intact.len() - 200),
+            ("the first block", at(2) + 1),
+        ] {
+            let mut bytes = intact.clone();
+            bytes[offset] ^= 0x40;
+            damaged.push((what, bytes));
+        }
+        damaged.push(("cut short", intact[..at(1000) + 30].to_vec()));
+        let guesses: Vec<(&str, Option<Vec<u64>>)> = vec![
+            ("honest", Some(honest.clone())),
+            ("a byte off", Some(honest.iter().map(|o| o + 1).collect())),
+            ("a record late", Some(honest[1..].to_vec())),
+            ("made up", Some((0..3000).map(|i| 64 + i * 397).collect())),
+            ("out of order", Some(honest.iter().rev().copied().collect())),
+        ];
+        for (what, bytes) in &damaged {
+            let alone = summary(walk_guessing(bytes, 0, |_, _| None).0);
+            assert_eq!(alone.is_ok(), *what == "intact", "{what}: {:?}", alone.as_ref().err());
+            for (guessed, starts) in &guesses {
+                let (walked, taken) = walk_guessing(bytes, 3, |_, _| starts.clone());
+                let ahead = summary(walked);
+                assert!(
+                    ahead == alone,
+                    "{what}, starts {guessed}: {:?} against {:?}",
+                    ahead.err(),
+                    alone.as_ref().err()
+                );
+                if *what == "intact" && ["honest", "a record late"].contains(guessed) {
+                    assert!(taken > 1000, "{guessed}: the walk took {taken} records parsed");
+                }
+            }
+        }
     }
 
     /// A walk reads record headers only: were the read-ahead to follow it,

@@ -198,6 +198,27 @@ pub trait Input: Send {
     fn read_append(&mut self, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
         read_append_zeroed(self, buf, n)
     }
+    /// The record at `offset`, the input's position, already read and
+    /// parsed on another thread (`archive::walk_ahead`), the input moved
+    /// past its head; `None` where nothing was (then the reader reads it).
+    fn parsed_ahead(&mut self, offset: u64) -> Option<ParsedHead> {
+        let _ = offset;
+        None
+    }
+}
+
+/// A record [`SeqReader::next_head`] returned, from a reader of the same
+/// archive started at another record: what the reader at its offset would
+/// return, since a record's parse depends on its bytes and the archive's
+/// header and key alone.
+#[derive(Debug)]
+pub struct ParsedHead {
+    pub record: Record,
+    /// Bytes from the record's start to its payload (for the index, to the
+    /// end of the archive).
+    pub head_len: u64,
+    /// A page id record's payload, which every reader reads.
+    pub payload: Option<Vec<u8>>,
 }
 
 /// [`Input::read_append`] through [`Input::read_full`], into zeroed room.
@@ -274,6 +295,8 @@ pub struct SeqReader<I: Input> {
     key_record: Option<KeyRecord>,
     /// Payload bytes of the last block header that are still unread.
     pending_payload: u64,
+    /// The pending payload, read ahead with its record ([`ParsedHead`]).
+    payload_ahead: Option<Vec<u8>>,
     done: bool,
 }
 
@@ -314,6 +337,7 @@ impl<I: Input> SeqReader<I> {
             key: None,
             key_record: None,
             pending_payload: 0,
+            payload_ahead: None,
             done: false,
         };
         if r.header.flags & FLAG_SEALED != 0 {
@@ -332,6 +356,13 @@ impl<I: Input> SeqReader<I> {
             r.key_record = Some(kr);
         }
         Ok(r)
+    }
+
+    /// A reader of an archive already opened (its `header` read, its `key`
+    /// unlocked) whose input stands at `offset`, a record's start: records
+    /// from there on, read as a reader from the start would read them.
+    pub(crate) fn resume(inp: I, offset: u64, header: Header, key: Option<Arc<ArchiveKey>>) -> Self {
+        SeqReader { inp, offset, header, key, key_record: None, pending_payload: 0, payload_ahead: None, done: false }
     }
 
     /// The key of an encrypted archive opened with it.
@@ -366,6 +397,16 @@ impl<I: Input> SeqReader<I> {
     /// Reads the payload of the block or page id record just returned by
     /// [`next_head`](Self::next_head).
     pub fn read_payload(&mut self) -> Result<Vec<u8>> {
+        if let Some(payload) = self.payload_ahead.take() {
+            let n = std::mem::take(&mut self.pending_payload);
+            debug_assert_eq!(n, payload.len() as u64);
+            let got = self.inp.skip(n)?;
+            self.offset += got;
+            if got < n {
+                return Err(Error::corrupt(self.offset, "truncated: archive ends inside a block payload"));
+            }
+            return Ok(payload);
+        }
         let n = std::mem::take(&mut self.pending_payload) as usize;
         let mut payload = Vec::with_capacity(n);
         let got = self.inp.read_append(&mut payload, n)?;
@@ -378,6 +419,7 @@ impl<I: Input> SeqReader<I> {
 
     /// Leaves the payload of the block just returned unread.
     pub fn skip_payload(&mut self) -> Result<()> {
+        self.payload_ahead = None;
         let n = std::mem::take(&mut self.pending_payload);
         let got = self.inp.skip(n)?;
         self.offset += got;
@@ -397,6 +439,19 @@ impl<I: Input> SeqReader<I> {
             return Ok(None);
         }
         let start = self.offset;
+        if let Some(ahead) = self.inp.parsed_ahead(start) {
+            self.offset += ahead.head_len;
+            match &ahead.record {
+                Record::Block { header, .. } => self.pending_payload = u64::from(header.stored_len),
+                Record::Ids { count, .. } => {
+                    self.pending_payload = u64::from(*count) * PAGE_ID_LEN as u64 + 8;
+                    self.payload_ahead = ahead.payload.filter(|p| p.len() as u64 == self.pending_payload);
+                }
+                Record::Index { .. } => self.done = true,
+                _ => {}
+            }
+            return Ok(Some((start, ahead.record)));
+        }
         let mut t = [0u8; 1];
         if self.inp.read_full(&mut t)? == 0 {
             return Err(Error::corrupt(start, "truncated: archive ends before its index"));
