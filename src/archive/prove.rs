@@ -136,7 +136,8 @@ const PREFETCH_INDEX_MAX: u64 = 64 << 20;
 
 /// Asks `store` ahead for the first bytes of every record that the index
 /// at its end places (each file's F record and blocks), so a walk from a
-/// cold cache waits for the device once, not once per block. Only a hint:
+/// cold cache waits for the device once, not once per block; returns those
+/// starts, ascending, for the walk's workers (`walk_ahead`). Only a hint:
 /// the walk checks whatever it reads, and an index that cannot be read
 /// (or is too large to read on speculation) leaves the walk to say why.
 fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&ArchiveKey>) -> Option<Vec<u64>> {
@@ -145,6 +146,12 @@ fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&Archive
         return None;
     }
     let (index, _) = read_index(store, header, key, PREFETCH_INDEX_MAX).ok()?;
+    Some(prefetch_starts(store, &index))
+}
+
+/// Asks `store` ahead for the record starts `index` places; returns them,
+/// ascending.
+fn prefetch_starts(store: &dyn RecordStore, index: &Index) -> Vec<u64> {
     let mut offsets: Vec<u64> = index
         .files
         .iter()
@@ -152,7 +159,16 @@ fn prefetch_heads(store: &dyn RecordStore, header: &Header, key: Option<&Archive
         .collect();
     offsets.sort_unstable();
     store.prefetch_heads(&offsets);
-    Some(offsets)
+    offsets
+}
+
+/// [`walk`] of an archive already opened from `index` (its block table,
+/// [`from_table`]): the record starts come from that index instead of a
+/// second read of it (which a lazy tree's start waited for on 16 cores),
+/// still only a guess the walk checks.
+pub(crate) fn walk_opened(store: &dyn RecordStore, index: &Index) -> Result<Walked> {
+    let guess = |_: &Header, _: Option<&ArchiveKey>| (!store.arriving()).then(|| prefetch_starts(store, index));
+    walk_guessing(store, RecordsAhead::workers(), guess).0
 }
 
 /// Reads and checks the trailer and the index it points at (refused when

@@ -102,7 +102,7 @@ impl Archive {
     /// The full walk of an archive opened from its index: every record
     /// through the checks, and the index it ends with must be the one opened.
     fn walk_matches(&self) -> Result<()> {
-        let walked = prove::walk(self.reader.store())?;
+        let walked = prove::walk_opened(self.reader.store(), &self.index)?;
         if walked.header != self.header || walked.chain != self.chain || walked.index != self.index {
             return Err(Error::corrupt(0, "the archive's records disagree with its index"));
         }
