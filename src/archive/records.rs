@@ -441,15 +441,9 @@ impl<I: Input> SeqReader<I> {
         let start = self.offset;
         if let Some(ahead) = self.inp.parsed_ahead(start) {
             self.offset += ahead.head_len;
-            match &ahead.record {
-                Record::Block { header, .. } => self.pending_payload = u64::from(header.stored_len),
-                Record::Ids { count, .. } => {
-                    self.pending_payload = u64::from(*count) * PAGE_ID_LEN as u64 + 8;
-                    self.payload_ahead = ahead.payload.filter(|p| p.len() as u64 == self.pending_payload);
-                }
-                Record::Index { .. } => self.done = true,
-                _ => {}
-            }
+            self.pending_payload = ahead.record.payload_len();
+            self.payload_ahead = ahead.payload.filter(|p| p.len() as u64 == self.pending_payload);
+            self.done = matches!(ahead.record, Record::Index { .. });
             return Ok(Some((start, ahead.record)));
         }
         let mut t = [0u8; 1];
@@ -485,7 +479,6 @@ impl<I: Input> SeqReader<I> {
                 if header.raw_len > self.header.block_size {
                     return Err(Error::corrupt(start, "block is larger than the archive's block size"));
                 }
-                self.pending_payload = u64::from(header.stored_len);
                 Record::Block { header, header_len }
             }
             RecordType::Chain => {
@@ -501,7 +494,6 @@ impl<I: Input> SeqReader<I> {
                 rec[0] = t[0];
                 self.exact(&mut rec[1..], "a page id record")?;
                 let IdsFixed { file_id, count } = IdsFixed::decode(&rec, start)?;
-                self.pending_payload = count as u64 * PAGE_ID_LEN as u64 + 8;
                 Record::Ids { file_id, count }
             }
             RecordType::Key => return Err(Error::corrupt(start, "key record out of place")),
@@ -547,7 +539,20 @@ impl<I: Input> SeqReader<I> {
                 Record::Index { index, record_len }
             }
         };
+        self.pending_payload = rec.payload_len();
         Ok(Some((start, rec)))
+    }
+}
+
+impl Record {
+    /// Bytes of payload that follow the record's head: a block's stored
+    /// payload, a page id record's ids and their check; none for the rest.
+    fn payload_len(&self) -> u64 {
+        match self {
+            Record::Block { header, .. } => u64::from(header.stored_len),
+            Record::Ids { count, .. } => u64::from(*count) * PAGE_ID_LEN as u64 + 8,
+            _ => 0,
+        }
     }
 }
 

@@ -21,7 +21,6 @@ use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 /// Record starts a segment begins apart.
@@ -50,8 +49,6 @@ pub(crate) struct RecordsAhead<'a> {
     starts: Vec<u64>,
     state: Mutex<State>,
     changed: Condvar,
-    /// Records the walk took parsed.
-    taken: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -64,6 +61,8 @@ struct State {
     next: usize,
     /// The walk is done, or a worker failed: nothing more is parsed or awaited.
     stop: bool,
+    /// Records the walk took parsed.
+    taken: usize,
 }
 
 impl<'a> RecordsAhead<'a> {
@@ -81,8 +80,7 @@ impl<'a> RecordsAhead<'a> {
         }
         let starts: Vec<u64> = starts.iter().step_by(SEGMENT).copied().collect();
         let state = State { parsed: (0..starts.len()).map(|_| None).collect(), ..State::default() };
-        let (state, changed, taken) = (Mutex::new(state), Condvar::new(), AtomicUsize::new(0));
-        Some(RecordsAhead { store, len, header, key, starts, state, changed, taken })
+        Some(RecordsAhead { store, len, header, key, starts, state: Mutex::new(state), changed: Condvar::new() })
     }
 
     /// Worker threads worth starting: one per core besides the walk's, none
@@ -171,18 +169,17 @@ impl<'a> RecordsAhead<'a> {
         while queue.front().is_some_and(|(at, _)| *at < offset) {
             queue.pop_front();
         }
-        match queue.front() {
-            Some((at, _)) if *at == offset => {
-                self.taken.fetch_add(1, Ordering::Relaxed);
-                queue.pop_front().map(|(_, p)| p)
-            }
-            _ => None,
+        if queue.front().is_none_or(|(at, _)| *at != offset) {
+            return None;
         }
+        let (_, parsed) = queue.pop_front()?;
+        st.taken += 1;
+        Some(parsed)
     }
 
     /// Records the walk took parsed so far.
     pub(crate) fn taken(&self) -> usize {
-        self.taken.load(Ordering::Relaxed)
+        self.lock().taken
     }
 
     /// Nothing more is parsed or awaited (the walk is done).
