@@ -21,9 +21,11 @@ pub use crate::error::DecodeError;
 
 mod decode;
 mod encode;
+mod page_buf;
 
 pub use decode::Decoder;
 pub use encode::{EncodedBlock, Encoder};
+pub use page_buf::PageBuf;
 
 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 

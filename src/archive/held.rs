@@ -27,6 +27,7 @@
 //! one's bytes alone), and when the tree is ended the pages live on until
 //! their pipe is read or closed.
 
+use crate::codec::PageBuf;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -222,7 +223,7 @@ impl HeldPipe {
     }
 }
 
-/// A buffer `read(2)` appends to: a worker's `Vec`, or a block's buffer
+/// A buffer `read(2)` appends to: a worker's page-aligned buffer, or a block's buffer
 /// (`slab::SlabBuf`), so that a held block that must be copied after all
 /// is read once, straight where it goes.
 pub trait ReadTarget {
@@ -237,16 +238,14 @@ pub trait ReadTarget {
     unsafe fn filled(&mut self, n: usize);
 }
 
-impl ReadTarget for Vec<u8> {
+impl ReadTarget for PageBuf {
     fn room(&mut self, want: usize) -> (*mut u8, usize) {
-        self.reserve(want);
-        // SAFETY: `len <= capacity`: the pointer stays inside the allocation.
-        (unsafe { self.as_mut_ptr().add(self.len()) }, self.capacity() - self.len())
+        let spare = self.spare(want);
+        (spare.as_mut_ptr(), spare.len())
     }
 
     unsafe fn filled(&mut self, n: usize) {
-        // SAFETY: the caller initialised `n` bytes within capacity.
-        unsafe { self.set_len(self.len() + n) }
+        PageBuf::filled(self, n);
     }
 }
 
@@ -302,7 +301,8 @@ mod tests {
         }
         writer.join().unwrap();
         assert_eq!(held.len(), data.len());
-        let mut buf = vec![1, 2, 3];
+        let mut buf = PageBuf::new();
+        buf.extend_from_slice(&[1, 2, 3]);
         held.read_into(&mut buf).unwrap();
         assert_eq!(buf[..3], [1, 2, 3], "appended");
         assert_eq!(buf[3..], data);
@@ -327,8 +327,8 @@ mod tests {
         };
         assert!(full, "held {moved} bytes");
         assert_eq!(held.len(), 32);
-        let mut buf = Vec::new();
+        let mut buf = PageBuf::new();
         held.read_into(&mut buf).unwrap();
-        assert_eq!(buf, vec![9u8; 32]);
+        assert_eq!(buf[..], [9u8; 32]);
     }
 }

@@ -13,7 +13,7 @@ use super::held::{HeldPipe, Spliced};
 use super::slab::{Carver, SlabBuf};
 use super::{Options, PackStats};
 use crate::archive::records::ArchiveWriter;
-use crate::codec::{EncodedBlock, Encoder};
+use crate::codec::{EncodedBlock, Encoder, PageBuf};
 use crate::engine::{self, Submitter};
 use crate::error::{Error, Result};
 use crate::format::{
@@ -114,8 +114,8 @@ impl Packer {
             opts.window(),
             engine::results_ahead(opts.block_size, opts.threads),
             hold.clone(),
-            move || (Encoder::new(codec), Vec::new()),
-            move |(enc, taken): &mut (Encoder, Vec<u8>), job: PackJob| {
+            move || (Encoder::new(codec), PageBuf::new()),
+            move |(enc, taken): &mut (Encoder, PageBuf), job: PackJob| {
                 encode_job(job, enc, taken, &backlog, dedup.as_deref(), block_key.as_deref())
             },
         );

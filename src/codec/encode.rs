@@ -4,7 +4,7 @@
 //! configured codec or as byte planes where a sample says that pays, or
 //! stored raw where neither saves an eighth.
 
-use super::{zero_bitmap, Codec, CodecConfig, PLANES_FAST};
+use super::{zero_bitmap, Codec, CodecConfig, PageBuf, PLANES_FAST};
 use crate::format::{BlockCodec, BlockHeader, PageBits, PlanesPrefix, PAGE_SIZE, PLANES_PREFIX};
 use crate::{huffman, planes};
 use xxhash_rust::xxh3::xxh3_64;
@@ -21,7 +21,9 @@ pub struct Encoder {
     zstd: Option<zstd::bulk::Compressor<'static>>,
     /// The zstd context for byte planes, when their level differs.
     planes_zstd: Option<zstd::bulk::Compressor<'static>>,
-    gathered: Vec<u8>,
+    /// Page-aligned: see `PageBuf` for what copying pages into a heap
+    /// `Vec` cost.
+    gathered: PageBuf,
     hurried: bool,
     /// Whether a hurried block since the last
     /// [`take_worth_redoing`](Self::take_worth_redoing) may be stored smaller
@@ -42,7 +44,7 @@ impl Encoder {
             config,
             zstd,
             planes_zstd,
-            gathered: Vec::new(),
+            gathered: PageBuf::new(),
             hurried: false,
             worth_redoing: false,
             sample: Vec::new(),
@@ -81,7 +83,7 @@ impl Encoder {
     }
 
     /// The stored pages of `data`: all but those `zero_bitmap` marks.
-    pub fn gather(&mut self, data: &[u8], zero_bitmap: &PageBits) -> Vec<u8> {
+    pub fn gather(&mut self, data: &[u8], zero_bitmap: &PageBits) -> PageBuf {
         let mut out = std::mem::take(&mut self.gathered);
         out.clear();
         for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
@@ -93,7 +95,7 @@ impl Encoder {
     }
 
     /// Gives a buffer back for the next [`gather`](Self::gather).
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    pub fn recycle(&mut self, buf: PageBuf) {
         self.gathered = buf;
     }
 

@@ -9,7 +9,7 @@ use crate::archive::held::HeldPipe;
 use crate::archive::records::ArchiveWriter;
 use crate::archive::slab::SlabBuf;
 use crate::archive::PackStats;
-use crate::codec::{zero_bitmap, EncodedBlock, Encoder};
+use crate::codec::{zero_bitmap, EncodedBlock, Encoder, PageBuf};
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::format::{BlockCodec, DedupPayload, EntryMeta, FileKind, Index};
@@ -90,7 +90,7 @@ pub(super) type Failure = Arc<OnceLock<Error>>;
 pub(super) fn encode_job(
     job: PackJob,
     enc: &mut Encoder,
-    taken: &mut Vec<u8>,
+    taken: &mut PageBuf,
     backlog: &engine::Hold,
     dedup: Option<&DedupIndex>,
     block_key: Option<&ArchiveKey>,
