@@ -13,6 +13,7 @@
 //! first would find the same pages (an id match is what decides either way)
 //! and costs a pagemap parse per process; a hash lookup is ~50 ns a page.
 
+use crate::codec::PageBuf;
 use crate::format::{ChainEntry, Extent, Origin, PageId, PAGE_SIZE};
 use crate::seal::{ChainKey, PageIds};
 use std::collections::HashMap;
@@ -66,8 +67,9 @@ pub struct DedupedBlock {
     pub ids: Vec<PageId>,
     /// Extents covering the stored pages; `None` when every page is literal.
     pub extents: Option<Vec<Extent>>,
-    /// The literal pages, in order.
-    pub literal: Vec<u8>,
+    /// The literal pages, in order (copied onto a page boundary, as the
+    /// stored pages they come from lie: see `PageBuf`).
+    pub literal: PageBuf,
 }
 
 /// Ids for `stored` (the block's non-zero pages, concatenated) and, when
@@ -77,7 +79,7 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
     let ids: Vec<PageId> = stored.chunks(PAGE_SIZE).map(|p| index.page_ids.id(p)).collect();
     if stored.len() % PAGE_SIZE != 0 {
         // A short last page is never shared: keep the block as it is.
-        return DedupedBlock { ids, extents: None, literal: Vec::new() };
+        return DedupedBlock { ids, extents: None, literal: PageBuf::new() };
     }
     let mut extents: Vec<Extent> = Vec::new();
     let mut literal_pages = Vec::new();
@@ -97,9 +99,10 @@ pub fn dedup_block(index: &DedupIndex, file_id: u32, block: u32, stored: &[u8]) 
     drop(own);
     if literal_pages.len() == ids.len() {
         // Nothing found elsewhere (the usual block): no copy of its pages.
-        return DedupedBlock { ids, extents: None, literal: Vec::new() };
+        return DedupedBlock { ids, extents: None, literal: PageBuf::new() };
     }
-    let mut literal = Vec::with_capacity(literal_pages.len() * PAGE_SIZE);
+    let mut literal = PageBuf::new();
+    literal.reserve(literal_pages.len() * PAGE_SIZE);
     for &i in &literal_pages {
         literal.extend_from_slice(&stored[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
     }

@@ -42,13 +42,18 @@ impl PageBuf {
         self.len += bytes.len();
     }
 
-    /// Room for at least `want` more bytes after the filled ones (holding
-    /// whatever was there before): fill a prefix, then [`filled`](Self::filled).
-    pub fn spare(&mut self, want: usize) -> &mut [u8] {
-        let need = self.len + want;
+    /// Makes room for at least `more` bytes after the filled ones.
+    pub fn reserve(&mut self, more: usize) {
+        let need = self.len + more;
         if self.raw.len() - self.start < need {
             self.grow(need);
         }
+    }
+
+    /// Room for at least `want` more bytes after the filled ones (holding
+    /// whatever was there before): fill a prefix, then [`filled`](Self::filled).
+    pub fn spare(&mut self, want: usize) -> &mut [u8] {
+        self.reserve(want);
         &mut self.raw[self.start + self.len..]
     }
 
