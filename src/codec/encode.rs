@@ -126,11 +126,11 @@ impl Encoder {
     /// each plane of the block is compressed only where its estimate says
     /// that pays.
     fn compress_planes(&mut self, src: &[u8]) -> Option<(BlockCodec, Vec<u8>)> {
-        planes::sample(src, &mut self.sample);
-        let histograms = planes::PlaneHistograms::of(&self.sample);
+        let histograms = planes::PlaneHistograms::of_sample(src);
         if !histograms.look_like_words() {
             return None;
         }
+        planes::sample(src, &mut self.sample);
         let plain = compress(self.config, self.zstd.as_mut(), &self.sample).1.len();
         let ((low_len, try_low), (high_len, try_high)) = histograms.coded_lens();
         if (PLANES_PREFIX + low_len + high_len) as f64 > plain as f64 * (1.0 - planes::MIN_GAIN) {
