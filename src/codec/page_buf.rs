@@ -5,10 +5,10 @@
 //! copies 4 KiB with `rep movsb`, and on the AMD EPYC VMs we run on that
 //! copy crawls when the destination sits a few bytes past the source modulo
 //! 4 KiB: every load then aliases a store just made. Two heap `Vec`s of one
-//! worker land just so (measured in a 512 MiB `mixed` dump: source and
-//! destination 0x40010 apart, 50-100 µs to gather a block against 5-9 µs in
-//! the other worker, whose buffers were 0xa1440 apart; one worker's gathers
-//! then took 10% of the dump's CPU). Buffers that start on a page boundary
+//! worker land just so (measured in 512 MiB `mixed` dumps: source and
+//! destination 0x40010 apart, 70-85 µs of CPU to gather a block against 7-9
+//! µs in a worker whose buffers were 0xa1440 or 0x64030 apart; the slow
+//! worker's gathers took about a tenth of the dump's CPU). Buffers that start on a page boundary
 //! are copied between at the same offset, and page-aligned sources (carved
 //! slabs, the kernel's pages) stay a page apart from them.
 //!
