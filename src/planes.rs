@@ -219,9 +219,11 @@ pub struct PlaneHistograms {
 }
 
 impl PlaneHistograms {
+    const EMPTY: Self = PlaneHistograms { low: [0; 256], high: [0; 256] };
+
     /// Counts the planes of `sample` (an odd length's last byte is left out).
     pub fn of(sample: &[u8]) -> Self {
-        let mut h = PlaneHistograms { low: [0; 256], high: [0; 256] };
+        let mut h = Self::EMPTY;
         h.count(sample);
         h
     }
@@ -229,7 +231,7 @@ impl PlaneHistograms {
     /// Counts the planes of what [`sample`] would take of `src`, without
     /// copying it (most blocks go no further than [`look_like_words`](Self::look_like_words)).
     pub fn of_sample(src: &[u8]) -> Self {
-        let mut h = PlaneHistograms { low: [0; 256], high: [0; 256] };
+        let mut h = Self::EMPTY;
         // Pages have an even length: their pairs are the sample's pairs.
         sample_pages(src).for_each(|page| h.count(page));
         h
@@ -254,13 +256,16 @@ impl PlaneHistograms {
     /// the answer is no without a logarithm (768 of them a block otherwise,
     /// about 3% of a dump's CPU on memory that is not words).
     pub fn look_like_words(&self) -> bool {
+        !self.surely_not_words() && self.divergence() >= 0.5
+    }
+
+    /// Whether the planes' total variation distance is under 0.49, so that
+    /// their divergence is under a half too (see [`look_like_words`](Self::look_like_words)).
+    fn surely_not_words(&self) -> bool {
         let pairs: u64 = self.low.iter().map(|&c| u64::from(c)).sum();
         let differ: u64 = self.low.iter().zip(&self.high).map(|(&l, &h)| u64::from(l.abs_diff(h))).sum();
-        // The total variation distance is differ / (2 * pairs): under 0.49.
-        if (differ as f64) < 0.98 * pairs as f64 {
-            return false;
-        }
-        self.divergence() >= 0.5
+        // The total variation distance is differ / (2 * pairs).
+        (differ as f64) < 0.98 * pairs as f64
     }
 
     /// How many bits a byte the planes' entropies taken apart are below
@@ -463,9 +468,7 @@ pub(crate) mod tests {
                 .collect();
             let h = PlaneHistograms::of(&bytes);
             assert_eq!(h.look_like_words(), h.divergence() >= 0.5, "case {case}");
-            let pairs = 8192.0;
-            let differ: u32 = h.low.iter().zip(&h.high).map(|(l, h)| l.abs_diff(*h)).sum();
-            shortcuts += usize::from(f64::from(differ) < 0.98 * pairs);
+            shortcuts += usize::from(h.surely_not_words());
             words += usize::from(h.look_like_words());
         }
         assert!(shortcuts > 300 && words > 300, "both answers reached: {shortcuts} shortcuts, {words} words");
