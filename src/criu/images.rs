@@ -32,8 +32,8 @@ pub use huge::{huge_memfds, huge_memory, private_huge_pages, shared_huge_pages, 
 pub use lazy_marks::{lazy_runs_registered, mark_lazy};
 pub(crate) use pagemap::in_ranges;
 pub use pagemap::{
-    pagemap_criu_opens, pagemap_pages_id, pagemap_runs, pages_image_id, pe, process_pagemap_pid, shmem_pagemap_id,
-    PageRun, PagemapBuilder,
+    joined_pagemap, pagemap_criu_opens, pagemap_pages_id, pagemap_runs, pages_image_id, pe, process_pagemap_pid,
+    shmem_pagemap_id, PageRun, PagemapBuilder,
 };
 pub use process::{
     cgroup_dumped_memory_limits, cgroup_memory_paths, core_cg_set, core_stack_pointer, core_stopped_by,

@@ -81,20 +81,26 @@ fn lazy_pagemap(
     if let Some(marked) = marked_lazy(source, pid, &mm, &written)? {
         written = marked;
     }
-    let Some((_, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
+    let Some((written_id, kept)) = images::pagemap_runs(&written) else { return Ok(None) };
+    // Written again, joined, below.
+    drop(written);
     if !images::lazy_runs_registered(&mm, &kept) {
         return Ok(None);
     }
     let mut runs = Vec::with_capacity(kept.len());
-    for k in kept {
+    for k in &kept {
         // Each kept run lies inside one original entry: its pages sit
         // together in the archive's image.
         let i = by_vaddr.partition_point(|r| r.vaddr <= k.vaddr).checked_sub(1);
         let o = i.map(|i| by_vaddr[i]).filter(|o| (k.vaddr - o.vaddr) / PAGE_SIZE as u64 + k.nr <= o.nr);
         let Some(o) = o else { return Ok(None) };
-        let at = PageRun { first: o.first + (k.vaddr - o.vaddr) / PAGE_SIZE as u64, ..k };
+        let at = PageRun { first: o.first + (k.vaddr - o.vaddr) / PAGE_SIZE as u64, ..*k };
         runs.push((at, k.first));
     }
+    // CRIU is handed its runs joined (fewer entries for its restore to
+    // walk); criuz's own runs above stay within CRIU's original entries.
+    let written = images::joined_pagemap(written_id, &kept);
+    drop(kept);
     let image_pages = runs.iter().map(|(r, _)| r.nr).sum();
     let zero_pages = plan.as_ref().map_or(0, |p| p.skipped_pages);
     let pid = pid.parse().map_err(|_| Error::corrupt(0, format!("pagemap-{pid}.img: not a pid")))?;

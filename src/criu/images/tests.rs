@@ -634,3 +634,41 @@ fn a_memfd_file_leads_to_its_pages_and_size() {
     // A memfd file whose memfd is not there: not an image CRIU wrote.
     assert_eq!(memfds(&image(FILES_MAGIC, &[file(5, 4)]), &memfd), None);
 }
+
+/// CRIU cuts a dump's runs where its page pipes end (256 pages at a 1 MiB
+/// pipe); handed back joined, its restore walks one entry per run of
+/// pages that continue each other with the same flags, and each page keeps
+/// its place in the pages image.
+#[test]
+fn runs_that_continue_each_other_are_handed_to_criu_joined() {
+    let entry = |vaddr: u64, nr: u64, flags| {
+        PagemapEntry { vaddr, nr_pages: nr as u32, in_parent: None, flags: Some(flags), nr_pages64: Some(nr) }
+            .encode_to_vec()
+    };
+    let lazy = PE_PRESENT | PE_LAZY;
+    let at = |page: u64| 0x7f00_0000_0000 + page * 4096;
+    let pm = image(
+        PAGEMAP_MAGIC,
+        &[
+            PagemapHead { pages_id: 3 }.encode_to_vec(),
+            entry(at(0), 256, lazy),
+            entry(at(256), 256, lazy),
+            entry(at(512), 100, lazy),
+            // Not lazy: a run of its own.
+            entry(at(612), 2, PE_PRESENT),
+            // After a hole.
+            entry(at(700), 256, lazy),
+            entry(at(956), 4, lazy),
+        ],
+    );
+    let (id, runs) = pagemap_runs(&pm).unwrap();
+    let joined = joined_pagemap(id, &runs);
+    let (id, runs) = pagemap_runs(&joined).unwrap();
+    assert_eq!(id, 3);
+    let run = |page, nr, first, lazy| PageRun { vaddr: at(page), nr, first, lazy };
+    assert_eq!(runs, vec![run(0, 612, 0, true), run(612, 2, 612, false), run(700, 260, 614, true)]);
+    // CRIU 4.2 reads field 5, older CRIU field 2: both say the run's length.
+    let objs = objects(&joined, PAGEMAP_MAGIC).unwrap();
+    let first = PagemapEntry::decode(objs[1]).unwrap();
+    assert_eq!((first.nr_pages, first.nr_pages64), (612, Some(612)));
+}
