@@ -17,6 +17,10 @@
 //! - the floor users compare to: `criu restore -D -d` of the same
 //!   checkpoint (the archive unpacked once), timed until it returns.
 //!
+//! With `--verify-first`, every lazy restore passes it (the archive proven
+//! before CRIU starts): the tree's start in that order, and CRIU's part of
+//! it timed with no proof running beside it.
+//!
 //! The plain lazy rounds remove the record first. Every restore is checked
 //! by the workload's fingerprint. With `--cold` the page cache is dropped
 //! before each restore (after the warm-up), so the archive, criuz's and
@@ -36,6 +40,8 @@ pub struct LazyRow {
     pub codec: String,
     /// Every restore started from a dropped page cache.
     pub cold: bool,
+    /// The lazy restores proved the archive before CRIU started.
+    pub verify_first: bool,
     pub raw_bytes: u64,
     pub archive_bytes: u64,
     /// Medians over the rounds, seconds.
@@ -53,6 +59,9 @@ pub struct LazyRow {
     pub lazy_handed_over_s: f64,
     pub lazy_index_proven_s: f64,
     pub lazy_criu_exited_s: f64,
+    /// CRIU's own part: from criuz starting it to its exit, the median of
+    /// each restore's.
+    pub lazy_criu_s: f64,
     pub lazy_resident_s: f64,
     pub lazy_running_read_s: f64,
     /// With the working set a first lazy restore + read recorded
@@ -82,57 +91,59 @@ fn median(v: &[f64]) -> f64 {
     crate::report::median(v).unwrap_or(f64::NAN)
 }
 
-/// Runs `criuz args` in the background; `on_running` is called once the
-/// pidfile appears, with the time since the start. Returns the time until
-/// criuz exited, its usage, and its standard output.
-fn lazy_restore(
-    criuz: &Path,
-    arc: &Path,
-    pidfile: &Path,
-    logs: &Path,
-    mut on_running: impl FnMut(f64) -> Result<()>,
-) -> Result<(f64, Usage, Vec<u8>)> {
-    let _ = std::fs::remove_file(pidfile);
-    let mut cmd = Command::new(criuz);
-    cmd.args(["restore", "--lazy", "-d", "--json", "--pidfile"]).arg(pidfile).arg("-i").arg(arc);
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        let run = s.spawn(|| proc::pipeline(vec![cmd], Src::Null, Dst::Capture, logs, "lazy-restore"));
-        while !pidfile.exists() {
-            if run.is_finished() {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(500));
-        }
-        if pidfile.exists() {
-            on_running(t.elapsed().as_secs_f64())?;
-        }
-        let f = run.join().map_err(|_| Error::Invalid("the lazy restore thread panicked".into()))??;
-        Ok((t.elapsed().as_secs_f64(), f.usage, f.stdout))
-    })
+/// One lazy restore's command: `criuz restore --lazy -d --json --pidfile`
+/// of `arc`, with `--verify-first` where asked.
+struct LazyCommand<'a> {
+    criuz: &'a Path,
+    arc: &'a Path,
+    pidfile: &'a Path,
+    logs: &'a Path,
+    verify_first: bool,
 }
 
-/// A lazy restore with the workload's full read (its fingerprint, checked
-/// against `before`) sent the moment the tree runs: the time until it ran,
-/// until the read's answer, and criuz's report.
-fn restore_and_read(
-    criuz: &Path,
-    arc: &Path,
-    pidfile: &Path,
-    logs: &Path,
-    app: &mut Running,
-    before: &str,
-    intact: &mut bool,
-) -> Result<(f64, f64, Vec<u8>)> {
-    let mut times = None;
-    let (_, _, out) = lazy_restore(criuz, arc, pidfile, logs, |t0| {
+impl LazyCommand<'_> {
+    /// Runs the restore in the background; `on_running` is called once the
+    /// pidfile appears, with the time since the start. Returns the time
+    /// until criuz exited, its usage, and its standard output.
+    fn run(&self, mut on_running: impl FnMut(f64) -> Result<()>) -> Result<(f64, Usage, Vec<u8>)> {
+        let pidfile = self.pidfile;
+        let _ = std::fs::remove_file(pidfile);
+        let mut cmd = Command::new(self.criuz);
+        cmd.args(["restore", "--lazy", "-d", "--json", "--pidfile"]).arg(pidfile).arg("-i").arg(self.arc);
+        if self.verify_first {
+            cmd.arg("--verify-first");
+        }
         let t = Instant::now();
-        *intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
-        times = Some((t0, t0 + t.elapsed().as_secs_f64()));
-        Ok(())
-    })?;
-    let (running, read) = times.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?;
-    Ok((running, read, out))
+        std::thread::scope(|s| {
+            let run = s.spawn(|| proc::pipeline(vec![cmd], Src::Null, Dst::Capture, self.logs, "lazy-restore"));
+            while !pidfile.exists() {
+                if run.is_finished() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            if pidfile.exists() {
+                on_running(t.elapsed().as_secs_f64())?;
+            }
+            let f = run.join().map_err(|_| Error::Invalid("the lazy restore thread panicked".into()))??;
+            Ok((t.elapsed().as_secs_f64(), f.usage, f.stdout))
+        })
+    }
+
+    /// The restore with the workload's full read (its fingerprint, checked
+    /// against `before`) sent the moment the tree runs: the time until it
+    /// ran, until the read's answer, and criuz's report.
+    fn run_and_read(&self, app: &mut Running, before: &str, intact: &mut bool) -> Result<(f64, f64, Vec<u8>)> {
+        let mut times = None;
+        let (_, _, out) = self.run(|t0| {
+            let t = Instant::now();
+            *intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
+            times = Some((t0, t0 + t.elapsed().as_secs_f64()));
+            Ok(())
+        })?;
+        let (running, read) = times.ok_or_else(|| Error::Invalid("the lazy restore never ran".into()))?;
+        Ok((running, read, out))
+    }
 }
 
 fn settle(mib: u64, cold: bool) -> Result<()> {
@@ -153,10 +164,12 @@ pub struct Shape<'a> {
     pub mib: u64,
     pub runs: usize,
     pub cold: bool,
+    /// Lazy restores with `--verify-first`.
+    pub verify_first: bool,
 }
 
 pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &Path) -> Result<LazyRow> {
-    let &Shape { workload: name, codec, mib, runs, cold } = shape;
+    let &Shape { workload: name, codec, mib, runs, cold, verify_first } = shape;
     let dir = work.join(format!("lazy-{name}"));
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| Error::file(&logs, e))?;
@@ -174,12 +187,13 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
     }
     proc::reap_zombies();
     let pidfile = dir.join("restored.pid");
+    let lazy = LazyCommand { criuz, arc: &arc, pidfile: &pidfile, logs: &logs, verify_first };
     let touch = dir.join("archive.czr.touch");
     let (mut plain, mut plain_read, mut running, mut resident, mut running_read) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_rss, mut lazy_rss, mut report) = (0u64, 0u64, serde_json::Value::Null);
-    let (mut criu_started, mut handed_over, mut index_proven, mut criu_exited) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut criu_started, mut handed_over, mut index_proven, mut criu_exited, mut criu_part) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_tree, mut lazy_tree) = (Vec::new(), Vec::new());
     let tree_mib = |app: &Running| proc::pss_anon_kib(&proc::tree(app.pid)) as f64 / 1024.0;
     let mut intact = true;
@@ -207,7 +221,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
                 }
                 1 => {
                     let _ = std::fs::remove_file(&touch);
-                    let (all, usage, out) = lazy_restore(criuz, &arc, &pidfile, &logs, |t| {
+                    let (all, usage, out) = lazy.run(|t| {
                         running.push(t);
                         Ok(())
                     })?;
@@ -220,11 +234,12 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
                     handed_over.push(seconds("handed_over_seconds"));
                     index_proven.push(seconds("index_proven_seconds"));
                     criu_exited.push(seconds("criu_exited_seconds"));
+                    criu_part.push(seconds("criu_exited_seconds") - seconds("criu_started_seconds"));
                     end(&mut app, &mut intact);
                 }
                 _ => {
                     let _ = std::fs::remove_file(&touch);
-                    let (_, read, _) = restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
+                    let (_, read, _) = lazy.run_and_read(&mut app, &before, &mut intact)?;
                     running_read.push(read);
                     end(&mut app, &mut intact);
                 }
@@ -234,7 +249,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
     // The working set: recorded by one lazy restore + read, then restored
     // from that same record each round.
     let _ = std::fs::remove_file(&touch);
-    restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
+    lazy.run_and_read(&mut app, &before, &mut intact)?;
     end(&mut app, &mut intact);
     let record = dir.join("working-set");
     std::fs::copy(&touch, &record).map_err(|e| Error::file(&touch, e))?;
@@ -242,7 +257,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
     for _ in 0..runs.max(3) {
         std::fs::copy(&record, &touch).map_err(|e| Error::file(&record, e))?;
         settle(mib, cold)?;
-        let (running, read, out) = restore_and_read(criuz, &arc, &pidfile, &logs, &mut app, &before, &mut intact)?;
+        let (running, read, out) = lazy.run_and_read(&mut app, &before, &mut intact)?;
         ws_running.push(running);
         ws_read.push(read);
         let rep: serde_json::Value = serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null);
@@ -275,6 +290,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
         workload: name.to_string(),
         codec: codec.to_string(),
         cold,
+        verify_first,
         raw_bytes,
         archive_bytes: proc::file_bytes(&arc),
         plain_restore_s: median(&plain),
@@ -285,6 +301,7 @@ pub fn measure(shape: &Shape, work: &Path, tools: &Tools, criuz: &Path, criu: &P
         lazy_handed_over_s: median(&handed_over),
         lazy_index_proven_s: median(&index_proven),
         lazy_criu_exited_s: median(&criu_exited),
+        lazy_criu_s: median(&criu_part),
         lazy_resident_s: median(&resident),
         lazy_running_read_s: median(&running_read),
         ws_running_s: median(&ws_running),
@@ -356,16 +373,18 @@ pub fn table(rows: &[LazyRow]) -> String {
     }
     for r in rows {
         s.push_str(&format!(
-            "{} {}: of the lazy tree's start, criuz's own (opening the archive, writing CRIU's images) {:.1} ms, \
+            "{} {}{}: of the lazy tree's start, criuz's own (opening the archive, writing CRIU's images) {:.1} ms, \
              then CRIU's restore and the tree's release {:.1} ms; on criuz's clock, CRIU handed the tree over at \
-             {:.1} ms, the index was proven at {:.1} ms, CRIU exited at {:.1} ms\n",
+             {:.1} ms, the index was proven at {:.1} ms, CRIU exited at {:.1} ms (CRIU's own part {:.1} ms)\n",
             r.workload,
             r.codec,
+            if r.verify_first { " (--verify-first)" } else { "" },
             r.lazy_criu_started_s * 1e3,
             (r.lazy_running_s - r.lazy_criu_started_s) * 1e3,
             r.lazy_handed_over_s * 1e3,
             r.lazy_index_proven_s * 1e3,
-            r.lazy_criu_exited_s * 1e3
+            r.lazy_criu_exited_s * 1e3,
+            r.lazy_criu_s * 1e3
         ));
     }
     for r in rows {

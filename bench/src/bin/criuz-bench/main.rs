@@ -91,6 +91,11 @@ pub struct BenchArgs {
     /// dumped with LZ4, or each codec --configs names of criuz-lz4,criuz-zstd
     #[arg(long, conflicts_with = "incremental")]
     pub lazy: bool,
+    /// With --lazy: the lazy restores prove the archive before CRIU starts
+    /// (criuz restore --lazy --verify-first): what that order costs the
+    /// tree's start, and CRIU's part of it timed with no proof beside it
+    #[arg(long, requires = "lazy")]
+    pub verify_first: bool,
     /// Instead of the comparison: a workload in a runc container (mixed, or
     /// shared-cache with --workloads), runc-dir and runc+zstd against
     /// criuz-runc (and its routes), at --size MiB [default: 256 and 1024, or 32

@@ -172,7 +172,14 @@ pub(crate) fn lazy_table(
     for w in &plan.workloads {
         for codec in &codecs {
             eprintln!("bench: lazy: {w}, {codec}, {} MiB", plan.mib);
-            let shape = lazy::Shape { workload: w, codec, mib: plan.mib, runs: plan.runs, cold: args.cold };
+            let shape = lazy::Shape {
+                workload: w,
+                codec,
+                mib: plan.mib,
+                runs: plan.runs,
+                cold: args.cold,
+                verify_first: args.verify_first,
+            };
             let row = lazy::measure(&shape, work, tools, criuz, criu)?;
             if !row.intact {
                 return Err(Error::Invalid(format!("{w}: a restore is not intact")));
