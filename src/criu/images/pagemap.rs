@@ -48,12 +48,11 @@ pub fn pagemap_runs(pagemap: &[u8]) -> Option<(u32, Vec<PageRun>)> {
 /// pipes end (1 MiB at the default `fs.pipe-max-size`), and its restore
 /// walks every entry: 4,113 for 4 GiB of memory where its VMAs need a few
 /// dozen. Pages stay where they were in the pages image (its runs are in
-/// address order), and CRIU restores a run that crosses VMAs page by page
-/// (`restore_priv_vma_content`, criu/mem.c, v4.2). From runs already read,
-/// not the pagemap's bytes, and into room taken at once: a placed
-/// restore's pagemap, its zero pages left out, has about one run per two
-/// pages of `mixed` memory, and reading them again, then growing the
-/// image, held 8 MiB more for a 4 GiB archive.
+/// address order), and CRIU reads a run that crosses VMAs one VMA at a
+/// time (`restore_priv_vma_content`, criu/mem.c, v4.2), as its own dumps
+/// make such runs. Built from runs already read, into room taken at once:
+/// a placed restore's pagemap has about one run per two pages of `mixed`
+/// memory, and the image must not regrow.
 pub fn joined_pagemap(pages_id: u32, runs: &[PageRun]) -> Vec<u8> {
     // An entry takes at most 40 bytes (a 4-byte length, then a tag and a
     // varint for each of its four fields), so the image never regrows.
