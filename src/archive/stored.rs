@@ -89,6 +89,12 @@ impl Archive {
         }
     }
 
+    /// How far the archive's store was asked to read ahead (tests).
+    #[cfg(test)]
+    pub(crate) fn read_ahead_wanted(&self) -> u64 {
+        self.reader.store().read_ahead_wanted()
+    }
+
     /// An encrypted archive's key (`None` when it is not encrypted).
     pub fn key(&self) -> Option<&Arc<ArchiveKey>> {
         self.reader.key()

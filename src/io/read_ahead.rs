@@ -14,9 +14,11 @@
 //! reads goes to the page cache, which the kernel reclaims as it needs; the
 //! window bounds how far it runs ahead of use. The thread stops when the
 //! store is dropped. A walk of the record headers does not move the window
-//! (it would drag in every payload it skips), and a reader may pause it
-//! (a lazy restore does, until its process runs: from a cold cache the
-//! read-ahead held CRIU's own reads back).
+//! (it would drag in every payload it skips), and a reader may pause it.
+//! A restore does from its opening until its pages are read: the window
+//! moved by a read of its metadata queued the whole archive on the disk
+//! before the reads that came next (CRIU's images, CRIU's own), which then
+//! waited for it (a cold 214 MiB archive: CRIU started 0.1 s later).
 
 use super::RecordStore;
 use std::fs::File;
@@ -135,6 +137,11 @@ impl RecordStore for ReadAhead {
     /// once it has read that far; the next read after a resume moves it.
     fn read_ahead(&self, on: bool) {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).paused = !on;
+    }
+
+    #[cfg(test)]
+    fn read_ahead_wanted(&self) -> u64 {
+        self.wanted()
     }
 }
 

@@ -40,6 +40,12 @@ pub trait RecordStore: Send + Sync {
         let _ = on;
     }
 
+    /// How far a store that reads ahead was asked to read (0 for others).
+    #[cfg(test)]
+    fn read_ahead_wanted(&self) -> u64 {
+        0
+    }
+
     /// `len` bytes from `offset`, in a new buffer.
     fn read_vec(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
         let mut buf = Vec::with_capacity(len);
