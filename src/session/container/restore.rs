@@ -6,7 +6,7 @@
 //! dump recorded them (see the parent module).
 
 use super::{images_dir, work_dir, Runc};
-use crate::archive::{OpenOptions, Options};
+use crate::archive::{BlockSource, OpenOptions, Options};
 use crate::criu::images::DumpedMemoryLimit;
 use crate::criu::{uffd, Criu};
 use crate::error::Result;
@@ -111,6 +111,10 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
     let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
+    // Until the pages are read, as `checkpoint::open_for_restore` says: the
+    // metadata read below must not queue the whole archive on the disk
+    // ahead of what the restore reads next.
+    archive.read_ahead(false);
     let held = ToldAgain::of(&*archive);
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     let (lazy, not_lazy) = match o.memory {
@@ -198,6 +202,8 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
             exit_status,
         });
     }
+    // The images, pages too, are read front to back from here.
+    archive.read_ahead(true);
     let (st, zero_pages_skipped) = crate::session::images_dir::write_images(archive, &images, opts)?;
     let unpack_seconds = started.elapsed().as_secs_f64();
     let mut cmd = restore(&criu.path);
