@@ -498,8 +498,10 @@ fn a_pagemap_listing_a_page_twice_is_left_to_criu() {
     let tmp = tempfile::tempdir().unwrap();
     let mut twice = None;
     let (mut w, before) = restored_after_pagemap_edit(tmp.path(), |runs, _| {
-        // The longest run of private anonymous memory: the workload's data.
-        let longest = *runs.iter().filter(|r| r.lazy).max_by_key(|r| r.nr).expect("a lazy run");
+        // The longest run: the workload's data. Not told by its lazy flag,
+        // which CRIU leaves off every page in about one dump in 256 (its
+        // stack test, `criu::images::lazy_marks`).
+        let longest = *runs.iter().max_by_key(|r| r.nr).expect("a run");
         twice = Some(longest);
         runs.iter().map(|r| (*r, flags_of(r), *r == longest)).collect()
     });
@@ -593,7 +595,10 @@ fn two_pagemaps_naming_one_pages_image_are_left_to_criu() {
     let img = tmp.path().join("img");
     let (pages_id, runs) = pagemap_runs(&std::fs::read(img.join(format!("pagemap-{root}.img"))).unwrap()).unwrap();
     let stored = std::fs::read(img.join(format!("pages-{pages_id}.img"))).unwrap();
-    let data: Vec<_> = runs.iter().filter(|r| r.lazy && r.nr >= 256).collect();
+    // Told by length, not by the lazy flag, which CRIU leaves off every
+    // page in about one dump in 256 (its stack test, `criu::images::lazy_marks`;
+    // CI met it, session 88): the stack and heap run a few pages.
+    let data: Vec<_> = runs.iter().filter(|r| r.nr >= 256).collect();
     assert!(data.iter().map(|r| r.nr).sum::<u64>() >= 1024, "the workload's 8 MiB in long runs: {runs:x?}");
     for pid in [root, child] {
         for r in &data {
