@@ -70,6 +70,14 @@ pub struct OpenOptions {
     pub spool_cap: u64,
     pub proof: Proof,
     pub parents: Parents,
+    /// Whether a local file's read-ahead may follow reads from the start.
+    /// A restore opens with it held: its first reads are metadata, and a
+    /// read-ahead they moved queued the whole archive on the disk ahead of
+    /// the reads that came next, CRIU's own among them (a cold 214 MiB
+    /// archive: CRIU started 0.1 s later, docs/BENCHMARKS.md, session 88).
+    /// The restore resumes it (`BlockSource::read_ahead`) where it reads
+    /// the pages.
+    pub read_ahead_at_once: bool,
 }
 
 impl Default for OpenOptions {
@@ -79,6 +87,7 @@ impl Default for OpenOptions {
             spool_cap: SPOOL_CAP,
             proof: Proof::First,
             parents: Parents::Now,
+            read_ahead_at_once: true,
         }
     }
 }
@@ -98,6 +107,7 @@ pub fn open(at: &Location, o: &OpenOptions) -> Result<Arc<Archive>> {
         }
     }
     let store = at.store_reading_ahead(o.spool_cap)?;
+    store.read_ahead(o.read_ahead_at_once);
     let from_index = match o.proof {
         Proof::First => false,
         Proof::BehindIfArriving => store.arriving(),

@@ -14,11 +14,9 @@
 //! reads goes to the page cache, which the kernel reclaims as it needs; the
 //! window bounds how far it runs ahead of use. The thread stops when the
 //! store is dropped. A walk of the record headers does not move the window
-//! (it would drag in every payload it skips), and a reader may pause it.
-//! A restore does from its opening until its pages are read: the window
-//! moved by a read of its metadata queued the whole archive on the disk
-//! before the reads that came next (CRIU's images, CRIU's own), which then
-//! waited for it (a cold 214 MiB archive: CRIU started 0.1 s later).
+//! (it would drag in every payload it skips), and a reader may pause it:
+//! a restore opens its archive with it paused until its pages are read
+//! (`archive::OpenOptions::read_ahead_at_once`).
 
 use super::RecordStore;
 use std::fs::File;

@@ -56,16 +56,14 @@ pub fn open_for_restore(o: &RestoreOptions) -> Result<Arc<Archive>> {
         spool_cap: o.pipe_buffer,
         proof: Proof::Behind,
         parents: Parents::Behind,
+        // What a restore reads before its pages (the images CRIU's start
+        // needs, the placement's plan) comes first. Each path lets the
+        // read-ahead run once its pages are read: a streamed restore as it
+        // starts serving (`restore_opened`), a placed one as its fill starts,
+        // a lazy one once its tree runs.
+        read_ahead_at_once: false,
     };
-    let archive = crate::archive::open(&o.input, &how)?;
-    // What a restore reads before its pages (the images CRIU's start needs,
-    // the placement's plan) comes first: a read there must not start the
-    // store's read-ahead of the whole archive, which a cold disk then
-    // serves before it. Each path lets it run once its pages are read: a
-    // streamed restore as it starts serving (`restore_opened`), a placed one
-    // as its fill starts, a lazy one once its tree runs.
-    archive.read_ahead(false);
-    Ok(archive)
+    crate::archive::open(&o.input, &how)
 }
 
 /// `restore`, of an archive opened by [`open_for_restore`] at `started`.
@@ -105,7 +103,7 @@ pub fn restore_opened(
     let restored = AtomicBool::new(false);
     let (status, served) = std::thread::scope(|s| {
         let srv = s.spawn(|| {
-            // Paused by `open_for_restore`; CRIU reads the pages from here on.
+            // Held by `open_for_restore`; CRIU reads the pages from here on.
             source.read_ahead(true);
             let served = serve::serve(&listener, source.clone(), opts, &stop);
             match source.parents_walked() {

@@ -110,11 +110,10 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     }
     let work = work_dir("criuz-runc-")?;
     let images = images_dir(&work)?;
-    let archive = crate::archive::open(&o.input, &OpenOptions::default())?;
-    // Until the pages are read, as `checkpoint::open_for_restore` says: the
-    // metadata read below must not queue the whole archive on the disk
-    // ahead of what the restore reads next.
-    archive.read_ahead(false);
+    // The read-ahead held until the pages are read, as a restore's
+    // (`OpenOptions::read_ahead_at_once`).
+    let how = OpenOptions { read_ahead_at_once: false, ..OpenOptions::default() };
+    let archive = crate::archive::open(&o.input, &how)?;
     let held = ToldAgain::of(&*archive);
     let cuda = cuda_plan(&*archive, &o.gpu_map, o.detach)?;
     let (lazy, not_lazy) = match o.memory {

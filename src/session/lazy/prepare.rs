@@ -47,9 +47,9 @@ impl LazyRestore<'_> {
         // Until CRIU has restored the tree, what CRIU reads comes first: from
         // a cold cache the archive's read-ahead beside it made CRIU's part of
         // a 1 GiB lazy restore 0.17 s instead of 0.03, and a placed restore
-        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). A restore's opening
-        // paused it already (`checkpoint::open_for_restore`, and `criuz runc
-        // restore`'s). It resumes when the tree runs (lazy) or the held fill
+        // 0.71 s instead of 0.47 (docs/BENCHMARKS.md). A restore opens its
+        // archive with it paused already (`OpenOptions::read_ahead_at_once`).
+        // It resumes when the tree runs (lazy) or the held fill
         // starts (`Pager::fill_held`).
         self.source.read_ahead(false);
         // A held tree never runs before every page is in: no working set to
