@@ -178,9 +178,17 @@ pub trait BlockSource: Send + Sync {
 
     /// Whether the archive's store may read ahead of its readers (it may
     /// until told otherwise). A lazy restore pauses it until its tree runs.
+    /// Resumed, it lets a walk behind that waited for it start
+    /// (`archive::OpenOptions::read_ahead_at_once`).
     fn read_ahead(&self, on: bool) {
         let _ = on;
     }
+
+    /// Lets a walk behind that waits for the archive's pages to be wanted
+    /// start now, before they are: for a reader that waits for the proof
+    /// before it reads them (a lazy tree is proven before it runs), so that
+    /// the walk overlaps what comes before.
+    fn start_proof(&self) {}
 
     fn find(&self, name: &str) -> Option<&FileEntry> {
         self.index().find(name)

@@ -76,7 +76,8 @@ pub struct OpenOptions {
     /// the reads that came next, CRIU's own among them (a cold 214 MiB
     /// archive: CRIU started 0.1 s later, docs/BENCHMARKS.md, session 88).
     /// The restore resumes it (`BlockSource::read_ahead`) where it reads
-    /// the pages.
+    /// the pages. A walk behind (`Proof::Behind`) waits for that too, or
+    /// for the first wait for the proof (`archive::stored`).
     pub read_ahead_at_once: bool,
 }
 
@@ -114,7 +115,7 @@ pub fn open(at: &Location, o: &OpenOptions) -> Result<Arc<Archive>> {
         Proof::Behind => true,
     };
     let archive = if from_index {
-        Archive::indexed(store, label.clone()).context(|| label)?
+        Archive::indexed(store, label.clone(), o.read_ahead_at_once).context(|| label)?
     } else {
         Arc::new(Archive::walked(store, label.clone()).context(|| label)?)
     };

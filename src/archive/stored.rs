@@ -8,6 +8,15 @@
 //! one the opening proved (`prove`), its payload matches its payload check
 //! or its seal, and decoding it proves its data. An archive opened from
 //! its index is proven by a walk behind; [`BlockSource::proven`] waits.
+//!
+//! A restore opens its archive with the read-ahead held (its first reads
+//! are the images CRIU starts from), and its walk waits with it: the walk
+//! asks the device for every record's first page at once, which from a
+//! cold cache queued thousands of small reads ahead of those images (CRIU
+//! started 35-40 ms later on a 124 MiB archive, docs/BENCHMARKS.md,
+//! session 89). The walk starts when the reader lets the read-ahead run,
+//! asks for it ([`BlockSource::start_proof`]) or first waits for the proof,
+//! whichever comes first.
 
 use super::block::{BlockSource, CheckedBlock};
 use super::check::{check_payload, Checked, CheckedRecords, Payloads};
@@ -19,7 +28,7 @@ use crate::format::{BlockCodec, BlockHeader, ChainEntry, Header, Index};
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 /// A seekable archive, proven when opened (or by a walk behind).
 pub struct Archive {
@@ -41,6 +50,44 @@ pub struct Archive {
     holders: HolderCache,
     /// Whether the full walk has proven the archive (unset while it runs).
     proof: OnceLock<Result<()>>,
+    /// Holds a walk behind until the archive's pages are wanted.
+    walk_gate: Arc<WalkGate>,
+}
+
+/// When a walk behind may start: at once, or once opened (the reader
+/// resumed the read-ahead, asked for the walk or waits for the proof), or
+/// never (the archive was dropped first).
+#[derive(Default)]
+struct WalkGate {
+    state: Mutex<Gate>,
+    changed: Condvar,
+}
+
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Gate {
+    #[default]
+    Held,
+    Open,
+    Dropped,
+}
+
+impl WalkGate {
+    fn set(&self, to: Gate) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if *state == Gate::Held {
+            *state = to;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits while held; whether the walk may start.
+    fn passed(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while *state == Gate::Held {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        *state == Gate::Open
+    }
 }
 
 impl Archive {
@@ -53,15 +100,23 @@ impl Archive {
     /// Opens `store` from its header, C record and index when it has a
     /// block table, and proves it by a walk on a thread behind
     /// ([`BlockSource::proven`] waits for it); walks it first otherwise.
-    pub(crate) fn indexed(store: Box<dyn RecordStore>, label: String) -> Result<Arc<Archive>> {
+    /// `walk_at_once`: the walk starts now, else once the reader resumes
+    /// the read-ahead or waits for the proof (see the module's docs).
+    pub(crate) fn indexed(store: Box<dyn RecordStore>, label: String, walk_at_once: bool) -> Result<Arc<Archive>> {
         let Some(read) = prove::from_table(&*store)? else {
             return Ok(Arc::new(Archive::walked(store, label)?));
         };
         let archive = Arc::new(Archive::assemble(store, label, read, false));
-        let behind = archive.clone();
+        if walk_at_once {
+            archive.walk_gate.set(Gate::Open);
+        }
+        // Held only weakly while the gate holds it: an archive dropped
+        // before its pages were wanted ends the thread (`Drop`).
+        let (gate, behind) = (archive.walk_gate.clone(), Arc::downgrade(&archive));
         std::thread::Builder::new()
             .name("criuz-proof".into())
             .spawn(move || {
+                let Some(behind) = gate.passed().then(|| Weak::upgrade(&behind)).flatten() else { return };
                 // Readers wait for this result: it must be set however the walk ends.
                 let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| behind.walk_matches()));
                 let r = walked.unwrap_or(Err(Error::Cancelled)).map_err(|e| e.context(behind.label.to_string()));
@@ -86,7 +141,19 @@ impl Archive {
             parents_coming: AtomicBool::new(false),
             holders: HolderCache::default(),
             proof: if proven { OnceLock::from(Ok(())) } else { OnceLock::new() },
+            // No walk is left to hold once the archive is proven.
+            walk_gate: Arc::new(WalkGate {
+                state: Mutex::new(if proven { Gate::Open } else { Gate::Held }),
+                ..Default::default()
+            }),
         }
+    }
+
+    /// Whether a walk behind waits for the archive's pages to be wanted
+    /// (tests).
+    #[cfg(test)]
+    pub(crate) fn walk_held(&self) -> bool {
+        *self.walk_gate.state.lock().unwrap_or_else(|e| e.into_inner()) == Gate::Held
     }
 
     /// How far the archive's store was asked to read ahead (tests).
@@ -197,6 +264,12 @@ impl Archive {
     }
 }
 
+impl Drop for Archive {
+    fn drop(&mut self) {
+        self.walk_gate.set(Gate::Dropped);
+    }
+}
+
 impl BlockSource for Archive {
     fn label(&self) -> &str {
         &self.label
@@ -215,11 +288,19 @@ impl BlockSource for Archive {
     }
 
     fn proven(&self) -> Result<()> {
+        self.walk_gate.set(Gate::Open);
         self.proof.wait().as_ref().map_err(Error::duplicate).copied()
     }
 
     fn read_ahead(&self, on: bool) {
+        if on {
+            self.walk_gate.set(Gate::Open);
+        }
         self.reader.store().read_ahead(on);
+    }
+
+    fn start_proof(&self) {
+        self.walk_gate.set(Gate::Open);
     }
 
     fn parents_walked(&self) -> Result<()> {

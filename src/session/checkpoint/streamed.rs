@@ -185,12 +185,9 @@ mod tests {
     use crate::archive::Packer;
     use crate::io::Location;
 
-    /// A restore reads its metadata images before its pages; those reads
-    /// must not start the read-ahead of the whole archive, which a cold disk
-    /// would then serve before them (a 214 MiB archive: CRIU started 0.1 s
-    /// later, session 88). Resumed, reads move it again.
-    #[test]
-    fn a_restore_s_metadata_reads_leave_its_read_ahead_paused() {
+    /// A small archive (`core-1.img`, 4 MiB of `pages-1.img`) and how a
+    /// restore of it is asked for.
+    fn small_archive() -> (tempfile::NamedTempFile, RestoreOptions) {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         let packer = Packer::start(tmp.reopen().unwrap(), &Options::default(), None).unwrap();
         for (name, bytes) in [("core-1.img", vec![1u8; 300]), ("pages-1.img", crate::archive::noise(4 << 20))] {
@@ -212,6 +209,16 @@ mod tests {
             verify_first: false,
             gpu_map: Vec::new(),
         };
+        (tmp, o)
+    }
+
+    /// A restore reads its metadata images before its pages; those reads
+    /// must not start the read-ahead of the whole archive, which a cold disk
+    /// would then serve before them (a 214 MiB archive: CRIU started 0.1 s
+    /// later, session 88). Resumed, reads move it again.
+    #[test]
+    fn a_restore_s_metadata_reads_leave_its_read_ahead_paused() {
+        let (_tmp, o) = small_archive();
         let source = open_for_restore(&o).unwrap();
         let core = source.find("core-1.img").unwrap().clone();
         assert_eq!(source.read_file(&core).unwrap(), vec![1u8; 300]);
@@ -220,5 +227,35 @@ mod tests {
         let pages = source.find("pages-1.img").unwrap().clone();
         assert_eq!(source.read_file(&pages).unwrap().len(), 4 << 20);
         assert!(source.read_ahead_wanted() > 0, "resumed, reads move the read-ahead");
+    }
+
+    /// The proof's walk asks for every record's first page at once: it
+    /// waits, as the read-ahead does, until the restore reads its pages,
+    /// asks for it or waits for the proof (each way releases it); an
+    /// archive dropped first is freed, its walk never run.
+    #[test]
+    fn a_restore_s_proof_walk_waits_for_its_pages_to_be_wanted() {
+        let (_tmp, o) = small_archive();
+        let source = open_for_restore(&o).unwrap();
+        let core = source.find("core-1.img").unwrap().clone();
+        assert_eq!(source.read_file(&core).unwrap(), vec![1u8; 300]);
+        assert!(source.walk_held(), "the walk started before the pages were wanted");
+        source.read_ahead(true);
+        assert!(!source.walk_held());
+        source.proven().unwrap();
+
+        let source = open_for_restore(&o).unwrap();
+        assert!(source.walk_held());
+        source.proven().unwrap();
+
+        let source = open_for_restore(&o).unwrap();
+        source.start_proof();
+        assert!(!source.walk_held());
+        source.proven().unwrap();
+
+        let source = open_for_restore(&o).unwrap();
+        let dropped = Arc::downgrade(&source);
+        drop(source);
+        assert!(dropped.upgrade().is_none(), "a held walk kept its archive");
     }
 }

@@ -52,6 +52,14 @@ impl LazyRestore<'_> {
         // It resumes when the tree runs (lazy) or the held fill
         // starts (`Pager::fill_held`).
         self.source.read_ahead(false);
+        // A lazy tree waits for the proof's walk before it runs: the walk
+        // starts now, beside the images and CRIU (started at the images'
+        // end instead, it slowed CRIU's start from a cold cache as much:
+        // session 89). A held tree's fill starts it, as it is waited for
+        // only once every page is in.
+        if !hold {
+            self.source.start_proof();
+        }
         // A held tree never runs before every page is in: no working set to
         // learn from, nor to bring first.
         let touch = if hold { None } else { touch_path(self.input) };
