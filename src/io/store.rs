@@ -27,7 +27,7 @@ pub trait RecordStore: Send + Sync {
     }
 
     /// Hints that the [`HEAD_SPAN`] bytes at each of `offsets` (record
-    /// headers a walk will read) are wanted soon. A local file asks the
+    /// headers a walk will read, ascending) are wanted soon. A local file asks the
     /// kernel for them all at once, unless they are already in its page
     /// cache; other stores ignore it.
     fn prefetch_heads(&self, offsets: &[u64]) {
