@@ -28,7 +28,7 @@ use crate::format::{BlockCodec, BlockHeader, ChainEntry, Header, Index};
 use crate::io::RecordStore;
 use crate::seal::ArchiveKey;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// A seekable archive, proven when opened (or by a walk behind).
 pub struct Archive {
@@ -50,44 +50,10 @@ pub struct Archive {
     holders: HolderCache,
     /// Whether the full walk has proven the archive (unset while it runs).
     proof: OnceLock<Result<()>>,
-    /// Holds a walk behind until the archive's pages are wanted.
-    walk_gate: Arc<WalkGate>,
-}
-
-/// When a walk behind may start: at once, or once opened (the reader
-/// resumed the read-ahead, asked for the walk or waits for the proof), or
-/// never (the archive was dropped first).
-#[derive(Default)]
-struct WalkGate {
-    state: Mutex<Gate>,
-    changed: Condvar,
-}
-
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-enum Gate {
-    #[default]
-    Held,
-    Open,
-    Dropped,
-}
-
-impl WalkGate {
-    fn set(&self, to: Gate) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if *state == Gate::Held {
-            *state = to;
-            self.changed.notify_all();
-        }
-    }
-
-    /// Waits while held; whether the walk may start.
-    fn passed(&self) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while *state == Gate::Held {
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-        *state == Gate::Open
-    }
+    /// Holds a walk behind until the archive's pages are wanted: set once,
+    /// `true` when the walk may start, `false` when the archive was dropped
+    /// first (the first setting stands).
+    walk_gate: Arc<OnceLock<bool>>,
 }
 
 impl Archive {
@@ -108,7 +74,7 @@ impl Archive {
         };
         let archive = Arc::new(Archive::assemble(store, label, read, false));
         if walk_at_once {
-            archive.walk_gate.set(Gate::Open);
+            let _ = archive.walk_gate.set(true);
         }
         // Held only weakly while the gate holds it: an archive dropped
         // before its pages were wanted ends the thread (`Drop`).
@@ -116,7 +82,7 @@ impl Archive {
         std::thread::Builder::new()
             .name("criuz-proof".into())
             .spawn(move || {
-                let Some(behind) = gate.passed().then(|| Weak::upgrade(&behind)).flatten() else { return };
+                let Some(behind) = (*gate.wait()).then(|| Weak::upgrade(&behind)).flatten() else { return };
                 // Readers wait for this result: it must be set however the walk ends.
                 let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| behind.walk_matches()));
                 let r = walked.unwrap_or(Err(Error::Cancelled)).map_err(|e| e.context(behind.label.to_string()));
@@ -142,10 +108,7 @@ impl Archive {
             holders: HolderCache::default(),
             proof: if proven { OnceLock::from(Ok(())) } else { OnceLock::new() },
             // No walk is left to hold once the archive is proven.
-            walk_gate: Arc::new(WalkGate {
-                state: Mutex::new(if proven { Gate::Open } else { Gate::Held }),
-                ..Default::default()
-            }),
+            walk_gate: Arc::new(if proven { OnceLock::from(true) } else { OnceLock::new() }),
         }
     }
 
@@ -153,7 +116,7 @@ impl Archive {
     /// (tests).
     #[cfg(test)]
     pub(crate) fn walk_held(&self) -> bool {
-        *self.walk_gate.state.lock().unwrap_or_else(|e| e.into_inner()) == Gate::Held
+        self.walk_gate.get().is_none()
     }
 
     /// How far the archive's store was asked to read ahead (tests).
@@ -266,7 +229,7 @@ impl Archive {
 
 impl Drop for Archive {
     fn drop(&mut self) {
-        self.walk_gate.set(Gate::Dropped);
+        let _ = self.walk_gate.set(false);
     }
 }
 
@@ -288,19 +251,19 @@ impl BlockSource for Archive {
     }
 
     fn proven(&self) -> Result<()> {
-        self.walk_gate.set(Gate::Open);
+        let _ = self.walk_gate.set(true);
         self.proof.wait().as_ref().map_err(Error::duplicate).copied()
     }
 
     fn read_ahead(&self, on: bool) {
         if on {
-            self.walk_gate.set(Gate::Open);
+            let _ = self.walk_gate.set(true);
         }
         self.reader.store().read_ahead(on);
     }
 
     fn start_proof(&self) {
-        self.walk_gate.set(Gate::Open);
+        let _ = self.walk_gate.set(true);
     }
 
     fn parents_walked(&self) -> Result<()> {

@@ -212,6 +212,14 @@ mod tests {
         (tmp, o)
     }
 
+    /// `o`'s archive opened for a restore, its metadata image read.
+    fn opened_and_metadata_read(o: &RestoreOptions) -> Arc<Archive> {
+        let source = open_for_restore(o).unwrap();
+        let core = source.find("core-1.img").unwrap().clone();
+        assert_eq!(source.read_file(&core).unwrap(), vec![1u8; 300]);
+        source
+    }
+
     /// A restore reads its metadata images before its pages; those reads
     /// must not start the read-ahead of the whole archive, which a cold disk
     /// would then serve before them (a 214 MiB archive: CRIU started 0.1 s
@@ -219,9 +227,7 @@ mod tests {
     #[test]
     fn a_restore_s_metadata_reads_leave_its_read_ahead_paused() {
         let (_tmp, o) = small_archive();
-        let source = open_for_restore(&o).unwrap();
-        let core = source.find("core-1.img").unwrap().clone();
-        assert_eq!(source.read_file(&core).unwrap(), vec![1u8; 300]);
+        let source = opened_and_metadata_read(&o);
         assert_eq!(source.read_ahead_wanted(), 0, "a metadata read started the read-ahead");
         source.read_ahead(true);
         let pages = source.find("pages-1.img").unwrap().clone();
@@ -236,9 +242,7 @@ mod tests {
     #[test]
     fn a_restore_s_proof_walk_waits_for_its_pages_to_be_wanted() {
         let (_tmp, o) = small_archive();
-        let source = open_for_restore(&o).unwrap();
-        let core = source.find("core-1.img").unwrap().clone();
-        assert_eq!(source.read_file(&core).unwrap(), vec![1u8; 300]);
+        let source = opened_and_metadata_read(&o);
         assert!(source.walk_held(), "the walk started before the pages were wanted");
         source.read_ahead(true);
         assert!(!source.walk_held());
