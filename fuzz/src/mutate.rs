@@ -212,6 +212,11 @@ fn rebuild_index(a: &mut Vec<u8>, r: &Rec, files: &StreamFiles) {
         let nb = u32le(&body, p + 8 + n + 24);
         let mut next = p + 8 + n + 28;
         for _ in 0..nb {
+            // A mutated count can be in the billions: past the body's end no
+            // step moves `next`, so stop there rather than count them all.
+            if next >= body.len() {
+                break;
+            }
             let step = 16 + table_entry_len(a, r.start + 20 + next + 16, r.start + r.len - 8);
             next = (next + step).min(body.len());
         }
