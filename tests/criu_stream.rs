@@ -1010,6 +1010,76 @@ fn corrupt_block_aborts_restore_before_the_process_runs() {
     assert!(!out.status.success());
 }
 
+/// What of `pid`'s memory is transparent huge pages, KiB.
+fn anon_huge_kib(pid: i32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    rollup.lines().find_map(|l| l.strip_prefix("AnonHugePages:")?.split_whitespace().next()?.parse().ok()).unwrap()
+}
+
+/// Whether this kernel gives memory asked for with MADV_HUGEPAGE huge pages.
+fn transparent_huge_pages_on() -> bool {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    mode.contains("[always]") || mode.contains("[madvise]")
+}
+
+/// `UFFDIO_COPY` places 4 KiB pages only: memory the process had as
+/// transparent huge pages came back from a placed restore in small pages
+/// (and CRIU's own restore gives them back only under THP `always`). The
+/// fill now writes such memory through the process's memory, where it
+/// faults in as huge pages again; `--no-huge-pages` keeps 4 KiB pages.
+/// The memory is intact either way.
+#[test]
+fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 64, thp: true, ..Default::default() });
+    let before = w.sums();
+    let huge_before = anon_huge_kib(w.pid);
+    let on = transparent_huge_pages_on();
+    assert_eq!(huge_before > 0, on, "huge pages before the dump: {huge_before} KiB");
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    let r = restore(&arc, &[]);
+    assert_eq!(r["fill"], "place", "{r}");
+    let huge_after = anon_huge_kib(w.pid);
+    if on {
+        assert!(r["huge_page_bytes"].as_u64().unwrap_or(0) >= 62 << 20, "{r}");
+        assert!(huge_after >= huge_before * 3 / 4, "huge pages {huge_before} KiB before, {huge_after} after");
+    }
+    assert_eq!(w.sums(), before, "restored memory differs");
+    w.kill_and_reap();
+    let r = restore(&arc, &["--no-huge-pages"]);
+    assert_eq!(r["fill"], "place", "{r}");
+    assert!(r.get("huge_page_bytes").is_none(), "{r}");
+    assert_eq!(anon_huge_kib(w.pid), 0, "--no-huge-pages placed huge pages");
+    assert_eq!(w.sums(), before, "restored memory differs (--no-huge-pages)");
+    w.stop();
+}
+
+/// A block that does not check out stops a placed restore before the tree
+/// runs, where the fill writes through the process's memory too (no
+/// userfaultfd there to hold a read of a page not yet in).
+#[test]
+fn a_damaged_block_of_huge_page_memory_stops_the_restore_before_the_process_runs() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let mut w = Workload::start(Spec { mib: 64, pattern: "text", thp: true, ..Default::default() });
+    w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &[]);
+    w.reap_original();
+    flip_a_byte_of_the_largest_pages_image(&arc);
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3), "restore from a damaged archive must fail as damaged");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("checksum") && err.contains("offset"), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!w.alive(), "the process must not run after an aborted restore");
+}
+
 #[test]
 fn dump_of_a_process_that_is_not_there_fails_cleanly() {
     let Some(_criu) = criu() else { return };

@@ -149,6 +149,8 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     let pids = proc::tree(app.pid);
     let cpu_before: f64 = pids.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
     let tree_before_kib = proc::pss_anon_kib(&pids);
+    let huge_before_kib = proc::anon_huge_kib(&pids);
+    let read_ns_before = app.random_read_ns();
 
     // The previous run's writeback must not run inside this one's dump.
     // SAFETY: sync(2) has no preconditions.
@@ -184,6 +186,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     let restored = proc::tree(app.pid);
     let restored_cpu: f64 = restored.iter().filter_map(|p| proc::cpu_seconds(*p)).sum();
     let tree_restored_kib = proc::pss_anon_kib(&restored);
+    let huge_restored_kib = proc::anon_huge_kib(&restored);
     if !proc::alive(app.pid) {
         return Err(Error::Invalid(format!("the restored process {} is not running", app.pid)));
     }
@@ -191,6 +194,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
     if after != before {
         return Err(Error::Invalid(format!("restored {w} is not intact: before {before:?}, after {after:?}")));
     }
+    let read_ns_restored = app.random_read_ns();
     // Cold: the same checkpoint again from the now warm page cache, so that
     // what the cold reads added shows (pattern workloads answer the same
     // request again; restores that unpack first would need their directory
@@ -228,6 +232,10 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         disk_read_bps,
         tree_before_kib,
         tree_restored_kib,
+        huge_before_kib,
+        huge_restored_kib,
+        read_ns_before,
+        read_ns_restored,
     })
 }
 

@@ -44,6 +44,9 @@ pub enum Config {
     CriuzLz4Stream,
     /// criuz-zstd, restored with `--fill stream`.
     CriuzZstdStream,
+    /// criuz-lz4, restored with `--no-huge-pages` (4 KiB pages placed even
+    /// where the process had transparent huge pages).
+    CriuzLz4SmallPages,
     /// criuz-lz4 dumped with `--ids` (every stored page hashed, each page
     /// stored once): what the ids cost where the memory repeats nothing.
     CriuzLz4Ids,
@@ -87,8 +90,13 @@ impl Config {
 
     /// Run only when asked for: restores placed by criuz whatever the
     /// default (`--fill place`), or streamed through CRIU (`--fill stream`).
-    pub const FILL: [Config; 4] =
-        [Config::CriuzLz4Place, Config::CriuzZstdPlace, Config::CriuzLz4Stream, Config::CriuzZstdStream];
+    pub const FILL: [Config; 5] = [
+        Config::CriuzLz4Place,
+        Config::CriuzZstdPlace,
+        Config::CriuzLz4Stream,
+        Config::CriuzZstdStream,
+        Config::CriuzLz4SmallPages,
+    ];
 
     /// Run only when asked for: dumps with page ids.
     pub const IDS: [Config; 2] = [Config::CriuzLz4Ids, Config::CriuzZstdIds];
@@ -113,6 +121,7 @@ impl Config {
                 | Config::CriuzZstdPlace
                 | Config::CriuzLz4Stream
                 | Config::CriuzZstdStream
+                | Config::CriuzLz4SmallPages
                 | Config::CriuzLz4Sealed
                 | Config::CriuzZstdSealed
                 | Config::CriuzLz4Ids
@@ -139,6 +148,7 @@ impl Config {
             Config::CriuzZstdPlace => "criuz-zstd-place",
             Config::CriuzLz4Stream => "criuz-lz4-stream",
             Config::CriuzZstdStream => "criuz-zstd-stream",
+            Config::CriuzLz4SmallPages => "criuz-lz4-4k",
             Config::CriuzLz4Ids => "criuz-lz4-ids",
             Config::CriuzZstdIds => "criuz-zstd-ids",
             Config::CriuzLz4Flat => "criuz-lz4-flat",
@@ -374,6 +384,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzZstdPlace
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
+        | Config::CriuzLz4SmallPages
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
@@ -520,6 +531,7 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzZstdPlace
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
+        | Config::CriuzLz4SmallPages
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
@@ -531,6 +543,7 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
             match cfg {
                 Config::CriuzLz4Place | Config::CriuzZstdPlace => args.extend(["--fill", "place"]),
                 Config::CriuzLz4Stream | Config::CriuzZstdStream => args.extend(["--fill", "stream"]),
+                Config::CriuzLz4SmallPages => args.push("--no-huge-pages"),
                 _ => {}
             }
             args.extend(keys.iter().map(String::as_str));

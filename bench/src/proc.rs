@@ -261,6 +261,17 @@ pub fn pss_anon_kib(pids: &[i32]) -> u64 {
         .sum::<u64>()
 }
 
+/// Of `pids`' anonymous memory, what is transparent huge pages
+/// (`AnonHugePages` of each one's `/proc/PID/smaps_rollup`), KiB.
+pub fn anon_huge_kib(pids: &[i32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
+        .filter_map(|t| {
+            t.lines().find_map(|l| l.strip_prefix("AnonHugePages:")?.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 /// CPU seconds (user and system) of the waited-for children so far.
 pub fn children_cpu() -> f64 {
     // SAFETY: getrusage fills the struct we own.

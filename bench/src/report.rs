@@ -44,6 +44,15 @@ pub struct Sample {
     /// and right after the restore, before anything reads it.
     pub tree_before_kib: u64,
     pub tree_restored_kib: u64,
+    /// Of that memory, what was transparent huge pages, before and after.
+    pub huge_before_kib: u64,
+    pub huge_restored_kib: u64,
+    /// The `thp` workload: nanoseconds a random read of its memory took,
+    /// before the dump and after the restore.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ns_before: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ns_restored: Option<f64>,
 }
 
 /// Everything measured for one workload x configuration.
@@ -184,6 +193,14 @@ pub struct ResultJson {
     /// Medians: the tree's anonymous memory before the dump and restored.
     pub tree_before_kib: Option<u64>,
     pub tree_restored_kib: Option<u64>,
+    /// Medians: of that memory, what was transparent huge pages.
+    pub huge_before_kib: Option<u64>,
+    pub huge_restored_kib: Option<u64>,
+    /// The `thp` workload: a random read of its memory, nanoseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ns_before: Option<Figure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ns_restored: Option<Figure>,
     /// With `--cold`: the warm restore right after, the restore's read rate
     /// (checkpoint bytes over cold minus warm restore seconds) and the plain
     /// sequential read rate of the same checkpoint.
@@ -243,6 +260,10 @@ impl ResultJson {
             criuz_rss_kib: if ok { p.samples.iter().filter_map(|s| s.criuz_rss_kib).max() } else { None },
             tree_before_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_before_kib)) } else { None },
             tree_restored_kib: if ok { median_u64(p.samples.iter().map(|s| s.tree_restored_kib)) } else { None },
+            huge_before_kib: if ok { median_u64(p.samples.iter().map(|s| s.huge_before_kib)) } else { None },
+            huge_restored_kib: if ok { median_u64(p.samples.iter().map(|s| s.huge_restored_kib)) } else { None },
+            read_ns_before: fig(&|s| s.read_ns_before),
+            read_ns_restored: fig(&|s| s.read_ns_restored),
             warm_restore_s: fig(&|s| s.warm_restore_s),
             cold_read_bps: fig(&|s| s.cold_read_bps),
             disk_read_bps: fig(&|s| s.disk_read_bps),
@@ -262,6 +283,21 @@ fn fmt_fig(f: Option<Figure>, runs: usize) -> String {
 
 fn mib(b: Option<u64>) -> String {
     b.map(|b| format!("{:.1}", b as f64 / (1u64 << 20) as f64)).unwrap_or_else(|| "-".into())
+}
+
+/// Where the tree had transparent huge pages before the dump or after the
+/// restore: how many MiB, and with the `thp` workload what a random read
+/// of its memory took, before / after.
+fn huge_cell(r: &ResultJson) -> String {
+    let (b, a) = (r.huge_before_kib.unwrap_or(0), r.huge_restored_kib.unwrap_or(0));
+    if b == 0 && a == 0 {
+        return String::new();
+    }
+    let reads = match (r.read_ns_before, r.read_ns_restored) {
+        (Some(b), Some(a)) => format!(", reads {:.1} / {:.1} ns", b.median, a.median),
+        _ => String::new(),
+    };
+    format!(" (huge {:.0} / {:.0}{reads})", b as f64 / 1024.0, a as f64 / 1024.0)
 }
 
 /// The readable table: one line per workload x configuration.
@@ -306,7 +342,7 @@ pub fn table(results: &[ResultJson]) -> String {
             r.dump_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "-".into()),
             match (r.tree_before_kib, r.tree_restored_kib) {
-                (Some(b), Some(a)) => format!("{:.0} / {:.0}", b as f64 / 1024.0, a as f64 / 1024.0),
+                (Some(b), Some(a)) => format!("{:.0} / {:.0}{}", b as f64 / 1024.0, a as f64 / 1024.0, huge_cell(r)),
                 _ => "-".into(),
             },
             match (r.warm_restore_s, r.cold_read_bps, r.disk_read_bps) {

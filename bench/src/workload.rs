@@ -41,8 +41,12 @@ const FORKED_CHILDREN: usize = 3;
 /// gives them back after), and `shared-cache` (the `mixed` pattern in
 /// shared anonymous memory written by a child that has exited, as a
 /// server's workers fill its shared cache: PostgreSQL's shared buffers;
-/// the process dumped has touched none of it).
-pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb", "shared-cache"];
+/// the process dumped has touched none of it), and `thp` (the `mixed`
+/// pattern in private memory the process asked to be transparent huge
+/// pages, `MADV_HUGEPAGE`, as a JVM run with `-XX:+UseTransparentHugePages`
+/// does; it also times random reads of it before the dump and after the
+/// restore, [`Running::random_read_ns`]).
+pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb", "shared-cache", "thp"];
 const THREADED_THREADS: usize = 256;
 
 /// The workloads a run does by default.
@@ -271,6 +275,10 @@ impl Running {
                         cmd.args(["--mib", "4", "--pattern", "mixed", "--huge-mib", &mib.to_string()]);
                         0
                     }
+                    "thp" => {
+                        cmd.args(["--mib", &mib.to_string(), "--pattern", "mixed", "--thp", "1"]);
+                        0
+                    }
                     "shared-cache" => {
                         cmd.args(["--mib", &mib.to_string(), "--pattern", "mixed", "--shared", "1"]);
                         cmd.args(["--filled-by-child", "1"]);
@@ -346,6 +354,13 @@ impl Running {
             other => return Err(Error::Invalid(format!("unknown workload {other}"))),
         }
         Ok(run)
+    }
+
+    /// Nanoseconds a random read of its memory took, as the `thp` workload
+    /// times it with each [`fingerprint`](Self::fingerprint) (before the
+    /// checksum it writes); `None` for any other workload.
+    pub fn random_read_ns(&self) -> Option<f64> {
+        std::fs::read_to_string(self.dir.join("reads-root")).ok()?.trim().parse().ok()
     }
 
     /// What the process says about its own state; equal before the dump and

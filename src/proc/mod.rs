@@ -19,7 +19,9 @@
 //! `arriving`, `pipes` and `shmem` ask of them; `interrupt` turns a Ctrl-C
 //! into a clean end (what criuz had not finished is removed);
 //! `foreground` waits for a restored tree's root as its parent and passes
-//! its end on; `capabilities` reads which of CRIU's criuz holds.
+//! its end on; `capabilities` reads which of CRIU's criuz holds;
+//! `huge_pages` finds where a restored process's memory may be transparent
+//! huge pages and writes it there.
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -37,6 +39,7 @@ pub mod claim;
 pub mod foreground;
 pub mod guard;
 pub mod holder;
+pub mod huge_pages;
 pub mod interrupt;
 pub mod memory;
 pub mod outside;

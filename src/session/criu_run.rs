@@ -33,6 +33,9 @@ pub struct RestoreOptions {
     pub pipe_buffer: u64,
     /// Send CRIU every zero page instead of leaving them out where that is safe.
     pub keep_zero_pages: bool,
+    /// A placed restore writes private memory where the process may have
+    /// transparent huge pages so that it gets them (`proc::huge_pages`).
+    pub huge_pages: bool,
     /// Where to look for the parents of an incremental archive.
     pub parents: ParentSearch,
     /// Written with the restored pid once the tree runs.

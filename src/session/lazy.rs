@@ -139,6 +139,11 @@ pub struct LazyReport {
     /// (`restore::why_not_placed`; `--fill stream` keeps it shared).
     #[serde(skip_serializing_if = "is_zero")]
     pub copied_apart_bytes: u64,
+    /// Private memory a placed restore wrote through the processes' memory
+    /// where the kernel may back it with transparent huge pages, as it did
+    /// before the dump (`proc::huge_pages`): bytes of those ranges.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub huge_page_bytes: u64,
 }
 
 /// A lazy restore ready to run: the archive, the directory CRIU reads its
@@ -202,7 +207,9 @@ pub(crate) enum Fill {
     /// its pagemaps, where already worked out (`plan_placement`, which
     /// leaves zero pages out). `keep_zero_pages`: every zero page placed
     /// too, as a page of memory (as CRIU's own restore writes them).
-    Held { planned: Option<Placement>, keep_zero_pages: bool },
+    /// `huge_pages`: memory that may be transparent huge pages written so
+    /// that it is (`proc::huge_pages`).
+    Held { planned: Option<Placement>, keep_zero_pages: bool, huge_pages: bool },
 }
 
 impl LazyRestore<'_> {
@@ -220,11 +227,11 @@ impl LazyRestore<'_> {
     ) -> Result<(ExitStatus, LazyReport)> {
         // `gated`: a lazy tree CRIU restores stopped, let run by the walks.
         // The plan is taken (the images consume it); the fill stays as asked.
-        let (hold, gated, planned, keep_zeros) = match &mut self.fill {
-            Fill::Held { planned, keep_zero_pages } => {
-                (true, false, planned.take().filter(|_| !*keep_zero_pages), *keep_zero_pages)
+        let (hold, gated, planned, keep_zeros, huge_pages) = match &mut self.fill {
+            Fill::Held { planned, keep_zero_pages, huge_pages } => {
+                (true, false, planned.take().filter(|_| !*keep_zero_pages), *keep_zero_pages, *huge_pages)
             }
-            Fill::Lazy => (false, true, None, false),
+            Fill::Lazy => (false, true, None, false, false),
         };
         let blocks = Blocks::new(self.source.clone());
         let Prepared { touch, recorded, served_shared, materialized } =
@@ -236,7 +243,7 @@ impl LazyRestore<'_> {
         let (stop_tx, stop_rx) = UnixStream::pair()?;
         let abort = Abort::new()?;
         let victim = self.victim;
-        let held_fill = hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone() });
+        let held_fill = hold.then(|| HeldFill { threads: self.threads, meter: self.meter.clone(), huge_pages });
         // A running tree is filled in steps on every core (`Pager::fill_step`),
         // each thread decoding the blocks it copies; on one core, by the
         // pager's thread a block at a time, decoded ahead.
@@ -448,6 +455,7 @@ impl LazyRestore<'_> {
                 criu_exit: status.code().unwrap_or(-1),
                 not_lazy: None,
                 copied_apart_bytes: 0,
+                huge_page_bytes: report.huge_page_bytes,
             },
         ))
     }

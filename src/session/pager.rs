@@ -93,6 +93,9 @@ pub(crate) struct PagerReport {
     /// Pages of shared memory placed in a held tree or served to a lazy
     /// one (also in `pages`).
     pub shared_pages: u64,
+    /// Bytes of a held tree's ranges written as huge pages may be
+    /// (`place::Target::direct`).
+    pub huge_page_bytes: u64,
 }
 
 /// How many faulted pages are kept for the working set record.

@@ -20,6 +20,13 @@
 //! cost the tree no memory until it writes them, as in a placed restore,
 //! which leaves them out altogether.
 //!
+//! In a held tree, memory the kernel would back with transparent huge
+//! pages is written through the process's memory instead
+//! (`Target::direct`, `proc::huge_pages`): `UFFDIO_COPY` places 4 KiB
+//! pages only, and the process would run on small pages where it had huge
+//! ones. Those ranges have no userfaultfd to hold a read of a page not yet
+//! in, which only a held tree can afford: nothing runs before the fill ends.
+//!
 //! Should a copy meet an event (`EAGAIN`: something in the tree ran), the
 //! rest of that range goes back to the pager, which reads the events and
 //! copies it after them. A block that fails to read or
@@ -32,6 +39,7 @@ use crate::criu::uffd::{CopiedAll, Uffd};
 use crate::engine::Crew;
 use crate::error::{Error, Result};
 use crate::format::PAGE_SIZE;
+use crate::proc::huge_pages;
 use crate::progress::Meter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +62,22 @@ pub(crate) struct Target<'a> {
     pub pid: u32,
     pub uffd: &'a Uffd,
     pub file: u32,
+    /// Ranges taken off the userfaultfd, in address order, whose pages are
+    /// written through the process's memory so that they fault in as huge
+    /// pages (`proc::huge_pages`). A held tree's only: nothing runs there
+    /// before every page is in, so a page not yet written is never read.
+    pub direct: &'a [(u64, u64)],
+}
+
+/// Where the part of `[at, end)` that starts at `at` ends, and whether it
+/// lies in one of the `direct` ranges.
+fn segment(direct: &[(u64, u64)], at: u64, end: u64) -> (u64, bool) {
+    let i = direct.partition_point(|&(_, e)| e <= at);
+    match direct.get(i) {
+        Some(&(s, e)) if s <= at => (e.min(end), true),
+        Some(&(s, _)) => (s.min(end), false),
+        None => (end, false),
+    }
 }
 
 /// What a fill does with the zero pages its ranges hold.
@@ -72,6 +96,9 @@ pub(crate) enum ZeroPages {
 /// How a held tree is filled.
 pub(crate) struct HeldFill {
     pub threads: usize,
+    /// Memory that may be transparent huge pages written so that it is
+    /// (`Target::direct`).
+    pub huge_pages: bool,
     /// Counts the bytes copied in, for a progress line.
     pub meter: Option<Arc<Meter>>,
 }
@@ -231,24 +258,51 @@ fn place_unit(shared: &Shared, unit: &Unit, dec: &mut Decoder, data: &mut Vec<u8
             continue;
         }
         let t = &targets[p.space];
-        let first = from / PAGE_SIZE;
-        let put = if map_zeros {
-            t.uffd.copy_all_mapping_zeros(p.start, bytes, |i| block.header.is_zero_page(first + i))
-        } else {
-            t.uffd.copy_all(p.start, bytes)
-        };
-        match put.map_err(|err| Error::CriuIo { what: format!("userfaultfd of restored process {}", t.pid), err })? {
-            CopiedAll::Done { pages, zeros } => {
-                copied += pages;
-                zero_pages += zeros;
+        let mut at = p.start;
+        while at < p.end {
+            let (to, direct) = segment(t.direct, at, p.end);
+            let skip = (at - p.start) as usize;
+            let seg = &bytes[skip..skip + (to - at) as usize];
+            if direct {
+                match huge_pages::write_memory(t.pid, at, seg) {
+                    Ok(()) => copied += seg.len() as u64 / PAGE,
+                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {
+                        gone[p.space].store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(err) => {
+                        return Err(Error::CriuIo { what: format!("memory of restored process {}", t.pid), err })
+                    }
+                }
+                at = to;
+                continue;
             }
-            CopiedAll::Changing { done, pages, zeros } => {
-                copied += pages;
-                zero_pages += zeros;
-                let at = p.start + done;
-                left.lock().expect("fill leftovers").push(Missing { start: at, page: p.page + done / PAGE, ..*p });
+            let first = (from + skip) / PAGE_SIZE;
+            let put = if map_zeros {
+                t.uffd.copy_all_mapping_zeros(at, seg, |i| block.header.is_zero_page(first + i))
+            } else {
+                t.uffd.copy_all(at, seg)
+            };
+            match put
+                .map_err(|err| Error::CriuIo { what: format!("userfaultfd of restored process {}", t.pid), err })?
+            {
+                CopiedAll::Done { pages, zeros } => {
+                    copied += pages;
+                    zero_pages += zeros;
+                }
+                CopiedAll::Changing { done, pages, zeros } => {
+                    copied += pages;
+                    zero_pages += zeros;
+                    let rest = at + done;
+                    let page = p.page + (rest - p.start) / PAGE;
+                    left.lock().expect("fill leftovers").push(Missing { start: rest, end: to, page, ..*p });
+                }
+                CopiedAll::Gone => {
+                    gone[p.space].store(true, Ordering::Relaxed);
+                    break;
+                }
             }
-            CopiedAll::Gone => gone[p.space].store(true, Ordering::Relaxed),
+            at = to;
         }
     }
     Ok((copied, zero_pages))
@@ -262,7 +316,7 @@ mod tests {
         let nulls: Vec<Uffd> =
             files.iter().map(|_| Uffd(std::fs::File::open("/dev/null").expect("/dev/null").into())).collect();
         let targets: Vec<Target> =
-            files.iter().zip(&nulls).map(|(&file, uffd)| Target { pid: 1, uffd, file }).collect();
+            files.iter().zip(&nulls).map(|(&file, uffd)| Target { pid: 1, uffd, file, direct: &[] }).collect();
         let starts = Arc::new(starts.to_vec());
         let of = |_: u32| starts.clone();
         let mut c = Cursor { ranges, next: 0, taken: 0 };
@@ -303,11 +357,26 @@ mod tests {
     }
 
     #[test]
+    fn a_piece_is_cut_where_direct_ranges_begin_and_end() {
+        let direct = [(10, 20), (30, 40)];
+        let mut cuts = Vec::new();
+        let mut at = 5;
+        while at < 45 {
+            let (to, d) = segment(&direct, at, 45);
+            cuts.push((at, to, d));
+            at = to;
+        }
+        assert_eq!(cuts, vec![(5, 10, false), (10, 20, true), (20, 30, false), (30, 40, true), (40, 45, false)]);
+        assert_eq!(segment(&direct, 12, 15), (15, true));
+        assert_eq!(segment(&[], 12, 15), (15, false));
+    }
+
+    #[test]
     fn a_page_before_the_first_block_is_damage() {
         let starts = [4 * PAGE];
         let ranges = [m(0, 10, 12, 0)];
         let nul = Uffd(std::fs::File::open("/dev/null").expect("/dev/null").into());
-        let targets = [Target { pid: 1, uffd: &nul, file: 0 }];
+        let targets = [Target { pid: 1, uffd: &nul, file: 0, direct: &[] }];
         let starts = Arc::new(starts.to_vec());
         let of = |_: u32| starts.clone();
         let mut c = Cursor { ranges: &ranges, next: 0, taken: 0 };

@@ -365,7 +365,12 @@ pub(crate) fn fill<'u>(
             let space = match at {
                 Some(i) => i,
                 None => {
-                    targets.push(Target { pid: r.pid, uffd: uffd(r.pid, &o.pagemap)?, file: o.pages_file });
+                    targets.push(Target {
+                        pid: r.pid,
+                        uffd: uffd(r.pid, &o.pagemap)?,
+                        file: o.pages_file,
+                        direct: &[],
+                    });
                     targets.len() - 1
                 }
             };

@@ -83,6 +83,8 @@ pub struct Spec<'a> {
     /// The (shared) memory is written by a child that then exits, and
     /// writes its checksum to DIR/sum-filler first.
     pub filled_by_child: bool,
+    /// The memory is asked to be transparent huge pages (MADV_HUGEPAGE).
+    pub thp: bool,
     /// Standard output (else /dev/null).
     pub stdout: Option<&'a std::os::fd::OwnedFd>,
 }
@@ -106,6 +108,7 @@ impl Default for Spec<'_> {
             huge_mib: 0,
             huge_shared: false,
             filled_by_child: false,
+            thp: false,
             stdout: None,
         }
     }
@@ -163,6 +166,9 @@ impl Workload {
         cmd.envs(spec.env.iter().copied());
         if let Some(group) = spec.group {
             group.join_on_exec(&mut cmd);
+        }
+        if spec.thp {
+            cmd.args(["--thp", "1"]);
         }
         if spec.huge_mib > 0 {
             cmd.args(["--huge-mib", &spec.huge_mib.to_string()]);

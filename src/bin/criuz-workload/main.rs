@@ -28,6 +28,9 @@
 //! `DIR/mremapped-<role>`; "orphans N" leaves N short-lived processes
 //! orphaned (see `orphan`) and writes `DIR/orphaned-<role>`; "exit N" ends the
 //! tree, the root with exit status N; SIGTERM ends the tree (status 0).
+//! With `--thp 1` the memory is asked to be transparent huge pages, and
+//! each SIGUSR1 first writes `DIR/reads-<role>`: nanoseconds a random read
+//! of it takes.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -65,6 +68,9 @@ struct Args {
     huge_shared: bool,
     /// The (shared) memory is written by a child that then exits.
     filled_by_child: bool,
+    /// The memory is asked to be transparent huge pages (MADV_HUGEPAGE,
+    /// 2 MiB-aligned), and each report also times random reads of it.
+    thp: bool,
 }
 
 fn usage() -> ! {
@@ -72,7 +78,7 @@ fn usage() -> ! {
         "usage: criuz-workload --dir DIR [--mib N] [--pattern zero|mixed|random|text|elf|bf16|gpu-image] \
          [--mode single|tree|threads] [--children N] [--threads N] [--open-file PATH] [--lock-file 1] [--extra-maps 1] [--shared 1] \
          [--tcp-peer HOST:PORT] [--same-children 1] [--huge-mib N] [--huge-shared 1] \
-         [--filled-by-child 1]"
+         [--filled-by-child 1] [--thp 1]"
     );
     std::process::exit(2)
 }
@@ -94,6 +100,7 @@ fn parse_args() -> Args {
         huge_mib: 0,
         huge_shared: false,
         filled_by_child: false,
+        thp: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -114,10 +121,11 @@ fn parse_args() -> Args {
             "--huge-mib" => a.huge_mib = v.parse().unwrap_or_else(|_| usage()),
             "--huge-shared" => a.huge_shared = v == "1",
             "--filled-by-child" => a.filled_by_child = v == "1",
+            "--thp" => a.thp = v == "1",
             _ => usage(),
         }
     }
-    if a.dir.as_os_str().is_empty() || (a.filled_by_child && (!a.shared || a.mode != "single")) {
+    if a.dir.as_os_str().is_empty() || (a.filled_by_child && (!a.shared || a.mode != "single")) || (a.thp && a.shared) {
         usage()
     }
     a
@@ -149,13 +157,20 @@ fn fill_in_child(buf: &mut [u8], pattern: &str, dir: &Path, file_fd: Option<i32>
     }
 }
 
-fn alloc(bytes: usize, shared: bool) -> &'static mut [u8] {
+/// Where transparent huge pages are asked for (`--thp`), the memory starts
+/// on a huge page's boundary (2 MiB on x86-64 and arm64).
+const HUGE_ALIGN: usize = 2 << 20;
+
+fn alloc(bytes: usize, shared: bool, thp: bool) -> &'static mut [u8] {
     let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
-    // SAFETY: a fresh anonymous mapping, owned for the process lifetime.
+    let slack = if thp { HUGE_ALIGN } else { 0 };
+    // SAFETY: a fresh anonymous mapping, owned for the process lifetime;
+    // the slice starts inside it and ends `slack` bytes before its end at
+    // the latest.
     unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
-            bytes.max(PAGE),
+            bytes.max(PAGE) + slack,
             libc::PROT_READ | libc::PROT_WRITE,
             kind | libc::MAP_ANONYMOUS,
             -1,
@@ -165,8 +180,30 @@ fn alloc(bytes: usize, shared: bool) -> &'static mut [u8] {
             eprintln!("criuz-workload: mmap of {bytes} bytes failed");
             std::process::exit(1)
         }
-        std::slice::from_raw_parts_mut(p as *mut u8, bytes)
+        let start = (p as usize).next_multiple_of(slack.max(1)) as *mut u8;
+        if thp && libc::madvise(start.cast(), bytes, libc::MADV_HUGEPAGE) != 0 {
+            eprintln!("criuz-workload: madvise(MADV_HUGEPAGE) failed: {}", std::io::Error::last_os_error());
+            std::process::exit(1)
+        }
+        std::slice::from_raw_parts_mut(start, bytes)
     }
+}
+
+/// Nanoseconds a random one-byte read of `buf` takes (a cache line at a
+/// time, spread over all of it): what huge pages or their absence cost a
+/// process whose reads miss the TLB.
+fn random_read_ns(buf: &[u8]) -> f64 {
+    const READS: usize = 8 << 20;
+    let lines = (buf.len() / 64).max(1);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut acc = 0u64;
+    let t = std::time::Instant::now();
+    for _ in 0..READS {
+        acc = acc.wrapping_add(u64::from(buf[(rng.next() as usize % lines) * 64]));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / READS as f64;
+    std::hint::black_box(acc);
+    ns
 }
 
 fn write_atomic(path: &Path, text: &str) {
@@ -187,6 +224,9 @@ fn thread_count() -> usize {
 /// What this process reports: a checksum over its memory and open file.
 /// Memory beyond the main buffer that the checksum covers.
 static EXTRA: std::sync::OnceLock<Vec<(usize, usize)>> = std::sync::OnceLock::new();
+
+/// `--thp 1`: each report times random reads of the memory first.
+static THP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Mappings whose zero pages must survive a restore byte for byte: a private
 /// file mapping with zeroed (copy-on-write) pages, where a page left out
@@ -367,6 +407,10 @@ fn serve_signals(
             libc::sigwaitinfo(set, &mut info)
         };
         if sig == libc::SIGUSR1 {
+            // Before the checksum, which its reader waits for.
+            if THP.get() == Some(&true) {
+                write_atomic(&dir.join(format!("reads-{role}")), &format!("{:.2}\n", random_read_ns(buf)));
+            }
             write_atomic(&dir.join(format!("sum-{role}")), &report(buf, file_fd));
             for &c in children {
                 // SAFETY: signalling our own children.
@@ -491,7 +535,8 @@ fn main() {
     unsafe { libc::setsid() };
     let set = block_signals();
     let bytes = a.mib << 20;
-    let buf = alloc(bytes, a.shared);
+    let buf = alloc(bytes, a.shared, a.thp);
+    let _ = THP.set(a.thp);
     let mut extra = Vec::new();
     if a.extra_maps {
         extra.extend(extra_maps(&a.dir));

@@ -238,6 +238,12 @@ pub enum Cmd {
         /// (see docs/usage.md), else stream
         #[arg(long, value_enum, default_value = "auto", conflicts_with = "lazy")]
         fill: Fill,
+        /// A placed restore writes private memory in 4 KiB pages even where
+        /// the process had transparent huge pages: quicker to place where
+        /// huge pages are slow to get (each is zeroed first), but the process
+        /// then runs on small pages until khugepaged merges them
+        #[arg(long, conflicts_with = "lazy")]
+        no_huge_pages: bool,
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,

@@ -203,6 +203,7 @@ mod tests {
             extra: Vec::new(),
             pipe_buffer: 1 << 30,
             keep_zero_pages: false,
+            huge_pages: true,
             parents: Default::default(),
             pidfile: None,
             meter: None,

@@ -64,7 +64,7 @@ pub(crate) fn restore_placed(
             archive,
             started,
             criu,
-            Fill::Held { planned, keep_zero_pages: o.keep_zero_pages },
+            Fill::Held { planned, keep_zero_pages: o.keep_zero_pages, huge_pages: o.huge_pages },
             threads,
         ),
     )

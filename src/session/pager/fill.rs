@@ -4,10 +4,11 @@
 //! granted thread before it runs, and served shared memory once every
 //! private page is in.
 
-use super::space::{take_range, View};
+use super::space::{take_range, Space, View};
 use super::{Pager, Step, PAGE};
 use crate::engine::Crew;
 use crate::error::Result;
+use crate::proc::huge_pages;
 use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
 use crate::session::shmem;
 use std::time::Instant;
@@ -78,7 +79,12 @@ impl<'a> Pager<'a> {
         let (spaces, served) = (&self.spaces, &self.served);
         let targets: Vec<Target> = routes
             .iter()
-            .map(|&(i, v)| Target { pid: spaces[i].pid, uffd: &spaces[i].uffd, file: served[v.object].pages_file })
+            .map(|&(i, v)| Target {
+                pid: spaces[i].pid,
+                uffd: &spaces[i].uffd,
+                file: served[v.object].pages_file,
+                direct: &[],
+            })
             .collect();
         let blocks = self.blocks;
         let starts = |file| blocks.starts(file);
@@ -183,7 +189,7 @@ impl<'a> Pager<'a> {
             return Ok(());
         }
         let targets: Vec<Target> =
-            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file, direct: &[] }).collect();
         let blocks = self.blocks;
         let crew = Crew::Pool(self.crew.as_ref().expect("made by `pool`"));
         let filled =
@@ -237,8 +243,12 @@ impl<'a> Pager<'a> {
         for (i, s) in self.spaces.iter().enumerate() {
             ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
         }
-        let targets: Vec<Target> =
-            self.spaces.iter().map(|s| Target { pid: s.pid, uffd: &s.uffd, file: s.file }).collect();
+        let direct: Vec<Vec<(u64, u64)>> =
+            self.spaces.iter().map(|s| if how.huge_pages { take_huge_spans(s) } else { Vec::new() }).collect();
+        self.report.huge_page_bytes = direct.iter().flatten().map(|(start, end)| end - start).sum();
+        let targets: Vec<Target> = (self.spaces.iter().zip(&direct))
+            .map(|(s, direct)| Target { pid: s.pid, uffd: &s.uffd, file: s.file, direct })
+            .collect();
         let blocks = self.blocks;
         let crew = Crew::Spawn(how.threads);
         let filled = place::fill(
@@ -268,4 +278,25 @@ impl<'a> Pager<'a> {
         }
         Ok(())
     }
+}
+
+/// A held space's ranges that may be huge pages (`proc::huge_pages`), taken
+/// off its userfaultfd for the fill to write through the process's memory:
+/// the eligible spans that hold a missing page, where criuz may write that
+/// memory. Best effort: a span that cannot be read or taken off stays with
+/// the userfaultfd, in 4 KiB pages. A page of a span the archive does not
+/// hold reads as zero either way.
+fn take_huge_spans(s: &Space) -> Vec<(u64, u64)> {
+    if !huge_pages::may_write_memory(s.pid) {
+        return Vec::new();
+    }
+    let Ok(spans) = huge_pages::eligible_spans(s.pid) else { return Vec::new() };
+    let holds_missing = |&(start, end): &(u64, u64)| {
+        s.missing.range(..end).next_back().is_some_and(|(_, &(missing_end, _))| missing_end > start)
+    };
+    spans
+        .into_iter()
+        .filter(holds_missing)
+        .filter(|&(start, end)| s.uffd.unregister(start, end - start).is_ok())
+        .collect()
 }

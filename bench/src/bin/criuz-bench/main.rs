@@ -19,12 +19,14 @@ use workload::Tools;
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "criuz-bench", version, about = "Compare criuz with what CRIU users do today, every restore checked")]
 pub struct BenchArgs {
-    /// Workloads, comma separated [default: all but shared, threaded, hugetlb and shared-cache]:
+    /// Workloads, comma separated [default: all but shared, threaded, hugetlb, shared-cache and thp]:
     /// zero,mixed,random,text,elf,bf16,gpu-image (memory patterns), forked (a parent and three
     /// forked children), redis,jvm,python (applications); shared (text in shared anonymous
     /// memory, which CRIU restores itself), threaded (mixed in one process of 256 threads),
     /// hugetlb (mixed in private huge pages, reserved for the run with vm.nr_hugepages), shared-cache
-    /// (mixed in shared anonymous memory written by a child that has exited)
+    /// (mixed in shared anonymous memory written by a child that has exited), thp (mixed in
+    /// memory asked to be transparent huge pages, MADV_HUGEPAGE; random reads of it timed before
+    /// the dump and after the restore)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub workloads: Option<Vec<String>>,
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat
@@ -34,7 +36,8 @@ pub struct BenchArgs {
     /// local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
     /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream
-    /// (restored with --fill stream, through CRIU's image stream), criuz-lz4-ids,
+    /// (restored with --fill stream, through CRIU's image stream), criuz-lz4-4k (restored with
+    /// --no-huge-pages), criuz-lz4-ids,
     /// criuz-zstd-ids (dumped with --ids), criuz-lz4-flat, criuz-zstd-flat (dumped with
     /// --no-planes)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
