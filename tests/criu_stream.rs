@@ -1066,6 +1066,51 @@ fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     w.stop();
 }
 
+/// Memory placed as huge pages has no userfaultfd behind it while the tree
+/// is held: a tree continued from outside (SIGCONT) in the middle of its
+/// fill could read zeros there. Once CRIU has exited, a tree so placed must
+/// still be stopped; one that is not is killed and the restore fails,
+/// rather than letting it run on memory it may have read too early.
+#[test]
+fn a_held_tree_continued_from_outside_mid_fill_is_killed_not_let_run() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    assert!(transparent_huge_pages_on(), "this test needs transparent huge pages (always or madvise)");
+    let mut w = Workload::start(Spec { mib: 512, pattern: "text", thp: true, ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("ckpt.czr");
+    dump(&w, &arc, &["--codec", "zstd"]);
+    w.reap_original();
+    let pid = w.pid;
+    // As soon as CRIU has left the tree stopped (the fill of 512 MiB of
+    // zstd on one thread takes about a second from then).
+    let continuer = std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if process_state(pid) == Some('T') {
+                // SAFETY: signalling the test's own restored workload.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        false
+    });
+    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap(), "-j", "1"]);
+    assert!(continuer.join().unwrap(), "the held tree was never seen stopped");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        assert_eq!(w.sums(), before, "restored memory differs");
+        w.stop();
+        panic!("the fill ended before the tree was continued: this test needs a longer fill");
+    }
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("ran before its memory was all in"), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!w.alive(), "the continued tree must be killed");
+}
+
 /// A block that does not check out stops a placed restore before the tree
 /// runs, where the fill writes through the process's memory too (no
 /// userfaultfd there to hold a read of a page not yet in).

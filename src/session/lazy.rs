@@ -330,7 +330,16 @@ impl LazyRestore<'_> {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
                 } else if pager.all_in() && criu_restored() {
-                    self.let_go_whole(&mut pager, &guard, hold, &resumed);
+                    let tree = match victim {
+                        Victim::Tree(pids) if hold => &pids[..],
+                        _ => &[],
+                    };
+                    r = pager.ran_while_held(tree);
+                    if r.is_err() {
+                        victim.kill();
+                    } else {
+                        self.let_go_whole(&mut pager, &guard, hold, &resumed);
+                    }
                 }
                 let whole = r.is_ok() && pager.all_in();
                 (r, whole)

@@ -377,6 +377,23 @@ impl<'a> Pager<'a> {
         }
     }
 
+    /// An error if a held tree whose memory was partly written without its
+    /// userfaultfd (huge pages, `place::Target::direct`) is not stopped now
+    /// that CRIU has exited: something outside criuz continued it (SIGCONT)
+    /// during the fill, and it may have read zeros where its pages were not
+    /// in yet. Elsewhere a read waits for its page, so only such a tree is
+    /// asked. A tree CRIU has just stopped may take a moment to settle.
+    pub(crate) fn ran_while_held(&self, tree: &[i32]) -> Result<()> {
+        if self.report.huge_page_bytes == 0 || crate::proc::tree::settled_runtimes(tree, 1_000).is_some() {
+            return Ok(());
+        }
+        Err(Error::Criu(
+            "the restored tree ran before its memory was all in (something outside criuz continued it during the \
+             fill): it may have read zeros, so it was killed"
+                .into(),
+        ))
+    }
+
     /// Whether every lazy page is in place.
     pub(crate) fn all_in(&self) -> bool {
         self.report.resident.is_some()

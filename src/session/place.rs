@@ -25,7 +25,9 @@
 //! (`Target::direct`, `proc::huge_pages`): `UFFDIO_COPY` places 4 KiB
 //! pages only, and the process would run on small pages where it had huge
 //! ones. Those ranges have no userfaultfd to hold a read of a page not yet
-//! in, which only a held tree can afford: nothing runs before the fill ends.
+//! in, which only a held tree can afford: nothing runs before the fill ends
+//! (one that something outside criuz continued is killed instead of let
+//! run, `Pager::ran_while_held`).
 //!
 //! Should a copy meet an event (`EAGAIN`: something in the tree ran), the
 //! rest of that range goes back to the pager, which reads the events and
