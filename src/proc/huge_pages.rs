@@ -4,8 +4,8 @@
 //! `UFFDIO_COPY` places 4 KiB pages only, so memory a placed restore copies
 //! in through userfaultfd comes back without the huge pages the process had
 //! (with THP `always`, or under `MADV_HUGEPAGE`), and stays so until
-//! khugepaged gets to it (minutes a GiB at its default pace): random reads
-//! of 1 GiB ran 25-45% slower on the 2-core VM (docs/BENCHMARKS.md,
+//! khugepaged gets to it (4,096 pages every 10 s by default): random reads
+//! of 1 GiB took 47-56% longer on the 2-core VM (docs/BENCHMARKS.md,
 //! session 92). Written through the process's memory instead
 //! (`process_vm_writev`), with its userfaultfd taken off those ranges, each
 //! 2 MiB-aligned piece faults in as a huge page where the kernel allows one,
