@@ -241,13 +241,7 @@ fn a_tree_stores_the_pages_its_processes_share_once() {
     let mut w = Workload::start(Spec { mode: "tree", children: 3, ..Default::default() });
     let before = w.sums();
     // The tree's anonymous memory, a page shared copy-on-write counted once.
-    let pss_anon_kib = |pids: &[i32]| -> u64 {
-        let rollup = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap();
-        let field = |t: String| -> u64 {
-            t.lines().find_map(|l| l.strip_prefix("Pss_Anon:")?.split_whitespace().next()?.parse().ok()).unwrap()
-        };
-        pids.iter().map(|p| field(rollup(p))).sum()
-    };
+    let pss_anon_kib = |pids: &[i32]| -> u64 { pids.iter().map(|&p| rollup_kib(p, "Pss_Anon:")).sum() };
     let pids = w.pids.clone();
     assert_eq!(pids.len(), 4, "{pids:?}");
     let memory_before = pss_anon_kib(&pids);
@@ -1023,8 +1017,7 @@ fn a_damaged_block_stops_the_restore(spec: Spec) -> tempfile::TempDir {
 
 /// What of `pid`'s memory is transparent huge pages, KiB.
 fn anon_huge_kib(pid: i32) -> u64 {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
-    rollup.lines().find_map(|l| l.strip_prefix("AnonHugePages:")?.split_whitespace().next()?.parse().ok()).unwrap()
+    rollup_kib(pid, "AnonHugePages:")
 }
 
 /// Whether this kernel gives memory asked for with MADV_HUGEPAGE huge pages.

@@ -186,9 +186,7 @@ fn shared_memory_changed_while_pages_arrive(what: &str, done: &str, said: &str) 
 /// Anonymous memory resident in process `pid` (kB), from smaps_rollup: a
 /// page mapped to the kernel's zero page does not count.
 fn anonymous_kb(pid: i32) -> u64 {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
-    let line = rollup.lines().find(|l| l.starts_with("Anonymous:")).expect("Anonymous: in smaps_rollup");
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    rollup_kib(pid, "Anonymous:")
 }
 
 #[test]

@@ -252,23 +252,24 @@ fn ppid(pid: i32) -> Option<i32> {
 /// out): a page shared copy-on-write between them counts once, zero pages
 /// never written count nothing.
 pub fn pss_anon_kib(pids: &[i32]) -> u64 {
+    rollup_kib(pids, &["Pss_Anon:", "Private_Hugetlb:"])
+}
+
+/// Of `pids`' anonymous memory, what is transparent huge pages
+/// (`AnonHugePages`), KiB.
+pub fn anon_huge_kib(pids: &[i32]) -> u64 {
+    rollup_kib(pids, &["AnonHugePages:"])
+}
+
+/// The `fields` of each of `pids`' `/proc/PID/smaps_rollup` added up, KiB;
+/// a process that cannot be read counts nothing.
+fn rollup_kib(pids: &[i32], fields: &[&str]) -> u64 {
     let field = |text: &str, name: &str| {
         text.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok()).unwrap_or(0)
     };
     pids.iter()
         .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
-        .map(|t| field(&t, "Pss_Anon:") + field(&t, "Private_Hugetlb:"))
-        .sum::<u64>()
-}
-
-/// Of `pids`' anonymous memory, what is transparent huge pages
-/// (`AnonHugePages` of each one's `/proc/PID/smaps_rollup`), KiB.
-pub fn anon_huge_kib(pids: &[i32]) -> u64 {
-    pids.iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
-        .filter_map(|t| {
-            t.lines().find_map(|l| l.strip_prefix("AnonHugePages:")?.split_whitespace().next()?.parse::<u64>().ok())
-        })
+        .map(|t| fields.iter().map(|f| field(&t, f)).sum::<u64>())
         .sum()
 }
 

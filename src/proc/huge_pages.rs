@@ -61,24 +61,19 @@ fn spans_in(smaps: impl BufRead, huge: u64) -> io::Result<Vec<(u64, u64)>> {
     Ok(spans)
 }
 
-/// A mapping's first line in smaps (`start-end perms offset dev inode
-/// [path]`): `Some(Some(range))` for private, writable anonymous memory, `Some(None)`
-/// for any other mapping; `None` for a field line.
+/// A mapping's first line in smaps: `Some(Some(range))` for private,
+/// writable anonymous memory, `Some(None)` for any other mapping; `None`
+/// for a field line.
 fn mapping_header(line: &str) -> Option<Option<(u64, u64)>> {
-    let mut fields = line.split_whitespace();
-    let (start, end) = fields.next()?.split_once('-')?;
-    let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
-    let perms = fields.next()?;
-    let (_offset, _dev, inode) = (fields.next()?, fields.next()?, fields.next()?);
+    let m = super::MapsLine::parse(line)?;
     // A path such as `[heap]` or `[anon:name]` is still anonymous memory;
     // `[stack]` grows down, and `[vdso]` and its kind are not memory of the
     // process's own.
-    let path = fields.next().unwrap_or("");
-    let anonymous = inode == "0" && (path.is_empty() || path == "[heap]" || path.starts_with("[anon:"));
+    let anonymous = m.inode == "0" && (m.path.is_empty() || m.path == "[heap]" || m.path.starts_with("[anon:"));
     // Private, and writable as `process_vm_writev` needs (it does not force
     // its way into memory the process may not write, as `UFFDIO_COPY` does).
-    let private_writable = perms.starts_with("rw") && perms.ends_with('p');
-    Some((anonymous && private_writable).then_some((start, end)))
+    let private_writable = m.perms.starts_with("rw") && m.perms.ends_with('p');
+    Some((anonymous && private_writable).then_some((m.start, m.end)))
 }
 
 /// Whether criuz may write `pid`'s memory (the ptrace access check

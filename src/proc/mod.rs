@@ -88,6 +88,37 @@ pub(crate) fn scan_processes<T: Send>(
     }))
 }
 
+/// One mapping's line of `/proc/PID/maps`, which is also its first line in
+/// `/proc/PID/smaps`: `start-end perms offset device inode [path]`, the
+/// fields one space apart, the path padded out to a column.
+pub(crate) struct MapsLine<'a> {
+    pub start: u64,
+    pub end: u64,
+    pub perms: &'a str,
+    pub device: &'a str,
+    pub inode: &'a str,
+    /// Empty for anonymous memory with no name.
+    pub path: &'a str,
+}
+
+impl<'a> MapsLine<'a> {
+    /// `None` for a line that is not one (a field line of smaps).
+    pub(crate) fn parse(line: &'a str) -> Option<MapsLine<'a>> {
+        let mut fields = line.splitn(6, ' ');
+        let (range, perms, _offset, device, inode) =
+            (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+        let (start, end) = range.split_once('-')?;
+        Some(MapsLine {
+            start: u64::from_str_radix(start, 16).ok()?,
+            end: u64::from_str_radix(end, 16).ok()?,
+            perms,
+            device,
+            inode,
+            path: fields.next().unwrap_or("").trim_start(),
+        })
+    }
+}
+
 /// What each descriptor of a process is, as its /proc link reads.
 pub(crate) type Links = Vec<(i32, std::path::PathBuf)>;
 

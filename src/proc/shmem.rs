@@ -320,23 +320,20 @@ impl SharedObject {
     }
 
     fn parse_with(line: &str, huge: bool) -> Option<SharedObject> {
-        let mut fields = line.splitn(6, ' ');
-        let (range, perms, _offset, device, inode) =
-            (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
-        let path = fields.next()?.trim_start();
+        let m = super::MapsLine::parse(line)?;
+        let path = m.path;
         let shared_anonymous =
-            perms.ends_with('s') && (path == "/dev/zero (deleted)" || (huge && path.starts_with("/anon_hugepage")));
+            m.perms.ends_with('s') && (path == "/dev/zero (deleted)" || (huge && path.starts_with("/anon_hugepage")));
         let dumped_whole = path.starts_with("/SYSV") || path.starts_with("/memfd:");
         if !(shared_anonymous || dumped_whole) {
             return None;
         }
-        let (start, end) = range.split_once('-')?;
-        let (major, minor) = device.split_once(':')?;
+        let (major, minor) = m.device.split_once(':')?;
         Some(SharedObject {
-            start: u64::from_str_radix(start, 16).ok()?,
-            end: u64::from_str_radix(end, 16).ok()?,
+            start: m.start,
+            end: m.end,
             device: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
-            inode: inode.parse().ok()?,
+            inode: m.inode.parse().ok()?,
             system_v: path.starts_with("/SYSV"),
         })
     }

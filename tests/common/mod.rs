@@ -114,6 +114,13 @@ impl Default for Spec<'_> {
     }
 }
 
+/// One field of `pid`'s `/proc/PID/smaps_rollup` (`name` with its colon), KiB.
+pub fn rollup_kib(pid: i32, name: &str) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let kib = rollup.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok());
+    kib.unwrap_or_else(|| panic!("no {name} in the smaps_rollup of {pid}"))
+}
+
 /// The state letter of /proc/PID/stat (R, S, T, Z...), if the pid exists.
 pub fn process_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
