@@ -1062,15 +1062,34 @@ fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     w.stop();
 }
 
-/// Memory placed as huge pages has no userfaultfd behind it while the tree
-/// is held: a tree continued from outside (SIGCONT) in the middle of its
-/// fill could read zeros there. Once CRIU has exited, a tree so placed must
-/// still be stopped; one that is not is killed and the restore fails,
-/// rather than letting it run on memory it may have read too early.
+/// Memory placed as huge pages has no userfaultfd behind it while it is
+/// written: a tree continued from outside (SIGCONT) in the middle of its
+/// fill could read zeros there. A tree that is not stopped once CRIU has
+/// exited is killed and the restore fails, rather than letting it run on
+/// memory it may have read too early.
 #[test]
 fn a_held_tree_continued_from_outside_mid_fill_is_killed_not_let_run() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
+    continued_mid_fill(None);
+}
+
+/// The same, continued and stopped again before the fill ends: the tree
+/// looks held when the fill ends, yet it ran meanwhile (its threads' run
+/// times tell), so it is killed too.
+#[test]
+fn a_held_tree_continued_and_stopped_again_mid_fill_is_killed_not_let_run() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    continued_mid_fill(Some(Duration::from_millis(50)));
+}
+
+/// Restores 512 MiB of zstd text advised as huge pages on one thread (its
+/// fill takes about a second once CRIU has left the tree stopped), sends
+/// the tree SIGCONT 150 ms after it is first seen stopped (CRIU has exited
+/// by then), and, with `stop_again`, SIGSTOP that long after; the restore
+/// must fail and the tree be gone.
+fn continued_mid_fill(stop_again: Option<Duration>) {
     assert!(transparent_huge_pages_on(), "this test needs transparent huge pages (always or madvise)");
     let mut w = Workload::start(Spec { mib: 512, pattern: "text", thp: true, ..Default::default() });
     let before = w.sums();
@@ -1079,14 +1098,18 @@ fn a_held_tree_continued_from_outside_mid_fill_is_killed_not_let_run() {
     dump(&w, &arc, &["--codec", "zstd"]);
     w.reap_original();
     let pid = w.pid;
-    // As soon as CRIU has left the tree stopped (the fill of 512 MiB of
-    // zstd on one thread takes about a second from then).
     let continuer = std::thread::spawn(move || {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(60) {
             if process_state(pid) == Some('T') {
+                std::thread::sleep(Duration::from_millis(150));
                 // SAFETY: signalling the test's own restored workload.
                 unsafe { libc::kill(pid, libc::SIGCONT) };
+                if let Some(after) = stop_again {
+                    std::thread::sleep(after);
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid, libc::SIGSTOP) };
+                }
                 return true;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -1099,7 +1122,7 @@ fn a_held_tree_continued_from_outside_mid_fill_is_killed_not_let_run() {
     if out.status.success() {
         assert_eq!(w.sums(), before, "restored memory differs");
         w.stop();
-        panic!("the fill ended before the tree was continued: this test needs a longer fill");
+        panic!("the restore let the tree run: it was not seen running mid-fill, or the fill ended first");
     }
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("ran before its memory was all in"), "{err}");

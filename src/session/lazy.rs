@@ -55,7 +55,7 @@ use crate::progress::Meter;
 use crate::session::blocks::Blocks;
 use crate::session::criu_hook::ActionHook;
 use crate::session::criu_run::cannot_run;
-use crate::session::pager::{Abort, FillGate, Pager};
+use crate::session::pager::{Abort, Gate, Pager};
 use crate::session::place::HeldFill;
 use crate::session::placement::{Materialized, Placement};
 use crate::session::shmem::SharedObject;
@@ -248,15 +248,19 @@ impl LazyRestore<'_> {
         // each thread decoding the blocks it copies; on one core, by the
         // pager's thread a block at a time, decoded ahead.
         let fill_threads = if hold { 0 } else { self.threads };
+        // Opened once CRIU has exited having restored a held tree: its
+        // memory that may be huge pages is written only then.
+        let criu_restored = Gate::new()?;
         let mut pager = Pager::new(&blocks, &processes, &guard, victim, &recorded, held_fill, fill_threads)
             .placing_shared(&self.shared)
-            .serving_shared(&served_shared);
+            .serving_shared(&served_shared)
+            .writing_huge_pages_after(&criu_restored);
         // The proof behind a running tree. A held tree needs none: it runs
         // only once every page is in, each from a block checked as it was
         // decoded, which is what a streamed restore promises too.
         let prove_behind = !self.verify_first && !hold;
         let resumed: OnceLock<Instant> = OnceLock::new();
-        let fill_gate = if gated { Some(FillGate::new()?) } else { None };
+        let fill_gate = if gated { Some(Gate::new()?) } else { None };
         let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
         // Whether CRIU exited having restored the tree: a held tree, or a
         // lazy one CRIU left stopped, is let run only then. CRIU says the
@@ -298,7 +302,7 @@ impl LazyRestore<'_> {
             // came from, which a reordered index with every check
             // recomputed would not be: what the walks find fails the pager,
             // which kills the tree before it ran. The pager serves faults
-            // meanwhile but fills nothing in (`FillGate`).
+            // meanwhile but fills nothing in (`Gate`).
             let releasing = fill_gate.as_ref().map(|gate| {
                 let (this, resumed, abort, command_ended, steps) = (&self, &resumed, &abort, &command_ended, &steps);
                 let criu_ended = gate_waits.take();
@@ -358,6 +362,9 @@ impl LazyRestore<'_> {
             let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
             criu_exited = started.elapsed().as_secs_f64();
             command_ended.store(true, std::sync::atomic::Ordering::Relaxed);
+            if status.as_ref().is_ok_and(|s| s.success()) {
+                criu_restored.open();
+            }
             let _ = criu_ended_tx.send(status.as_ref().is_ok_and(|s| s.success()));
             let mut running = criu_exited;
             let mut published = Ok(());

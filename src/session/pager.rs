@@ -57,7 +57,7 @@ mod space;
 mod wake;
 
 use space::{ServedObject, Space, View};
-pub(crate) use wake::{Abort, FillGate, Gated};
+pub(crate) use wake::{Abort, Gate, Gated};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
@@ -126,6 +126,14 @@ pub(crate) struct Pager<'a> {
     /// For a held tree: how to fill it once every space is here
     /// (`session::place`); taken when that fill starts.
     held_fill: Option<HeldFill>,
+    /// For a held tree: opened once CRIU has exited having restored it;
+    /// pages that may be huge pages wait for it (`fill_held_back`).
+    criu_restored: Option<&'a Gate>,
+    /// How the held fill ran, kept while pages are held back.
+    held_back: Option<HeldFill>,
+    /// The held tree's thread runtimes, taken before the pages held back
+    /// were written: the same when it is let run, or it ran meanwhile.
+    held_runtimes: Option<Vec<(i32, u64)>>,
     /// Threads that fill a running tree in steps (`fill_step`); with one,
     /// this thread fills a block at a time (`fill_one`).
     fill_threads: usize,
@@ -140,6 +148,16 @@ pub(crate) struct Pager<'a> {
     /// kills they had counted when it was handed over, to tell an OOM kill
     /// from another end.
     oom_kills_before: HashMap<u32, Vec<(std::path::PathBuf, u64)>>,
+}
+
+/// Why a held tree is killed: something outside criuz continued it while
+/// pages without a userfaultfd behind them were written.
+fn ran_held() -> Error {
+    Error::Criu(
+        "the restored tree ran before its memory was all in (something outside criuz continued it during the \
+         fill): it may have read zeros, so it was killed"
+            .into(),
+    )
 }
 
 /// Whether a copy or a whole step got through.
@@ -176,6 +194,9 @@ impl<'a> Pager<'a> {
             fill_next: 0,
             zeros: if held_fill.is_some() { ZeroPages::Copy } else { ZeroPages::Map },
             held_fill,
+            criu_restored: None,
+            held_back: None,
+            held_runtimes: None,
             fill_threads,
             crew: None,
             report: PagerReport::default(),
@@ -186,6 +207,14 @@ impl<'a> Pager<'a> {
     /// Places `shared` too, once a held tree is handed over.
     pub(crate) fn placing_shared(mut self, shared: &'a [SharedObject]) -> Pager<'a> {
         self.shared = shared;
+        self
+    }
+
+    /// Writes a held tree's memory that may be transparent huge pages
+    /// (`HeldFill::huge_pages`) once `criu_restored` opens: CRIU has exited
+    /// having restored the tree and left it stopped.
+    pub(crate) fn writing_huge_pages_after(mut self, criu_restored: &'a Gate) -> Pager<'a> {
+        self.criu_restored = Some(criu_restored);
         self
     }
 
@@ -233,7 +262,7 @@ impl<'a> Pager<'a> {
     /// Serves the tree until every lazy page is in place, or `stop` becomes
     /// readable (the restore failed: nothing will come), or `abort` says to
     /// fail. The report, also on error, says how far it got. With `gated`,
-    /// the fill waits for its gate (see [`FillGate`]).
+    /// the fill waits for its gate (see [`Gate`]).
     pub(crate) fn run(
         &mut self,
         listener: &UnixListener,
@@ -252,9 +281,14 @@ impl<'a> Pager<'a> {
             // below sees its wake (level-triggered, for good).
             let gate_shut = gate.filter(|g| !g.is_open());
             let filling = self.finished && gate_shut.is_none();
+            // Pages held back to be huge pages wait for CRIU's exit.
+            let held_back = self.criu_restored.filter(|_| self.held_back.is_some());
+            let criu_running = held_back.filter(|g| !g.is_open());
+            let write_held_back = held_back.is_some() && criu_running.is_none();
             let busy = !self.faults.is_empty()
-                || (filling && (self.spaces.iter().any(|s| !s.missing.is_empty()) || self.served_missing()));
-            if filling && !busy {
+                || (filling
+                    && (self.spaces.iter().any(|s| !s.missing.is_empty()) || self.served_missing() || write_held_back));
+            if filling && !busy && held_back.is_none() {
                 self.oom_killed_any()?;
                 self.report.resident = Some(Instant::now());
                 if self.had_working_set {
@@ -266,6 +300,7 @@ impl<'a> Pager<'a> {
             fds.push(libc::pollfd { fd: if woken { -1 } else { abort.fd() }, events: libc::POLLIN, revents: 0 });
             // Until the gate opens, its opening wakes the poll.
             fds.push(libc::pollfd { fd: gate_shut.map_or(-1, |g| g.fd()), events: libc::POLLIN, revents: 0 });
+            fds.push(libc::pollfd { fd: criu_running.map_or(-1, |g| g.fd()), events: libc::POLLIN, revents: 0 });
             let conn_at = fds.len();
             fds.push(libc::pollfd {
                 fd: criu.as_ref().map_or(listener.as_raw_fd(), |c| c.as_raw_fd()),
@@ -329,6 +364,7 @@ impl<'a> Pager<'a> {
                 let private_left = !self.working_set.is_empty() || self.spaces.iter().any(|s| !s.missing.is_empty());
                 match self.held_fill.take() {
                     Some(how) => self.fill_held(&how)?,
+                    None if !private_left && write_held_back => self.fill_held_back()?,
                     None if !private_left => self.fill_served_step()?,
                     None if self.fill_threads > 1 && self.working_set.is_empty() => self.fill_step()?,
                     None => self.fill_one()?,
@@ -377,21 +413,17 @@ impl<'a> Pager<'a> {
         }
     }
 
-    /// An error if a held tree whose memory was partly written without its
-    /// userfaultfd (huge pages, `place::Target::direct`) is not stopped now
-    /// that CRIU has exited: something outside criuz continued it (SIGCONT)
-    /// during the fill, and it may have read zeros where its pages were not
-    /// in yet. Elsewhere a read waits for its page, so only such a tree is
-    /// asked. A tree CRIU has just stopped may take a moment to settle.
+    /// An error if the held tree ran since criuz took its runtimes, before
+    /// it wrote the pages held back to be huge pages (`fill_held_back`):
+    /// those had no userfaultfd behind them while they were written (a
+    /// read of a page not in yet read zeros there, where elsewhere it waits
+    /// for its page), so a tree something outside criuz continued meanwhile
+    /// is killed, even one stopped again since.
     pub(crate) fn ran_while_held(&self, tree: &[i32]) -> Result<()> {
-        if self.report.huge_page_bytes == 0 || crate::proc::tree::settled_runtimes(tree, 1_000).is_some() {
-            return Ok(());
+        match &self.held_runtimes {
+            Some(before) if crate::proc::tree::stopped_runtimes(tree).as_ref() != Some(before) => Err(ran_held()),
+            _ => Ok(()),
         }
-        Err(Error::Criu(
-            "the restored tree ran before its memory was all in (something outside criuz continued it during the \
-             fill): it may have read zeros, so it was killed"
-                .into(),
-        ))
     }
 
     /// Whether every lazy page is in place.
@@ -421,7 +453,7 @@ impl<'a> Pager<'a> {
                 for r in p.runs.iter().filter(|r| r.lazy && r.nr > 0) {
                     missing.insert(r.vaddr, (r.vaddr + r.nr * PAGE, r.first));
                 }
-                self.spaces.push(Space { pid, uffd, file, missing, views: Vec::new() });
+                self.spaces.push(Space::new(pid, uffd, file, missing, Vec::new()));
                 // Read while the process lives: one that has exited reads
                 // as in the root group.
                 self.oom_kills_before.insert(pid, crate::proc::memory::oom_kills_of(pid as i32));

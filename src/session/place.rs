@@ -26,8 +26,8 @@
 //! pages only, and the process would run on small pages where it had huge
 //! ones. Those ranges have no userfaultfd to hold a read of a page not yet
 //! in, which only a held tree can afford: nothing runs before the fill ends
-//! (one that something outside criuz continued is killed instead of let
-//! run, `Pager::ran_while_held`).
+//! (the pager writes them once CRIU has exited and kills a tree that ran
+//! meanwhile instead of letting it run, `Pager::fill_held_back`).
 //!
 //! Should a copy meet an event (`EAGAIN`: something in the tree ran), the
 //! rest of that range goes back to the pager, which reads the events and
@@ -96,6 +96,7 @@ pub(crate) enum ZeroPages {
 }
 
 /// How a held tree is filled.
+#[derive(Clone)]
 pub(crate) struct HeldFill {
     pub threads: usize,
     /// Memory that may be transparent huge pages written so that it is

@@ -25,12 +25,17 @@ impl<'a> Pager<'a> {
             |err: std::io::Error| Error::CriuIo { what: format!("userfaultfd of restored process {pid}"), err };
         while let Some(ev) = self.spaces[i].uffd.read_event().map_err(failed)? {
             let s = &mut self.spaces[i];
+            // Something in the held tree ran (before criuz took its
+            // runtimes, or it is killed): what waited to be written as huge
+            // pages is filled through the userfaultfd like the rest, and
+            // follows the events.
+            s.release_held_back();
             match ev {
                 Event::Fault { addr } => self.faults.push_back((i, addr & !(PAGE - 1))),
                 Event::Fork { child } => {
                     self.guard.hold(child.0.as_raw_fd())?;
                     let (pid, file, missing, views) = (s.pid, s.file, s.missing.clone(), s.views.clone());
-                    self.spaces.push(Space { pid, uffd: child, file, missing, views });
+                    self.spaces.push(Space::new(pid, child, file, missing, views));
                 }
                 Event::Remap { from, to, len } => {
                     // A moved mapping may grow to show pages the pager

@@ -8,6 +8,7 @@ use super::space::{take_range, Space, View};
 use super::{Pager, Step, PAGE};
 use crate::engine::Crew;
 use crate::error::Result;
+use crate::proc::guard::Victim;
 use crate::proc::huge_pages;
 use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
 use crate::session::shmem;
@@ -234,36 +235,27 @@ impl<'a> Pager<'a> {
 
     /// Fills every space at once, on several threads (the tree is held:
     /// nothing in it runs, see `session::place`); what an event kept out is
-    /// left missing, for `fill_one`.
+    /// left missing, for `fill_one`. Pages that may be huge pages are held
+    /// back, still on the userfaultfd, for `fill_held_back`.
     pub(super) fn fill_held(&mut self, how: &HeldFill) -> Result<()> {
         self.report.held_fill_started = Some(Instant::now());
         // Paused while CRIU restored the tree (`LazyRestore::run`).
         self.blocks.source.read_ahead(true);
-        let mut ranges = Vec::new();
-        for (i, s) in self.spaces.iter().enumerate() {
-            ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
+        if how.huge_pages && self.criu_restored.is_some() {
+            for s in &mut self.spaces {
+                let spans = huge_spans(s);
+                s.hold_back(spans);
+            }
+            if self.spaces.iter().any(|s| !s.held_back.is_empty()) {
+                self.held_back = Some(how.clone());
+            }
         }
-        let direct: Vec<Vec<(u64, u64)>> =
-            self.spaces.iter().map(|s| if how.huge_pages { take_huge_spans(s) } else { Vec::new() }).collect();
-        self.report.huge_page_bytes = direct.iter().flatten().map(|(start, end)| end - start).sum();
-        let targets: Vec<Target> = (self.spaces.iter().zip(&direct))
-            .map(|(s, direct)| Target { pid: s.pid, uffd: &s.uffd, file: s.file, direct })
-            .collect();
-        let blocks = self.blocks;
-        let crew = Crew::Spawn(how.threads);
-        let filled = place::fill(
-            &*blocks.source,
-            &|file| blocks.starts(file),
-            &targets,
-            &ranges,
-            crew,
-            self.zeros,
-            how.meter.as_deref(),
-        )?;
-        self.note_filled(&ranges, filled)?;
+        let direct = vec![Vec::new(); self.spaces.len()];
+        self.fill_all_missing(how, &direct)?;
         if self.shared.is_empty() {
             return Ok(());
         }
+        let blocks = self.blocks;
         let spaces = &self.spaces;
         let uffd_of = |pid| spaces.iter().find(|s| s.pid == pid).map(|s| &s.uffd);
         let starts = |file| blocks.starts(file);
@@ -278,25 +270,67 @@ impl<'a> Pager<'a> {
         }
         Ok(())
     }
+
+    /// Writes the pages held back to be huge pages, once CRIU has exited
+    /// having restored the tree: through the process's memory, each span
+    /// taken off the userfaultfd first, so that each 2 MiB piece faults in
+    /// as a huge page, as it was in the process. A span that cannot be
+    /// taken off stays with the userfaultfd, in 4 KiB pages.
+    ///
+    /// With no userfaultfd there, a read of a page not written yet reads
+    /// zeros, so the tree must not run until they are all in. Its runtimes
+    /// are taken first, every thread stopped and settled (one that is not
+    /// was continued from outside: it is killed), and must be the same when
+    /// it is let run (`ran_while_held`). Until then the pages stayed on the
+    /// userfaultfd, where a read waits for its page: a tree continued and
+    /// stopped again before then read nothing wrong.
+    pub(super) fn fill_held_back(&mut self) -> Result<()> {
+        let how = self.held_back.take().expect("pages held back");
+        let tree = match self.victim {
+            Victim::Tree(pids) => &pids[..],
+            Victim::Cgroup(_) => &[],
+        };
+        self.held_runtimes = Some(crate::proc::tree::settled_runtimes(tree, 1_000).ok_or_else(super::ran_held)?);
+        let direct: Vec<Vec<(u64, u64)>> = (self.spaces.iter_mut())
+            .map(|s| {
+                let spans = s.release_held_back();
+                spans.into_iter().filter(|&(start, end)| s.uffd.unregister(start, end - start).is_ok()).collect()
+            })
+            .collect();
+        self.report.huge_page_bytes = direct.iter().flatten().map(|(start, end)| end - start).sum();
+        self.fill_all_missing(&how, &direct)
+    }
+
+    /// Fills every missing private page at once (`session::place`), writing
+    /// each space's `direct` ranges through its process's memory.
+    fn fill_all_missing(&mut self, how: &HeldFill, direct: &[Vec<(u64, u64)>]) -> Result<()> {
+        let mut ranges = Vec::new();
+        for (i, s) in self.spaces.iter().enumerate() {
+            ranges.extend(s.missing.iter().map(|(&start, &(end, page))| Missing { space: i, start, end, page }));
+        }
+        let targets: Vec<Target> = (self.spaces.iter().zip(direct))
+            .map(|(s, direct)| Target { pid: s.pid, uffd: &s.uffd, file: s.file, direct })
+            .collect();
+        let blocks = self.blocks;
+        let filled = place::fill(
+            &*blocks.source,
+            &|file| blocks.starts(file),
+            &targets,
+            &ranges,
+            Crew::Spawn(how.threads),
+            self.zeros,
+            how.meter.as_deref(),
+        )?;
+        self.note_filled(&ranges, filled)
+    }
 }
 
-/// A held space's ranges that may be huge pages (`proc::huge_pages`), taken
-/// off its userfaultfd for the fill to write through the process's memory:
-/// the eligible spans that hold a missing page, where criuz may write that
-/// memory. Best effort: a span that cannot be read or taken off stays with
-/// the userfaultfd, in 4 KiB pages. A page of a span the archive does not
-/// hold reads as zero either way.
-fn take_huge_spans(s: &Space) -> Vec<(u64, u64)> {
+/// A held space's spans that may be huge pages (`proc::huge_pages`) where
+/// criuz may write the process's memory. Best effort: a span that cannot
+/// be read stays with the userfaultfd, in 4 KiB pages.
+fn huge_spans(s: &Space) -> Vec<(u64, u64)> {
     if !huge_pages::may_write_memory(s.pid) {
         return Vec::new();
     }
-    let Ok(spans) = huge_pages::eligible_spans(s.pid) else { return Vec::new() };
-    let holds_missing = |&(start, end): &(u64, u64)| {
-        s.missing.range(..end).next_back().is_some_and(|(_, &(missing_end, _))| missing_end > start)
-    };
-    spans
-        .into_iter()
-        .filter(holds_missing)
-        .filter(|&(start, end)| s.uffd.unregister(start, end - start).is_ok())
-        .collect()
+    huge_pages::eligible_spans(s.pid).unwrap_or_default()
 }

@@ -51,6 +51,11 @@ pub(super) struct Space {
     pub(super) missing: MissingPages,
     /// Its mappings of shared memory the pager serves, registered.
     pub(super) views: Vec<View>,
+    /// A held tree's missing pages in spans that may be huge pages, kept
+    /// out of the fill (still on the userfaultfd) until they can be written
+    /// so (`Pager::fill_held_back`); and those spans, in address order.
+    pub(super) held_back: MissingPages,
+    pub(super) huge_spans: Vec<(u64, u64)>,
 }
 
 /// A mapping of served shared memory: `[start, end)` shows object `object`
@@ -83,6 +88,29 @@ pub(super) struct ServedObject {
 }
 
 impl Space {
+    pub(super) fn new(pid: u32, uffd: Uffd, file: u32, missing: MissingPages, views: Vec<View>) -> Space {
+        Space { pid, uffd, file, missing, views, held_back: MissingPages::new(), huge_spans: Vec::new() }
+    }
+
+    /// Moves the missing pages inside `spans` out of the fill into
+    /// `held_back`; keeps the spans that hold any.
+    pub(super) fn hold_back(&mut self, spans: Vec<(u64, u64)>) {
+        for (start, end) in spans {
+            let inside = take_range(&mut self.missing, start, end);
+            if !inside.is_empty() {
+                self.held_back.extend(inside.into_iter().map(|(s, e, p)| (s, (e, p))));
+                self.huge_spans.push((start, end));
+            }
+        }
+    }
+
+    /// Puts the pages held back among the missing ones again; returns the
+    /// spans they lay in.
+    pub(super) fn release_held_back(&mut self) -> Vec<(u64, u64)> {
+        self.missing.append(&mut self.held_back);
+        std::mem::take(&mut self.huge_spans)
+    }
+
     /// The missing range holding `addr`.
     pub(super) fn missing_at(&self, addr: u64) -> Option<(u64, u64, u64)> {
         missing_at(&self.missing, addr)
@@ -133,7 +161,7 @@ mod tests {
 
     fn with(missing: BTreeMap<u64, (u64, u64)>) -> Space {
         let fd = std::fs::File::open("/dev/null").expect("/dev/null");
-        Space { pid: 1, uffd: Uffd(fd.into()), file: 0, missing, views: Vec::new() }
+        Space::new(1, Uffd(fd.into()), 0, missing, Vec::new())
     }
 
     #[test]
@@ -161,6 +189,23 @@ mod tests {
         assert_eq!(s.view_at(13 * PAGE), None, "unmapped");
         s.cut_views(0, 40 * PAGE);
         assert!(s.views.is_empty());
+    }
+
+    #[test]
+    fn pages_held_back_leave_the_fill_and_come_back_whole() {
+        let mut s = with(space(&[(10, 20, 100), (30, 40, 200)]));
+        s.hold_back(vec![(0, 12), (16, 32), (50, 60)].into_iter().map(|(a, b)| (a * PAGE, b * PAGE)).collect());
+        assert_eq!(s.missing, space(&[(12, 16, 102), (32, 40, 202)]));
+        assert_eq!(s.held_back, space(&[(10, 12, 100), (16, 20, 106), (30, 32, 200)]));
+        assert_eq!(
+            s.huge_spans,
+            vec![(0, 12 * PAGE), (16 * PAGE, 32 * PAGE)],
+            "a span holding no missing page is dropped"
+        );
+        assert_eq!(s.release_held_back(), vec![(0, 12 * PAGE), (16 * PAGE, 32 * PAGE)]);
+        let pieces = space(&[(10, 12, 100), (12, 16, 102), (16, 20, 106), (30, 32, 200), (32, 40, 202)]);
+        assert_eq!(s.missing, pieces);
+        assert!(s.held_back.is_empty() && s.huge_spans.is_empty());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What reaches the pager's poll from other threads: a failure found beside
-//! it (`Abort`), and the gate that holds a stopped tree's fill back until
-//! the tree runs (`FillGate`), each a socket pair whose shut side reads as
+//! it (`Abort`), and the gates that hold part of the work back until
+//! another thread says (`Gate`), each a socket pair whose shut side reads as
 //! ready for good.
 
 use crate::error::Error;
@@ -66,21 +66,22 @@ impl Wake {
     }
 }
 
-/// For a tree CRIU leaves stopped until something else lets it run (a
-/// lazy restore's walks behind): holds the pager's fill back until the tree
-/// runs (on 2 cores the fill slowed the walks the tree waits for). Faults
-/// are served meanwhile: nothing waits on the pager.
-pub(crate) struct FillGate {
+/// A door another thread opens once, for good, waking the pager's poll.
+/// Two uses: a lazy tree CRIU leaves stopped until something else lets it
+/// run (the walks behind) holds the pager's fill back until it runs (on 2
+/// cores the fill slowed the walks the tree waits for), faults served
+/// meanwhile; and a held tree's huge-page spans wait until CRIU has exited
+/// having restored it (`Pager::writing_huge_pages_after`).
+pub(crate) struct Gate {
     open: AtomicBool,
     wake: Wake,
 }
 
-impl FillGate {
-    pub(crate) fn new() -> std::io::Result<FillGate> {
-        Ok(FillGate { open: AtomicBool::new(false), wake: Wake::new()? })
+impl Gate {
+    pub(crate) fn new() -> std::io::Result<Gate> {
+        Ok(Gate { open: AtomicBool::new(false), wake: Wake::new()? })
     }
 
-    /// Lets the fill start (the tree runs).
     pub(crate) fn open(&self) {
         self.open.store(true, Ordering::Release);
         self.wake.ring();
@@ -98,4 +99,4 @@ impl FillGate {
 
 /// A gated fill ([`Pager::run`](super::Pager::run)): the gate, and where to tell that CRIU has
 /// handed over all of the tree's memory (dropped untold if it never did).
-pub(crate) type Gated<'g> = (&'g FillGate, Sender<()>);
+pub(crate) type Gated<'g> = (&'g Gate, Sender<()>);
