@@ -47,6 +47,10 @@ const FORKED_CHILDREN: usize = 3;
 /// does; it also times random reads of it before the dump and after the
 /// restore, [`Running::random_read_ns`]).
 pub const ON_REQUEST: &[&str] = &["shared", "threaded", "hugetlb", "shared-cache", "thp"];
+/// Applications not in the default set either: `jvm-thp`, the `jvm` heap
+/// with `-XX:+UseTransparentHugePages` (a real heap in memory the process
+/// asked to be transparent huge pages).
+pub const APPS_ON_REQUEST: &[&str] = &["jvm-thp"];
 const THREADED_THREADS: usize = 256;
 
 /// The workloads a run does by default.
@@ -56,7 +60,7 @@ pub fn all() -> Vec<&'static str> {
 
 /// Every workload a run may name.
 pub fn known() -> Vec<&'static str> {
-    all().into_iter().chain(ON_REQUEST.iter().copied()).collect()
+    all().into_iter().chain(ON_REQUEST.iter().copied()).chain(APPS_ON_REQUEST.iter().copied()).collect()
 }
 
 /// What the workloads need, prepared once per bench.
@@ -115,7 +119,7 @@ impl Tools {
         let python =
             if Path::new("/usr/bin/python3").exists() { PathBuf::from("/usr/bin/python3") } else { "python3".into() };
         let java_classes =
-            if workloads.iter().any(|w| w == "jvm") { compile_java(work) } else { Err("not compiled".to_string()) };
+            if workloads.iter().any(|w| w.starts_with("jvm")) { compile_java(work) } else { Err("not compiled".to_string()) };
         let huge_pages = workloads.iter().any(|w| w == "hugetlb").then(|| HugePages::reserve(mib)).transpose()?;
         Ok(Tools { workload_bin, java_classes, python_script, python, _huge_pages: huge_pages })
     }
@@ -331,10 +335,13 @@ impl Running {
                 }
                 run.wait_no_clients()?;
             }
-            "jvm" => {
+            "jvm" | "jvm-thp" => {
                 let classes = tools.java_classes.clone().map_err(Error::Invalid)?;
                 let heap_mib = mib * 2 + 256;
                 let mut cmd = Command::new("java");
+                if name == "jvm-thp" {
+                    cmd.arg("-XX:+UseTransparentHugePages");
+                }
                 cmd.args(["-XX:-UsePerfData", "-XX:+DisableAttachMechanism", &format!("-Xmx{heap_mib}m"), "-cp"])
                     .arg(&classes)
                     .arg("BenchApp")

@@ -300,8 +300,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let tools = Tools::prepare(work, &plan.workloads, workload_bin, plan.mib)?;
     if let Err(why) = &tools.java_classes {
-        if plan.workloads.iter().any(|w| w == "jvm") {
-            unavailable.push(("jvm".into(), why.clone()));
+        for w in plan.workloads.iter().filter(|w| w.starts_with("jvm")) {
+            unavailable.push((w.clone(), why.clone()));
         }
     }
     if args.incremental {
@@ -378,7 +378,7 @@ fn missing_tools(plan: &Plan, workload_bin: &Path) -> Vec<(String, String)> {
     for w in &plan.workloads {
         let need = match w.as_str() {
             "redis" => Some("redis-server"),
-            "jvm" => Some("java"),
+            "jvm" | "jvm-thp" => Some("java"),
             p if (workload::PATTERNS.contains(&p) || workload::ON_REQUEST.contains(&p)) && !workload_bin.is_file() => {
                 unavailable.push((w.clone(), format!("{} not found", workload_bin.display())));
                 None
