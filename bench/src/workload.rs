@@ -118,8 +118,11 @@ impl Tools {
         std::fs::write(&python_script, PYTHON_SOURCE).map_err(|e| Error::file(&python_script, e))?;
         let python =
             if Path::new("/usr/bin/python3").exists() { PathBuf::from("/usr/bin/python3") } else { "python3".into() };
-        let java_classes =
-            if workloads.iter().any(|w| w.starts_with("jvm")) { compile_java(work) } else { Err("not compiled".to_string()) };
+        let java_classes = if workloads.iter().any(|w| w.starts_with("jvm")) {
+            compile_java(work)
+        } else {
+            Err("not compiled".to_string())
+        };
         let huge_pages = workloads.iter().any(|w| w == "hugetlb").then(|| HugePages::reserve(mib)).transpose()?;
         Ok(Tools { workload_bin, java_classes, python_script, python, _huge_pages: huge_pages })
     }
