@@ -1125,7 +1125,7 @@ fn continued_mid_fill(stop_again: Option<Duration>) {
         panic!("the restore let the tree run: it was not seen running mid-fill, or the fill ended first");
     }
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("ran before its memory was all in"), "{err}");
+    assert!(err.contains("continued the restored tree (SIGCONT) before its memory was all in"), "{err}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!w.alive(), "the continued tree must be killed");
 }

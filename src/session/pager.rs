@@ -154,8 +154,8 @@ pub(crate) struct Pager<'a> {
 /// pages without a userfaultfd behind them were written.
 fn ran_held() -> Error {
     Error::Criu(
-        "the restored tree ran before its memory was all in (something outside criuz continued it during the \
-         fill): it may have read zeros, so it was killed"
+        "something outside criuz continued the restored tree (SIGCONT) before its memory was all in: it may have \
+         read zeros, so it was killed"
             .into(),
     )
 }

@@ -22,7 +22,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,
     /// Faults to inject, comma-separated (kill-criuz, sigint-criuz,
-    /// kill-criu, kill-s3, enospc, peer-dies; default: each path's all)
+    /// kill-criu, kill-s3, enospc, peer-dies, sigcont-tree; default: each path's all)
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
     /// CRIU binary (default: as criuz finds it)

@@ -32,11 +32,21 @@ pub enum Fault {
     Enospc,
     /// The process at the other end of the pipe dies.
     PeerDies,
+    /// SIGCONT to the tree being restored, from outside criuz (a job
+    /// control shell, a supervisor), once CRIU has named its processes.
+    ContinueTree,
 }
 
 /// Every fault the campaign knows.
-pub const FAULTS: &[Fault] =
-    &[Fault::KillCriuz, Fault::InterruptCriuz, Fault::KillCriu, Fault::KillS3, Fault::Enospc, Fault::PeerDies];
+pub const FAULTS: &[Fault] = &[
+    Fault::KillCriuz,
+    Fault::InterruptCriuz,
+    Fault::KillCriu,
+    Fault::KillS3,
+    Fault::Enospc,
+    Fault::PeerDies,
+    Fault::ContinueTree,
+];
 
 impl Fault {
     pub fn name(self) -> &'static str {
@@ -47,6 +57,7 @@ impl Fault {
             Fault::KillS3 => "kill-s3",
             Fault::Enospc => "enospc",
             Fault::PeerDies => "peer-dies",
+            Fault::ContinueTree => "sigcont-tree",
         }
     }
 }
@@ -264,9 +275,29 @@ fn strike(fault: Option<Fault>, criuz: &Child, peer: Option<&Child>, s3: &mut S3
             kill(criu);
             *injected = true;
         }
+        Some(Fault::ContinueTree) => {
+            // The restored processes below criuz: CRIU's own until its
+            // restorer gives each its name back.
+            let tree: Vec<i32> =
+                proc::tree(criuz.id() as i32).into_iter().skip(1).filter(|&p| !is_criu_or_criuz(p)).collect();
+            if tree.is_empty() {
+                return false;
+            }
+            for p in tree {
+                // SAFETY: SIGCONT to a process restored under the criuz
+                // this campaign started.
+                unsafe { libc::kill(p, libc::SIGCONT) };
+            }
+            *injected = true;
+        }
         Some(Fault::Enospc) | None => {}
     }
     true
+}
+
+fn is_criu_or_criuz(pid: i32) -> bool {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    matches!(comm.trim(), "criu" | "criuz" | "")
 }
 
 /// A `criu` whose parent is not one: CRIU's main process.

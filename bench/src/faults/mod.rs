@@ -3,10 +3,10 @@
 //! dump holding TCP connections; a page-server dump; runc checkpoint and
 //! restore; pack, unpack and flatten; restore placed, streamed, lazy,
 //! lazy verified first, in the foreground, encrypted, from a pipe, from S3,
-//! of a chain) it injects faults at random moments (SIGKILL of criuz, of
-//! CRIU, of the S3 server; a Ctrl-C of criuz; a full disk; a dead pipe
-//! peer) into real processes checkpointed with real CRIU, and checks after
-//! each:
+//! of a chain, of huge pages) it injects faults at random moments (SIGKILL
+//! of criuz, of CRIU, of the S3 server; a Ctrl-C of criuz; a full disk; a
+//! dead pipe peer; a SIGCONT of the tree being restored) into real
+//! processes checkpointed with real CRIU, and checks after each:
 //!
 //! - the checkpointed process runs with its own checksum unchanged, or the
 //!   archive is complete and restores it intact (no process lost);

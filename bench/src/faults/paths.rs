@@ -55,6 +55,9 @@ pub enum Route {
     RestoreVerifyFirst,
     RestoreForeground,
     RestoreEncrypted,
+    /// A placed restore of memory that was transparent huge pages (`thp`),
+    /// written without its userfaultfd while the tree is held.
+    RestoreHuge,
     RuncRestore,
     /// A container whose memory is shared (`shared-cache`): its lazy
     /// restore holds it at CRIU's pre-resume hook.
@@ -87,6 +90,7 @@ pub const ROUTES: &[Route] = &[
     Route::RestoreVerifyFirst,
     Route::RestoreForeground,
     Route::RestoreEncrypted,
+    Route::RestoreHuge,
     Route::RuncRestore,
     Route::RuncRestoreShared,
 ];
@@ -119,6 +123,7 @@ impl Route {
             Route::RestoreVerifyFirst => "restore-verify-first",
             Route::RestoreForeground => "restore-foreground",
             Route::RestoreEncrypted => "restore-encrypted",
+            Route::RestoreHuge => "restore-huge-pages",
             Route::RuncRestore => "runc-restore",
             Route::RuncRestoreShared => "runc-restore-shared",
         }
@@ -142,12 +147,16 @@ impl Route {
             Route::DumpTcp | Route::DumpPageServerTcp => &[KillCriuz, Enospc, InterruptCriuz],
             Route::RuncCheckpoint => &[KillCriuz, KillCriu, Enospc, InterruptCriuz],
             Route::Pack | Route::Unpack | Route::Flatten => &[KillCriuz, Enospc, InterruptCriuz],
-            Route::RestoreFile
-            | Route::RestoreShared
+            // A tree continued from outside mid-fill runs intact (its
+            // reads wait on the userfaultfd) or, where memory is written
+            // without one, is killed: first where that matters.
+            Route::RestoreHuge => &[ContinueTree, KillCriuz, KillCriu, InterruptCriuz],
+            Route::RestoreFile | Route::RestoreLazy | Route::RestoreStream => {
+                &[KillCriuz, KillCriu, InterruptCriuz, ContinueTree]
+            }
+            Route::RestoreShared
             | Route::RestoreSharedLazy
-            | Route::RestoreLazy
             | Route::RestoreChain
-            | Route::RestoreStream
             | Route::RestoreVerifyFirst
             | Route::RestoreForeground
             | Route::RestoreEncrypted
@@ -172,6 +181,7 @@ impl Route {
                 | Route::RestoreVerifyFirst
                 | Route::RestoreForeground
                 | Route::RestoreEncrypted
+                | Route::RestoreHuge
         )
     }
 

@@ -101,9 +101,13 @@ impl Ctx {
             self.prepared.remove(i);
         }
         // Shared memory, which a placed restore fills and a lazy one serves
-        // through the tree's mappings of it (`session::shmem`); else
-        // private memory.
-        let workload = if key == Route::RestoreShared { "shared" } else { "mixed" };
+        // through the tree's mappings of it (`session::shmem`); private
+        // memory the process asked to be huge pages; else private memory.
+        let workload = match key {
+            Route::RestoreShared => "shared",
+            Route::RestoreHuge => "thp",
+            _ => "mixed",
+        };
         let mut w = Running::start(workload, self.mib, &self.work.join(format!("prep-{}", key.name())), &self.tools)?;
         let archive = match key {
             Route::RestoreS3 => s3::url(&format!("faults/prepared-{}.czr", key.name())),
