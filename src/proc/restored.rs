@@ -33,9 +33,15 @@ pub(crate) fn become_subreaper() {
 /// reaps them as they end.) `root`: the tree's root process, which an
 /// interruption's message then names as running on.
 pub(crate) fn let_go_of_restored_tree(root: Option<i32>) {
+    stop_being_subreaper();
+    RESTORED_ROOT.store(root.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The first half of [`let_go_of_restored_tree`]: what the tree orphans
+/// from now on is not criuz's to reap; the tree is not yet named whole.
+pub(crate) fn stop_being_subreaper() {
     // SAFETY: prctl with constant arguments, as in `become_subreaper`.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
-    RESTORED_ROOT.store(root.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The root of a tree this criuz restored whole (0: none).

@@ -114,11 +114,17 @@ pub fn restore_opened(
                 _ => served,
             }
         });
+        // At CRIU's pidfile criuz stops reaping what the tree orphans; the
+        // tree is named whole (an interruption then says it runs on) only
+        // once CRIU has exited having let it run (below). In between CRIU
+        // still holds it in its last restore stages (CRIU 4.2.1 waits there
+        // for good on a task that a SIGCONT from outside stopped in a
+        // ptrace trap): an interruption leaves it to the guard, which kills
+        // it, rather than calling a half-restored tree running.
         s.spawn(|| {
             while !restored.load(Ordering::Relaxed) {
                 if pidfile.exists() {
-                    let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
-                    restored::let_go_of_restored_tree(root);
+                    restored::stop_being_subreaper();
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -132,8 +138,8 @@ pub fn restore_opened(
     let failed = |e: Error| {
         // Whatever CRIU left of the tree is killed and reaped before the
         // guard goes, so no half-restored process waits forever.
-        // The root CRIU named, if it got that far: let go of as soon as
-        // the pidfile came, the tree may have gone to init as CRIU exited.
+        // The root CRIU named, if it got that far: criuz stopped reaping
+        // at that pidfile, so the tree may have gone to init as CRIU exited.
         let root = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse().ok());
         let _ = restored::end_aborted_tree(&tree, root);
         guard.release();
