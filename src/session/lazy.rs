@@ -334,11 +334,7 @@ impl LazyRestore<'_> {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
                 } else if pager.all_in() && criu_restored() {
-                    let tree = match victim {
-                        Victim::Tree(pids) if hold => &pids[..],
-                        _ => &[],
-                    };
-                    r = pager.ran_while_held(tree);
+                    r = pager.ran_while_held();
                     if r.is_err() {
                         victim.kill();
                     } else {

@@ -124,13 +124,12 @@ pub(crate) struct Pager<'a> {
     finished: bool,
     fill_next: usize,
     /// For a held tree: how to fill it once every space is here
-    /// (`session::place`); taken when that fill starts.
+    /// (`session::place`); the fill starts once (`held_fill_started`), and
+    /// the pages it held back are written the same way.
     held_fill: Option<HeldFill>,
     /// For a held tree: opened once CRIU has exited having restored it;
     /// pages that may be huge pages wait for it (`fill_held_back`).
     criu_restored: Option<&'a Gate>,
-    /// How the held fill ran, kept while pages are held back.
-    held_back: Option<HeldFill>,
     /// The held tree's thread runtimes, taken before the pages held back
     /// were written: the same when it is let run, or it ran meanwhile.
     held_runtimes: Option<Vec<(i32, u64)>>,
@@ -195,7 +194,6 @@ impl<'a> Pager<'a> {
             zeros: if held_fill.is_some() { ZeroPages::Copy } else { ZeroPages::Map },
             held_fill,
             criu_restored: None,
-            held_back: None,
             held_runtimes: None,
             fill_threads,
             crew: None,
@@ -282,7 +280,7 @@ impl<'a> Pager<'a> {
             let gate_shut = gate.filter(|g| !g.is_open());
             let filling = self.finished && gate_shut.is_none();
             // Pages held back to be huge pages wait for CRIU's exit.
-            let held_back = self.criu_restored.filter(|_| self.held_back.is_some());
+            let held_back = self.criu_restored.filter(|_| self.held_fill.is_some() && self.holds_back());
             let criu_running = held_back.filter(|g| !g.is_open());
             let write_held_back = held_back.is_some() && criu_running.is_none();
             let busy = !self.faults.is_empty()
@@ -362,12 +360,12 @@ impl<'a> Pager<'a> {
             self.serve_faults()?;
             if self.faults.is_empty() && filling {
                 let private_left = !self.working_set.is_empty() || self.spaces.iter().any(|s| !s.missing.is_empty());
-                match self.held_fill.take() {
-                    Some(how) => self.fill_held(&how)?,
-                    None if !private_left && write_held_back => self.fill_held_back()?,
-                    None if !private_left => self.fill_served_step()?,
-                    None if self.fill_threads > 1 && self.working_set.is_empty() => self.fill_step()?,
-                    None => self.fill_one()?,
+                match &self.held_fill {
+                    Some(how) if self.report.held_fill_started.is_none() => self.fill_held(&how.clone())?,
+                    _ if !private_left && write_held_back => self.fill_held_back()?,
+                    _ if !private_left => self.fill_served_step()?,
+                    _ if self.fill_threads > 1 && self.working_set.is_empty() => self.fill_step()?,
+                    _ => self.fill_one()?,
                 }
             }
         }
@@ -419,11 +417,26 @@ impl<'a> Pager<'a> {
     /// read of a page not in yet read zeros there, where elsewhere it waits
     /// for its page), so a tree something outside criuz continued meanwhile
     /// is killed, even one stopped again since.
-    pub(crate) fn ran_while_held(&self, tree: &[i32]) -> Result<()> {
+    pub(crate) fn ran_while_held(&self) -> Result<()> {
         match &self.held_runtimes {
-            Some(before) if crate::proc::tree::stopped_runtimes(tree).as_ref() != Some(before) => Err(ran_held()),
+            Some(before) if crate::proc::tree::stopped_runtimes(self.tree()).as_ref() != Some(before) => {
+                Err(ran_held())
+            }
             _ => Ok(()),
         }
+    }
+
+    /// The restored tree's pids (none for a container, never held).
+    fn tree(&self) -> &[i32] {
+        match self.victim {
+            Victim::Tree(pids) => pids,
+            Victim::Cgroup(_) => &[],
+        }
+    }
+
+    /// Whether pages are held back to be written as huge pages.
+    fn holds_back(&self) -> bool {
+        self.spaces.iter().any(|s| !s.held_back.is_empty())
     }
 
     /// Whether every lazy page is in place.

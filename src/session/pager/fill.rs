@@ -8,7 +8,6 @@ use super::space::{take_range, Space, View};
 use super::{Pager, Step, PAGE};
 use crate::engine::Crew;
 use crate::error::Result;
-use crate::proc::guard::Victim;
 use crate::proc::huge_pages;
 use crate::session::place::{self, HeldFill, Missing, Target, ZeroPages};
 use crate::session::shmem;
@@ -246,9 +245,6 @@ impl<'a> Pager<'a> {
                 let spans = huge_spans(s);
                 s.hold_back(spans);
             }
-            if self.spaces.iter().any(|s| !s.held_back.is_empty()) {
-                self.held_back = Some(how.clone());
-            }
         }
         let direct = vec![Vec::new(); self.spaces.len()];
         self.fill_all_missing(how, &direct)?;
@@ -285,12 +281,9 @@ impl<'a> Pager<'a> {
     /// userfaultfd, where a read waits for its page: a tree continued and
     /// stopped again before then read nothing wrong.
     pub(super) fn fill_held_back(&mut self) -> Result<()> {
-        let how = self.held_back.take().expect("pages held back");
-        let tree = match self.victim {
-            Victim::Tree(pids) => &pids[..],
-            Victim::Cgroup(_) => &[],
-        };
-        self.held_runtimes = Some(crate::proc::tree::settled_runtimes(tree, 1_000).ok_or_else(super::ran_held)?);
+        let how = self.held_fill.clone().expect("a held tree's fill");
+        let runtimes = crate::proc::tree::settled_runtimes(self.tree(), 1_000);
+        self.held_runtimes = Some(runtimes.ok_or_else(super::ran_held)?);
         let direct: Vec<Vec<(u64, u64)>> = (self.spaces.iter_mut())
             .map(|s| {
                 let spans = s.release_held_back();
