@@ -1328,6 +1328,67 @@ fn a_restore_whose_criuz_dies_as_criu_names_the_tree_leaves_nothing_stuck() {
     }
 }
 
+/// CRIU 4.2.1 waits for good where a SIGCONT from outside stops a thread
+/// it has seized in its last restore stage (a ptrace trap it does not
+/// answer, while it waits on a futex for that thread). criuz sees it
+/// (`proc::stuck`), ends CRIU and the half-restored tree, and says why:
+/// exit 1, nothing left, and the restore run again (with CRIU alone)
+/// restores the tree intact. A shim preloaded into CRIU sends the SIGCONT
+/// at the one moment that hangs it, every time (`tests/sigcont_shim`). On
+/// every restore path, detached and in the foreground (where CRIU seized
+/// the root earlier, as its sibling), a tree of two processes.
+#[test]
+fn a_criu_waiting_for_good_on_a_continued_thread_is_ended_and_the_restore_fails() {
+    let Some(real) = criu() else { return };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("criu");
+    let script = format!("#!/bin/sh\nLD_PRELOAD={} exec {} \"$@\"\n", sigcont_shim_library().display(), real.display());
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for how in [&["--fill", "place", "-d"][..], &["--fill", "stream", "-d"], &["--lazy", "-d"], &["--fill", "place"]] {
+        let said = how.join(" ");
+        let (mut w, before, _tmp, arc) = dumped(Spec { mode: "tree", children: 1, mib: 16, ..Default::default() });
+        let tree: Vec<i32> = w.pids.clone();
+        let mut restore = Command::new(CRIUZ)
+            .args(["restore", "-i", arc.to_str().unwrap(), "--criu", wrapper.to_str().unwrap()])
+            .args(how)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = restore.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        // A criuz that waits with CRIU fails the test rather than hang it
+        // (killed, it takes CRIU and the tree with it).
+        let t = Instant::now();
+        while restore.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let hung = restore.try_wait().unwrap().is_none();
+        let _ = restore.kill();
+        let status = restore.wait().unwrap();
+        let err = reader.join().unwrap();
+        assert!(!hung, "{said}: criuz still waited with CRIU after 30 s: {err}");
+        assert_eq!(status.code(), Some(1), "{said}: {err}");
+        assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{said}: {err}");
+        reap_zombies();
+        wait_for(&format!("{said}: the half-restored tree gone"), Duration::from_secs(5), || {
+            reap_zombies();
+            tree.iter().all(|&p| process_state(p).is_none_or(|s| s == 'Z'))
+        });
+        let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+        assert!(out.status.success(), "{said}: again: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(w.sums(), before, "{said}: restored again");
+        w.stop();
+    }
+}
+
 /// A pidfile that could not be written once the tree runs is refused
 /// first where that can be seen (no such directory, a directory named);
 /// one that still fails once the tree runs (here, in /proc, where nothing

@@ -21,7 +21,8 @@
 //! `foreground` waits for a restored tree's root as its parent and passes
 //! its end on; `capabilities` reads which of CRIU's criuz holds;
 //! `huge_pages` finds where a restored process's memory may be transparent
-//! huge pages and writes it there.
+//! huge pages and writes it there; `stuck` tells a restoring CRIU that waits
+//! for good on a task it traces.
 //!
 //! Trade-offs: Linux only, by design. The socket tricks are best effort (a
 //! failure costs time, never correctness) and want root; the /proc walks
@@ -48,6 +49,7 @@ pub mod restored;
 pub mod shmem;
 pub mod signal_safe;
 pub mod socket;
+pub mod stuck;
 pub mod tree;
 
 /// The processes /proc lists now (thread-group leaders).

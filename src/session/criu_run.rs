@@ -115,7 +115,28 @@ pub(crate) fn join_criu_thread(run: CriuThread) -> std::io::Result<std::process:
 
 /// `program` (CRIU, runc, podman) could not be run.
 pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -> Error {
+    // CRIU ran, and was ended for waiting for good: its failure, not a
+    // CRIU that could not run.
+    if let Some(stuck) = err.get_ref().and_then(|e| e.downcast_ref::<CriuStuck>()) {
+        return Error::Criu(stuck.to_string());
+    }
     Error::CriuIo { what: format!("cannot run {program}"), err }
+}
+
+/// A restoring CRIU ended by criuz because it waited for good on a thread
+/// of the tree that a SIGCONT had stopped in a ptrace trap
+/// (`proc::stuck`): returned by [`run_restoring_criu`] inside the
+/// `io::Error` of a CRIU run, and said by [`cannot_run`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "CRIU waited for good: thread {tid} of the restored tree was continued (SIGCONT) while CRIU held it in its last \
+     restore stage, which stops it in a ptrace trap that CRIU does not answer; criuz ended CRIU and the \
+     half-restored tree after {waited} s without progress: restore again, with nothing sending the tree signals \
+     meanwhile",
+    waited = crate::proc::stuck::Watch::FOR.as_secs()
+)]
+pub(crate) struct CriuStuck {
+    tid: i32,
 }
 
 /// How long a restore waits for a killed process on one of its pids to
@@ -386,6 +407,29 @@ pub(crate) fn run_criu_told(
     keep: &[i32],
     guard: Option<&crate::proc::guard::Guard>,
 ) -> std::io::Result<std::process::ExitStatus> {
+    run_criu_watched(cmd, keep, guard, false)
+}
+
+/// [`run_criu_told`] for `criu restore`: a CRIU that waits for good on a
+/// thread of the tree it traces (`proc::stuck`: CRIU 4.2.1 after a SIGCONT
+/// from outside in its last stages) is killed, and the run's error is a
+/// [`CriuStuck`]; what CRIU restored is the caller's to end, as after any
+/// failed CRIU. Not for a dump, whose CRIU traces a frozen tree and must
+/// not be killed while its parasite runs there.
+pub(crate) fn run_restoring_criu(
+    cmd: &mut Command,
+    keep: &[i32],
+    guard: Option<&crate::proc::guard::Guard>,
+) -> std::io::Result<std::process::ExitStatus> {
+    run_criu_watched(cmd, keep, guard, true)
+}
+
+fn run_criu_watched(
+    cmd: &mut Command,
+    keep: &[i32],
+    guard: Option<&crate::proc::guard::Guard>,
+    watch_stuck: bool,
+) -> std::io::Result<std::process::ExitStatus> {
     restored::become_subreaper();
     // Not once an interruption has begun: it ends the CRIU (or runc) it
     // finds, and one started after that would outlive criuz.
@@ -401,11 +445,25 @@ pub(crate) fn run_criu_told(
     spared.push(child.id() as i32);
     let exited = ExitWatch::open(child.id());
     let mut between = ExitWatch::FIRST_CHECKS;
+    let mut stuck = watch_stuck.then(|| crate::proc::stuck::Watch::new(child.id() as i32));
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
         restored::end_criu_strays(&spared);
+        if let Some(stuck) = stuck.as_mut().and_then(|w| w.look()) {
+            // The tree first, while CRIU still holds it: let go by a dead
+            // CRIU, its threads would run on in CRIU's restorer.
+            for &tid in &stuck.traced {
+                // SAFETY: a thread of the tree this CRIU restores (it traces
+                // it): the whole process goes.
+                unsafe { libc::kill(tid, libc::SIGKILL) };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            restored::end_criu_strays(keep);
+            return Err(std::io::Error::other(CriuStuck { tid: stuck.trapped }));
+        }
         exited.wait(between);
         between = exited.next(between);
     };

@@ -355,7 +355,7 @@ impl LazyRestore<'_> {
             // container's cgroup kill takes what joins it later anyway.)
             let told = matches!(victim, Victim::Tree(_)).then_some(&guard);
             criu_started = started.elapsed().as_secs_f64();
-            let status = crate::session::criu_run::run_criu_told(&mut cmd, keep, told);
+            let status = crate::session::criu_run::run_restoring_criu(&mut cmd, keep, told);
             criu_exited = started.elapsed().as_secs_f64();
             command_ended.store(true, std::sync::atomic::Ordering::Relaxed);
             if status.as_ref().is_ok_and(|s| s.success()) {

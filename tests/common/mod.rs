@@ -330,15 +330,27 @@ impl Drop for Workload {
 /// test binary with the system's C compiler.
 pub fn fake_cuda_library() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| shared_library("tests/fake_cuda/fakecuda.c", "libfakecuda.so")).clone()
+}
+
+/// The shim of `tests/sigcont_shim` (see there) that makes CRIU wait for
+/// good, built once per test binary.
+pub fn sigcont_shim_library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cuda/fakecuda.c");
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libfakecuda.so");
-            let st = Command::new("cc").args(["-shared", "-fPIC", "-O1", "-Wall", "-o"]).arg(&out).arg(&src).status();
-            assert!(st.is_ok_and(|s| s.success()), "building the fake CUDA driver with cc failed");
-            out
-        })
+        .get_or_init(|| shared_library("tests/sigcont_shim/sigcont_after_seize.c", "libsigcont_after_seize.so"))
         .clone()
+}
+
+/// `src` (from the project root) built as the shared library `name` in
+/// the test target's scratch directory, with the system's C compiler.
+fn shared_library(src: &str, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let st =
+        Command::new("cc").args(["-shared", "-fPIC", "-O1", "-Wall", "-o"]).arg(&out).arg(&src).arg("-ldl").status();
+    assert!(st.is_ok_and(|s| s.success()), "building {} with cc failed", src.display());
+    out
 }
 
 /// Lets the command take SIGINT the way a terminal user's criuz does: a

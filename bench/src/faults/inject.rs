@@ -277,14 +277,14 @@ fn strike(fault: Option<Fault>, criuz: &Child, peer: Option<&Child>, s3: &mut S3
         }
         Some(Fault::ContinueTree) => {
             // The restored processes below criuz (CRIU's own until its
-            // restorer gives each its name back), once CRIU no longer traces
-            // them: a SIGCONT while CRIU 4.2.1 holds a task under ptrace in
-            // its last restore stages stops the task in a ptrace trap CRIU
-            // never answers, and CRIU waits for it for good
-            // (docs/RELIABILITY.md); that is CRIU's, not what is judged here.
+            // restorer gives each its name back), traced by CRIU or not: a
+            // SIGCONT while CRIU 4.2.1 holds a task under ptrace in its last
+            // restore stages stops the task in a ptrace trap CRIU never
+            // answers, and CRIU waits for it for good, which criuz must end
+            // (`proc::stuck`) rather than wait with it.
             let tree: Vec<i32> =
                 proc::tree(criuz.id() as i32).into_iter().skip(1).filter(|&p| !is_criu_or_criuz(p)).collect();
-            if tree.is_empty() || tree.iter().any(|&p| traced(p)) {
+            if tree.is_empty() {
                 return false;
             }
             for p in tree {
@@ -297,12 +297,6 @@ fn strike(fault: Option<Fault>, criuz: &Child, peer: Option<&Child>, s3: &mut S3
         Some(Fault::Enospc) | None => {}
     }
     true
-}
-
-/// Whether a tracer holds the process (or it cannot be read).
-fn traced(pid: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).is_none_or(|t| t.trim() != "0")
 }
 
 fn is_criu_or_criuz(pid: i32) -> bool {

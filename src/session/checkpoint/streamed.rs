@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::proc::guard::Guard;
 use crate::proc::restored;
 use crate::session::criu_run::{
-    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda, run_criu_told,
-    RestoreOptions, PIDFILE_FAILED,
+    cannot_run, check_pids_free, criu_failure, cuda_plan, publish_pidfile, restore_command, resume_cuda,
+    run_restoring_criu, RestoreOptions, PIDFILE_FAILED,
 };
 use crate::session::memory_room::{check_memory_room, SharedPages};
 use crate::session::serve::{self, ServeOptions};
@@ -130,7 +130,7 @@ pub fn restore_opened(
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         });
-        let status = run_criu_told(&mut cmd, &tree, Some(&guard));
+        let status = run_restoring_criu(&mut cmd, &tree, Some(&guard));
         stop.store(true, Ordering::Relaxed);
         restored.store(true, Ordering::Relaxed);
         (status, srv.join().unwrap_or(Err(Error::Cancelled)))

@@ -1,0 +1,213 @@
+//! Whether a restoring CRIU waits for good on a task it traces.
+//!
+//! In its last restore stages CRIU 4.2.1 seizes every thread of the tree
+//! (ptrace) and waits on a futex for them to reach the next stage. A
+//! SIGCONT from outside in that window (a shell's job control, a
+//! supervisor) stops a seized thread in a ptrace trap, the kernel's notice
+//! to the tracer that it was continued. Only CRIU could let it go on, and
+//! it waits on its futex instead: both wait forever.
+//!
+//! Seen from /proc: every thread of CRIU asleep in `futex()`, a thread it
+//! traces in a ptrace stop (`t`), and neither has run since the last look.
+//! Nothing else in a restore looks like that for long: CRIU collects its
+//! tracees' stops with `wait4` and ptrace calls, not futexes, and a thread
+//! it waits for that moves on moves its run time. So the same reading
+//! twice, [`Watch::FOR`] apart, is that deadlock and not a slow restore
+//! (a restore's stages can take long, but then something runs).
+//! Trade-off: the wait before it is called stuck is time a hung restore
+//! spends; long enough that two readings cannot both catch a thread on its
+//! way through a stop, short next to any deadline a restore has.
+
+use super::holder::state_of;
+use super::tree::tree_pids;
+use std::time::{Duration, Instant};
+
+/// The threads of `pid` with their run times, or `None` where one is not
+/// asleep in `futex()` (or the process is gone).
+fn all_in_futex(pid: i32) -> Option<Vec<(i32, u64)>> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let tid: i32 = task.ok()?.file_name().to_str()?.parse().ok()?;
+        let dir = format!("/proc/{pid}/task/{tid}");
+        if !in_futex(&dir) {
+            return None;
+        }
+        threads.push((tid, run_time(&dir)?));
+    }
+    threads.sort_unstable();
+    Some(threads)
+}
+
+/// Whether the thread of `task_dir` sleeps in `futex()`: its `syscall`
+/// reads "NR args..." while in a system call, "running" or -1 otherwise.
+fn in_futex(task_dir: &str) -> bool {
+    std::fs::read_to_string(format!("{task_dir}/syscall"))
+        .is_ok_and(|s| s.split_whitespace().next().and_then(|nr| nr.parse::<i64>().ok()) == Some(libc::SYS_futex))
+}
+
+fn run_time(task_dir: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("{task_dir}/schedstat")).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// A thread that CRIU traces, and whether it sits in a ptrace stop (`t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Traced {
+    tid: i32,
+    trapped: bool,
+    ran: u64,
+}
+
+/// The threads of `pids` that one of `tracers` (thread ids: `TracerPid`
+/// names the thread that attached) traces, by thread id.
+fn traced_by(tracers: &[i32], pids: &[i32]) -> Vec<Traced> {
+    let mut traced = Vec::new();
+    for &pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok()) {
+            let dir = format!("/proc/{pid}/task/{tid}");
+            let Ok(status) = std::fs::read_to_string(format!("{dir}/status")) else { continue };
+            let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|t| t.trim().parse().ok());
+            if !tracer.is_some_and(|t: i32| t != 0 && tracers.contains(&t)) {
+                continue;
+            }
+            let trapped = std::fs::read_to_string(format!("{dir}/stat")).is_ok_and(|s| state_of(&s) == Some('t'));
+            let Some(ran) = run_time(&dir) else { continue };
+            traced.push(Traced { tid, trapped, ran });
+        }
+    }
+    traced.sort_unstable_by_key(|t| t.tid);
+    traced
+}
+
+/// A CRIU that waits for good ([`Watch::look`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Stuck {
+    /// A thread of the tree in the ptrace trap CRIU does not answer.
+    pub trapped: i32,
+    /// Every thread CRIU traces: in its last stages, the whole tree.
+    pub traced: Vec<i32>,
+}
+
+/// Looks at a restoring CRIU (`criu`, a child of this process) now and
+/// then ([`Watch::look`]) and says when it waits for good.
+pub(crate) struct Watch {
+    criu: i32,
+    first: Option<(Instant, Reading)>,
+}
+
+/// One look that saw every thread of CRIU in `futex()` and a thread it
+/// traces trapped: CRIU's threads and what it traces, each with its run
+/// time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Reading {
+    criu: Vec<(i32, u64)>,
+    traced: Vec<Traced>,
+}
+
+impl Watch {
+    /// How long the same stuck reading must last.
+    pub(crate) const FOR: Duration = Duration::from_secs(2);
+
+    pub(crate) fn new(criu: i32) -> Self {
+        Watch { criu, first: None }
+    }
+
+    /// Whether CRIU has waited for good: a thread it traces has sat in a
+    /// ptrace stop, and CRIU on its futexes, nothing of either having run,
+    /// for [`Self::FOR`]. The tracees are looked for among this process's
+    /// descendants (the tree CRIU restores is CRIU's, or with
+    /// `--restore-sibling` this process's), and only while every thread
+    /// of CRIU sleeps in `futex()`.
+    pub(crate) fn look(&mut self) -> Option<Stuck> {
+        let now = self.read();
+        match (&self.first, now) {
+            (Some((since, first)), Some(now)) if *first == now => (since.elapsed() >= Self::FOR).then(|| Stuck {
+                trapped: now.traced.iter().find(|t| t.trapped).map_or(0, |t| t.tid),
+                traced: now.traced.iter().map(|t| t.tid).collect(),
+            }),
+            (_, now) => {
+                self.first = now.map(|r| (Instant::now(), r));
+                None
+            }
+        }
+    }
+
+    fn read(&self) -> Option<Reading> {
+        let criu = all_in_futex(self.criu)?;
+        let tids: Vec<i32> = criu.iter().map(|&(tid, _)| tid).collect();
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let traced = traced_by(&tids, &tree_pids(&[me]));
+        traced.iter().any(|t| t.trapped).then_some(Reading { criu, traced })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !done() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// What the watch reads, on the kernel it runs on: a seized child runs
+    /// on, and a SIGCONT then stops it in a ptrace trap that lasts, its run
+    /// time still, while its tracer sleeps in `futex()`.
+    #[test]
+    fn a_seized_child_continued_sits_in_a_trap_while_its_tracer_waits_on_a_futex() {
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<bool>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // ptrace belongs to the thread that attached: this one, which then
+        // waits on a channel (a futex) as CRIU waits for its stage.
+        let tracer = std::thread::spawn(move || {
+            // SAFETY: seizing our own child.
+            assert_eq!(unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) }, 0, "PTRACE_SEIZE");
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            if go_rx.recv().unwrap() {
+                // SAFETY: continuing our own child.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+            let _ = done_rx.recv();
+        });
+        let tracer_tid = tid_rx.recv().unwrap();
+        let dir = format!("/proc/self/task/{tracer_tid}");
+        std::thread::sleep(Duration::from_millis(50));
+        let seized = traced_by(&[tracer_tid], &[pid]);
+        assert!(seized.len() == 1 && !seized[0].trapped, "seized, not stopped: {seized:?}");
+        go_tx.send(true).unwrap();
+        until("the trap", || traced_by(&[tracer_tid], &[pid]).iter().any(|t| t.trapped));
+        until("the tracer in futex()", || in_futex(&dir));
+        let first = traced_by(&[tracer_tid], &[pid]);
+        std::thread::sleep(Duration::from_millis(200));
+        let second = traced_by(&[tracer_tid], &[pid]);
+        assert!(traced_by(&[tracer_tid + 100_000], &[pid]).is_empty(), "traced by another");
+        done_tx.send(()).unwrap();
+        tracer.join().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(first.iter().map(|t| (t.tid, t.trapped)).collect::<Vec<_>>(), vec![(pid, true)]);
+        assert_eq!(first, second, "the trapped child does not run");
+    }
+
+    /// A process that is not CRIU's, or not waiting on a futex, is never
+    /// read stuck.
+    #[test]
+    fn a_process_that_traces_nothing_is_not_stuck() {
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let mut w = Watch::new(child.id() as i32);
+        assert_eq!(w.look(), None);
+        assert!(w.first.is_none(), "sleep waits in clock_nanosleep, not futex()");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(Watch::new(child.id() as i32).look(), None, "gone");
+    }
+}
