@@ -439,6 +439,39 @@ fn runc_containers_round_trip_by_both_routes() {
     }
 }
 
+/// A container whose CRIU (runc's) waits for good on a thread that a
+/// SIGCONT stopped in a ptrace trap (`tests/sigcont_shim`, preloaded into
+/// CRIU at the one moment that hangs CRIU 4.2.1) is not left restoring:
+/// criuz ends CRIU with the container's processes, the restore fails
+/// saying why and leaves no container, and restored again with CRIU alone
+/// the container runs intact. Eagerly and lazily.
+#[test]
+fn a_container_whose_criu_waits_for_good_is_ended_and_restores_again() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let wrapper = criu_made_to_wait_for_good(t.path(), &criu);
+    let r = Runc::bundle(t.path(), "criuz-stuck", "32", "mixed");
+    r.start(&criu);
+    let before = r.sum();
+    let arc = t.path().join("stuck.czr");
+    for how in ["--eager", "--lazy"] {
+        ok(r.criuz(&["checkpoint", &r.id, "-o", p(&arc), "--force", "--criu", p(&criu)]), "criuz runc checkpoint");
+        let head = ["runc", "restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", how, "--criu", p(&wrapper)];
+        let mut restore = Command::new(CRIUZ);
+        restore.args(head).args(["--root", p(r.root.path())]);
+        // A criuz that waits with CRIU fails the test rather than hang it.
+        let Some((status, err)) = status_and_stderr_within(&mut restore, Duration::from_secs(60)) else {
+            panic!("{how}: criuz still waited with runc's CRIU after 60 s")
+        };
+        assert_eq!(status.code(), Some(1), "{how}: {err}");
+        assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{how}: {err}");
+        assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{how}: no container is left");
+        ok(r.restore(&arc, &[how], &criu), &format!("criuz runc restore {how}, again"));
+        assert_eq!(r.sum(), before, "{how}: memory after the restore run again");
+    }
+}
+
 /// Restored without --detach, runc waits for the container and exits as
 /// its init does: criuz passes that on (it took any non-zero status for a
 /// failed restore, exit 1 with CRIU's log), eagerly and lazily.

@@ -1342,39 +1342,18 @@ fn a_criu_waiting_for_good_on_a_continued_thread_is_ended_and_the_restore_fails(
     let Some(real) = criu() else { return };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("criu");
-    let script = format!("#!/bin/sh\nLD_PRELOAD={} exec {} \"$@\"\n", sigcont_shim_library().display(), real.display());
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = criu_made_to_wait_for_good(dir.path(), &real);
     for how in [&["--fill", "place", "-d"][..], &["--fill", "stream", "-d"], &["--lazy", "-d"], &["--fill", "place"]] {
         let said = how.join(" ");
         let (mut w, before, _tmp, arc) = dumped(Spec { mode: "tree", children: 1, mib: 16, ..Default::default() });
         let tree: Vec<i32> = w.pids.clone();
-        let mut restore = Command::new(CRIUZ)
-            .args(["restore", "-i", arc.to_str().unwrap(), "--criu", wrapper.to_str().unwrap()])
-            .args(how)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = restore.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-            text
-        });
+        let mut restore = Command::new(CRIUZ);
+        restore.args(["restore", "-i", arc.to_str().unwrap(), "--criu", wrapper.to_str().unwrap()]).args(how);
         // A criuz that waits with CRIU fails the test rather than hang it
         // (killed, it takes CRIU and the tree with it).
-        let t = Instant::now();
-        while restore.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let hung = restore.try_wait().unwrap().is_none();
-        let _ = restore.kill();
-        let status = restore.wait().unwrap();
-        let err = reader.join().unwrap();
-        assert!(!hung, "{said}: criuz still waited with CRIU after 30 s: {err}");
+        let Some((status, err)) = status_and_stderr_within(&mut restore, Duration::from_secs(30)) else {
+            panic!("{said}: criuz still waited with CRIU after 30 s")
+        };
         assert_eq!(status.code(), Some(1), "{said}: {err}");
         assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{said}: {err}");
         reap_zombies();

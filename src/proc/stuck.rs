@@ -18,7 +18,7 @@
 //! spends; long enough that two readings cannot both catch a thread on its
 //! way through a stop, short next to any deadline a restore has.
 
-use super::holder::state_of;
+use super::holder::{holder_of, state_of};
 use super::tree::tree_pids;
 use std::time::{Duration, Instant};
 
@@ -82,25 +82,29 @@ fn traced_by(tracers: &[i32], pids: &[i32]) -> Vec<Traced> {
 /// A CRIU that waits for good ([`Watch::look`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Stuck {
+    /// CRIU itself (the process that traces the tree).
+    pub criu: i32,
     /// A thread of the tree in the ptrace trap CRIU does not answer.
     pub trapped: i32,
     /// Every thread CRIU traces: in its last stages, the whole tree.
     pub traced: Vec<i32>,
 }
 
-/// Looks at a restoring CRIU (`criu`, a child of this process) now and
-/// then ([`Watch::look`]) and says when it waits for good.
+/// Looks at a restore's CRIU now and then ([`Watch::look`]) and says when
+/// it waits for good: the CRIU criuz runs, or the one runc runs below it.
 pub(crate) struct Watch {
-    criu: i32,
+    /// The process criuz started: CRIU, or runc.
+    below: i32,
     first: Option<(Instant, Reading)>,
 }
 
-/// One look that saw every thread of CRIU in `futex()` and a thread it
-/// traces trapped: CRIU's threads and what it traces, each with its run
-/// time.
+/// One look that saw every thread of a `criu` in `futex()` and a thread it
+/// traces trapped: that CRIU, its threads and what it traces, each thread
+/// with its run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Reading {
-    criu: Vec<(i32, u64)>,
+    criu: i32,
+    threads: Vec<(i32, u64)>,
     traced: Vec<Traced>,
 }
 
@@ -108,20 +112,22 @@ impl Watch {
     /// How long the same stuck reading must last.
     pub(crate) const FOR: Duration = Duration::from_secs(2);
 
-    pub(crate) fn new(criu: i32) -> Self {
-        Watch { criu, first: None }
+    /// Watches `below` (a child of this process) and what it runs.
+    pub(crate) fn new(below: i32) -> Self {
+        Watch { below, first: None }
     }
 
-    /// Whether CRIU has waited for good: a thread it traces has sat in a
-    /// ptrace stop, and CRIU on its futexes, nothing of either having run,
-    /// for [`Self::FOR`]. The tracees are looked for among this process's
-    /// descendants (the tree CRIU restores is CRIU's, or with
-    /// `--restore-sibling` this process's), and only while every thread
-    /// of CRIU sleeps in `futex()`.
+    /// Whether a CRIU has waited for good: a thread it traces has sat in
+    /// a ptrace stop, and CRIU on its futexes, nothing of either having
+    /// run, for [`Self::FOR`]. CRIU is a `criu` at or below the watched
+    /// process every thread of which sleeps in `futex()`; its tracees are
+    /// looked for among this process's descendants (the tree CRIU
+    /// restores is CRIU's, or with `--restore-sibling` its parent's).
     pub(crate) fn look(&mut self) -> Option<Stuck> {
         let now = self.read();
         match (&self.first, now) {
             (Some((since, first)), Some(now)) if *first == now => (since.elapsed() >= Self::FOR).then(|| Stuck {
+                criu: now.criu,
                 trapped: now.traced.iter().find(|t| t.trapped).map_or(0, |t| t.tid),
                 traced: now.traced.iter().map(|t| t.tid).collect(),
             }),
@@ -133,12 +139,23 @@ impl Watch {
     }
 
     fn read(&self) -> Option<Reading> {
-        let criu = all_in_futex(self.criu)?;
-        let tids: Vec<i32> = criu.iter().map(|&(tid, _)| tid).collect();
+        // The tree's own processes are named `criu` too until CRIU's
+        // restorer names them, and wait on futexes; they trace nothing.
+        let waiting: Vec<(i32, Vec<(i32, u64)>)> = tree_pids(&[self.below])
+            .into_iter()
+            .filter(|&p| holder_of(p).is_some_and(|h| h.comm == "criu" && !h.zombie))
+            .filter_map(|p| Some((p, all_in_futex(p)?)))
+            .collect();
+        if waiting.is_empty() {
+            return None;
+        }
         // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        let traced = traced_by(&tids, &tree_pids(&[me]));
-        traced.iter().any(|t| t.trapped).then_some(Reading { criu, traced })
+        let descendants = tree_pids(&[unsafe { libc::getpid() }]);
+        waiting.into_iter().find_map(|(criu, threads)| {
+            let tids: Vec<i32> = threads.iter().map(|&(tid, _)| tid).collect();
+            let traced = traced_by(&tids, &descendants);
+            traced.iter().any(|t| t.trapped).then_some(Reading { criu, threads, traced })
+        })
     }
 }
 
@@ -198,14 +215,14 @@ mod tests {
         assert_eq!(first, second, "the trapped child does not run");
     }
 
-    /// A process that is not CRIU's, or not waiting on a futex, is never
+    /// A process that is not CRIU, or not waiting on a futex, is never
     /// read stuck.
     #[test]
     fn a_process_that_traces_nothing_is_not_stuck() {
         let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
         let mut w = Watch::new(child.id() as i32);
         assert_eq!(w.look(), None);
-        assert!(w.first.is_none(), "sleep waits in clock_nanosleep, not futex()");
+        assert!(w.first.is_none(), "no criu there");
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(Watch::new(child.id() as i32).look(), None, "gone");

@@ -329,7 +329,7 @@ fn checkpoint_into(
             let done = AtomicBool::new(false);
             let (status, followed) = std::thread::scope(|s| {
                 let f = s.spawn(|| follow_pages(&images, &packer, &done));
-                // Not once an interruption has begun (`criu_run::run_criu`).
+                // Not once an interruption has begun (`criu_run::run_criu_told`).
                 let status = crate::io::unfinished::uninterrupted(|| cmd.spawn()).and_then(|mut c| {
                     if let Some(g) = held {
                         g.wait_for(c.id()).map_err(|e| std::io::Error::other(e.to_string()))?;

@@ -395,13 +395,9 @@ pub(crate) fn restore_command(
 /// after what CRIU forked and left behind (`restored::end_criu_strays`): a
 /// probe left stopped by a killed CRIU holds copies of its sockets, so the
 /// runc above it, or criuz's own image socket, would wait for it forever.
-/// `keep` (a restored tree's pids) is spared.
-pub(crate) fn run_criu(cmd: &mut Command, keep: &[i32]) -> std::io::Result<std::process::ExitStatus> {
-    run_criu_told(cmd, keep, None)
-}
-
-/// [`run_criu`], telling `guard` to wait for the process before it acts
-/// (a paused container is resumed only once the runc checkpointing it ends).
+/// `keep` (a restored tree's pids) is spared. `guard` is told to wait for
+/// the process before it acts (a paused container is resumed only once
+/// the runc checkpointing it ends).
 pub(crate) fn run_criu_told(
     cmd: &mut Command,
     keep: &[i32],
@@ -410,12 +406,14 @@ pub(crate) fn run_criu_told(
     run_criu_watched(cmd, keep, guard, false)
 }
 
-/// [`run_criu_told`] for `criu restore`: a CRIU that waits for good on a
-/// thread of the tree it traces (`proc::stuck`: CRIU 4.2.1 after a SIGCONT
-/// from outside in its last stages) is killed, and the run's error is a
-/// [`CriuStuck`]; what CRIU restored is the caller's to end, as after any
-/// failed CRIU. Not for a dump, whose CRIU traces a frozen tree and must
-/// not be killed while its parasite runs there.
+/// [`run_criu_told`] for a restore (`criu restore`, or `runc restore`): a
+/// CRIU that waits for good on a thread of the tree it traces
+/// (`proc::stuck`: CRIU 4.2.1 after a SIGCONT from outside in its last
+/// stages) is killed with the threads it traces, and the run's error,
+/// once the process criuz started has ended, is a [`CriuStuck`]; what is
+/// left of the tree is the caller's to end, as after any failed CRIU. Not
+/// for a dump, whose CRIU traces a frozen tree and must not be killed
+/// while its parasite runs there.
 pub(crate) fn run_restoring_criu(
     cmd: &mut Command,
     keep: &[i32],
@@ -445,13 +443,14 @@ fn run_criu_watched(
     spared.push(child.id() as i32);
     let exited = ExitWatch::open(child.id());
     let mut between = ExitWatch::FIRST_CHECKS;
-    let mut stuck = watch_stuck.then(|| crate::proc::stuck::Watch::new(child.id() as i32));
+    let mut watch = watch_stuck.then(|| crate::proc::stuck::Watch::new(child.id() as i32));
+    let mut ended_stuck = None;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
         restored::end_criu_strays(&spared);
-        if let Some(stuck) = stuck.as_mut().and_then(|w| w.look()) {
+        if let Some(stuck) = watch.as_mut().and_then(|w| w.look()) {
             // The tree first, while CRIU still holds it: let go by a dead
             // CRIU, its threads would run on in CRIU's restorer.
             for &tid in &stuck.traced {
@@ -459,16 +458,21 @@ fn run_criu_watched(
                 // it): the whole process goes.
                 unsafe { libc::kill(tid, libc::SIGKILL) };
             }
-            let _ = child.kill();
-            let _ = child.wait();
-            restored::end_criu_strays(keep);
-            return Err(std::io::Error::other(CriuStuck { tid: stuck.trapped }));
+            // SAFETY: the CRIU this restore runs (criuz's child, or runc's
+            // below it), found waiting for good.
+            unsafe { libc::kill(stuck.criu, libc::SIGKILL) };
+            ended_stuck = Some(CriuStuck { tid: stuck.trapped });
+            // A runc above it fails on its own as its CRIU dies.
+            watch = None;
         }
         exited.wait(between);
         between = exited.next(between);
     };
     restored::end_criu_strays(keep);
-    Ok(status)
+    match ended_stuck {
+        Some(stuck) => Err(std::io::Error::other(stuck)),
+        None => Ok(status),
+    }
 }
 
 /// Waits for a child to exit, at most a given time: through a pidfd where

@@ -342,6 +342,38 @@ pub fn sigcont_shim_library() -> PathBuf {
         .clone()
 }
 
+/// A `criu` in `dir` that runs `real` with the shim of `tests/sigcont_shim`
+/// preloaded: CRIU 4.2.1 then waits for good in its last restore stage.
+pub fn criu_made_to_wait_for_good(dir: &Path, real: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let wrapper = dir.join("criu");
+    let script = format!("#!/bin/sh\nLD_PRELOAD={} exec {} \"$@\"\n", sigcont_shim_library().display(), real.display());
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
+/// Runs `cmd` (stdin and stdout null, stderr read) for at most `limit`:
+/// its status and stderr, or `None` where it still ran then (it is killed,
+/// and its stderr, which what it started may still hold, is not read).
+pub fn status_and_stderr_within(cmd: &mut Command, limit: Duration) -> Option<(std::process::ExitStatus, String)> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && t.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ran_on = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    (!ran_on).then(|| (status, reader.join().unwrap()))
+}
+
 /// `src` (from the project root) built as the shared library `name` in
 /// the test target's scratch directory, with the system's C compiler.
 fn shared_library(src: &str, name: &str) -> PathBuf {

@@ -14,7 +14,7 @@ use crate::io::Location;
 use crate::proc::guard::Victim;
 use crate::proc::memory::{self, ChargedTo};
 use crate::session::criu_hook::{ActionHook, At};
-use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_criu, ToldAgain};
+use crate::session::criu_run::{cannot_run, criu_failure, cuda_plan, run_restoring_criu, ToldAgain};
 use crate::session::lazy::{Fill, LazyRestore, Release};
 use crate::session::memory_room::{check_container_memory_room, SharedPages};
 use std::path::{Path, PathBuf};
@@ -207,7 +207,11 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let unpack_seconds = started.elapsed().as_secs_f64();
     let mut cmd = restore(&criu.path);
     runc_restore_args(&mut cmd, o, &pid_file, held);
-    let status = run_criu(&mut cmd, &[]).map_err(|e| cannot_run(runc.binary.display(), e))?;
+    let status = run_restoring_criu(&mut cmd, &[], None).map_err(|e| {
+        // A CRIU ended for waiting for good leaves what it forked too.
+        crate::proc::restored::end_orphans();
+        cannot_run(runc.binary.display(), e)
+    })?;
     let exit_status = ended(status);
     if !status.success() && exit_status.is_none() {
         crate::proc::restored::end_orphans();
