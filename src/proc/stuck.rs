@@ -95,6 +95,12 @@ pub(crate) struct Stuck {
 pub(crate) struct Watch {
     /// The process criuz started: CRIU, or runc.
     below: i32,
+    /// CRIU, once seen: the first `criu` at or below `below`, parents
+    /// before children (the tree CRIU forks comes after it, named `criu`
+    /// too until its restorer names it). Looked for again once it has
+    /// ended: runc asks a CRIU for its version before the one that
+    /// restores.
+    criu: Option<i32>,
     first: Option<(Instant, Reading)>,
 }
 
@@ -114,15 +120,15 @@ impl Watch {
 
     /// Watches `below` (a child of this process) and what it runs.
     pub(crate) fn new(below: i32) -> Self {
-        Watch { below, first: None }
+        Watch { below, criu: None, first: None }
     }
 
     /// Whether a CRIU has waited for good: a thread it traces has sat in
     /// a ptrace stop, and CRIU on its futexes, nothing of either having
-    /// run, for [`Self::FOR`]. CRIU is a `criu` at or below the watched
-    /// process every thread of which sleeps in `futex()`; its tracees are
-    /// looked for among this process's descendants (the tree CRIU
-    /// restores is CRIU's, or with `--restore-sibling` its parent's).
+    /// run, for [`Self::FOR`]. Its tracees are looked for among this
+    /// process's descendants (the tree CRIU restores is CRIU's, or with
+    /// `--restore-sibling` its parent's), only while every thread of CRIU
+    /// sleeps in `futex()`.
     pub(crate) fn look(&mut self) -> Option<Stuck> {
         let now = self.read();
         match (&self.first, now) {
@@ -138,24 +144,20 @@ impl Watch {
         }
     }
 
-    fn read(&self) -> Option<Reading> {
-        // The tree's own processes are named `criu` too until CRIU's
-        // restorer names them, and wait on futexes; they trace nothing.
-        let waiting: Vec<(i32, Vec<(i32, u64)>)> = tree_pids(&[self.below])
-            .into_iter()
-            .filter(|&p| holder_of(p).is_some_and(|h| h.comm == "criu" && !h.zombie))
-            .filter_map(|p| Some((p, all_in_futex(p)?)))
-            .collect();
-        if waiting.is_empty() {
-            return None;
-        }
+    fn read(&mut self) -> Option<Reading> {
+        let alive = |p: i32| holder_of(p).is_some_and(|h| h.comm == "criu" && !h.zombie);
+        let criu = match self.criu.filter(|&c| alive(c)) {
+            Some(c) => c,
+            None => {
+                self.criu = tree_pids(&[self.below]).into_iter().find(|&p| alive(p));
+                self.criu?
+            }
+        };
+        let threads = all_in_futex(criu)?;
+        let tids: Vec<i32> = threads.iter().map(|&(tid, _)| tid).collect();
         // SAFETY: getpid has no preconditions.
-        let descendants = tree_pids(&[unsafe { libc::getpid() }]);
-        waiting.into_iter().find_map(|(criu, threads)| {
-            let tids: Vec<i32> = threads.iter().map(|&(tid, _)| tid).collect();
-            let traced = traced_by(&tids, &descendants);
-            traced.iter().any(|t| t.trapped).then_some(Reading { criu, threads, traced })
-        })
+        let traced = traced_by(&tids, &tree_pids(&[unsafe { libc::getpid() }]));
+        traced.iter().any(|t| t.trapped).then_some(Reading { criu, threads, traced })
     }
 }
 
