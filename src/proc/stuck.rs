@@ -19,7 +19,8 @@
 //! way through a stop, short next to any deadline a restore has.
 
 use super::holder::{holder_of, state_of};
-use super::tree::tree_pids;
+use super::signal_safe::status_number;
+use super::tree::{run_time, tree_pids};
 use std::time::{Duration, Instant};
 
 /// The threads of `pid` with their run times, or `None` where one is not
@@ -45,10 +46,6 @@ fn in_futex(task_dir: &str) -> bool {
         .is_ok_and(|s| s.split_whitespace().next().and_then(|nr| nr.parse::<i64>().ok()) == Some(libc::SYS_futex))
 }
 
-fn run_time(task_dir: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("{task_dir}/schedstat")).ok()?.split_whitespace().next()?.parse().ok()
-}
-
 /// A thread that CRIU traces, and whether it sits in a ptrace stop (`t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Traced {
@@ -64,12 +61,12 @@ fn traced_by(tracers: &[i32], pids: &[i32]) -> Vec<Traced> {
     for &pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
         for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok()) {
-            let dir = format!("/proc/{pid}/task/{tid}");
-            let Ok(status) = std::fs::read_to_string(format!("{dir}/status")) else { continue };
-            let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|t| t.trim().parse().ok());
-            if !tracer.is_some_and(|t: i32| t != 0 && tracers.contains(&t)) {
+            // SAFETY: status_number only opens, reads and closes on stack memory.
+            let tracer = unsafe { status_number(tid, b"\nTracerPid:\t") };
+            if !tracer.is_some_and(|t| t != 0 && tracers.contains(&t)) {
                 continue;
             }
+            let dir = format!("/proc/{pid}/task/{tid}");
             let trapped = std::fs::read_to_string(format!("{dir}/stat")).is_ok_and(|s| state_of(&s) == Some('t'));
             let Some(ran) = run_time(&dir) else { continue };
             traced.push(Traced { tid, trapped, ran });

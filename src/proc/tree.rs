@@ -119,12 +119,17 @@ pub(crate) fn stopped_runtimes(tree: &[i32]) -> Option<Vec<(i32, u64)>> {
             if !matches!(state_of(&stat)?, 'T' | 't' | 'Z' | 'X') {
                 return None;
             }
-            let schedstat = std::fs::read_to_string(format!("{dir}/schedstat")).ok()?;
-            threads.push((tid, schedstat.split_whitespace().next()?.parse().ok()?));
+            threads.push((tid, run_time(&dir)?));
         }
     }
     threads.sort_unstable();
     Some(threads)
+}
+
+/// The CPU time the thread of `task_dir` (`/proc/PID/task/TID`) has run,
+/// in nanoseconds (the first field of its `schedstat`).
+pub(super) fn run_time(task_dir: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("{task_dir}/schedstat")).ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// [`stopped_runtimes`] once the tree has settled stopped: two readings

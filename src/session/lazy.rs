@@ -329,11 +329,11 @@ impl LazyRestore<'_> {
                 blocks.finish();
                 // A held tree is told whole, and let run, only once CRIU has
                 // exited having restored it (above).
-                let criu_restored = || !hold || criu_ended.as_ref().is_some_and(|e| e.recv().unwrap_or(false));
+                let restored_by_criu = || !hold || criu_ended.as_ref().is_some_and(|e| e.recv().unwrap_or(false));
                 if r.is_err() {
                     // Before the pager's copies of the userfaultfds close.
                     victim.kill();
-                } else if pager.all_in() && criu_restored() {
+                } else if pager.all_in() && restored_by_criu() {
                     r = pager.ran_while_held();
                     if r.is_err() {
                         victim.kill();
