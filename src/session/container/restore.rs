@@ -207,16 +207,18 @@ pub fn runc_restore(runc: &Runc, o: &RuncRestore, opts: &Options, criu: &Criu) -
     let unpack_seconds = started.elapsed().as_secs_f64();
     let mut cmd = restore(&criu.path);
     runc_restore_args(&mut cmd, o, &pid_file, held);
-    let status = run_restoring_criu(&mut cmd, &[], None).map_err(|e| {
-        // A CRIU ended for waiting for good leaves what it forked too.
-        crate::proc::restored::end_orphans();
-        cannot_run(runc.binary.display(), e)
-    })?;
-    let exit_status = ended(status);
-    if !status.success() && exit_status.is_none() {
-        crate::proc::restored::end_orphans();
-        return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
-    }
+    let exit_status = run_restoring_criu(&mut cmd, &[], None)
+        .map_err(|e| cannot_run(runc.binary.display(), e))
+        .and_then(|status| {
+            let exit_status = ended(status);
+            if !status.success() && exit_status.is_none() {
+                return Err(criu_failure(&format!("runc restore {}", o.id), status, &work.save_log("restore.log")));
+            }
+            Ok(exit_status)
+        })
+        // A failed restore, a CRIU ended for waiting for good included,
+        // leaves what it forked: none of it outlives the failure.
+        .inspect_err(|_| crate::proc::restored::end_orphans())?;
     let cuda_resume_seconds = resume()?;
     Ok(ContainerRestoreReport {
         seconds: started.elapsed().as_secs_f64(),
