@@ -104,14 +104,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Guest memory warmed before a timed restore of an `mib` workload: its
-/// memory and CRIU's, with room to spare. (Only the incremental restores,
-/// whose ratios decide a 20% target, are warmed so far; the main table's
-/// restores are not, so `docs/results/bench.json` stays comparable with its reruns.)
-fn warm_bytes(mib: u64) -> usize {
-    ((mib + mib / 4 + 256) << 20) as usize
-}
-
 fn median(v: &[f64]) -> f64 {
     crate::report::median(v).unwrap_or(f64::NAN)
 }
@@ -186,7 +178,7 @@ pub fn measure(
     let pids = proc::tree(app.pid);
     ctx.dump(app.pid, &child, Some(&base), false)?;
     reap_all(&pids)?;
-    proc::warm_guest_memory(warm_bytes(mib_size));
+    proc::warm_guest_memory(proc::warm_bytes(mib_size));
     let (restore_s, usage) = ctx.restore(&child)?;
     let intact = app.fingerprint().map(|after| after == before).unwrap_or(false);
     let row = IncRow {
@@ -259,7 +251,7 @@ pub fn chain(
     for run in 0..runs.max(6) * 2 {
         let from_chain = matches!(run % 4, 0 | 3);
         std::thread::sleep(Duration::from_secs(1));
-        proc::warm_guest_memory(warm_bytes(mib_size));
+        proc::warm_guest_memory(proc::warm_bytes(mib_size));
         let (s, u) = ctx.restore(if from_chain { &prev } else { &flat })?;
         intact &= app.fingerprint().map(|after| after == before).unwrap_or(false);
         if from_chain {

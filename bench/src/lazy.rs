@@ -148,7 +148,7 @@ impl LazyCommand<'_> {
 
 fn settle(mib: u64, cold: bool) -> Result<()> {
     std::thread::sleep(Duration::from_secs(1));
-    proc::warm_guest_memory(((mib + mib / 4 + 256) << 20) as usize);
+    proc::warm_guest_memory(proc::warm_bytes(mib));
     if cold {
         proc::drop_caches()?;
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 mod host;
 mod pipeline;
 
-pub use host::{copy_exe, dir_bytes, drop_caches, file_bytes, read_through, warm_guest_memory, Tmpfs};
+pub use host::{copy_exe, dir_bytes, drop_caches, file_bytes, read_through, warm_bytes, warm_guest_memory, Tmpfs};
 pub use pipeline::{pipeline, relay, Dst, Finished, Src};
 
 /// CPU and peak resident memory of the commands of one step.

@@ -51,6 +51,13 @@ pub fn warm_guest_memory(bytes: usize) {
     }
 }
 
+/// Guest memory warmed before a timed dump or restore of an `mib` workload:
+/// its memory, a copy in the page cache or a tmpfs, and CRIU's, with room
+/// to spare.
+pub fn warm_bytes(mib: u64) -> usize {
+    ((mib + mib / 4 + 256) << 20) as usize
+}
+
 /// Flushes dirty data and drops the page cache, so the next read comes from disk.
 pub fn drop_caches() -> Result<()> {
     // SAFETY: sync has no preconditions.
