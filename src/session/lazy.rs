@@ -414,6 +414,13 @@ impl LazyRestore<'_> {
             // and the guard's copies of its userfaultfds close.
             victim.kill();
             ended = victim.wait_gone();
+            if ended.is_empty() && !ran && steps.handed_over.get().is_some() {
+                // Killed while CRIU, its parent still, was finishing: CRIU
+                // reaped it, so criuz has no status of it to tell, but the
+                // tree CRIU handed over was killed all the same (before it
+                // ran: not "restored tree killed", which says it ran).
+                ended = "the tree killed (reaped by CRIU)".into();
+            }
         }
         let report = pager.into_report();
         guard.release();
