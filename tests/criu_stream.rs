@@ -989,7 +989,7 @@ fn criuz_killed_mid_dump_lets_criu_resume_the_process() {
 fn corrupt_block_aborts_restore_before_the_process_runs() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    let arc = a_damaged_block_stops_the_restore(Spec { pattern: "text", ..Default::default() });
+    let arc = a_damaged_block_stops_the_restore(Spec { pattern: "text", ..Default::default() }, &[]);
     let out = criuz(&["verify", arc.path().join("ckpt.czr").to_str().unwrap()]);
     assert!(!out.status.success());
 }
@@ -998,7 +998,7 @@ fn corrupt_block_aborts_restore_before_the_process_runs() {
 /// in the middle of its largest pages image, and checks that the restore
 /// fails as damaged with the process never running. The archive's
 /// directory is returned (`ckpt.czr` in it).
-fn a_damaged_block_stops_the_restore(spec: Spec) -> tempfile::TempDir {
+fn a_damaged_block_stops_the_restore(spec: Spec, restore_args: &[&str]) -> tempfile::TempDir {
     let mut w = Workload::start(spec);
     w.sums();
     let tmp = tempfile::tempdir().unwrap();
@@ -1006,7 +1006,7 @@ fn a_damaged_block_stops_the_restore(spec: Spec) -> tempfile::TempDir {
     dump(&w, &arc, &[]);
     w.reap_original();
     flip_a_byte_of_the_largest_pages_image(&arc);
-    let out = criuz(&["restore", "-d", "-i", arc.to_str().unwrap()]);
+    let out = criuz(&[&["restore", "-d", "-i", arc.to_str().unwrap()], restore_args].concat());
     assert_eq!(out.status.code(), Some(3), "restore from a damaged archive must fail as damaged");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("checksum") && err.contains("offset"), "{err}");
@@ -1030,8 +1030,9 @@ fn transparent_huge_pages_on() -> bool {
 /// transparent huge pages came back from a placed restore in small pages
 /// (and CRIU's own restore gives them back only under THP `always`). The
 /// fill now writes such memory through the process's memory, where it
-/// faults in as huge pages again; `--no-huge-pages` keeps 4 KiB pages.
-/// The memory is intact either way.
+/// faults in as huge pages again; `--no-huge-pages` keeps 4 KiB pages, and
+/// so does the rest of it once huge pages come slower than
+/// `--huge-page-floor`. The memory is intact every way.
 #[test]
 fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     let Some(_criu) = criu() else { return };
@@ -1045,8 +1046,11 @@ fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     let arc = tmp.path().join("ckpt.czr");
     dump(&w, &arc, &[]);
     w.reap_original();
-    let r = restore(&arc, &[]);
+    // Floor 0: huge pages however slowly they come (this VM's may come
+    // slowly at times, and the default would then give up on them).
+    let r = restore(&arc, &["--huge-page-floor", "0"]);
     assert_eq!(r["fill"], "place", "{r}");
+    assert!(r.get("slow_huge_pages").is_none(), "{r}");
     let huge_after = anon_huge_kib(w.pid);
     if on {
         assert!(r["huge_page_bytes"].as_u64().unwrap_or(0) >= 62 << 20, "{r}");
@@ -1059,6 +1063,22 @@ fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     assert!(r.get("huge_page_bytes").is_none(), "{r}");
     assert_eq!(anon_huge_kib(w.pid), 0, "--no-huge-pages placed huge pages");
     assert_eq!(w.sums(), before, "restored memory differs (--no-huge-pages)");
+    w.kill_and_reap();
+    // Huge pages slower than the floor (here any: 1000 GB/s a thread) are
+    // given up on after the first step (two threads: 32 MiB), and the rest
+    // placed in 4 KiB pages through the userfaultfd, mid-span.
+    let r = restore(&arc, &["--huge-page-floor", "1000", "-j", "2"]);
+    assert_eq!(r["fill"], "place", "{r}");
+    if on {
+        let huge = r["huge_page_bytes"].as_u64().unwrap_or(0);
+        let small = r["slow_huge_pages"]["small_page_bytes"].as_u64().unwrap_or(0);
+        assert_eq!(huge, 32 << 20, "one step written as huge pages: {r}");
+        assert!(small > 0 && huge + small >= 62 << 20, "the rest in 4 KiB pages: {r}");
+        assert!(r["slow_huge_pages"]["bytes_per_second"].as_f64().is_some_and(|b| b > 0.0), "{r}");
+        let huge_after = anon_huge_kib(w.pid);
+        assert!(huge_after > 0 && huge_after <= 32 << 10, "{huge_after} KiB of huge pages after one step");
+    }
+    assert_eq!(w.sums(), before, "restored memory differs (huge pages given up on)");
     w.stop();
 }
 
@@ -1137,7 +1157,18 @@ fn continued_mid_fill(stop_again: Option<Duration>) {
 fn a_damaged_block_of_huge_page_memory_stops_the_restore_before_the_process_runs() {
     let Some(_criu) = criu() else { return };
     let _g = serial();
-    a_damaged_block_stops_the_restore(Spec { mib: 64, pattern: "text", thp: true, ..Default::default() });
+    a_damaged_block_stops_the_restore(Spec { mib: 64, pattern: "text", thp: true, ..Default::default() }, &[]);
+}
+
+/// The same where huge pages were given up on after the first 16 MiB (one
+/// thread, and a floor no kernel reaches): the damaged block, halfway
+/// through the memory, lies in what is placed through the userfaultfd then.
+#[test]
+fn a_damaged_block_placed_after_huge_pages_were_given_up_on_stops_the_restore_before_the_process_runs() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let spec = Spec { mib: 64, pattern: "text", thp: true, ..Default::default() };
+    a_damaged_block_stops_the_restore(spec, &["--huge-page-floor", "1000", "-j", "1"]);
 }
 
 #[test]

@@ -125,6 +125,8 @@ pub struct Ctx<'a> {
     pub mib: u64,
     /// Drop the page cache before each restore.
     pub cold: bool,
+    /// Waited between each dump and its restore (`--settle`).
+    pub settle: Duration,
 }
 
 /// One checkpoint and restore of a fresh workload; Ok only if the restored
@@ -180,6 +182,7 @@ fn one_run(ctx: &Ctx, w: &str, cfg: Config, id: usize) -> Result<Sample> {
         }
         proc::drop_caches()?;
     }
+    std::thread::sleep(ctx.settle);
     let r = config::restore(cfg, ctx.env, &place)?;
     // CPU the restored processes spent being restored (CRIU fills their memory
     // from inside them).

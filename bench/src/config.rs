@@ -47,6 +47,10 @@ pub enum Config {
     /// criuz-lz4, restored with `--no-huge-pages` (4 KiB pages placed even
     /// where the process had transparent huge pages).
     CriuzLz4SmallPages,
+    /// criuz-lz4, restored with `--huge-page-floor 0` (huge pages placed
+    /// however slowly the kernel gives them: what giving up on slow ones
+    /// saves).
+    CriuzLz4HugeAlways,
     /// criuz-lz4 dumped with `--ids` (every stored page hashed, each page
     /// stored once): what the ids cost where the memory repeats nothing.
     CriuzLz4Ids,
@@ -90,12 +94,13 @@ impl Config {
 
     /// Run only when asked for: restores placed by criuz whatever the
     /// default (`--fill place`), or streamed through CRIU (`--fill stream`).
-    pub const FILL: [Config; 5] = [
+    pub const FILL: [Config; 6] = [
         Config::CriuzLz4Place,
         Config::CriuzZstdPlace,
         Config::CriuzLz4Stream,
         Config::CriuzZstdStream,
         Config::CriuzLz4SmallPages,
+        Config::CriuzLz4HugeAlways,
     ];
 
     /// Run only when asked for: dumps with page ids.
@@ -122,6 +127,7 @@ impl Config {
                 | Config::CriuzLz4Stream
                 | Config::CriuzZstdStream
                 | Config::CriuzLz4SmallPages
+                | Config::CriuzLz4HugeAlways
                 | Config::CriuzLz4Sealed
                 | Config::CriuzZstdSealed
                 | Config::CriuzLz4Ids
@@ -149,6 +155,7 @@ impl Config {
             Config::CriuzLz4Stream => "criuz-lz4-stream",
             Config::CriuzZstdStream => "criuz-zstd-stream",
             Config::CriuzLz4SmallPages => "criuz-lz4-4k",
+            Config::CriuzLz4HugeAlways => "criuz-lz4-huge",
             Config::CriuzLz4Ids => "criuz-lz4-ids",
             Config::CriuzZstdIds => "criuz-zstd-ids",
             Config::CriuzLz4Flat => "criuz-lz4-flat",
@@ -385,6 +392,7 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
         | Config::CriuzLz4SmallPages
+        | Config::CriuzLz4HugeAlways
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
@@ -532,6 +540,7 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
         | Config::CriuzLz4Stream
         | Config::CriuzZstdStream
         | Config::CriuzLz4SmallPages
+        | Config::CriuzLz4HugeAlways
         | Config::CriuzLz4Ids
         | Config::CriuzZstdIds
         | Config::CriuzLz4Flat
@@ -544,6 +553,7 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
                 Config::CriuzLz4Place | Config::CriuzZstdPlace => args.extend(["--fill", "place"]),
                 Config::CriuzLz4Stream | Config::CriuzZstdStream => args.extend(["--fill", "stream"]),
                 Config::CriuzLz4SmallPages => args.push("--no-huge-pages"),
+                Config::CriuzLz4HugeAlways => args.extend(["--huge-page-floor", "0"]),
                 _ => {}
             }
             args.extend(keys.iter().map(String::as_str));

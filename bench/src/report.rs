@@ -152,11 +152,18 @@ impl Machine {
     }
 }
 
+fn is_zero(t: &f64) -> bool {
+    *t == 0.0
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Settings {
     pub size_mib: u64,
     pub runs: usize,
     pub cold: bool,
+    /// `--settle`: seconds waited between each dump and its restore.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub settle_s: f64,
     pub quick: bool,
     /// Link rate in bytes per second, null without --link.
     pub link_bytes_per_s: Option<u64>,

@@ -11,7 +11,9 @@
 //! 2 MiB-aligned piece faults in as a huge page where the kernel allows one,
 //! as it did for the process itself. Trade-off: the kernel zeroes each huge
 //! page before the copy, and where huge pages are scarce or slow to get (a
-//! fragmented host, a VM that hands freed memory back) placing takes longer.
+//! fragmented host, a VM that hands freed memory back) placing takes longer;
+//! where they come too slowly, the fill gives up on them and places the rest
+//! in 4 KiB pages (`session::pager`'s `fill_held_back`).
 //!
 //! Only what `/proc/PID/smaps` calls eligible (`THPeligible: 1`: the
 //! system's mode, the mapping's `MADV_HUGEPAGE`/`MADV_NOHUGEPAGE` and the

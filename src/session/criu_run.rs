@@ -12,6 +12,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::io::Location;
 use crate::proc::{holder, memory, restored, tree};
 use crate::progress::Meter;
+use crate::session::place::HugePages;
 use crate::session::workdir::{criu_output, SavedLog};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -33,9 +34,10 @@ pub struct RestoreOptions {
     pub pipe_buffer: u64,
     /// Send CRIU every zero page instead of leaving them out where that is safe.
     pub keep_zero_pages: bool,
-    /// A placed restore writes private memory where the process may have
-    /// transparent huge pages so that it gets them (`proc::huge_pages`).
-    pub huge_pages: bool,
+    /// Whether a placed restore writes private memory where the process may
+    /// have had transparent huge pages so that it gets them again
+    /// (`proc::huge_pages`), and when it gives up on them.
+    pub huge_pages: HugePages,
     /// Where to look for the parents of an incremental archive.
     pub parents: ParentSearch,
     /// Written with the restored pid once the tree runs.

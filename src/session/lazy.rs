@@ -56,7 +56,7 @@ use crate::session::blocks::Blocks;
 use crate::session::criu_hook::ActionHook;
 use crate::session::criu_run::cannot_run;
 use crate::session::pager::{Abort, Gate, Pager};
-use crate::session::place::HeldFill;
+use crate::session::place::{HeldFill, HugePages, SlowHugePages};
 use crate::session::placement::{Materialized, Placement};
 use crate::session::shmem::SharedObject;
 use crate::session::working_set::record_new_faults;
@@ -144,6 +144,10 @@ pub struct LazyReport {
     /// before the dump (`proc::huge_pages`): bytes of those ranges.
     #[serde(skip_serializing_if = "is_zero")]
     pub huge_page_bytes: u64,
+    /// Where the kernel gave huge pages too slowly to wait for them: how
+    /// fast, and how much was placed in 4 KiB pages instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_huge_pages: Option<SlowHugePages>,
 }
 
 /// A lazy restore ready to run: the archive, the directory CRIU reads its
@@ -207,9 +211,9 @@ pub(crate) enum Fill {
     /// its pagemaps, where already worked out (`plan_placement`, which
     /// leaves zero pages out). `keep_zero_pages`: every zero page placed
     /// too, as a page of memory (as CRIU's own restore writes them).
-    /// `huge_pages`: memory that may be transparent huge pages written so
-    /// that it is (`proc::huge_pages`).
-    Held { planned: Option<Placement>, keep_zero_pages: bool, huge_pages: bool },
+    /// `huge_pages`: whether memory that may be transparent huge pages is
+    /// written so that it is (`proc::huge_pages`).
+    Held { planned: Option<Placement>, keep_zero_pages: bool, huge_pages: HugePages },
 }
 
 impl LazyRestore<'_> {
@@ -231,7 +235,7 @@ impl LazyRestore<'_> {
             Fill::Held { planned, keep_zero_pages, huge_pages } => {
                 (true, false, planned.take().filter(|_| !*keep_zero_pages), *keep_zero_pages, *huge_pages)
             }
-            Fill::Lazy => (false, true, None, false, false),
+            Fill::Lazy => (false, true, None, false, HugePages::Off),
         };
         let blocks = Blocks::new(self.source.clone());
         let Prepared { touch, recorded, served_shared, materialized } =
@@ -475,6 +479,7 @@ impl LazyRestore<'_> {
                 not_lazy: None,
                 copied_apart_bytes: 0,
                 huge_page_bytes: report.huge_page_bytes,
+                slow_huge_pages: report.slow_huge_pages,
             },
         ))
     }

@@ -43,7 +43,7 @@ use crate::format::PAGE_SIZE;
 use crate::proc::cgroup::cgroup_kill_of;
 use crate::proc::guard::{Guard, Victim};
 use crate::session::blocks::Blocks;
-use crate::session::place::{HeldFill, ZeroPages};
+use crate::session::place::{HeldFill, SlowHugePages, ZeroPages};
 use crate::session::shmem::{LazyShared, SharedObject};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::AsRawFd;
@@ -96,6 +96,8 @@ pub(crate) struct PagerReport {
     /// Bytes of a held tree's ranges written as huge pages may be
     /// (`place::Target::direct`).
     pub huge_page_bytes: u64,
+    /// Huge pages given up on, the kernel giving them too slowly.
+    pub slow_huge_pages: Option<SlowHugePages>,
 }
 
 /// How many faulted pages are kept for the working set record.

@@ -45,6 +45,7 @@ use crate::proc::huge_pages;
 use crate::progress::Meter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
@@ -95,15 +96,54 @@ pub(crate) enum ZeroPages {
     Copy,
 }
 
+/// What a placed restore does with memory the process may have had as
+/// transparent huge pages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum HugePages {
+    /// Places it in 4 KiB pages, through the userfaultfd.
+    Off,
+    /// Writes it so that it is huge pages again (`Target::direct`); gives
+    /// up on the rest, placing it in 4 KiB pages, where the kernel gives
+    /// them at fewer than `floor` bytes a second a writing thread (0:
+    /// never gives up).
+    On { floor: f64 },
+}
+
+impl HugePages {
+    /// Below this, per thread writing, huge pages cost more than they give
+    /// back. On the 2-core VM, steps of 1 GiB of `thp` memory (half of it
+    /// zero pages the kernel zeroes too) ran at 0.8-1.6 GB/s a thread while
+    /// the huge pages the kernel had at hand lasted, then at 0.05-0.07 GB/s,
+    /// as its host backed memory handed back to it again (session 96,
+    /// docs/usage.md), while 4 KiB pages kept their pace: 0.15 GB/s lies
+    /// clear of both.
+    pub const DEFAULT_FLOOR: f64 = 0.15e9;
+}
+
+impl Default for HugePages {
+    fn default() -> HugePages {
+        HugePages::On { floor: HugePages::DEFAULT_FLOOR }
+    }
+}
+
 /// How a held tree is filled.
 #[derive(Clone)]
 pub(crate) struct HeldFill {
     pub threads: usize,
-    /// Memory that may be transparent huge pages written so that it is
-    /// (`Target::direct`).
-    pub huge_pages: bool,
+    pub huge_pages: HugePages,
     /// Counts the bytes copied in, for a progress line.
     pub meter: Option<Arc<Meter>>,
+}
+
+/// Huge pages a held tree's fill gave up on: the kernel gave them at
+/// `bytes_per_second` (per writing thread, zeroing and copy together), too
+/// slowly to be worth the wait, and `small_page_bytes` of the memory that
+/// could have been huge pages was placed in 4 KiB pages instead
+/// (`Pager::fill_held_back`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct SlowHugePages {
+    pub bytes_per_second: f64,
+    pub small_page_bytes: u64,
 }
 
 /// What a fill did.
@@ -117,6 +157,11 @@ pub(crate) struct Filled {
     pub left: Vec<Missing>,
     /// Spaces whose process has gone (nothing more to copy there).
     pub gone: Vec<usize>,
+    /// Bytes written through the processes' memory (`Target::direct`), and
+    /// the time the threads spent writing them, added up: how fast the
+    /// kernel gave those pages (`Pager::fill_held_back`).
+    pub direct_bytes: u64,
+    pub direct_seconds: f64,
 }
 
 /// One block's share of the work: the block, and the pieces of missing
@@ -202,6 +247,8 @@ pub(crate) fn fill(
         zeros,
         gone: targets.iter().map(|_| AtomicBool::new(false)).collect(),
         left: Mutex::new(Vec::new()),
+        direct_bytes: AtomicU64::new(0),
+        direct_nanos: AtomicU64::new(0),
     };
     let step = |_: &mut ()| -> Result<bool> {
         let Some(unit) = cursor.lock().expect("fill cursor").next_unit(targets, starts)? else { return Ok(false) };
@@ -218,13 +265,15 @@ pub(crate) fn fill(
         Ok(true)
     };
     crate::engine::until_done_or_failed_on(crew, || (), step)?;
-    let Shared { gone, left, .. } = shared;
+    let Shared { gone, left, direct_bytes, direct_nanos, .. } = shared;
     let gone = gone.iter().enumerate().filter(|(_, g)| g.load(Ordering::Relaxed)).map(|(i, _)| i).collect();
     Ok(Filled {
         pages: pages.into_inner(),
         zero_pages: zero_pages.into_inner(),
         left: left.into_inner().expect("fill leftovers"),
         gone,
+        direct_bytes: direct_bytes.into_inner(),
+        direct_seconds: direct_nanos.into_inner() as f64 / 1e9,
     })
 }
 
@@ -237,12 +286,15 @@ struct Shared<'a> {
     gone: Vec<AtomicBool>,
     /// Ranges an event kept out.
     left: Mutex<Vec<Missing>>,
+    /// `Filled::direct_bytes`, and the nanoseconds behind `direct_seconds`.
+    direct_bytes: AtomicU64,
+    direct_nanos: AtomicU64,
 }
 
 /// Decodes one block and copies its pieces; the pages copied, and the zero
 /// pages mapped.
 fn place_unit(shared: &Shared, unit: &Unit, dec: &mut Decoder, data: &mut Vec<u8>) -> Result<(u64, u64)> {
-    let Shared { source, targets, zeros, gone, left } = shared;
+    let Shared { source, targets, zeros, gone, left, direct_bytes, direct_nanos } = shared;
     let block = source
         .block(unit.file, unit.block)?
         .ok_or_else(|| Error::corrupt(0, format!("block {} is missing", unit.block)))?;
@@ -267,8 +319,14 @@ fn place_unit(shared: &Shared, unit: &Unit, dec: &mut Decoder, data: &mut Vec<u8
             let skip = (at - p.start) as usize;
             let seg = &bytes[skip..skip + (to - at) as usize];
             if direct {
-                match huge_pages::write_memory(t.pid, at, seg) {
-                    Ok(()) => copied += seg.len() as u64 / PAGE,
+                let began = Instant::now();
+                let written = huge_pages::write_memory(t.pid, at, seg);
+                direct_nanos.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                match written {
+                    Ok(()) => {
+                        copied += seg.len() as u64 / PAGE;
+                        direct_bytes.fetch_add(seg.len() as u64, Ordering::Relaxed);
+                    }
                     Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {
                         gone[p.space].store(true, Ordering::Relaxed);
                         break;

@@ -11,6 +11,7 @@ use criuz::codec::{Codec, CodecConfig};
 use criuz::engine;
 use criuz::io::{Location, SPOOL_CAP};
 use criuz::seal::keyring::Keys;
+use criuz::session::place::HugePages;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -244,6 +245,13 @@ pub enum Cmd {
         /// then runs on small pages until khugepaged merges them
         #[arg(long, conflicts_with = "lazy")]
         no_huge_pages: bool,
+        /// Where the kernel gives huge pages slower than this, in GB/s a
+        /// placing thread, a placed restore places the rest in 4 KiB pages
+        /// (each huge page is zeroed first, and a VM whose host took freed
+        /// memory back may give them at a twentieth of memory's pace); 0
+        /// keeps huge pages however slowly they come
+        #[arg(long, value_name = "GBPS", default_value_t = HugePages::DEFAULT_FLOOR / 1e9, value_parser = parse_rate, conflicts_with_all = ["lazy", "no_huge_pages"])]
+        huge_page_floor: f64,
         /// Print the summary as JSON on stdout
         #[arg(long)]
         json: bool,
@@ -516,6 +524,14 @@ pub enum Fill {
 }
 
 /// `--pipe-buffer`: a size, as `parse_size` reads it.
+/// A rate in GB/s: a finite number, 0 or more.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate in GB/s (a number, 0 or more)")),
+    }
+}
+
 fn parse_spool(s: &str) -> Result<u64, String> {
     parse_size(s).map(|n| n as u64)
 }

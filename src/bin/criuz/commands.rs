@@ -17,6 +17,7 @@ use criuz::session::criu_run::RestoreOptions;
 use std::os::unix::process::CommandExt;
 
 use criuz::session::lazy::LazyReport;
+use criuz::session::place::HugePages;
 use criuz::session::restore::{How, Restored};
 use criuz::session::standalone;
 use std::path::{Path, PathBuf};
@@ -76,6 +77,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             verify_first,
             fill,
             no_huge_pages,
+            huge_page_floor,
             json,
             pidfile,
             gpu_map,
@@ -93,7 +95,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 extra,
                 pipe_buffer,
                 keep_zero_pages,
-                huge_pages: !no_huge_pages,
+                huge_pages: match no_huge_pages {
+                    true => HugePages::Off,
+                    false => HugePages::On { floor: huge_page_floor * 1e9 },
+                },
                 parents: parents.search(),
                 pidfile,
                 meter: Some(Meter::new()),
@@ -118,7 +123,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 extra: Vec::new(),
                 pipe_buffer,
                 keep_zero_pages,
-                huge_pages: true,
+                huge_pages: HugePages::default(),
                 parents: parents.search(),
                 pidfile: None,
                 meter: Some(Meter::new()),
@@ -326,6 +331,15 @@ fn restore(o: &RestoreOptions, how: How, json: bool, criu: &CriuArgs, threads: &
              stream keeps it shared)",
             o.input,
             human(*copied)
+        );
+    }
+    if let Restored::Placed(LazyReport { slow_huge_pages: Some(slow), .. }) = &r {
+        criuz::say!(
+            "criuz: {}: huge pages came at {:.2} GB/s a thread here, too slowly to wait for: {} placed in 4 KiB \
+             pages instead (--no-huge-pages places none)",
+            o.input,
+            slow.bytes_per_second / 1e9,
+            human(slow.small_page_bytes)
         );
     }
     if json {

@@ -209,7 +209,7 @@ mod tests {
             extra: Vec::new(),
             pipe_buffer: 1 << 30,
             keep_zero_pages: false,
-            huge_pages: true,
+            huge_pages: crate::session::place::HugePages::default(),
             parents: Default::default(),
             pidfile: None,
             meter: None,

@@ -13,7 +13,7 @@ use criuz_bench::error::{Error, Result};
 use criuz_bench::{compare, config, output, plot, proc, report, s3, workload};
 use report::{criu_kernel_cache, Document, Machine, Pair, ResultJson, Settings};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use workload::Tools;
 
 #[derive(clap::Parser, Clone, Debug)]
@@ -37,7 +37,7 @@ pub struct BenchArgs {
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
     /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream
     /// (restored with --fill stream, through CRIU's image stream), criuz-lz4-4k (restored with
-    /// --no-huge-pages), criuz-lz4-ids,
+    /// --no-huge-pages), criuz-lz4-huge (restored with --huge-page-floor 0), criuz-lz4-ids,
     /// criuz-zstd-ids (dumped with --ids), criuz-lz4-flat, criuz-zstd-flat (dumped with
     /// --no-planes)
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
@@ -51,6 +51,14 @@ pub struct BenchArgs {
     /// Drop the page cache before each restore (sync; echo 3 > /proc/sys/vm/drop_caches); with --lazy too
     #[arg(long)]
     pub cold: bool,
+    /// Wait this many seconds between each dump and its restore, the dumped
+    /// process's memory freed: a VM that hands freed memory back to its host
+    /// (virtio-balloon free page reporting, about 2 s after it is freed) has
+    /// done so by then, and the restore gets memory the host backs again as
+    /// it is first touched (what a restore on a machine that ran other work
+    /// since meets; e.g. `--workloads thp --settle 3`)
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = parse_seconds)]
+    pub settle: f64,
     /// Write the results as JSON
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -172,6 +180,14 @@ fn parse_rate(s: &str) -> std::result::Result<u64, String> {
         return Err(format!("rate out of range: {s}"));
     }
     Ok(r as u64)
+}
+
+/// `--settle`: seconds, 0 to an hour.
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if (0.0..=3600.0).contains(&t) => Ok(t),
+        _ => Err(format!("not a number of seconds from 0 to 3600: {s:?}")),
+    }
 }
 
 /// What the run needs from the args, defaults applied.
@@ -326,9 +342,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         tmpfs: site.tmpfs.as_ref().map(|t| t.path()),
         mib: plan.mib,
         cold: args.cold,
+        settle: Duration::from_secs_f64(args.settle),
     };
     eprintln!(
-        "bench: {} workload(s) x {} configuration(s) x {} run(s), {} MiB, CRIU {} at {}{}{}",
+        "bench: {} workload(s) x {} configuration(s) x {} run(s), {} MiB, CRIU {} at {}{}{}{}",
         plan.workloads.len(),
         plan.configs.len(),
         plan.runs,
@@ -336,6 +353,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         criu.version,
         criu.path.display(),
         if args.cold { ", cold cache" } else { "" },
+        if args.settle > 0.0 { format!(", {} s settled before each restore", args.settle) } else { String::new() },
         args.link.map(|r| format!(", link {:.1} MB/s", r as f64 / 1e6)).unwrap_or_default()
     );
     let matrix =
@@ -430,6 +448,7 @@ fn report_comparison(args: &BenchArgs, plan: &Plan, machine: Machine, pairs: &[P
             size_mib: plan.mib,
             runs: plan.runs,
             cold: args.cold,
+            settle_s: args.settle,
             quick: args.quick,
             link_bytes_per_s: args.link,
             absorb: args.absorb.clone(),
