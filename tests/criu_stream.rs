@@ -1072,11 +1072,13 @@ fn memory_that_was_huge_pages_is_placed_as_huge_pages() {
     if on {
         let huge = r["huge_page_bytes"].as_u64().unwrap_or(0);
         let small = r["slow_huge_pages"]["small_page_bytes"].as_u64().unwrap_or(0);
-        assert_eq!(huge, 32 << 20, "one step written as huge pages: {r}");
+        // One step of the 64 MiB (more only where THP `always` makes a
+        // smaller mapping eligible too, whose step is too small to judge).
+        assert!((32 << 20..62 << 20).contains(&huge), "one step written as huge pages: {r}");
         assert!(small > 0 && huge + small >= 62 << 20, "the rest in 4 KiB pages: {r}");
         assert!(r["slow_huge_pages"]["bytes_per_second"].as_f64().is_some_and(|b| b > 0.0), "{r}");
         let huge_after = anon_huge_kib(w.pid);
-        assert!(huge_after > 0 && huge_after <= 32 << 10, "{huge_after} KiB of huge pages after one step");
+        assert!(huge_after > 0 && huge_after <= huge >> 10, "{huge_after} KiB of huge pages after {huge} bytes");
     }
     assert_eq!(w.sums(), before, "restored memory differs (huge pages given up on)");
     w.stop();
