@@ -202,13 +202,9 @@ impl<'a> Pager<'a> {
     /// thread then fills alone rather than failing the restore.
     pub(super) fn pool(&mut self) -> Option<&rayon::ThreadPool> {
         if self.crew.is_none() && self.fill_threads > 1 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(self.fill_threads)
-                .thread_name(|i| format!("criuz-fill-{i}"))
-                .build();
-            match pool {
-                Ok(pool) => self.crew = Some(pool),
-                Err(_) => self.fill_threads = 1,
+            match fill_pool(self.fill_threads) {
+                Some(pool) => self.crew = Some(pool),
+                None => self.fill_threads = 1,
             }
         }
         self.crew.as_ref()
@@ -298,7 +294,7 @@ impl<'a> Pager<'a> {
         let mut pace = HugePace { floor, slow: None };
         let step = HUGE_STEP_A_THREAD * how.threads.max(1) as u64;
         // Kept across the steps, as are its threads' decoders and buffers.
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(how.threads).build().ok();
+        let pool = fill_pool(how.threads);
         let crew = || pool.as_ref().map_or(Crew::Spawn(how.threads), Crew::Pool);
         'spaces: for i in 0..self.spaces.len() {
             for (start, end) in std::mem::take(&mut self.spaces[i].huge_spans) {
@@ -370,6 +366,17 @@ impl<'a> Pager<'a> {
             how.meter.as_deref(),
         )
     }
+}
+
+/// A pool of `threads` fill threads, for fills cut into many calls; `None`
+/// for one thread (the calling thread fills alone) or where no threads were
+/// to be had (a task limit).
+fn fill_pool(threads: usize) -> Option<rayon::ThreadPool> {
+    if threads <= 1 {
+        return None;
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("criuz-fill-{i}"));
+    pool.build().ok()
 }
 
 /// A held space's spans that may be huge pages (`proc::huge_pages`) where

@@ -57,7 +57,13 @@ pub struct BenchArgs {
     /// done so by then, and the restore gets memory the host backs again as
     /// it is first touched (what a restore on a machine that ran other work
     /// since meets; e.g. `--workloads thp --settle 3`)
-    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = parse_seconds)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 0.0,
+        value_parser = parse_seconds,
+        conflicts_with_all = ["codec_table", "aead", "incremental", "lazy", "containers", "load", "gpu"]
+    )]
     pub settle: f64,
     /// Write the results as JSON
     #[arg(long, value_name = "FILE")]
