@@ -30,7 +30,7 @@ if [ "$(id -u)" -eq 0 ]; then
   out=$(mktemp -d)
   if ./target/release/criuz-bench --quick --json "$out/bench.json" --plot "$out/bench.png" &&
     ./target/release/criuz-bench --quick --incremental --workloads mixed,redis --json "$out/incremental.json" &&
-    ./target/release/criuz-bench --quick --workloads mixed --configs criuz-s3,criuz+boto3 --json "$out/s3.json" &&
+    ./target/release/criuz-bench --quick --workloads mixed --configs criuz-s3,criuz-s3-stream,criuz+boto3 --json "$out/s3.json" &&
     ./target/release/criuz-bench --quick --containers --json "$out/containers.json" &&
     ./target/release/criuz-bench --quick --workloads mixed --configs criuz-lz4,criuz-lz4-stream,criuz-zstd-stream --cold --json "$out/fill.json" &&
     ./target/release/criuz-bench --quick --workloads bf16 --configs criuz-lz4-flat,criuz-zstd-ids --json "$out/flat.json" &&

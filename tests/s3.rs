@@ -1,5 +1,5 @@
 //! Archives in S3 with real CRIU, against moto's S3 server on 127.0.0.1: a
-//! dump to an object restores intact; inspect, verify and unpack read
+//! dump to an object restores intact, placed and streamed; inspect, verify and unpack read
 //! objects; a missing bucket, wrong credentials, an existing key, no room in
 //! TMPDIR, a garbage or damaged object, and a forged index that only the
 //! walk behind a restore started from the index can tell, each give one line
@@ -123,6 +123,11 @@ fn fails(out: &std::process::Output, code: i32, url: &str, what: &str) -> String
     err
 }
 
+/// The JSON report a command printed.
+fn json(out: std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn one_error_line(err: &str, url: &str, what: &str) {
     let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("criuz: using CRIU")).collect();
     assert_eq!(lines.len(), 1, "{what}: one line expected: {err}");
@@ -151,8 +156,7 @@ fn dump_to_and_restore_from_s3_with_faults() {
     w.reap_original();
 
     // Readers take the object.
-    let rep = ok(moto.criuz(&["inspect", "--json", &url]), "inspect");
-    let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let rep = json(ok(moto.criuz(&["inspect", "--json", &url]), "inspect"));
     assert!(rep["total"]["raw_bytes"].as_u64().unwrap() > 32 << 20, "{rep}");
     ok(moto.criuz(&["verify", &url]), "verify");
     let tmp = tempfile::tempdir().unwrap();
@@ -166,8 +170,19 @@ fn dump_to_and_restore_from_s3_with_faults() {
     let copy = format!("s3://{BUCKET}/ckpt/copy.czr");
     ok(moto.criuz(&["pack", img.to_str().unwrap(), "-o", &copy]), "pack to S3");
 
-    ok(moto.criuz(&["restore", "-d", "-i", &url]), "restore from S3");
+    // A forked tree sharing its memory streams by default, as from a file
+    // (restore_from_s3_is_placed_by_default has a tree that does not);
+    // placed if asked.
+    let rep = json(ok(moto.criuz(&["restore", "-d", "--json", "-i", &url]), "restore from S3"));
+    assert_eq!(rep["fill"], "stream", "{rep}");
+    assert!(rep["not_placed"].as_str().unwrap().contains("share"), "{rep}");
     assert_eq!(w.sums(), before, "memory restored from S3 differs");
+    w.stop();
+    w.reap_original();
+    let rep =
+        json(ok(moto.criuz(&["restore", "-d", "--json", "--fill", "place", "-i", &url]), "placed restore from S3"));
+    assert_eq!(rep["fill"], "place", "{rep}");
+    assert_eq!(w.sums(), before, "memory placed from S3 differs");
     w.stop();
     w.reap_original();
 
@@ -192,12 +207,18 @@ fn dump_to_and_restore_from_s3_with_faults() {
 
     // A forged index (two pages blocks swapped, every check recomputed): the
     // restore starts CRIU from the index, so only the walk behind it can
-    // tell, and CRIU must be stopped before the process runs.
+    // tell. Placed, the tree it held is killed before it ran; streamed, CRIU
+    // is stopped before the process runs.
     let forged = forge_index(&std::fs::read(&packed).unwrap(), swap_indexed_blocks);
     let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/forged.czr"), &forged);
     assert_eq!(status, 200, "{reply}");
     let forged = format!("s3://{BUCKET}/forged.czr");
     let err = fails(&moto.criuz(&["restore", "-d", "-i", &forged]), 3, &forged, "restore of a forged index");
+    assert!(err.contains("before the restored tree ran") && err.contains("does not match"), "CRIU had started: {err}");
+    assert!(!w.alive(), "nothing may run from a forged index");
+    w.reap_original();
+    let streamed = moto.criuz(&["restore", "-d", "--fill", "stream", "-i", &forged]);
+    let err = fails(&streamed, 3, &forged, "streamed restore of a forged index");
     assert!(err.contains("restore aborted") && err.contains("does not match"), "CRIU had started: {err}");
     assert!(!w.alive(), "nothing may run from a forged index");
     w.reap_original();
@@ -320,8 +341,7 @@ fn incremental_child_and_parent_in_s3() {
     ok(moto.criuz(&["dump", "-t", &pid, "-o", &child, "--parent", &full]), "incremental dump to S3");
     w.reap_original();
 
-    let rep = ok(moto.criuz(&["inspect", "--json", &child]), "inspect");
-    let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let rep = json(ok(moto.criuz(&["inspect", "--json", &child]), "inspect"));
     assert_eq!(rep["chain"][0]["hint"], "full.czr", "{rep}");
     let stored = rep["archive_bytes"].as_u64().unwrap();
     let rewritten = (32u64 << 20) / 20;
@@ -330,6 +350,49 @@ fn incremental_child_and_parent_in_s3() {
     ok(moto.criuz(&["restore", "-d", "-i", &child]), "restore of the child from S3");
     assert_eq!(w.sums(), before, "memory restored from the chain in S3 differs");
     w.stop();
+}
+
+/// A restore from an object places the memory by default, as from a file
+/// (the fill reads each block as its chunk arrives), and a damaged block
+/// kills the held tree before it ran; `--fill stream` still streams it.
+#[test]
+fn restore_from_s3_is_placed_by_default() {
+    let Some(_criu) = criu() else { return };
+    let _g = serial();
+    let moto = Moto::with_bucket();
+    let url = format!("s3://{BUCKET}/placed.czr");
+    let mut w = Workload::start(Spec { mib: 64, pattern: "text", mode: "threads", ..Default::default() });
+    let before = w.sums();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("placed.czr");
+    ok(moto.criuz(&["dump", "-t", &w.pid.to_string(), "-o", file.to_str().unwrap()]), "dump");
+    w.reap_original();
+    let bytes = std::fs::read(&file).unwrap();
+    let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/placed.czr"), &bytes);
+    assert_eq!(status, 200, "{reply}");
+
+    let rep = json(ok(moto.criuz(&["restore", "-d", "--json", "-i", &url]), "restore from S3"));
+    assert_eq!(rep["fill"], "place", "{rep}");
+    assert!(rep["not_placed"].is_null(), "{rep}");
+    assert_eq!(w.sums(), before, "memory placed from S3 differs");
+    w.kill_and_reap();
+    let rep = json(ok(moto.criuz(&["restore", "-d", "--json", "--fill", "stream", "-i", &url]), "streamed restore"));
+    assert_eq!(rep["fill"], "stream", "{rep}");
+    assert_eq!(w.sums(), before, "memory streamed from S3 differs");
+    w.kill_and_reap();
+
+    // One byte flipped in the middle of the pages: the fill finds it, and
+    // the tree it held never runs.
+    let mut damaged = bytes;
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x40;
+    let (status, reply) = moto.http("PUT", &format!("/{BUCKET}/damaged.czr"), &damaged);
+    assert_eq!(status, 200, "{reply}");
+    let damaged = format!("s3://{BUCKET}/damaged.czr");
+    let err = fails(&moto.criuz(&["restore", "-d", "-i", &damaged]), 3, &damaged, "placed restore of damage");
+    assert!(err.contains("before the restored tree ran"), "{err}");
+    assert!(!w.alive(), "nothing may run from a damaged archive");
+    w.reap_original();
 }
 
 /// A lazy restore from an object: the process runs, then its pages arrive.

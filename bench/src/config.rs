@@ -67,6 +67,9 @@ pub enum Config {
     CriuzLz4IdsFlat,
     /// criuz dump -o s3://... / criuz restore -i s3://... (lz4).
     CriuzS3,
+    /// criuz-s3 restored through CRIU's stream (`--fill stream`), as a
+    /// restore from an object was before session 97.
+    CriuzS3Stream,
     /// criuz dump to a file, then boto3 uploads it; boto3 downloads it,
     /// then criuz restore from the file.
     CriuzBoto3,
@@ -84,7 +87,7 @@ impl Config {
     ];
 
     /// Run only when asked for (`--configs`): they start an S3 server.
-    pub const S3: [Config; 2] = [Config::CriuzS3, Config::CriuzBoto3];
+    pub const S3: [Config; 3] = [Config::CriuzS3, Config::CriuzS3Stream, Config::CriuzBoto3];
 
     /// Run only when asked for: raw CRIU's images made durable.
     pub const SYNCED: [Config; 1] = [Config::CriuDirSync];
@@ -162,6 +165,7 @@ impl Config {
             Config::CriuzZstdFlat => "criuz-zstd-flat",
             Config::CriuzLz4IdsFlat => "criuz-lz4-ids-flat",
             Config::CriuzS3 => "criuz-s3",
+            Config::CriuzS3Stream => "criuz-s3-stream",
             Config::CriuzBoto3 => "criuz+boto3",
         }
     }
@@ -207,7 +211,7 @@ impl Config {
             Config::CriuDir | Config::CriuTmpfs | Config::CriuDirSync => &["tar"],
             Config::CriuLz4 => &["tar", "lz4"],
             Config::CriuZstd => &["tar", "zstd"],
-            Config::CriuzS3 => &["weed"],
+            Config::CriuzS3 | Config::CriuzS3Stream => &["weed"],
             Config::CriuzBoto3 => &["weed", "python3"],
             _ => &[],
         }
@@ -368,9 +372,9 @@ pub fn dump(cfg: Config, env: &Env, p: &Place, pid: i32) -> Result<Dumped> {
     let mut usage = Usage::default();
     let t = Instant::now();
     let (frozen_s, raw_bytes, staged) = match cfg {
-        Config::CriuzS3 | Config::CriuzBoto3 => {
+        Config::CriuzS3 | Config::CriuzS3Stream | Config::CriuzBoto3 => {
             let url = crate::s3::url(&p.key);
-            let out = if cfg == Config::CriuzS3 { url.as_str() } else { s(&ckpt) };
+            let out = if cfg == Config::CriuzBoto3 { s(&ckpt) } else { url.as_str() };
             let pid = pid.to_string();
             let args = ["dump", "-t", &pid, "-o", out, "--criu", &criu, "--json"];
             let done = proc::pipeline(vec![criuz_cmd(env, &args)], Src::Null, Dst::Capture, &p.logs, "criuz-dump")?;
@@ -518,16 +522,20 @@ pub fn restore(cfg: Config, env: &Env, p: &Place) -> Result<Restored> {
     let mut usage = Usage::default();
     let t = Instant::now();
     let img = match cfg {
-        Config::CriuzS3 | Config::CriuzBoto3 => {
+        Config::CriuzS3 | Config::CriuzS3Stream | Config::CriuzBoto3 => {
             let fetched = p.store.join("fetched.czr");
-            let input = if cfg == Config::CriuzS3 {
-                crate::s3::url(&p.key)
-            } else {
+            let input = if cfg == Config::CriuzBoto3 {
                 let down = crate::s3::boto3("down", &p.key, &fetched);
                 usage.add(proc::pipeline(vec![down], Src::Null, Dst::Null, &p.logs, "boto3-down")?.usage);
                 s(&fetched).to_string()
+            } else {
+                crate::s3::url(&p.key)
             };
-            let cmd = criuz_cmd(env, &["restore", "-d", "-i", &input, "--criu", &criu]);
+            let mut args = vec!["restore", "-d", "-i", &input, "--criu", &criu];
+            if cfg == Config::CriuzS3Stream {
+                args.extend(["--fill", "stream"]);
+            }
+            let cmd = criuz_cmd(env, &args);
             usage.add(proc::pipeline(vec![cmd], Src::Null, Dst::Null, &p.logs, "criuz-restore")?.usage);
             return Ok(Restored { restore_s: t.elapsed().as_secs_f64(), usage });
         }
