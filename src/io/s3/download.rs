@@ -67,6 +67,29 @@ impl FetchState {
     }
 }
 
+/// Takes the room for `size` bytes of `file` at once, not chunk by chunk
+/// as they arrive: what is written beside a download while it runs (a
+/// placed restore's images, in the same `$TMPDIR`) is then counted against
+/// what is really left (`session::restore` checks that room), and cannot
+/// leave the download short half-way. A file system that cannot reserve
+/// room (no `fallocate`) is left to the writes.
+fn reserve(file: &File, size: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let Ok(len) = libc::off_t::try_from(size) else { return Ok(()) };
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: fallocate on a descriptor we own; mode 0 allocates the range
+    // and extends the file to `len` bytes, which the chunks then overwrite.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } == 0 {
+        return Ok(());
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+        e => Err(e),
+    }
+}
+
 impl Download {
     /// Finds the object and starts fetching it.
     pub fn start(url: &ObjectUrl) -> Result<Download> {
@@ -83,6 +106,10 @@ impl Download {
             return Err(Error::file(&dir, io::Error::new(io::ErrorKind::StorageFull, why)));
         }
         let file = tempfile::tempfile_in(&dir).map_err(|e| Error::file(&dir, e))?;
+        reserve(&file, size).map_err(|e| {
+            let why = format!("no room for {url} ({size} bytes): {e}; set TMPDIR to a larger file system");
+            Error::file(&dir, io::Error::new(e.kind(), why))
+        })?;
         let chunks = size.div_ceil(CHUNK) as usize;
         let progress = Arc::new(Fetched {
             state: Mutex::new(FetchState {
