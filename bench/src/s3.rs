@@ -1,9 +1,10 @@
 //! The S3 configurations' server and baseline. A SeaweedFS `weed mini` of
-//! the bench's own (disk-backed, in the work dir, loopback only) serves both
-//! `criuz-s3` (criuz dumps to and restores from the object; `criuz-s3-stream`
-//! restores it through CRIU's stream) and `criuz+boto3`, what users do today: a local `criuz dump`, then the AWS
-//! CLI's transfer (boto3: 16 MiB parts, 4 in flight) up; down again, then
-//! `criuz restore` from the file.
+//! the bench's own (disk-backed, in the work dir, loopback only) serves
+//! `criuz-s3` (criuz dumps to and restores from the object;
+//! `criuz-s3-stream` restores it through CRIU's stream) and `criuz+boto3`,
+//! what users do today: a local `criuz dump`, then the AWS CLI's transfer
+//! (boto3: 16 MiB parts, 4 in flight) up; down again, then `criuz restore`
+//! from the file.
 
 use crate::error::{Error, Result};
 use std::io::{Read, Write};

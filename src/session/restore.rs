@@ -13,8 +13,8 @@
 //! stream's 0.73 s, docs/BENCHMARKS.md). It streams where placing cannot
 //! work or would cost more: without a kernel userfaultfd, with
 //! `--keep-zero-pages` (which asks for every page as CRIU restores it;
-//! `--fill place` places them too), for an archive whose pagemaps criuz does not understand, for a tree
-//! whose processes share more than an eighth as many private pages as it
+//! `--fill place` places them too), for an archive whose pagemaps criuz
+//! does not understand, for a tree whose processes share more than an eighth as many private pages as it
 //! places (stored once, by reference: CRIU's stream keeps them shared
 //! copy-on-write, placing gives each process its own copy; a forked 1 GiB
 //! tree on 2 cores held 352 MiB before the dump, 176 MiB streamed, 513 MiB
@@ -258,10 +258,10 @@ pub const PLACE_EAGER_MAX: u64 = 256 << 20;
 
 /// Whether placing the memory suits this restore, before the archive is
 /// read (see the module doc). An object still downloading is placed too: the
-/// fill reads each block as its chunk arrives, as CRIU's stream would, and
-/// decodes on every core (1 GiB of `text` from a local S3 server on 2
-/// cores: placed 0.58-0.63 s, streamed 1.11-1.73 s; through a 125 MB/s link
-/// both follow the link; docs/BENCHMARKS.md, session 97).
+/// fill reads each block once its chunk has arrived, as CRIU's stream would,
+/// and decodes on every core (1 GiB of `text` from a local S3 server on 2
+/// cores: placed 0.74 s, streamed 1.52 s; through a 125 MB/s link both
+/// follow the link; docs/BENCHMARKS.md, session 97).
 fn placing_suits(o: &RestoreOptions) -> bool {
     !o.keep_zero_pages && uffd::lazy_restore_available()
 }

@@ -32,9 +32,8 @@ pub struct BenchArgs {
     /// Configurations, comma separated [default: all but the S3, sealed, place, stream, ids, flat
     /// and sync ones]:
     /// criu-dir, criu-tmpfs,criu+lz4,criu+zstd,criuz-pack,criuz-lz4,criuz-zstd; criu-dir+sync (criu
-    /// dump -D, then sync, timed); criuz-s3,criuz-s3-stream (restored with --fill
-    /// stream),criuz+boto3 (a local SeaweedFS `weed mini` in the work dir serves them);
-    /// criuz-lz4-sealed,
+    /// dump -D, then sync, timed); criuz-s3, criuz-s3-stream (restored with --fill stream),
+    /// criuz+boto3 (a local SeaweedFS `weed mini` in the work dir serves them); criuz-lz4-sealed,
     /// criuz-zstd-sealed (encrypted to an age key made in the work dir); criuz-lz4-place,
     /// criuz-zstd-place (restored with --fill place), criuz-lz4-stream, criuz-zstd-stream
     /// (restored with --fill stream, through CRIU's image stream), criuz-lz4-4k (restored with
