@@ -523,8 +523,7 @@ pub enum Fill {
     Place,
 }
 
-/// `--pipe-buffer`: a size, as `parse_size` reads it.
-/// A rate in GB/s: a finite number, 0 or more.
+/// `--huge-page-floor`: a rate in GB/s, a finite number, 0 or more.
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
@@ -532,6 +531,7 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--pipe-buffer`: a size, as `parse_size` reads it.
 fn parse_spool(s: &str) -> Result<u64, String> {
     parse_size(s).map(|n| n as u64)
 }

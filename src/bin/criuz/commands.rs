@@ -95,10 +95,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 extra,
                 pipe_buffer,
                 keep_zero_pages,
-                huge_pages: match no_huge_pages {
-                    true => HugePages::Off,
-                    false => HugePages::On { floor: huge_page_floor * 1e9 },
-                },
+                huge_pages: if no_huge_pages { HugePages::Off } else { HugePages::On { floor: huge_page_floor * 1e9 } },
                 parents: parents.search(),
                 pidfile,
                 meter: Some(Meter::new()),
