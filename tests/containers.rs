@@ -726,6 +726,36 @@ impl Podman {
     fn cmd() -> Command {
         Command::new(tool("podman"))
     }
+
+    /// A container (runc) of `criuz-workload`: a root and two forked
+    /// children of `mixed` memory, with `args` added, from a local image of
+    /// the test's root filesystem (no registry), once it is ready.
+    fn start(dir: &Path, args: &[&str]) -> Podman {
+        let root = dir.join("rootfs");
+        rootfs(&root);
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let tag = format!("{}-{}", std::process::id(), STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let pm = Podman {
+            name: format!("criuz-test-{tag}"),
+            image: format!("localhost/criuz-test:{tag}"),
+            wl: tempfile::tempdir().unwrap(),
+        };
+        let rootfs_tar = dir.join("rootfs.tar");
+        run_ok(Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&rootfs_tar).arg("."));
+        run_ok(Self::cmd().args(["import", p(&rootfs_tar), &pm.image]).stdout(Stdio::null()));
+        let volume = format!("{}:/wl", p(pm.wl.path()));
+        run_ok(
+            Self::cmd()
+                .args(["run", "-d", "--name", &pm.name, "--runtime", "runc", "--network", "none"])
+                .args(["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "-v", &volume, &pm.image])
+                .args(["/bin/criuz-workload", "--dir", "/wl", "--mib", MIB, "--pattern", "mixed"])
+                .args(["--mode", "tree", "--children", "2"])
+                .args(args)
+                .stdout(Stdio::null()),
+        );
+        wait_for("the container's workload", Duration::from_secs(60), || pm.wl.path().join("ready").exists());
+        pm
+    }
     /// Every process's checksum (a tree of a root and two children: the
     /// root passes the signal on).
     fn sums(&self) -> Vec<String> {
@@ -752,51 +782,9 @@ fn podman_export_and_import_keep_memory_and_root_filesystem_changes() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("rootfs");
-    rootfs(&root);
-    let tag = std::process::id();
-    let pm = Podman {
-        name: format!("criuz-test-{tag}"),
-        image: format!("localhost/criuz-test:{tag}"),
-        wl: tempfile::tempdir().unwrap(),
-    };
-    // No registry: the root filesystem becomes a local image.
-    let rootfs_tar = t.path().join("rootfs.tar");
-    run_ok(Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&rootfs_tar).arg("."));
-    run_ok(Podman::cmd().args(["import", p(&rootfs_tar), &pm.image]).stdout(Stdio::null()));
-    let volume = format!("{}:/wl", p(pm.wl.path()));
-    run_ok(
-        Podman::cmd()
-            .args(["run", "-d", "--name", &pm.name, "--runtime", "runc", "--network", "none"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-                "-v",
-                &volume,
-                &pm.image,
-                "/bin/criuz-workload",
-                "--dir",
-                "/wl",
-                "--mib",
-                MIB,
-                "--pattern",
-                "mixed",
-                "--mode",
-                "tree",
-                "--children",
-                "2",
-                // A database's lock: checkpointed with -- --file-locks, and
-                // restored with it unasked.
-                "--open-file",
-                "/wl/held.dat",
-                "--lock-file",
-                "1",
-            ])
-            .stdout(Stdio::null()),
-    );
-    wait_for("the container's workload", Duration::from_secs(60), || pm.wl.path().join("ready").exists());
+    // A database's lock: checkpointed with -- --file-locks, and restored
+    // with it unasked.
+    let pm = Podman::start(t.path(), &["--open-file", "/wl/held.dat", "--lock-file", "1"]);
     run_ok(Podman::cmd().args(["exec", &pm.name, "/bin/sh", "-c", "echo changed > /root/newfile && rm /etc/group"]));
     let before = pm.sums();
     let held = pm.wl.path().join("held.dat");
@@ -823,4 +811,38 @@ fn podman_export_and_import_keep_memory_and_root_filesystem_changes() {
     assert_eq!(String::from_utf8_lossy(&new.stdout).trim(), "changed");
     let gone = Podman::cmd().args(["exec", &pm.name, "ls", "/etc/group"]).output().unwrap();
     assert!(!gone.status.success(), "the deleted file came back");
+}
+
+/// podman's CRIU runs below conmon, outside criuz's tree, but with the
+/// `PATH` criuz gave podman: criuz finds it there and, when it waits for
+/// good (a SIGCONT to the tree in its last restore stage), ends it and the
+/// half-restored tree as it does runc's, and fails saying so (it waited
+/// forever). CRIU's cgroup yard is not left mounted, nor the container
+/// podman made for the restore, so the archive restores again.
+#[test]
+fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let pm = Podman::start(t.path(), &[]);
+    let before = pm.sums();
+    let arc = t.path().join("stuck.czr");
+    ok(criuz(&["podman", "checkpoint", &pm.name, "-o", p(&arc), "--criu", p(&criu)]), "criuz podman checkpoint");
+    run_ok(Podman::cmd().args(["rm", "-f", &pm.name]).stdout(Stdio::null()));
+    let wrapper = criu_made_to_wait_for_good(t.path(), &criu);
+    let mut restore = Command::new(CRIUZ);
+    restore.args(["podman", "restore", "-i", p(&arc), "--criu", p(&wrapper)]);
+    // A criuz that waits with CRIU fails the test rather than hang it.
+    let Some((status, err)) = status_and_stderr_within(&mut restore, Duration::from_secs(90)) else {
+        panic!("criuz still waited with podman's CRIU after 90 s")
+    };
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{err}");
+    assert!(err.contains("criuz removed the container podman had made for it"), "{err}");
+    let left = run_ok(Podman::cmd().args(["ps", "-a", "--external", "--format", "{{.Names}}"]));
+    assert!(!String::from_utf8_lossy(&left.stdout).contains(&pm.name), "no container is left");
+    let yards = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!yards.contains(".criu.cgyard."), "CRIU's cgroup yard is left mounted");
+    ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore, again");
+    assert_eq!(pm.sums(), before, "every process's memory after the restore run again");
 }

@@ -214,6 +214,23 @@ pub fn detach_mounts_below(path: &Path) {
     }
 }
 
+/// Detaches the cgroup yards (`.criu.cgyard.*`) that CRIU mounted in its
+/// work directory `dir`, with what is mounted in them: a CRIU killed
+/// mid-restore leaves them mounted, and podman then cannot remove the
+/// container it was restoring (its files are below them).
+pub fn detach_cgroup_yards(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for yard in entries.flatten().filter(|e| e.file_name().as_bytes().starts_with(b".criu.cgyard.")) {
+        let yard = yard.path();
+        detach_mounts_below(&yard);
+        if let Ok(c) = std::ffi::CString::new(yard.as_os_str().as_bytes()) {
+            // SAFETY: a valid NUL-terminated path; MNT_DETACH never blocks.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape_mount_path(p: &str) -> String {
     let b = p.as_bytes();
@@ -403,5 +420,44 @@ mod tests {
         remove_dir(&work).unwrap();
         assert!(!work.exists(), "the directory is removed");
         assert!(elsewhere.path().join("keep").exists(), "the mounted file system kept its files");
+    }
+
+    /// A cgroup yard as CRIU leaves it in a container's directory (a tmpfs
+    /// with more mounted in it) is detached, yard and all, and nothing else
+    /// mounted there is.
+    #[test]
+    fn a_cgroup_yard_left_mounted_is_detached_and_only_it() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("needs root (mount): CI runs it as root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (yard, shm) = (dir.path().join(".criu.cgyard.x"), dir.path().join("shm"));
+        let inner = yard.join("pids");
+        for d in [&yard, &shm] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let tmpfs = |at: &Path| {
+            let (src, dst, fs) = (c(Path::new("none")), c(at), c(Path::new("tmpfs")));
+            // SAFETY: valid NUL-terminated strings; a tmpfs of our own.
+            let r = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+            assert_eq!(r, 0, "mount {at:?}: {}", std::io::Error::last_os_error());
+        };
+        tmpfs(&yard);
+        std::fs::create_dir(&inner).unwrap();
+        tmpfs(&inner);
+        tmpfs(&shm);
+        let mounted = |p: &Path| {
+            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            info.lines().any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+        };
+        assert!(mounted(&yard) && mounted(&inner) && mounted(&shm));
+        detach_cgroup_yards(dir.path());
+        assert!(!mounted(&yard) && !mounted(&inner), "the yard and what is in it are detached");
+        assert!(mounted(&shm), "what else is mounted there stays");
+        // SAFETY: a valid NUL-terminated path; our own mount.
+        unsafe { libc::umount2(c(&shm).as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -18,9 +18,11 @@
 //! spends; long enough that two readings cannot both catch a thread on its
 //! way through a stop, short next to any deadline a restore has.
 
-use super::holder::{holder_of, state_of};
+use super::holder::{holder_of, parent_of, state_of};
 use super::signal_safe::status_number;
 use super::tree::{run_time, tree_pids};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The threads of `pid` with their run times, or `None` where one is not
@@ -85,20 +87,36 @@ pub(crate) struct Stuck {
     pub trapped: i32,
     /// Every thread CRIU traces: in its last stages, the whole tree.
     pub traced: Vec<i32>,
+    /// CRIU's work directory (its current one), where it is known.
+    pub work_dir: Option<PathBuf>,
 }
 
 /// Looks at a restore's CRIU now and then ([`Watch::look`]) and says when
-/// it waits for good: the CRIU criuz runs, or the one runc runs below it.
+/// it waits for good: the CRIU criuz runs, the one runc runs below it, or
+/// podman's, which runs outside criuz's tree.
 pub(crate) struct Watch {
-    /// The process criuz started: CRIU, or runc.
-    below: i32,
-    /// CRIU, once seen: the first `criu` at or below `below`, parents
+    below: Below,
+    /// CRIU, once seen: the first `criu` at or below where it runs, parents
     /// before children (the tree CRIU forks comes after it, named `criu`
-    /// too until its restorer names it). Looked for again once it has
-    /// ended: runc asks a CRIU for its version before the one that
-    /// restores.
-    criu: Option<i32>,
+    /// too until its restorer names it), with the processes its tree is
+    /// looked for below. Looked for again once it has ended: runc asks a
+    /// CRIU for its version before the one that restores.
+    criu: Option<(i32, Vec<i32>)>,
     first: Option<(Instant, Reading)>,
+}
+
+/// Where a restore's CRIU runs.
+enum Below {
+    /// At or below this child of criuz (CRIU, or runc); the tree it
+    /// restores is among criuz's descendants (CRIU's, or with
+    /// `--restore-sibling` its parent's).
+    Child(i32),
+    /// Below a process whose `PATH` begins with this directory, as criuz
+    /// gave it to podman: conmon, which leaves criuz's tree as it starts,
+    /// the runc it runs, and the tree that runc's CRIU restores beside it.
+    /// CRIU itself cannot be known by it: it writes its title over its
+    /// environment.
+    PathFirst(PathBuf),
 }
 
 /// One look that saw every thread of a `criu` in `futex()` and a thread it
@@ -117,15 +135,20 @@ impl Watch {
 
     /// Watches `below` (a child of this process) and what it runs.
     pub(crate) fn new(below: i32) -> Self {
-        Watch { below, criu: None, first: None }
+        Watch { below: Below::Child(below), criu: None, first: None }
+    }
+
+    /// Watches the CRIU run below whatever process has `dir` first on its
+    /// `PATH` (a directory private to this criuz), wherever it is.
+    pub(crate) fn path_first(dir: PathBuf) -> Self {
+        Watch { below: Below::PathFirst(dir), criu: None, first: None }
     }
 
     /// Whether a CRIU has waited for good: a thread it traces has sat in
     /// a ptrace stop, and CRIU on its futexes, nothing of either having
     /// run, for [`Self::FOR`]. Its tracees are looked for among this
-    /// process's descendants (the tree CRIU restores is CRIU's, or with
-    /// `--restore-sibling` its parent's), only while every thread of CRIU
-    /// sleeps in `futex()`.
+    /// process's descendants, or podman's processes ([`Below`]), only while
+    /// every thread of CRIU sleeps in `futex()`.
     pub(crate) fn look(&mut self) -> Option<Stuck> {
         let now = self.read();
         match (&self.first, now) {
@@ -133,6 +156,7 @@ impl Watch {
                 criu: now.criu,
                 trapped: now.traced.iter().find(|t| t.trapped).map_or(0, |t| t.tid),
                 traced: now.traced.iter().map(|t| t.tid).collect(),
+                work_dir: std::fs::read_link(format!("/proc/{}/cwd", now.criu)).ok(),
             }),
             (_, now) => {
                 self.first = now.map(|r| (Instant::now(), r));
@@ -143,19 +167,51 @@ impl Watch {
 
     fn read(&mut self) -> Option<Reading> {
         let alive = |p: i32| holder_of(p).is_some_and(|h| h.comm == "criu" && !h.zombie);
-        let criu = match self.criu.filter(|&c| alive(c)) {
-            Some(c) => c,
-            None => {
-                self.criu = tree_pids(&[self.below]).into_iter().find(|&p| alive(p));
-                self.criu?
-            }
-        };
-        let threads = all_in_futex(criu)?;
+        if !self.criu.as_ref().is_some_and(|(c, _)| alive(*c)) {
+            let (search, tree) = match &self.below {
+                // SAFETY: getpid has no preconditions.
+                Below::Child(child) => (vec![*child], vec![unsafe { libc::getpid() }]),
+                Below::PathFirst(dir) => {
+                    let holders = path_first_holders(dir);
+                    (holders.clone(), holders)
+                }
+            };
+            self.criu = tree_pids(&search).into_iter().find(|&p| alive(p)).map(|c| (c, tree));
+        }
+        let (criu, tree) = self.criu.as_ref()?;
+        let threads = all_in_futex(*criu)?;
         let tids: Vec<i32> = threads.iter().map(|&(tid, _)| tid).collect();
-        // SAFETY: getpid has no preconditions.
-        let traced = traced_by(&tids, &tree_pids(&[unsafe { libc::getpid() }]));
-        traced.iter().any(|t| t.trapped).then_some(Reading { criu, threads, traced })
+        let traced = traced_by(&tids, &tree_pids(tree));
+        traced.iter().any(|t| t.trapped).then_some(Reading { criu: *criu, threads, traced })
     }
+}
+
+/// The processes whose `PATH` begins with `dir`, by their environment
+/// (readable where criuz may trace them), but for those below another:
+/// each process once in their trees.
+fn path_first_holders(dir: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let want = dir.as_os_str().as_bytes();
+    let mut found: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            env.split(|&b| b == 0)
+                .find_map(|var| var.strip_prefix(b"PATH="))
+                .is_some_and(|path| path.split(|&b| b == b':').next() == Some(want))
+        })
+        .collect();
+    found.sort_unstable();
+    let below_another = |pid: i32| {
+        let mut p = pid;
+        std::iter::from_fn(|| {
+            p = parent_of(p).filter(|&q| q > 1)?;
+            Some(p)
+        })
+        .any(|q| found.binary_search(&q).is_ok())
+    };
+    found.iter().copied().filter(|&p| !below_another(p)).collect()
 }
 
 #[cfg(test)]
@@ -212,6 +268,24 @@ mod tests {
         child.wait().unwrap();
         assert_eq!(first.iter().map(|t| (t.tid, t.trapped)).collect::<Vec<_>>(), vec![(pid, true)]);
         assert_eq!(first, second, "the trapped child does not run");
+    }
+
+    /// podman's processes are found by the directory criuz puts first on
+    /// their `PATH`: the topmost of a tree that has it, not a process that
+    /// has it elsewhere on its `PATH`.
+    #[test]
+    fn processes_are_found_by_the_directory_first_on_their_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = format!("{}:/usr/bin:/bin", dir.path().display());
+        let mut holder = Command::new("sh").args(["-c", "sleep 30 & wait"]).env("PATH", &first).spawn().expect("sh");
+        let later = format!("/usr/bin:/bin:{}", dir.path().display());
+        let mut other = Command::new("sleep").arg("30").env("PATH", later).spawn().expect("sleep");
+        until("the holder's child", || !tree_pids(&[holder.id() as i32])[1..].is_empty());
+        assert_eq!(path_first_holders(dir.path()), vec![holder.id() as i32], "the topmost holder only");
+        for c in [&mut holder, &mut other] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
     }
 
     /// A process that is not CRIU, or not waiting on a futex, is never

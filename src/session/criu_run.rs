@@ -139,6 +139,8 @@ pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -
 )]
 pub(crate) struct CriuStuck {
     tid: i32,
+    /// CRIU's work directory, where it was known.
+    pub(crate) work_dir: Option<std::path::PathBuf>,
 }
 
 /// How long a restore waits for a killed process on one of its pids to
@@ -443,15 +445,42 @@ fn run_criu_watched(
     }
     let mut spared = keep.to_vec();
     spared.push(child.id() as i32);
+    let watch = watch_stuck.then(|| crate::proc::stuck::Watch::new(child.id() as i32));
+    let status = wait_watched(&mut child, watch, || restored::end_criu_strays(&spared));
+    restored::end_criu_strays(keep);
+    status
+}
+
+/// `podman container restore` run to its end, the CRIU it runs watched as
+/// [`run_restoring_criu`] watches runc's. That CRIU runs below conmon,
+/// outside criuz's tree (so criuz is not made its subreaper: conmon would
+/// come to it), and is found by `path_dir`, which criuz put first on the
+/// `PATH` it gave podman.
+pub(crate) fn run_podman_restore(
+    cmd: &mut Command,
+    path_dir: std::path::PathBuf,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut child = cmd.spawn()?;
+    wait_watched(&mut child, Some(crate::proc::stuck::Watch::path_first(path_dir)), || {})
+}
+
+/// Waits for `child` to end, calling `meanwhile` between looks. A CRIU that
+/// `watch` finds waiting for good is killed with the threads it traces;
+/// the result is then a [`CriuStuck`], once `child` has ended (as it does
+/// when its CRIU dies).
+fn wait_watched(
+    child: &mut std::process::Child,
+    mut watch: Option<crate::proc::stuck::Watch>,
+    mut meanwhile: impl FnMut(),
+) -> std::io::Result<std::process::ExitStatus> {
     let exited = ExitWatch::open(child.id());
     let mut between = ExitWatch::FIRST_CHECKS;
-    let mut watch = watch_stuck.then(|| crate::proc::stuck::Watch::new(child.id() as i32));
     let mut ended_stuck = None;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        restored::end_criu_strays(&spared);
+        meanwhile();
         if let Some(stuck) = watch.as_mut().and_then(|w| w.look()) {
             // The tree first, while CRIU still holds it: let go by a dead
             // CRIU, its threads would run on in CRIU's restorer.
@@ -460,17 +489,22 @@ fn run_criu_watched(
                 // it): the whole process goes.
                 unsafe { libc::kill(tid, libc::SIGKILL) };
             }
+            // Its cgroup yard, mounted in its work directory, would outlive
+            // it there: podman could not remove its container.
+            if let Some(dir) = &stuck.work_dir {
+                crate::io::leftover::detach_cgroup_yards(dir);
+            }
             // SAFETY: the CRIU this restore runs (criuz's child, or runc's
-            // below it), found waiting for good.
+            // below it, or podman's), found waiting for good. Killing the
+            // tree alone does not wake it.
             unsafe { libc::kill(stuck.criu, libc::SIGKILL) };
-            ended_stuck = Some(CriuStuck { tid: stuck.trapped });
+            ended_stuck = Some(CriuStuck { tid: stuck.trapped, work_dir: stuck.work_dir });
             // A runc above it fails on its own as its CRIU dies.
             watch = None;
         }
         exited.wait(between);
         between = exited.next(between);
     };
-    restored::end_criu_strays(keep);
     match ended_stuck {
         Some(stuck) => Err(std::io::Error::other(stuck)),
         None => Ok(status),

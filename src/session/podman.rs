@@ -14,16 +14,17 @@ use crate::io::{Location, Output};
 use crate::offline::{self, Reading};
 use crate::progress::Progress;
 use crate::session::container::work_dir;
-use crate::session::criu_run::{cannot_run, ids_by_default, ToldAgain};
+use crate::session::criu_run::{cannot_run, ids_by_default, run_podman_restore, CriuStuck, ToldAgain};
 use crate::session::workdir::WorkDir;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// podman finds CRIU on `PATH` (and hands that `PATH` to runc): a private
-/// directory holding `criu`, a link to the CRIU criuz found, goes first.
+/// podman finds CRIU on `PATH` (and hands that `PATH` to conmon and runc):
+/// a private directory holding `criu`, a link to the CRIU criuz found, goes
+/// first ([`criu_dir`]).
 fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command> {
-    let bin = work.path().join("bin");
+    let bin = criu_dir(work);
     // Made once per work directory (private to this command).
     if !bin.is_dir() {
         std::fs::DirBuilder::new().mode(0o700).create(&bin).at(&bin)?;
@@ -35,6 +36,13 @@ fn podman_command(podman: &Path, criu: &Criu, work: &WorkDir) -> Result<Command>
     let mut c = crate::spawn::command(podman);
     c.env("PATH", std::env::join_paths(dirs).map_err(|e| Error::Usage(format!("PATH: {e}")))?);
     Ok(c)
+}
+
+/// The directory first on podman's `PATH`, private to this criuz: what
+/// runs with it there is this command's (`run_podman_restore` finds
+/// podman's CRIU by it).
+fn criu_dir(work: &WorkDir) -> PathBuf {
+    work.path().join("bin")
 }
 
 /// What `criuz podman checkpoint` was asked.
@@ -129,9 +137,41 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     let mut cmd = podman_command(podman, criu, &work)?;
     cmd.args(["container", "restore", "--import"]).arg(&tar);
     cmd.args(held.options(|option| extra.iter().any(|a| a == option)));
-    let status = cmd.args(extra).stdin(Stdio::null()).status().map_err(|e| cannot_run(podman.display(), e))?;
+    cmd.args(extra).stdin(Stdio::null());
+    let status = match run_podman_restore(&mut cmd, criu_dir(&work)) {
+        Ok(status) => status,
+        Err(e) => match e.get_ref().and_then(|e| e.downcast_ref::<CriuStuck>()) {
+            Some(stuck) => {
+                let removed = remove_failed_container(podman, criu, &work, stuck.work_dir.as_deref());
+                return Err(Error::Criu(format!("{stuck}; {removed}")));
+            }
+            None => return Err(cannot_run(podman.display(), e)),
+        },
+    };
     if !status.success() {
         return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
     }
     Ok(())
+}
+
+/// After criuz ended a CRIU that waited for good: podman keeps the
+/// container it made for the restore, in state "created", and a second
+/// import of the same checkpoint then fails on its id. That container is
+/// the one whose directory CRIU worked in (`.../CONTAINER-ID/userdata`,
+/// podman's storage): criuz removes it so that the restore can run again,
+/// and says what it did.
+fn remove_failed_container(podman: &Path, criu: &Criu, work: &WorkDir, criu_work_dir: Option<&Path>) -> String {
+    let id = criu_work_dir
+        .filter(|d| d.file_name().is_some_and(|n| n == "userdata"))
+        .and_then(|d| d.parent()?.file_name()?.to_str())
+        .filter(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+    let Some(id) = id else {
+        return "podman may keep the container it made for the restore: remove it (`podman rm -f`) first".into();
+    };
+    let removed = podman_command(podman, criu, work)
+        .map(|mut c| c.args(["container", "rm", "-f", id]).stdin(Stdio::null()).stdout(Stdio::null()).status());
+    match removed {
+        Ok(Ok(s)) if s.success() => format!("criuz removed the container podman had made for it ({})", &id[..12]),
+        _ => format!("podman keeps the container it made for it: `podman rm -f {}` first", &id[..12]),
+    }
 }
