@@ -756,6 +756,12 @@ impl Podman {
         wait_for("the container's workload", Duration::from_secs(60), || pm.wl.path().join("ready").exists());
         pm
     }
+    /// `criuz podman checkpoint` into `arc`, then the container removed.
+    fn checkpoint_and_remove(&self, arc: &Path, criu: &Path) {
+        ok(criuz(&["podman", "checkpoint", &self.name, "-o", p(arc), "--criu", p(criu)]), "criuz podman checkpoint");
+        run_ok(Self::cmd().args(["rm", "-f", &self.name]).stdout(Stdio::null()));
+    }
+
     /// Every process's checksum (a tree of a root and two children: the
     /// root passes the signal on).
     fn sums(&self) -> Vec<String> {
@@ -827,8 +833,7 @@ fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
     let pm = Podman::start(t.path(), &[]);
     let before = pm.sums();
     let arc = t.path().join("stuck.czr");
-    ok(criuz(&["podman", "checkpoint", &pm.name, "-o", p(&arc), "--criu", p(&criu)]), "criuz podman checkpoint");
-    run_ok(Podman::cmd().args(["rm", "-f", &pm.name]).stdout(Stdio::null()));
+    pm.checkpoint_and_remove(&arc, &criu);
     let wrapper = criu_made_to_wait_for_good(t.path(), &criu);
     let mut restore = Command::new(CRIUZ);
     restore.args(["podman", "restore", "-i", p(&arc), "--criu", p(&wrapper)]);
@@ -845,4 +850,43 @@ fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
     assert!(!yards.contains(".criu.cgyard."), "CRIU's cgroup yard is left mounted");
     ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore, again");
     assert_eq!(pm.sums(), before, "every process's memory after the restore run again");
+}
+
+/// A `criuz podman restore` interrupted while podman restores (SIGINT to
+/// criuz alone, as a supervisor sends it) lets podman end first: podman's
+/// CRIU runs through criuz's work directory, which, removed under it,
+/// failed the restore half-way and left the container podman had made.
+/// The message says so, and names no file as staying that went with the
+/// work directory (the tar podman imports).
+#[test]
+fn a_podman_restore_interrupted_lets_podman_end_first() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let pm = Podman::start(t.path(), &[]);
+    let before = pm.sums();
+    let arc = t.path().join("interrupted.czr");
+    pm.checkpoint_and_remove(&arc, &criu);
+    let restore = Command::new(CRIUZ)
+        .args(["podman", "restore", "-i", p(&arc), "--criu", p(&criu)])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let me = restore.id();
+    let podman_runs = || {
+        let kids = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap_or_default();
+        kids.split_whitespace()
+            .any(|k| std::fs::read_to_string(format!("/proc/{k}/comm")).is_ok_and(|c| c.trim() == "podman"))
+    };
+    wait_for("criuz to run podman", Duration::from_secs(60), podman_runs);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(me as i32, libc::SIGINT) };
+    let out = restore.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGINT), "{err}");
+    assert!(err.contains("the podman it ran was let end first"), "{err}");
+    assert!(!err.contains("stays"), "no file is said to stay: {err}");
+    assert_eq!(pm.sums(), before, "podman's restore ended, and the container runs intact");
 }

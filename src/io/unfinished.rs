@@ -182,7 +182,7 @@ pub fn end_unfinished_within(wait: std::time::Duration, first: impl FnOnce()) ->
 fn end_held(mut entries: MutexGuard<'static, Registry>, first: impl FnOnce()) -> Ended {
     first();
     let mut ended = end_entries(&mut entries.entries);
-    ended.published = entries.published.clone();
+    ended.published = still_there(&entries.published);
     // Held until the process dies: a publish racing the interruption
     // waits here instead of handing the user a half-made file.
     std::mem::forget(entries);
@@ -199,6 +199,13 @@ fn end_entries(entries: &mut Vec<Entry>) -> Ended {
         }
     }
     ended
+}
+
+/// The published outputs that are still there: one made inside a work
+/// directory (the tar `criuz podman restore` hands podman) went with it,
+/// and the message must not say it stays.
+fn still_there(published: &[PathBuf]) -> Vec<PathBuf> {
+    published.iter().filter(|p| p.symlink_metadata().is_ok()).cloned().collect()
 }
 
 /// Removes a file or directory; whether it is gone. A directory is tried
@@ -242,6 +249,8 @@ mod tests {
         std::fs::create_dir(&only_copy).unwrap();
         let published = base.path().join("published");
         std::fs::write(&published, b"done").unwrap();
+        let published_inside = dir.join("checkpoint.tar");
+        std::fs::write(&published_inside, b"done").unwrap();
 
         let a = Unfinished::register(&file);
         let b = Unfinished::register(&dir);
@@ -270,6 +279,11 @@ mod tests {
         assert_eq!(ended.kept, vec![base.path().join("criuz-runc-y-kept")]);
         assert!(ended.kept[0].is_dir(), "the only copy stays, renamed");
         assert!(published.exists(), "what was published stays");
+        assert_eq!(
+            still_there(&[published.clone(), published_inside]),
+            vec![published],
+            "an output made inside a removed directory is not said to stay"
+        );
         drop((a, b, c));
     }
 

@@ -342,12 +342,15 @@ fn end_now(ending: Ending) -> ! {
     // criuz's page server ends once that server's sockets are shut down
     // (as criuz's death would close them: CRIU fails and resumes the
     // container). Either way it can no longer make its work directory
-    // again after that is removed.
+    // again after that is removed. A podman restoring a container is let
+    // end too: its CRIU runs outside criuz's tree, through criuz's work
+    // directory.
+    let mut podman_waited = false;
     let end_processes = || {
         guard::end_guarded_children();
         restored::end_restoring_criu();
         socket::shut_down_tcp();
-        restored::wait_runc_children(std::time::Duration::from_secs(5));
+        podman_waited = restored::wait_runtime_children(std::time::Duration::from_secs(5));
     };
     let (ended, mut line) = match &ending {
         Ending::Signal(sig) => {
@@ -369,6 +372,9 @@ fn end_now(ending: Ending) -> ! {
     }
     for left in &ended.left {
         line.push_str(&format!("; could not remove {}", left.display()));
+    }
+    if podman_waited {
+        line.push_str("; the podman it ran was let end first (`podman ps -a` shows where that left the container)");
     }
     for published in &ended.published {
         line.push_str(&format!("; {} was complete before it and stays", published.display()));

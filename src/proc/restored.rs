@@ -170,16 +170,22 @@ pub(crate) fn end_restoring_criu() {
 }
 
 /// For a criuz about to die: waits, at most `limit`, until each `runc`
-/// child of criuz has ended (it stays unreaped: its waiter reaps it).
-pub(crate) fn wait_runc_children(limit: std::time::Duration) {
+/// or `podman` child of criuz has ended (it stays unreaped: its waiter
+/// reaps it). podman's restore runs CRIU through the `PATH` directory in
+/// criuz's work directory: removed under it, a restore that had not yet
+/// started CRIU fails half-way, keeping the container it made. Whether a
+/// `podman` was among them.
+pub(crate) fn wait_runtime_children(limit: std::time::Duration) -> bool {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
+    let running =
+        |comm: &str| children_of(me).into_iter().any(|p| holder_of(p).is_some_and(|h| h.comm == comm && !h.zombie));
+    let podman = running("podman");
     let t = std::time::Instant::now();
-    while t.elapsed() < limit
-        && children_of(me).into_iter().any(|p| holder_of(p).is_some_and(|h| h.comm == "runc" && !h.zombie))
-    {
+    while t.elapsed() < limit && (running("runc") || running("podman")) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    podman
 }
 
 /// Whether `pid` runs (or was forked from) `criu restore`: its first
