@@ -756,6 +756,16 @@ impl Podman {
         wait_for("the container's workload", Duration::from_secs(60), || pm.wl.path().join("ready").exists());
         pm
     }
+    /// A container started ([`Self::start`]), its checksums, and its
+    /// checkpoint (`podman.czr` in `dir`); the container is removed.
+    fn checkpointed(dir: &Path, criu: &Path) -> (Podman, Vec<String>, PathBuf) {
+        let pm = Self::start(dir, &[]);
+        let before = pm.sums();
+        let arc = dir.join("podman.czr");
+        pm.checkpoint_and_remove(&arc, criu);
+        (pm, before, arc)
+    }
+
     /// `criuz podman checkpoint` into `arc`, then the container removed.
     fn checkpoint_and_remove(&self, arc: &Path, criu: &Path) {
         ok(criuz(&["podman", "checkpoint", &self.name, "-o", p(arc), "--criu", p(criu)]), "criuz podman checkpoint");
@@ -830,10 +840,7 @@ fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let pm = Podman::start(t.path(), &[]);
-    let before = pm.sums();
-    let arc = t.path().join("stuck.czr");
-    pm.checkpoint_and_remove(&arc, &criu);
+    let (pm, before, arc) = Podman::checkpointed(t.path(), &criu);
     let wrapper = criu_made_to_wait_for_good(t.path(), &criu);
     let mut restore = Command::new(CRIUZ);
     restore.args(["podman", "restore", "-i", p(&arc), "--criu", p(&wrapper)]);
@@ -864,10 +871,7 @@ fn a_podman_restore_interrupted_lets_podman_end_first() {
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
-    let pm = Podman::start(t.path(), &[]);
-    let before = pm.sums();
-    let arc = t.path().join("interrupted.czr");
-    pm.checkpoint_and_remove(&arc, &criu);
+    let (pm, before, arc) = Podman::checkpointed(t.path(), &criu);
     let restore = Command::new(CRIUZ)
         .args(["podman", "restore", "-i", p(&arc), "--criu", p(&criu)])
         .stdin(Stdio::null())
@@ -889,4 +893,39 @@ fn a_podman_restore_interrupted_lets_podman_end_first() {
     assert!(err.contains("the podman it ran was let end first"), "{err}");
     assert!(!err.contains("stays"), "no file is said to stay: {err}");
     assert_eq!(pm.sums(), before, "podman's restore ended, and the container runs intact");
+}
+
+/// Any failed `criuz podman restore` leaves no container behind: podman
+/// keeps the one it made for the import ("created"), and a second import
+/// of the same export then fails on its id, so criuz removes it, saying
+/// so, and the restore runs again. A container that was there before the
+/// restore (here the one that restore brought back, on whose name the
+/// next import fails) is left as it was.
+#[test]
+fn a_failed_podman_restore_leaves_no_container_and_runs_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(criu) = criu() else { return };
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let (pm, before, arc) = Podman::checkpointed(t.path(), &criu);
+    // podman asks CRIU for its version through CRIU's RPC mode (`criu
+    // swrk`) once it has made the container: a CRIU that fails there.
+    let failing = t.path().join("criu");
+    let script = format!("#!/bin/sh\n[ \"$1\" = swrk ] && exit 1\nexec {} \"$@\"\n", criu.display());
+    std::fs::write(&failing, script).unwrap();
+    std::fs::set_permissions(&failing, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&failing)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("podman container restore --import failed"), "{err}");
+    assert!(err.contains("criuz removed the container podman had made for it"), "{err}");
+    let left = run_ok(Podman::cmd().args(["ps", "-a", "--external", "--format", "{{.Names}}"]));
+    assert!(!String::from_utf8_lossy(&left.stdout).contains(&pm.name), "no container is left");
+    ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore, again");
+    assert_eq!(pm.sums(), before, "every process's memory after the restore run again");
+    let out = criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a second import beside the first fails: {err}");
+    assert!(!err.contains("removed the container"), "{err}");
+    assert_eq!(pm.sums(), before, "the container that was there runs on, untouched");
 }

@@ -87,8 +87,6 @@ pub(crate) struct Stuck {
     pub trapped: i32,
     /// Every thread CRIU traces: in its last stages, the whole tree.
     pub traced: Vec<i32>,
-    /// CRIU's work directory (its current one), where it is known.
-    pub work_dir: Option<PathBuf>,
 }
 
 /// Looks at a restore's CRIU now and then ([`Watch::look`]) and says when
@@ -156,7 +154,6 @@ impl Watch {
                 criu: now.criu,
                 trapped: now.traced.iter().find(|t| t.trapped).map_or(0, |t| t.tid),
                 traced: now.traced.iter().map(|t| t.tid).collect(),
-                work_dir: std::fs::read_link(format!("/proc/{}/cwd", now.criu)).ok(),
             }),
             (_, now) => {
                 self.first = now.map(|r| (Instant::now(), r));

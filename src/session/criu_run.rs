@@ -139,8 +139,6 @@ pub(crate) fn cannot_run(program: impl std::fmt::Display, err: std::io::Error) -
 )]
 pub(crate) struct CriuStuck {
     tid: i32,
-    /// CRIU's work directory, where it was known.
-    pub(crate) work_dir: Option<std::path::PathBuf>,
 }
 
 /// How long a restore waits for a killed process on one of its pids to
@@ -489,16 +487,11 @@ fn wait_watched(
                 // it): the whole process goes.
                 unsafe { libc::kill(tid, libc::SIGKILL) };
             }
-            // Its cgroup yard, mounted in its work directory, would outlive
-            // it there: podman could not remove its container.
-            if let Some(dir) = &stuck.work_dir {
-                crate::io::leftover::detach_cgroup_yards(dir);
-            }
             // SAFETY: the CRIU this restore runs (criuz's child, or runc's
             // below it, or podman's), found waiting for good. Killing the
             // tree alone does not wake it.
             unsafe { libc::kill(stuck.criu, libc::SIGKILL) };
-            ended_stuck = Some(CriuStuck { tid: stuck.trapped, work_dir: stuck.work_dir });
+            ended_stuck = Some(CriuStuck { tid: stuck.trapped });
             // A runc above it fails on its own as its CRIU dies.
             watch = None;
         }

@@ -19,6 +19,7 @@ use crate::session::workdir::WorkDir;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// podman finds CRIU on `PATH` (and hands that `PATH` to conmon and runc):
 /// a private directory holding `criu`, a link to the CRIU criuz found, goes
@@ -138,40 +139,76 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     cmd.args(["container", "restore", "--import"]).arg(&tar);
     cmd.args(held.options(|option| extra.iter().any(|a| a == option)));
     cmd.args(extra).stdin(Stdio::null());
-    let status = match run_podman_restore(&mut cmd, criu_dir(&work)) {
-        Ok(status) => status,
+    let made = container_made(&tar, extra);
+    let started = SystemTime::now();
+    let failed = |what: String| {
+        let removed =
+            made.as_deref().map(|c| remove_failed_import(podman, criu, &work, c, started)).unwrap_or_default();
+        Err(Error::Criu(format!("{what}{removed}")))
+    };
+    match run_podman_restore(&mut cmd, criu_dir(&work)) {
+        Ok(status) if status.success() => {}
+        Ok(status) => return failed(format!("podman container restore --import failed ({status})")),
         Err(e) => match e.get_ref().and_then(|e| e.downcast_ref::<CriuStuck>()) {
-            Some(stuck) => {
-                let removed = remove_failed_container(podman, criu, &work, stuck.work_dir.as_deref());
-                return Err(Error::Criu(format!("{stuck}; {removed}")));
-            }
+            Some(stuck) => return failed(stuck.to_string()),
             None => return Err(cannot_run(podman.display(), e)),
         },
-    };
-    if !status.success() {
-        return Err(Error::Criu(format!("podman container restore --import failed ({status})")));
     }
     Ok(())
 }
 
-/// After criuz ended a CRIU that waited for good: podman keeps the
-/// container it made for the restore, in state "created", and a second
-/// import of the same checkpoint then fails on its id. That container is
-/// the one whose directory CRIU worked in (`.../CONTAINER-ID/userdata`,
-/// podman's storage): criuz removes it so that the restore can run again,
-/// and says what it did.
-fn remove_failed_container(podman: &Path, criu: &Criu, work: &WorkDir, criu_work_dir: Option<&Path>) -> String {
-    let id = criu_work_dir
-        .filter(|d| d.file_name().is_some_and(|n| n == "userdata"))
-        .and_then(|d| d.parent()?.file_name()?.to_str())
-        .filter(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()));
-    let Some(id) = id else {
-        return "podman may keep the container it made for the restore: remove it (`podman rm -f`) first".into();
-    };
-    let removed = podman_command(podman, criu, work)
-        .map(|mut c| c.args(["container", "rm", "-f", id]).stdin(Stdio::null()).stdout(Stdio::null()).status());
+/// The container `podman container restore --import` makes of the export
+/// `tar`: the name `extra` gives it (`--name`, `-n`), else the export's own
+/// id (config.dump's), which the import keeps.
+fn container_made(tar: &Path, extra: &[String]) -> Option<String> {
+    let mut args = extra.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--name" || arg == "-n" {
+            return args.next().cloned();
+        }
+        if let Some(name) = arg.strip_prefix("--name=").or_else(|| arg.strip_prefix("-n=")) {
+            return Some(name.to_string());
+        }
+    }
+    let config = crate::tree::tar::member(tar, "config.dump", 1 << 20)?;
+    let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
+    config["id"].as_str().filter(|id| !id.is_empty()).map(String::from)
+}
+
+/// After a failed import: podman keeps the container it made, "created",
+/// and an import of the same export then fails on its id ("that ID is
+/// already in use"), so the restore could not be run again. criuz removes
+/// it if it was made since `started` (not one of the same name or id that
+/// was there before, on which the import failed) and does not run, first
+/// detaching the cgroup yard a CRIU killed mid-restore leaves mounted in
+/// the container's directory (podman cannot remove the files below it).
+/// What it did, for the error's message.
+fn remove_failed_import(podman: &Path, criu: &Criu, work: &WorkDir, container: &str, started: SystemTime) -> String {
+    let inspect = podman_command(podman, criu, work).ok().and_then(|mut c| {
+        c.args(["container", "inspect", "--format", "{{.Created.UnixNano}} {{.State.Status}} {{.StaticDir}}"])
+            .arg(container)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+    });
+    let Some(inspect) = inspect.filter(|o| o.status.success()) else { return String::new() };
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    let mut fields = inspect.trim().splitn(3, ' ');
+    let created = fields.next().and_then(|ns| ns.parse::<u64>().ok()).map(|ns| UNIX_EPOCH + Duration::from_nanos(ns));
+    let (state, dir) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+    if created.is_none_or(|c| c < started) || state == "running" {
+        return String::new();
+    }
+    if !dir.is_empty() {
+        crate::io::leftover::detach_cgroup_yards(Path::new(dir));
+    }
+    let removed = podman_command(podman, criu, work).ok().and_then(|mut c| {
+        c.args(["container", "rm", "-f", container]).stdin(Stdio::null()).stdout(Stdio::null()).status().ok()
+    });
+    let short = container.get(..12).filter(|_| container.len() == 64).unwrap_or(container);
     match removed {
-        Ok(Ok(s)) if s.success() => format!("criuz removed the container podman had made for it ({})", &id[..12]),
-        _ => format!("podman keeps the container it made for it: `podman rm -f {}` first", &id[..12]),
+        Some(s) if s.success() => format!("; criuz removed the container podman had made for it ({short})"),
+        _ => format!("; podman keeps the container it made for it: `podman rm -f {short}` before restoring again"),
     }
 }

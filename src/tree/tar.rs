@@ -50,6 +50,22 @@ fn tree_path(raw: &std::path::Path, label: &str) -> Result<Option<String>> {
     Ok((!parts.is_empty()).then(|| parts.join("/")))
 }
 
+/// The contents of member `name` of the plain tar file `tar`, at most
+/// `limit` bytes of it (`None`: no such member, or not a tar that can be
+/// read). Members before it are skipped by seeking, not read.
+pub fn member(tar: &std::path::Path, name: &str, limit: u64) -> Option<Vec<u8>> {
+    let mut archive = tar::Archive::new(std::fs::File::open(tar).ok()?);
+    for entry in archive.entries_with_seek().ok()? {
+        let entry = entry.ok()?;
+        if tree_path(&entry.path().ok()?, "").ok()?.as_deref() == Some(name) {
+            let mut bytes = Vec::new();
+            entry.take(limit).read_to_end(&mut bytes).ok()?;
+            return Some(bytes);
+        }
+    }
+    None
+}
+
 /// Packs every entry of a tar stream (compressed or not) into `packer`,
 /// which writes a tree archive. Returns the entries packed.
 pub fn pack_tar(
@@ -311,6 +327,31 @@ mod tests {
 
     fn start(file_id: u32, name: &str, size: Option<u64>) -> EntryStart<'_> {
         EntryStart { file_id, name, kind: FileKind::for_name(name), meta: None, size }
+    }
+
+    /// A member is found by its tree path (`./` and all), past a large
+    /// one before it, and read up to the limit; a missing one, or a file
+    /// that is no tar, is `None`.
+    #[test]
+    fn a_member_is_read_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        for (name, data) in
+            [("./checkpoint/pages-1.img", vec![7u8; 3 << 20]), ("./config.dump", b"{\"id\":\"x\"}".to_vec())]
+        {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o600);
+            b.append_data(&mut h, name, &data[..]).unwrap();
+        }
+        b.finish().unwrap();
+        drop(b);
+        assert_eq!(member(&path, "config.dump", 1 << 20).as_deref(), Some(&b"{\"id\":\"x\"}"[..]));
+        assert_eq!(member(&path, "config.dump", 3).as_deref(), Some(&b"{\"i"[..]), "up to the limit");
+        assert_eq!(member(&path, "spec.dump", 1 << 20), None);
+        std::fs::write(dir.path().join("not.tar"), b"not a tar").unwrap();
+        assert_eq!(member(&dir.path().join("not.tar"), "config.dump", 1 << 20), None);
     }
 
     /// A dump's files interleave (its pages image is written alongside the
