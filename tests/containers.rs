@@ -859,40 +859,49 @@ fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
     assert_eq!(pm.sums(), before, "every process's memory after the restore run again");
 }
 
-/// A `criuz podman restore` interrupted while podman restores (SIGINT to
-/// criuz alone, as a supervisor sends it) lets podman end first: podman's
-/// CRIU runs through criuz's work directory, which, removed under it,
-/// failed the restore half-way and left the container podman had made.
-/// The message says so, and names no file as staying that went with the
-/// work directory (the tar podman imports).
+/// A `criuz podman restore` interrupted while podman restores lets podman
+/// end first: podman's CRIU runs through criuz's work directory, which,
+/// removed under it, failed the restore half-way and left the container
+/// podman had made. The message says so, and names no file as staying that
+/// went with the work directory (the tar podman imports). Ctrl-C (SIGINT
+/// to criuz's whole process group) does not reach podman, which runs in a
+/// group of its own: interrupted mid-restore, podman exited at once while
+/// its runc finished the restore, leaving a running container podman
+/// recorded as "created".
 #[test]
 fn a_podman_restore_interrupted_lets_podman_end_first() {
-    use std::os::unix::process::ExitStatusExt;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
     let Some(criu) = criu() else { return };
     let _g = serial();
     let t = tempfile::tempdir().unwrap();
     let (pm, before, arc) = Podman::checkpointed(t.path(), &criu);
-    let restore = Command::new(CRIUZ)
-        .args(["podman", "restore", "-i", p(&arc), "--criu", p(&criu)])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let me = restore.id();
-    let podman_runs = || {
-        let kids = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap_or_default();
-        kids.split_whitespace()
-            .any(|k| std::fs::read_to_string(format!("/proc/{k}/comm")).is_ok_and(|c| c.trim() == "podman"))
-    };
-    wait_for("criuz to run podman", Duration::from_secs(60), podman_runs);
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(me as i32, libc::SIGINT) };
-    let out = restore.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGINT), "{err}");
-    assert!(err.contains("the podman it ran was let end first"), "{err}");
-    assert!(!err.contains("stays"), "no file is said to stay: {err}");
-    assert_eq!(pm.sums(), before, "podman's restore ended, and the container runs intact");
+    // SIGINT to criuz alone (as a supervisor sends it), then to its
+    // process group (as Ctrl-C does).
+    for group in [false, true] {
+        let restore = Command::new(CRIUZ)
+            .args(["podman", "restore", "-i", p(&arc), "--criu", p(&criu)])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let me = restore.id();
+        let podman_runs = || {
+            let kids = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap_or_default();
+            kids.split_whitespace()
+                .any(|k| std::fs::read_to_string(format!("/proc/{k}/comm")).is_ok_and(|c| c.trim() == "podman"))
+        };
+        wait_for("criuz to run podman", Duration::from_secs(60), podman_runs);
+        // SAFETY: signalling our own child, or the group it leads.
+        unsafe { libc::kill(if group { -(me as i32) } else { me as i32 }, libc::SIGINT) };
+        let out = restore.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGINT), "group {group}: {err}");
+        assert!(err.contains("the podman it ran was let end first"), "group {group}: {err}");
+        assert!(!err.contains("stays"), "group {group}: no file is said to stay: {err}");
+        assert_eq!(pm.sums(), before, "group {group}: podman's restore ended, and the container runs intact");
+        run_ok(Podman::cmd().args(["rm", "-f", &pm.name]).stdout(Stdio::null()));
+    }
 }
 
 /// Any failed `criuz podman restore` leaves no container behind: podman

@@ -17,6 +17,7 @@ use crate::session::container::work_dir;
 use crate::session::criu_run::{cannot_run, ids_by_default, run_podman_restore, CriuStuck, ToldAgain};
 use crate::session::workdir::WorkDir;
 use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -139,6 +140,12 @@ pub fn podman_restore(podman: &Path, criu: &Criu, input: &Location, extra: &[Str
     cmd.args(["container", "restore", "--import"]).arg(&tar);
     cmd.args(held.options(|option| extra.iter().any(|a| a == option)));
     cmd.args(extra).stdin(Stdio::null());
+    // A process group of its own: a Ctrl-C at the terminal reaches only
+    // criuz, which lets podman end first. podman interrupted mid-restore
+    // exits at once while conmon's runc finishes the restore, leaving a
+    // running container podman records as "created" (and `podman rm` then
+    // drops the record, not the processes).
+    cmd.process_group(0);
     let made = container_made(&tar, extra);
     let started = SystemTime::now();
     let failed = |what: String| {
