@@ -439,6 +439,18 @@ fn runc_containers_round_trip_by_both_routes() {
     }
 }
 
+/// Runs a restore whose CRIU is made to wait for good: criuz must end it
+/// within `limit` (a criuz that waits with CRIU fails the test rather than
+/// hang it), exit 1 and say why. Its stderr.
+fn ended_for_waiting_for_good(restore: &mut Command, limit: Duration, what: &str) -> String {
+    let Some((status, err)) = status_and_stderr_within(restore, limit) else {
+        panic!("{what}: criuz still waited with CRIU after {limit:?}")
+    };
+    assert_eq!(status.code(), Some(1), "{what}: {err}");
+    assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{what}: {err}");
+    err
+}
+
 /// A container whose CRIU (runc's) waits for good on a thread that a
 /// SIGCONT stopped in a ptrace trap (`tests/sigcont_shim`, preloaded into
 /// CRIU at the one moment that hangs CRIU 4.2.1) is not left restoring:
@@ -460,12 +472,7 @@ fn a_container_whose_criu_waits_for_good_is_ended_and_restores_again() {
         let head = ["runc", "restore", &r.id, "-i", p(&arc), "-b", p(&r.bundle), "-d", how, "--criu", p(&wrapper)];
         let mut restore = Command::new(CRIUZ);
         restore.args(head).args(["--root", p(r.root.path())]);
-        // A criuz that waits with CRIU fails the test rather than hang it.
-        let Some((status, err)) = status_and_stderr_within(&mut restore, Duration::from_secs(60)) else {
-            panic!("{how}: criuz still waited with runc's CRIU after 60 s")
-        };
-        assert_eq!(status.code(), Some(1), "{how}: {err}");
-        assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{how}: {err}");
+        ended_for_waiting_for_good(&mut restore, Duration::from_secs(60), how);
         assert!(!r.cmd().args(["state", &r.id]).output().unwrap().status.success(), "{how}: no container is left");
         ok(r.restore(&arc, &[how], &criu), &format!("criuz runc restore {how}, again"));
         assert_eq!(r.sum(), before, "{how}: memory after the restore run again");
@@ -766,6 +773,13 @@ impl Podman {
         (pm, before, arc)
     }
 
+    /// Whether podman lists the container (in any state, its storage's
+    /// too).
+    fn listed(&self) -> bool {
+        let all = run_ok(Self::cmd().args(["ps", "-a", "--external", "--format", "{{.Names}}"]));
+        String::from_utf8_lossy(&all.stdout).lines().any(|n| n == self.name)
+    }
+
     /// `criuz podman checkpoint` into `arc`, then the container removed.
     fn checkpoint_and_remove(&self, arc: &Path, criu: &Path) {
         ok(criuz(&["podman", "checkpoint", &self.name, "-o", p(arc), "--criu", p(criu)]), "criuz podman checkpoint");
@@ -844,15 +858,9 @@ fn a_podman_restore_whose_criu_waits_for_good_is_ended_and_restores_again() {
     let wrapper = criu_made_to_wait_for_good(t.path(), &criu);
     let mut restore = Command::new(CRIUZ);
     restore.args(["podman", "restore", "-i", p(&arc), "--criu", p(&wrapper)]);
-    // A criuz that waits with CRIU fails the test rather than hang it.
-    let Some((status, err)) = status_and_stderr_within(&mut restore, Duration::from_secs(90)) else {
-        panic!("criuz still waited with podman's CRIU after 90 s")
-    };
-    assert_eq!(status.code(), Some(1), "{err}");
-    assert!(err.contains("CRIU waited for good") && err.contains("continued (SIGCONT)"), "{err}");
+    let err = ended_for_waiting_for_good(&mut restore, Duration::from_secs(90), "podman");
     assert!(err.contains("criuz removed the container podman had made for it"), "{err}");
-    let left = run_ok(Podman::cmd().args(["ps", "-a", "--external", "--format", "{{.Names}}"]));
-    assert!(!String::from_utf8_lossy(&left.stdout).contains(&pm.name), "no container is left");
+    assert!(!pm.listed(), "no container is left");
     let yards = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!yards.contains(".criu.cgyard."), "CRIU's cgroup yard is left mounted");
     ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore, again");
@@ -928,8 +936,7 @@ fn a_failed_podman_restore_leaves_no_container_and_runs_again() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("podman container restore --import failed"), "{err}");
     assert!(err.contains("criuz removed the container podman had made for it"), "{err}");
-    let left = run_ok(Podman::cmd().args(["ps", "-a", "--external", "--format", "{{.Names}}"]));
-    assert!(!String::from_utf8_lossy(&left.stdout).contains(&pm.name), "no container is left");
+    assert!(!pm.listed(), "no container is left");
     ok(criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]), "criuz podman restore, again");
     assert_eq!(pm.sums(), before, "every process's memory after the restore run again");
     let out = criuz(&["podman", "restore", "-i", p(&arc), "--criu", p(&criu)]);
